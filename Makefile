@@ -1,0 +1,54 @@
+# One entry point for people and CI. Build outputs live in $(HYBRIDSERVING_CACHE), outside git.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+export HYBRIDSERVING_CACHE ?= $(HOME)/.cache/hybridserving
+
+.PHONY: setup tools sglang-parser test unit integration e2e crds verify lint demo bench clean-cluster
+
+$(VPY): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(VPY)
+
+setup: $(VPY)
+
+tools:
+	bash tools/build-tools.sh
+
+sglang-parser:
+	bash tools/sglang-parser.sh
+
+# Generated files: the CRDs come from the pydantic models.
+crds: setup
+	$(VPY) -m hybridserving.api.crd
+
+verify: setup
+	$(VPY) -m hybridserving.api.crd --check
+	$(VENV)/bin/lint-imports
+
+lint: verify
+
+unit: setup sglang-parser
+	$(VPY) -m pytest tests/unit -q
+
+integration: setup tools
+	$(VPY) -m pytest tests/integration -q
+
+e2e: setup tools
+	$(VPY) -m pytest tests/e2e -q
+
+# The README's test command: installs and builds what is missing, then runs every suite.
+test: setup tools sglang-parser verify
+	$(VPY) -m pytest tests -q
+
+bench: setup
+	$(VPY) benchmarks/bench_transfer_plan.py
+
+demo: setup
+	$(VPY) -m hybridserving.cli plan -f examples/kimi-k3.yaml
+
+clean-cluster:
+	-$(VPY) -m hybridserving.devcluster down --all

@@ -1,0 +1,1 @@
+"""What runs inside the engine pods: the launcher and, for tests and demos, the SGLang simulator."""

@@ -1,0 +1,1 @@
+"""The HybridServing API: typed models and the CRDs generated from them."""

@@ -1,0 +1,460 @@
+"""The HybridServing API, v1alpha1: the one source of truth for the CRD.
+
+`crds/` and the chart's copy are generated from these models (see `api.crd`); CEL rules sit
+next to the fields they guard (`x-kubernetes-validations` in `json_schema_extra`), so the
+apiserver rejects at admission what CEL can express and `core.layout` reports the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from hybridserving.core.profiles import ModelArchitecture
+
+GROUP = "hybridserving.io"
+VERSION = "v1alpha1"
+KIND = "HybridServing"
+PLURAL = "hybridservings"
+INSTANCE_KIND = "HybridServingInstance"
+INSTANCE_PLURAL = "hybridservinginstances"
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    if reason:
+        entry["reason"] = reason
+    return entry
+
+
+class ApiModel(BaseModel):
+    """Base: camelCase on the wire, unknown fields rejected (the CRD prunes them anyway)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# --------------------------------------------------------------------------- model / engine
+
+
+class ModelSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.profile) != has(self.architecture)",
+                    "set exactly one of model.profile (a built-in profile) or model.architecture "
+                    "(a custom architecture)",
+                )
+            ]
+        }
+    )
+
+    path: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Model path or hub id passed to the engine as --model-path.",
+    )
+    profile: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Built-in profile: kimi-k3, glm-5.2, glm-5.3, deepseek-v3, deepseek-v3.2.",
+    )
+    architecture: ModelArchitecture | None = Field(
+        default=None, description="A custom architecture, when no built-in profile fits."
+    )
+    served_model_name: str | None = Field(default=None, max_length=256, description="--served-model-name.")
+
+
+class EnvVar(ApiModel):
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    value: str = Field(default="", max_length=4096)
+
+
+class EngineSpec(ApiModel):
+    image: str = Field(
+        default="lmsysorg/sglang:v0.5.23",
+        min_length=1,
+        max_length=512,
+        description="Engine image (SGLang plus the launcher); pin it by tag or digest.",
+    )
+    sglang_version: str = Field(
+        default="0.5.23",
+        pattern=r"^\d+\.\d+\.\d+([.-][0-9A-Za-z.]+)?$",
+        max_length=64,
+        description="SGLang version inside the image; layout rules that depend on the engine "
+        "build key on it.",
+    )
+    capabilities: list[Literal["prefill-cp-dcp-reshard", "dsa-dcp-pd"]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Extra capabilities of a custom engine build: prefill-cp-dcp-reshard (prefill "
+        "CP layer-split feeding DCP decode through the 2D reshard), dsa-dcp-pd (DSA models with "
+        "dcp > 1 in PD mode).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra SGLang flags appended to both roles' argv (validated by the engine's parser).",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment for the engine.")
+
+
+class HardwareSpec(ApiModel):
+    gpus_per_node: int = Field(default=8, ge=1, le=72, description="GPUs on each node an instance uses.")
+    gpu_memory_gib: float = Field(default=141.0, gt=0, le=4096, description="Memory of one GPU in GiB (H200: 141).")
+    gpu_resource_name: str = Field(default="nvidia.com/gpu", max_length=253, description="Extended resource of GPUs.")
+
+
+# --------------------------------------------------------------------------- per-role layout
+
+
+class LayoutSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.tp % self.dcp == 0",
+                    "dcp must divide tp (SGLang builds DCP groups by chunking each TP group); "
+                    "choose dcp among the divisors of tp",
+                    "dcp",
+                ),
+                cel(
+                    "self.attnCp == 1 || has(self.cpStrategy)",
+                    "attnCp > 1 needs cpStrategy: zigzag or interleave",
+                    "cpStrategy",
+                    "FieldValueRequired",
+                ),
+                cel(
+                    "self.tp % (self.attnDp * self.attnCp) == 0",
+                    "attnDp * attnCp must divide tp",
+                    "attnCp",
+                ),
+                cel(
+                    "!(self.dcp > 1 && self.attnCp > 1)",
+                    "SGLang rejects decode context parallelism (dcp > 1) together with prefill "
+                    "context parallelism (attnCp > 1) on one server; use attnCp on prefill and dcp on decode",
+                    "dcp",
+                ),
+                cel(
+                    "!self.layerSplit || (self.attnCp > 1 && has(self.cpStrategy) && self.cpStrategy == 'interleave')",
+                    "layerSplit needs attnCp > 1 with cpStrategy: interleave",
+                    "layerSplit",
+                ),
+                cel(
+                    "!has(self.dcpCommBackend) || self.dcpCommBackend == 'ag_rs' || self.dcp > 1",
+                    "dcpCommBackend a2a and fi_a2a need dcp > 1",
+                    "dcpCommBackend",
+                ),
+                cel(
+                    "!has(self.replicateQProj) || !self.replicateQProj || self.dcp > 1",
+                    "replicateQProj needs dcp > 1",
+                    "replicateQProj",
+                ),
+            ]
+        }
+    )
+
+    tp: int = Field(default=1, ge=1, le=1024, description="Tensor parallel size (--tp-size).")
+    pp: int = Field(default=1, ge=1, le=64, description="Pipeline parallel size (--pp-size).")
+    attn_dp: int = Field(default=1, ge=1, le=1024, description="Attention data parallel size (--attn-dp-size).")
+    attn_cp: int = Field(default=1, ge=1, le=1024, description="Prefill context parallel size (--attn-cp-size).")
+    cp_strategy: Literal["zigzag", "interleave"] | None = Field(
+        default=None, description="Prefill CP split: zigzag (regular attention) or interleave (sparse/DSA)."
+    )
+    layer_split: bool = Field(
+        default=False,
+        description="After prefill CP, each rank keeps only its layer range's KV "
+        "(--enable-dsa-cache-layer-split); feeds the 2D reshard.",
+    )
+    dcp: int = Field(default=1, ge=1, le=1024, description="Decode context parallel size (--dcp-size).")
+    dcp_comm_backend: Literal["a2a", "ag_rs", "fi_a2a"] | None = Field(
+        default=None, description="DCP collective backend; unset lets the engine choose."
+    )
+    replicate_q_proj: bool | None = Field(
+        default=None, description="Replicate the query projection under DCP (--dcp-replicate-q-proj)."
+    )
+    ep: int = Field(default=1, ge=1, le=1024, description="Expert parallel size (--ep-size).")
+    moe_a2a_backend: Literal["none", "deepep", "mooncake", "nixl", "mori", "flashinfer"] | None = Field(
+        default=None,
+        alias="moeA2aBackend",
+        description="MoE all-to-all backend (--moe-a2a-backend) when ep > 1.",
+    )
+
+    @property
+    def world_size(self) -> int:
+        """GPUs of one instance: attention DP and CP subdivide TP, EP reuses the same ranks."""
+        return self.tp * self.pp
+
+
+class SpeculativeSpec(ApiModel):
+    algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] = Field(
+        description="--speculative-algorithm; EAGLE/NEXTN reuse the model's MTP layer."
+    )
+    num_steps: int | None = Field(default=None, ge=1, le=64)
+    eagle_topk: int | None = Field(default=None, ge=1, le=64)
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=256)
+    draft_model_path: str | None = Field(default=None, max_length=512)
+
+
+class RoleSpec(ApiModel):
+    replicas: int = Field(default=1, ge=0, le=1024, description="Engine instances of this role.")
+    nodes_per_instance: int = Field(default=1, ge=1, le=64, description="Nodes (pods) one instance spans.")
+    layout: LayoutSpec = Field(default_factory=LayoutSpec)
+    speculative: SpeculativeSpec | None = Field(default=None, description="Speculative decoding.")
+    mem_fraction_static: float | None = Field(
+        default=None, gt=0, lt=1, description="Fraction of GPU memory for weights and KV pool (--mem-fraction-static)."
+    )
+    max_running_requests: int | None = Field(default=None, ge=1, le=1_000_000)
+    page_size: int | None = Field(default=None, ge=1, le=4096, description="KV page size in tokens.")
+    kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"] = Field(
+        default="fp8_e4m3", description="KV cache dtype; capacity assumes 1 byte for fp8, 2 for bf16/auto."
+    )
+    prefix_caching: bool = Field(
+        default=True,
+        description="Keep the radix prefix cache on (prefill); off silently loses shared-prefix hits.",
+    )
+
+
+# --------------------------------------------------------------------------- fleet-wide
+
+
+class TransferSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.rdmaResourceCount == 0 || size(self.rdmaResourceName) > 0",
+                    "rdmaResourceName is required when rdmaResourceCount > 0",
+                    "rdmaResourceName",
+                )
+            ]
+        }
+    )
+
+    backend: Literal["mooncake", "nixl"] = Field(
+        default="mooncake", description="KV transfer engine; in-place role switch needs mooncake."
+    )
+    ib_devices: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="RDMA devices in GPU order (--disaggregation-ib-device); empty lets the engine detect them.",
+    )
+    ib_devices_per_gpu: int = Field(default=1, ge=0, le=8, description="RDMA devices each GPU uses.")
+    rdma_resource_name: str = Field(
+        default="rdma/ib", max_length=253, description="Extended resource for RDMA devices; empty for none."
+    )
+    rdma_resource_count: int = Field(default=0, ge=0, le=64, description="RDMA resources requested per pod.")
+    bootstrap_port: int = Field(default=8998, ge=1024, le=65535, description="Prefill bootstrap port.")
+
+
+class NetworkSpec(ApiModel):
+    host_network: bool = Field(
+        default=False,
+        description="Run engine pods on the host network (RDMA in most clusters); the operator "
+        "then gives co-located instances distinct ports.",
+    )
+    nvlink_domain_key: str = Field(
+        default="hybridserving.io/nvlink-domain",
+        max_length=253,
+        description="Node label whose value names an NVLink domain; all pods of an instance share one value.",
+    )
+    rdma_fabric_key: str = Field(
+        default="hybridserving.io/rdma-fabric",
+        max_length=253,
+        description="Node label whose value names an RDMA fabric; prefill and decode share one value.",
+    )
+    rack_key: str = Field(default="hybridserving.io/rack", max_length=253, description="Node label of the rack.")
+    spread_across_racks: bool = Field(default=False, description="Spread instances of a role across racks.")
+
+
+class RouterSpec(ApiModel):
+    enabled: bool = Field(default=True, description="Deploy an smg router with Kubernetes service discovery.")
+    image: str = Field(default="lightseekorg/smg:1.13.0", max_length=512)
+    replicas: int = Field(default=1, ge=0, le=64)
+    port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port.")
+    prefill_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "cache_aware"
+    decode_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "power_of_two"
+
+
+class SloSpec(ApiModel):
+    ttft_ms: float = Field(default=2000.0, gt=0, description="Time-to-first-token limit.")
+    tpot_ms: float = Field(default=50.0, gt=0, description="Time-per-output-token limit.")
+
+
+class RoleSwitchSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.maxConcurrent >= 1", "maxConcurrent must be at least 1", "maxConcurrent"),
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=False, description="Move instances between roles as the mix shifts.")
+    min_prefill: int = Field(default=1, ge=0, le=1024, description="Never fewer prefill instances than this.")
+    min_decode: int = Field(default=1, ge=0, le=1024, description="Never fewer decode instances than this.")
+    cooldown_seconds: int = Field(default=300, ge=0, le=86400, description="Quiet time after a switch.")
+    drain_timeout_seconds: int = Field(default=600, ge=1, le=86400, description="Give up draining after this.")
+    max_concurrent: int = Field(default=1, ge=1, le=64, description="Instances switching at once.")
+    slo: SloSpec = Field(default_factory=SloSpec)
+
+
+class RolloutSpec(ApiModel):
+    max_unavailable: int = Field(default=1, ge=1, le=1024, description="Instances of a role rolled at once.")
+    paused: bool = Field(default=False, description="Stop rolling out spec changes (and role switches).")
+
+
+class HybridServingSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.prefill.layout) || self.prefill.layout.dcp == 1",
+                    "prefill.layout.dcp must be 1: decode context parallelism is a decode layout",
+                    "prefill.layout.dcp",
+                ),
+                cel(
+                    "!has(self.decode.layout) || self.decode.layout.attnCp == 1",
+                    "decode.layout.attnCp must be 1: prefill context parallelism runs on prefill only",
+                    "decode.layout.attnCp",
+                ),
+                cel(
+                    "!has(self.roleSwitch) || !self.roleSwitch.enabled || "
+                    "self.roleSwitch.minPrefill + self.roleSwitch.minDecode <= self.prefill.replicas + self.decode.replicas",
+                    "roleSwitch.minPrefill + roleSwitch.minDecode exceeds the instances of the fleet",
+                    "roleSwitch.minPrefill",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    hardware: HardwareSpec = Field(default_factory=HardwareSpec)
+    prefill: RoleSpec
+    decode: RoleSpec
+    transfer: TransferSpec = Field(default_factory=TransferSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    role_switch: RoleSwitchSpec = Field(default_factory=RoleSwitchSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+
+    def role(self, role: Role) -> RoleSpec:
+        return self.prefill if role == "prefill" else self.decode
+
+    def architecture(self) -> ModelArchitecture:
+        """The model's figures, from the built-in profile or the custom architecture."""
+        from hybridserving.core.profiles import resolve_profile
+
+        if self.model.architecture is not None:
+            return self.model.architecture
+        assert self.model.profile is not None
+        return resolve_profile(self.model.profile)
+
+
+# --------------------------------------------------------------------------- status
+
+
+class Condition(ApiModel):
+    """A Kubernetes API convention condition."""
+
+    type: str = Field(max_length=64)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(max_length=128)
+    message: str = Field(default="", max_length=4096)
+    observed_generation: int | None = None
+    last_transition_time: str | None = Field(default=None, description="RFC 3339 time of the last status change.")
+
+
+class RoleStatus(ApiModel):
+    desired: int = 0
+    ready: int = 0
+    updated: int = 0
+    summary: str = Field(default="0/0", description="ready/desired, for printer columns.")
+
+
+class InstanceStatus(ApiModel):
+    name: str
+    role: Role
+    phase: str = Field(description="Pending, Starting, Ready, Draining, Switching, Relaunching, Failed.")
+    nodes: list[str] = Field(default_factory=list)
+    generation: str = Field(default="", description="Hash of the configuration the pods run.")
+
+
+class CapacityStatus(ApiModel):
+    decode_tokens_per_instance: int = 0
+    decode_tokens_total: int = 0
+    prefill_tokens_per_instance: int = 0
+    bytes_per_token_per_rank: int = 0
+    summary: str = Field(default="", description="Human-readable decode KV capacity.")
+
+
+class SwitchRecord(ApiModel):
+    instance: str
+    from_role: Role
+    to_role: Role
+    mode: Literal["in-place", "relaunch"]
+    reason: str = Field(max_length=512)
+    outcome: Literal["Succeeded", "Aborted", "Failed", "InProgress"]
+    started: str
+    finished: str | None = None
+    phase: str | None = None
+
+
+class HybridServingStatus(ApiModel):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: RoleStatus = Field(default_factory=RoleStatus)
+    decode: RoleStatus = Field(default_factory=RoleStatus)
+    instances: list[InstanceStatus] = Field(default_factory=list)
+    capacity: CapacityStatus = Field(default_factory=CapacityStatus)
+    switches: list[SwitchRecord] = Field(default_factory=list, description="Recent role switches, newest last (bounded).")
+    ready: str = Field(default="False", description="Ready condition status, for printer columns.")
+
+
+class ObjectMeta(ApiModel):
+    """The subset of metadata the core reads; the apiserver owns the rest."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    name: str
+    namespace: str = "default"
+    generation: int | None = None
+    uid: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class HybridServing(ApiModel):
+    api_version: Literal["hybridserving.io/v1alpha1"] = "hybridserving.io/v1alpha1"
+    kind: Literal["HybridServing"] = "HybridServing"
+    metadata: ObjectMeta
+    spec: HybridServingSpec
+    status: HybridServingStatus | None = None
+
+    @model_validator(mode="after")
+    def _name_is_dns_label(self) -> HybridServing:
+        # Child names are "<name>-<role>-<index>[-<rank>]"; keep them within 63 characters.
+        import re
+
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?", self.metadata.name):
+            raise ValueError(
+                "metadata.name must be a DNS label of at most 40 characters (lowercase letters, "
+                "digits, '-'), so that child object names stay within 63"
+            )
+        return self

@@ -1,0 +1,121 @@
+"""Reading HybridServing manifests from YAML, with errors a person can act on.
+
+Users hand the CLI the same files they `kubectl apply`, so a malformed document, a wrong
+type or a hostile name must come back as "field path: problem; fix", never a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from hybridserving.api.v1alpha1 import HybridServing
+
+
+@dataclass(frozen=True)
+class ManifestError:
+    """One problem with one document, located by field path (or line, for YAML syntax)."""
+
+    path: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message} (fix: {self.fix})"
+
+
+class ManifestInvalid(Exception):
+    def __init__(self, source: str, errors: list[ManifestError]):
+        super().__init__(f"{source}: " + "; ".join(str(e) for e in errors))
+        self.source = source
+        self.errors = errors
+
+
+_FIXES = {
+    "int_parsing": "write a whole number without quotes",
+    "int_type": "write a whole number without quotes",
+    "float_parsing": "write a number without quotes",
+    "bool_parsing": "write true or false",
+    "literal_error": "use one of the allowed values",
+    "extra_forbidden": "remove the field or check its spelling (fields are camelCase)",
+    "missing": "add the field",
+    "greater_than_equal": "raise the value",
+    "less_than_equal": "lower the value",
+    "greater_than": "raise the value",
+    "less_than": "lower the value",
+    "string_too_long": "shorten the value",
+    "string_pattern_mismatch": "match the documented format",
+}
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        else:
+            parts.append(str(item))
+    return ".".join(parts) or "(document)"
+
+
+def errors_from_validation(exc: ValidationError) -> list[ManifestError]:
+    """Translate pydantic's errors into field paths as they appear in the YAML."""
+    out = []
+    for err in exc.errors():
+        # Model-level validators report at the model's location; the message names the field.
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        message = err["msg"].removeprefix("Value error, ")
+        path = _field_path(loc)
+        if path in ("(document)", "metadata") and "metadata.name" in message:
+            path = "metadata.name"
+        fix = _FIXES.get(err["type"], "see `kubectl explain hybridserving." + path + "`")
+        if err["type"] == "value_error":
+            fix = "see the message"
+        out.append(ManifestError(path, message, fix))
+    return out
+
+
+def parse_document(doc: Any, source: str = "<input>") -> HybridServing:
+    if not isinstance(doc, dict):
+        raise ManifestInvalid(
+            source, [ManifestError("(document)", "expected a mapping (a HybridServing object)", "check the YAML")]
+        )
+    kind = doc.get("kind")
+    if kind != "HybridServing":
+        raise ManifestInvalid(
+            source, [ManifestError("kind", f"expected HybridServing, got {kind!r}", "set kind: HybridServing")]
+        )
+    try:
+        return HybridServing.model_validate(doc)
+    except ValidationError as exc:
+        raise ManifestInvalid(source, errors_from_validation(exc)) from None
+
+
+def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
+    """Every HybridServing in a (multi-document) YAML text; other kinds are skipped."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ManifestInvalid(source, [ManifestError(where, f"malformed YAML: {problem}", "fix the YAML syntax")]) from None
+    found = [parse_document(d, source) for d in docs if isinstance(d, dict) and d.get("kind") == "HybridServing"]
+    if not found:
+        raise ManifestInvalid(
+            source, [ManifestError("(document)", "no HybridServing object found", "check kind and apiVersion")]
+        )
+    return found
+
+
+def load_file(path: str | Path) -> list[HybridServing]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ManifestInvalid(str(p), [ManifestError("(file)", exc.strerror or str(exc), "check the path")]) from None
+    return load_text(text, str(p))
