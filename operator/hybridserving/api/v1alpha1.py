@@ -26,10 +26,13 @@ ROLES: tuple[Role, Role] = ("prefill", "decode")
 
 
 def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry."""
+    """One `x-kubernetes-validations` entry; `field_path` is relative to the node, e.g. "layout.dcp".
+
+    The apiserver wants fieldPath as a JSON path starting with "." and refuses the CRD otherwise.
+    """
     entry = {"rule": rule, "message": message}
     if field_path:
-        entry["fieldPath"] = field_path
+        entry["fieldPath"] = f".{field_path}"
     if reason:
         entry["reason"] = reason
     return entry
@@ -74,6 +77,15 @@ class ModelSpec(ApiModel):
         default=None, description="A custom architecture, when no built-in profile fits."
     )
     served_model_name: str | None = Field(default=None, max_length=256, description="--served-model-name.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        # Mirrors the CEL rule so that the CLI refuses what admission refuses.
+        if (self.profile is None) == (self.architecture is None):
+            raise ValueError(
+                "set exactly one of model.profile (a built-in profile) or model.architecture (a custom architecture)"
+            )
+        return self
 
 
 class EnvVar(ApiModel):

@@ -1,0 +1,132 @@
+"""HybridServingInstance, v1alpha1: one engine instance whose identity survives role changes.
+
+A HybridServing owns one instance per engine (prefill or decode). The role-switch controller
+moves an instance between roles by editing `spec.role` rather than deleting and recreating it,
+so its name, index, ports and pods stay put and the router sees one endpoint change role.
+Pods of the instance (a leader and its workers) are created by the operator from this object.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, ConfigDict, Field, model_validator
+
+from hybridserving.api.v1alpha1 import ApiModel, Condition, ObjectMeta, Role, cel
+
+InstancePhase = Literal["Pending", "Starting", "Ready", "Draining", "Switching", "Relaunching", "Failed"]
+
+Port = Annotated[int, Field(ge=1024, le=65535)]
+
+# A pod or node name (DNS subdomain).
+ObjectName = Annotated[str, Field(max_length=253)]
+
+
+class InstancePorts(ApiModel):
+    """Ports the operator allocated; distinct per node when instances share a host network."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    " && ".join(
+                        f"self.{a} != self.{b}"
+                        for a, b in combinations(("http", "bootstrap", "distInit", "engineInfoBootstrap"), 2)
+                    ),
+                    "http, bootstrap, distInit and engineInfoBootstrap must be four distinct ports",
+                )
+            ]
+        }
+    )
+
+    http: Port = Field(description="Engine HTTP server (--port); the router and probes use it.")
+    bootstrap: Port = Field(
+        description="KV-transfer bootstrap server (--disaggregation-bootstrap-port); decode "
+        "instances reach prefill through it."
+    )
+    dist_init: Port = Field(
+        description="torch.distributed rendezvous of the instance's pods (--dist-init-addr port)."
+    )
+    engine_info_bootstrap: Port = Field(
+        description="Port on which the leader publishes the engine's rank layout to its workers."
+    )
+
+    @model_validator(mode="after")
+    def _ports_are_distinct(self) -> InstancePorts:
+        # The same rule as the CEL above, so the operator never writes what admission rejects.
+        ports = (self.http, self.bootstrap, self.dist_init, self.engine_info_bootstrap)
+        if len(set(ports)) != len(ports):
+            raise ValueError("http, bootstrap, distInit and engineInfoBootstrap must be four distinct ports")
+        return self
+
+
+class HybridServingInstanceSpec(ApiModel):
+    role: Role = Field(
+        description="Role the instance should serve; the role-switch controller changes it and "
+        "the instance drains and switches (in place or by relaunch) to follow."
+    )
+    index: int = Field(
+        ge=0,
+        le=1023,
+        description="Position of the instance in its HybridServing; part of its identity, so it never changes.",
+        json_schema_extra={"x-kubernetes-validations": [cel("self == oldSelf", "index is immutable")]},
+    )
+    nodes: int = Field(ge=1, le=64, description="Pods (one per node) the instance spans: a leader and nodes-1 workers.")
+    config_hash: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]+$",
+        description="Hash of the rendered engine configuration the pods should run; pods running "
+        "another hash are rolled. Short enough to be a label value.",
+    )
+    ports: InstancePorts
+    restart_generation: int = Field(
+        default=0,
+        ge=0,
+        description="Bump to restart the whole gang (all pods of the instance) once.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self >= oldSelf", "restartGeneration may only increase")
+            ]
+        },
+    )
+
+
+class HybridServingInstanceStatus(ApiModel):
+    phase: InstancePhase = Field(
+        default="Pending",
+        description="Pending (pods not scheduled), Starting (engine loading), Ready (serving), "
+        "Draining (finishing requests before a switch or restart), Switching (in-place role "
+        "switch), Relaunching (restart with the other role's flags), Failed.",
+    )
+    role: Role | None = Field(
+        default=None,
+        description="Role the engine currently runs; differs from spec.role while a switch is in progress.",
+    )
+    ready_pods: int = Field(default=0, ge=0, le=64, description="Pods of the instance whose engine is ready.")
+    pod_names: list[ObjectName] = Field(
+        default_factory=list, max_length=64, description="Pods of the instance, leader first."
+    )
+    node_names: list[ObjectName] = Field(
+        default_factory=list, max_length=64, description="Nodes the pods run on, in pod order."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation of the spec this status describes."
+    )
+    last_switch: AwareDatetime | None = Field(default=None, description="When the last role switch finished.")
+
+
+class HybridServingInstance(ApiModel):
+    """One engine instance (a gang of pods) of a HybridServing; owned and managed by the operator."""
+
+    api_version: Literal["hybridserving.io/v1alpha1"] = "hybridserving.io/v1alpha1"
+    kind: Literal["HybridServingInstance"] = "HybridServingInstance"
+    metadata: ObjectMeta
+    spec: HybridServingInstanceSpec
+    status: HybridServingInstanceStatus | None = None

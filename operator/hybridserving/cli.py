@@ -1,0 +1,248 @@
+"""`hybridserving`: the pure core from a terminal, before anything is applied to a cluster.
+
+Exit codes: 0 success, 1 the input is invalid (every error printed with its field and fix),
+2 a usage error. `-o json` output is stable: keys are camelCase and only ever added to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from hybridserving.api.v1alpha1 import HardwareSpec
+from hybridserving.core import capacity, transfer
+from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
+from hybridserving.core.profiles import PROFILES
+from hybridserving.manifests import ManifestInvalid, load_file
+
+EXIT_OK, EXIT_INVALID = 0, 1
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _human_tokens(n: float) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.2f} M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f} K"
+    return f"{n:.0f}"
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+
+
+def _print_manifest_errors(err: ManifestInvalid, out: TextIO) -> None:
+    out.write(f"{err.source}: invalid\n")
+    for e in err.errors:
+        out.write(f"  error: {e.path}: {e.message}\n         fix: {e.fix}\n")
+
+
+def _load(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
+    try:
+        return load_file(path)
+    except ManifestInvalid as err:
+        if as_json:
+            json.dump(
+                {"source": err.source, "valid": False,
+                 "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
+                             "severity": "error"} for e in err.errors]},
+                out, indent=2,
+            )
+            out.write("\n")
+        else:
+            _print_manifest_errors(err, out)
+        return None
+
+
+def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
+    docs = _load(args.file, out, args.output == "json")
+    if docs is None:
+        return EXIT_INVALID
+    results = [(hs, assess(hs.spec)) for hs in docs]
+    if args.output == "json":
+        json.dump(
+            [{"name": hs.metadata.name, "valid": a.valid, "issues": [issue_to_dict(i) for i in a.issues]}
+             for hs, a in results],
+            out, indent=2,
+        )
+        out.write("\n")
+    else:
+        for hs, a in results:
+            out.write(f"{hs.metadata.name}: {'valid' if a.valid else 'invalid'}\n")
+            for issue in a.issues:
+                out.write(f"  {issue.severity}: {issue.path}: {issue.message} [{issue.rule}]\n")
+                out.write(f"  {' ' * len(issue.severity)}  fix: {issue.fix}\n")
+    return EXIT_OK if all(a.valid for _, a in results) else EXIT_INVALID
+
+
+def _print_plan(name: str, a: FleetAssessment, out: TextIO) -> None:
+    out.write(f"HybridServing {name}\n")
+    rows = [["ROLE", "INSTANCES", "NODES/INST", "PODS", "GPUS/POD", "GPUS", "WORLD", "KV TOKENS/INST", "POOL/RANK"]]
+    for role, plan in a.roles.items():
+        cap = plan.capacity
+        rows.append([
+            role, str(plan.instances), str(plan.nodes_per_instance), str(plan.pods), str(plan.gpus_per_pod),
+            str(plan.gpus), str(plan.world_size),
+            _human_tokens(cap.tokens) if cap else "-", _human_bytes(cap.pool_bytes) if cap else "-",
+        ])
+    _table(rows, out)
+    out.write(f"decode KV capacity, whole fleet: {_human_tokens(a.decode_tokens_total)} tokens\n")
+    if a.in_place_switch:
+        out.write("role switch: in place (POST /pd_role_switch)\n")
+    else:
+        out.write("role switch: by relaunch on the same pods; not in place because:\n")
+        for reason in a.switch_reasons:
+            out.write(f"  - {reason}\n")
+    for role, plan in a.roles.items():
+        for rank, argv in enumerate(plan.argv_by_rank):
+            out.write(f"\n{role} node rank {rank}:\n  python3 -m sglang.launch_server {shlex.join(argv)}\n")
+    for issue in a.issues:
+        out.write(f"{issue.severity}: {issue.path}: {issue.message}\n  fix: {issue.fix}\n")
+
+
+def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
+    docs = _load(args.file, out, args.output == "json")
+    if docs is None:
+        return EXIT_INVALID
+    results = [(hs, assess(hs.spec)) for hs in docs]
+    if args.output == "json":
+        json.dump([{"name": hs.metadata.name, **a.to_dict()} for hs, a in results], out, indent=2)
+        out.write("\n")
+    else:
+        for hs, a in results:
+            if a.valid:
+                _print_plan(hs.metadata.name, a, out)
+            else:
+                out.write(f"{hs.metadata.name}: invalid, nothing to plan\n")
+                for issue in a.errors:
+                    out.write(f"  error: {issue.path}: {issue.message}\n         fix: {issue.fix}\n")
+    return EXIT_OK if all(a.valid for _, a in results) else EXIT_INVALID
+
+
+def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
+    arch = PROFILES[args.model]
+    hardware = HardwareSpec(gpus_per_node=args.tp, gpu_memory_gib=args.gpu_memory_gib) if args.gpu_memory_gib else None
+    role = None
+    if hardware is not None:
+        from hybridserving.api.v1alpha1 import LayoutSpec, RoleSpec
+
+        role = RoleSpec(layout=LayoutSpec(tp=args.tp, dcp=args.dcp))
+    try:
+        report = capacity.capacity_report(
+            arch, args.dcp, args.index, hardware=hardware, role=role, context_len=args.context
+        )
+    except capacity.CapacityError as err:
+        out.write(f"error: {err.field_path}: {err.message}\n  fix: {err.fix}\n")
+        return EXIT_INVALID
+    data = report.to_dict()
+    if args.output == "json":
+        json.dump({"model": args.model, **data}, out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    per_rank = data["bytesPerRank"]
+    rows = [["MODEL", "DCP", "INDEX", "KV B/TOK", "INDEX B/TOK", "DRAFT B/TOK", "TOTAL B/TOK", "GAIN VS DCP1"]]
+    rows.append([
+        args.model, str(args.dcp), args.index, f"{per_rank['kv']:,.1f}", f"{per_rank['index']:,.1f}",
+        f"{per_rank['draft']:,.1f}", f"{per_rank['perToken']:,.1f}", f"{data['gainOverDcp1']:.2f}x",
+    ])
+    _table(rows, out)
+    if per_rank["statePerRequest"]:
+        out.write(f"recurrent state per request per rank: {_human_bytes(per_rank['statePerRequest'])}\n")
+    if data["gainAtContext"] is not None:
+        out.write(f"gain at {args.context:,} tokens of context: {data['gainAtContext']:.2f}x\n")
+    if data["instance"] is not None:
+        inst = data["instance"]
+        out.write(
+            f"tokens per instance (tp={args.tp}, {args.gpu_memory_gib} GiB/GPU): "
+            f"{_human_tokens(inst['tokensPerInstance'])} (pool {_human_bytes(inst['poolBytesPerRank'])} per rank)\n"
+        )
+        if data["maxRequestsAtContext"] is not None:
+            out.write(f"max requests at {args.context:,} tokens: {data['maxRequestsAtContext']}\n")
+    return EXIT_OK
+
+
+def cmd_transfer_plan(args: argparse.Namespace, out: TextIO) -> int:
+    arch = PROFILES[args.model]
+    try:
+        plan = transfer.plan_transfer(arch, args.prefill_cp, args.decode_dcp, args.tokens, args.page_size)
+    except ValueError as err:
+        out.write(f"error: {err}\n")
+        return EXIT_INVALID
+    summary = plan.summary()
+    if args.output == "json":
+        json.dump({"model": args.model, **summary}, out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    out.write(
+        f"{args.model}: {args.tokens:,} tokens, {plan.total_pages:,} pages of {args.page_size} tokens, "
+        f"prefill CP {args.prefill_cp} x decode DCP {args.decode_dcp} = {args.prefill_cp * args.decode_dcp} paths\n"
+    )
+    rows = [["PREFILL RANK", "LAYERS", "COUNT"]]
+    for r, (start, stop) in enumerate(plan.layer_ranges()):
+        rows.append([str(r), f"{start}-{stop - 1}", str(stop - start)])
+    _table(rows, out)
+    rows = [["DECODE RANK", "PAGES", "TOKENS", "BYTES IN"]]
+    for d in range(args.decode_dcp):
+        rows.append([
+            str(d), f"{len(plan.pages[d]):,}", f"{int(plan.rank_tokens[d]):,}",
+            _human_bytes(float(plan.path_bytes[:, d].sum())),
+        ])
+    _table(rows, out)
+    out.write(f"bytes per path: {_human_bytes(float(plan.path_bytes.min()))} .. {_human_bytes(float(plan.path_bytes.max()))}\n")
+    out.write(
+        f"total: {_human_bytes(plan.total_bytes)}; naive send-all-then-reshard: {_human_bytes(plan.naive_bytes)} "
+        f"({plan.discarded_fraction:.0%} of it discarded)\n"
+    )
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybridserving", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Callable[[argparse.Namespace, TextIO], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        p.set_defaults(func=func)
+        p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+        return p
+
+    p = add("validate", cmd_validate, "check a manifest: every error with its field path and fix")
+    p.add_argument("-f", "--file", required=True)
+    p = add("plan", cmd_plan, "per role: instances, pods, GPUs, argv per node rank, capacity, role switch mode")
+    p.add_argument("-f", "--file", required=True)
+    p = add("capacity", cmd_capacity, "per-rank bytes per token and the gain of decode context parallelism")
+    p.add_argument("--model", required=True, choices=sorted(PROFILES))
+    p.add_argument("--dcp", type=int, default=1)
+    p.add_argument("--index", choices=["copied", "split"], default="copied")
+    p.add_argument("--tp", type=int, default=8, help="TP of the instance (with --gpu-memory-gib)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, help="give the hardware to get tokens per instance")
+    p.add_argument("--context", type=int, default=None, help="context length for the gain and the request frontier")
+    p = add("transfer-plan", cmd_transfer_plan, "the 2D reshard plan from prefill CP layer-split to decode DCP")
+    p.add_argument("--model", required=True, choices=sorted(PROFILES))
+    p.add_argument("--prefill-cp", type=int, required=True)
+    p.add_argument("--decode-dcp", type=int, required=True)
+    p.add_argument("--tokens", type=int, required=True)
+    p.add_argument("--page-size", type=int, default=transfer.DEFAULT_PAGE_SIZE)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args, out or sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

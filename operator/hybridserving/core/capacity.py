@@ -1,0 +1,428 @@
+"""How much context one engine instance can hold, from the model's profile and the role's layout.
+
+Decode capacity decides how many requests a decode instance can keep resident, so the
+operator reports it in status, the role-switch policy budgets with it and the simulators
+size their KV pools from it. The arithmetic follows what SGLang allocates on each GPU:
+
+* the MLA latent (E bytes/token) is replicated on every TP rank (heads split, the latent
+  does not) and sharded 1/C by decode context parallelism (DCP over C ranks);
+* the DSA index key (I bytes/token) is either copied to every DCP rank (SGLang today) or
+  split with the cache (I/C), at the price of one more collective per indexer layer;
+* the EAGLE/MTP draft pool is sized max_total_num_tokens x dcp_size, so for every logical
+  token each DCP rank still holds the draft's full bytes: DCP does not shrink it;
+* a linear-attention (KDA) state is one fixed block per request, sharded by the attention
+  TP width (feature dimension) and never by DCP: it has no token axis to split.
+
+KDA state blocks and MLA pages share one unified pool from opposite ends, so capacity is a
+frontier over (requests, context length), not a single number. `docs/capacity.md` lists the
+published figures these formulas reproduce.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec, Role, RoleSpec
+from hybridserving.core.profiles import ModelArchitecture
+
+IndexPlacement = Literal["copied", "split"]
+KvCacheDtype = Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"]
+
+GIB = 1 << 30
+
+# SGLang derives --mem-fraction-static from the GPU's size and the layout when it is unset
+# (its documentation: "around 0.8 - 0.9", higher on large GPUs). 0.88 is the upper part of that
+# range, where the large-memory GPUs these models need land; a role that sets
+# memFractionStatic gets exact figures instead.
+DEFAULT_MEM_FRACTION_STATIC = 0.88
+
+# SGLang sizes the pool as `static fraction x GPU memory - memory in use after loading the
+# weights`. Besides the weights, that includes the CUDA context, NCCL/communication buffers
+# and the request-to-token map, about 2 GiB on a TP8 rank. Activations and CUDA graphs live
+# in the (1 - static fraction) the engine keeps outside, so they are not subtracted here.
+DEFAULT_RESERVE_BYTES = 2 * GIB
+
+# Bytes per element of the KV cache relative to the profiles, which are written for FP8.
+_KV_DTYPE_FACTOR: dict[str, int] = {"fp8_e4m3": 1, "fp8_e5m2": 1, "bf16": 2, "auto": 2}
+
+
+class CapacityError(ValueError):
+    """A layout whose capacity cannot exist (weights do not fit, DCP does not divide the group).
+
+    Carries the spec field to change (a path relative to `spec`, in wire names) and the fix,
+    so admission and the LayoutValid condition can point at the exact field.
+    """
+
+    def __init__(self, field_path: str, message: str, fix: str) -> None:
+        super().__init__(f"{field_path}: {message}; {fix}")
+        self.field_path = field_path
+        self.message = message
+        self.fix = fix
+
+
+def kv_dtype_factor(kv_cache_dtype: KvCacheDtype) -> int:
+    """Multiplier on the profiled (FP8) KV bytes: bf16, and `auto` on a bf16 model, take 2 bytes."""
+    return _KV_DTYPE_FACTOR[kv_cache_dtype]
+
+
+def keeps_draft_pool(role: RoleSpec) -> bool:
+    """Whether the role's speculative decoding keeps a draft KV pool (NGRAM drafts from text, no KV)."""
+    return role.speculative is not None and role.speculative.algorithm != "NGRAM"
+
+
+@dataclass(frozen=True)
+class RankFootprint:
+    """What one GPU of an instance stores: bytes per logical token by kind, and per request.
+
+    A "logical token" is a token of context as the user sees it; under DCP it occupies a
+    fraction of its KV on each rank, which is what these per-rank figures express.
+    """
+
+    kv: float
+    index: float
+    draft: float
+    state: float
+
+    @property
+    def per_token(self) -> float:
+        """b_rank: bytes one logical token costs this GPU."""
+        return self.kv + self.index + self.draft
+
+    def request_bytes(self, context_len: float) -> float:
+        """Bytes one request of `context_len` tokens costs this GPU: S_rank + L x b_rank."""
+        return self.state + context_len * self.per_token
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "kv": self.kv,
+            "index": self.index,
+            "draft": self.draft,
+            "perToken": self.per_token,
+            "statePerRequest": self.state,
+        }
+
+
+def _attention_tp(layout: LayoutSpec, role_name: Role) -> int:
+    """The TP width of one attention group; DCP shards the cache inside it (seed 003, section 7)."""
+    group = layout.attn_dp * layout.attn_cp
+    if layout.tp % group:
+        raise CapacityError(
+            f"{role_name}.layout.attnDp",
+            f"attnDp x attnCp = {group} does not divide tp = {layout.tp}",
+            f"choose attnDp x attnCp among the divisors of {layout.tp}",
+        )
+    width = layout.tp // layout.attn_dp
+    if width % layout.dcp:
+        divisors = [d for d in range(1, width + 1) if width % d == 0]
+        raise CapacityError(
+            f"{role_name}.layout.dcp",
+            f"dcp = {layout.dcp} does not divide the attention TP group of tp / attnDp = {width} ranks",
+            f"choose dcp among {divisors}",
+        )
+    return width
+
+
+def rank_footprint(
+    arch: ModelArchitecture,
+    layout: LayoutSpec,
+    *,
+    index: IndexPlacement = "copied",
+    speculative: bool = False,
+    kv_cache_dtype: KvCacheDtype = "fp8_e4m3",
+    role_name: Role = "decode",
+) -> RankFootprint:
+    """Per-GPU bytes of one logical token (latent, index, draft) and of one request's KDA state.
+
+    Pipeline stages hold disjoint layer groups, so per-token KV and state divide by pp (an
+    even split); the MTP draft layer sits on the last stage whole, so the draft does not.
+    The index key and the recurrent state keep their own dtypes (FP8 index, fp32 state),
+    so only the latent and the draft scale with the KV cache dtype.
+    """
+    width = _attention_tp(layout, role_name)
+    dtype = kv_dtype_factor(kv_cache_dtype)
+    dcp, pp = layout.dcp, layout.pp
+    index_shards = dcp if index == "split" else 1
+    return RankFootprint(
+        kv=arch.kv_bytes_per_token * dtype / (dcp * pp),
+        index=arch.index_bytes_per_token / (index_shards * pp),
+        draft=arch.draft_kv_bytes_per_token * dtype if speculative else 0.0,
+        state=arch.recurrent_state_bytes_per_request / (width * pp),
+    )
+
+
+def _weights_fix(arch: ModelArchitecture, layout: LayoutSpec, room: float, role_name: Role) -> str:
+    """The smallest legal TP (same pp, heads divisible by the attention group) whose weight slice fits."""
+    gpus = math.floor(arch.weight_bytes / room) + 1
+    step = math.lcm(layout.attn_dp * layout.dcp, layout.attn_dp * layout.attn_cp)
+    fitting = (
+        tp
+        for tp in range(step, 1025, step)
+        if tp * layout.pp >= gpus and arch.attention_heads % (tp // layout.attn_dp) == 0
+    )
+    tp = next(fitting, None)
+    change = (
+        f"set {role_name}.layout.tp to {tp} (with pp = {layout.pp})"
+        if tp is not None
+        else f"raise {role_name}.layout.pp (no tp that divides {arch.attention_heads} heads is enough)"
+    )
+    return (
+        f"the weights need at least {gpus} GPUs per instance: {change}, use GPUs with more memory, "
+        f"or raise {role_name}.memFractionStatic"
+    )
+
+
+def pool_bytes(
+    arch: ModelArchitecture,
+    layout: LayoutSpec,
+    hardware: HardwareSpec,
+    *,
+    mem_fraction_static: float | None = None,
+    reserve_bytes: float = DEFAULT_RESERVE_BYTES,
+    role_name: Role = "decode",
+) -> float:
+    """Bytes of the unified KV/state pool on one GPU: static fraction - weight slice - reserve.
+
+    Weights divide over tp x pp GPUs. EP places experts on those same GPUs, so it moves
+    bytes between them without changing the per-GPU total this even split assumes.
+    """
+    fraction = DEFAULT_MEM_FRACTION_STATIC if mem_fraction_static is None else mem_fraction_static
+    static = hardware.gpu_memory_gib * GIB * fraction
+    room = static - reserve_bytes
+    if room <= 0:
+        raise CapacityError(
+            f"{role_name}.memFractionStatic",
+            f"{fraction} of {hardware.gpu_memory_gib} GiB leaves nothing after the "
+            f"{reserve_bytes / GIB:.1f} GiB the engine reserves",
+            f"raise {role_name}.memFractionStatic or check hardware.gpuMemoryGib",
+        )
+    weights = arch.weight_bytes / (layout.tp * layout.pp)
+    pool = room - weights
+    if pool <= 0:
+        raise CapacityError(
+            f"{role_name}.layout.tp",
+            f"the weights take {weights / GIB:.1f} GiB per GPU at tp x pp = {layout.world_size}, "
+            f"but {fraction} of {hardware.gpu_memory_gib} GiB less the {reserve_bytes / GIB:.1f} GiB "
+            f"reserve leaves {room / GIB:.1f} GiB",
+            _weights_fix(arch, layout, room, role_name),
+        )
+    return pool
+
+
+@dataclass(frozen=True)
+class InstanceCapacity:
+    """The per-GPU pool and footprint of one instance: everything the frontier needs."""
+
+    footprint: RankFootprint
+    pool_bytes: float
+    weight_bytes: float
+    mem_fraction_static: float
+    reserve_bytes: float
+    attn_dp: int
+
+    @property
+    def tokens(self) -> int:
+        """Logical context tokens the instance holds with no KDA state resident.
+
+        Each DP attention group keeps its own requests, so the groups add up.
+        """
+        return self.attn_dp * math.floor(self.pool_bytes / self.footprint.per_token)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "poolBytesPerRank": self.pool_bytes,
+            "weightBytesPerRank": self.weight_bytes,
+            "memFractionStatic": self.mem_fraction_static,
+            "reserveBytes": self.reserve_bytes,
+            "attnDp": self.attn_dp,
+            "tokensPerInstance": self.tokens,
+        }
+
+
+def instance_capacity(
+    arch: ModelArchitecture,
+    role: RoleSpec,
+    hardware: HardwareSpec,
+    *,
+    index: IndexPlacement = "copied",
+    reserve_bytes: float = DEFAULT_RESERVE_BYTES,
+    role_name: Role = "decode",
+) -> InstanceCapacity:
+    """The capacity of one instance of `role` on `hardware`; raises CapacityError when none exists."""
+    layout = role.layout
+    footprint = rank_footprint(
+        arch,
+        layout,
+        index=index,
+        speculative=keeps_draft_pool(role),
+        kv_cache_dtype=role.kv_cache_dtype,
+        role_name=role_name,
+    )
+    fraction = DEFAULT_MEM_FRACTION_STATIC if role.mem_fraction_static is None else role.mem_fraction_static
+    pool = pool_bytes(
+        arch, layout, hardware, mem_fraction_static=fraction, reserve_bytes=reserve_bytes, role_name=role_name
+    )
+    return InstanceCapacity(
+        footprint=footprint,
+        pool_bytes=pool,
+        weight_bytes=arch.weight_bytes / layout.world_size,
+        mem_fraction_static=fraction,
+        reserve_bytes=reserve_bytes,
+        attn_dp=layout.attn_dp,
+    )
+
+
+def frontier(cap: InstanceCapacity, context_lens: ArrayLike) -> np.ndarray:
+    """Most requests the instance holds at each context length: n with n*S + n*L*b <= pool.
+
+    Vectorised over context lengths so a caller can draw the whole frontier at once.
+    """
+    lengths = np.asarray(context_lens, dtype=np.float64)
+    if np.any(lengths < 1):
+        raise ValueError("context lengths must be >= 1 token")
+    per_request = cap.footprint.state + lengths * cap.footprint.per_token
+    return np.floor(cap.pool_bytes / per_request).astype(np.int64) * cap.attn_dp
+
+
+def max_requests(cap: InstanceCapacity, context_len: int) -> int:
+    """Most requests of `context_len` tokens the instance holds at once (one point of the frontier)."""
+    return int(frontier(cap, [context_len])[0])
+
+
+def _gain(base: RankFootprint, sharded: RankFootprint, context_len: float | None) -> float:
+    """Ratio of what one pool holds under two footprints: per request at L, per token without L."""
+    if context_len is None:
+        return base.per_token / sharded.per_token
+    return base.request_bytes(context_len) / sharded.request_bytes(context_len)
+
+
+def _footprints(
+    arch: ModelArchitecture,
+    layout: LayoutSpec,
+    index: IndexPlacement,
+    speculative: bool,
+    kv_cache_dtype: KvCacheDtype,
+    role_name: Role,
+) -> tuple[RankFootprint, RankFootprint]:
+    """The footprint of `layout` with DCP 1 and as declared: the two sides of every gain."""
+    return tuple(
+        rank_footprint(
+            arch, candidate, index=index, speculative=speculative, kv_cache_dtype=kv_cache_dtype, role_name=role_name
+        )
+        for candidate in (layout.model_copy(update={"dcp": 1}), layout)
+    )
+
+
+def capacity_gain(
+    arch: ModelArchitecture,
+    dcp: int,
+    *,
+    index: IndexPlacement = "copied",
+    context_len: float | None = None,
+    tp: int | None = None,
+    speculative: bool = False,
+    kv_cache_dtype: KvCacheDtype = "fp8_e4m3",
+) -> float:
+    """How many times more context (or requests of one length) DCP over `dcp` ranks holds than DCP 1.
+
+    Same GPUs, same pool: the ratio of per-request bytes, (S + L*b1) / (S + L*bC). Without a
+    context length it is the long-context limit b1 / bC, e.g. (E+I)/(E/C+I) with a copied
+    index. `tp` defaults to `dcp`, the smallest TP group that can carry that DCP size.
+    """
+    if dcp < 1:
+        raise ValueError("dcp must be >= 1")
+    layout = LayoutSpec(tp=dcp if tp is None else tp, dcp=dcp)
+    return _gain(*_footprints(arch, layout, index, speculative, kv_cache_dtype, "decode"), context_len)
+
+
+def capacity_ceiling(
+    arch: ModelArchitecture,
+    *,
+    index: IndexPlacement = "copied",
+    speculative: bool = False,
+    kv_cache_dtype: KvCacheDtype = "fp8_e4m3",
+) -> float:
+    """The gain no DCP size can exceed: per-token bytes over the part DCP never shards.
+
+    With a copied index that part is I (+ the draft), so the ceiling is (E+I)/I; when
+    everything per token shards (split index, no draft) there is no ceiling (inf).
+    """
+    base = rank_footprint(
+        arch, LayoutSpec(), index=index, speculative=speculative, kv_cache_dtype=kv_cache_dtype
+    )
+    unsharded = base.draft + (base.index if index == "copied" else 0.0)
+    return base.per_token / unsharded if unsharded else math.inf
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    """The capacity figures of one layout, JSON-ready for the CLI and status."""
+
+    layout: LayoutSpec
+    index: IndexPlacement
+    kv_cache_dtype: KvCacheDtype
+    speculative: bool
+    footprint: RankFootprint
+    gain_over_dcp1: float
+    context_len: int | None
+    gain_at_context: float | None
+    instance: InstanceCapacity | None
+    max_requests_at_context: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout.to_wire(),
+            "index": self.index,
+            "kvCacheDtype": self.kv_cache_dtype,
+            "speculative": self.speculative,
+            "bytesPerRank": self.footprint.to_dict(),
+            "gainOverDcp1": self.gain_over_dcp1,
+            "contextLen": self.context_len,
+            "gainAtContext": self.gain_at_context,
+            "instance": None if self.instance is None else self.instance.to_dict(),
+            "maxRequestsAtContext": self.max_requests_at_context,
+        }
+
+
+def capacity_report(
+    arch: ModelArchitecture,
+    dcp: int,
+    index: IndexPlacement = "copied",
+    hardware: HardwareSpec | None = None,
+    role: RoleSpec | None = None,
+    *,
+    context_len: int | None = None,
+    role_name: Role = "decode",
+) -> CapacityReport:
+    """Capacity of `role` (default: TP = DCP = `dcp`, FP8, no speculation) with its DCP set to `dcp`.
+
+    `dcp` overrides the role's own so one call answers "what would DCP C give this layout";
+    with `hardware` the report adds the pool and tokens per instance (and the frontier point
+    at `context_len`), raising CapacityError when the weights leave no pool.
+    """
+    base_role = role if role is not None else RoleSpec(layout=LayoutSpec(tp=dcp))
+    layout = base_role.layout.model_copy(update={"dcp": dcp})
+    sized_role = base_role.model_copy(update={"layout": layout})
+    speculative = keeps_draft_pool(sized_role)
+    base, footprint = _footprints(arch, layout, index, speculative, sized_role.kv_cache_dtype, role_name)
+    instance = None
+    if hardware is not None:
+        instance = instance_capacity(arch, sized_role, hardware, index=index, role_name=role_name)
+    return CapacityReport(
+        layout=layout,
+        index=index,
+        kv_cache_dtype=sized_role.kv_cache_dtype,
+        speculative=speculative,
+        footprint=footprint,
+        gain_over_dcp1=_gain(base, footprint, None),
+        context_len=context_len,
+        gain_at_context=None if context_len is None else _gain(base, footprint, context_len),
+        instance=instance,
+        max_requests_at_context=(
+            None if instance is None or context_len is None else max_requests(instance, context_len)
+        ),
+    )

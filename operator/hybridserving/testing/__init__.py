@@ -1,0 +1,1 @@
+"""Test support that is shipped with the package but never used at runtime."""

@@ -1,0 +1,221 @@
+"""The capacity model against the published figures (DOMAIN section 4) and its invariants."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec, RoleSpec, SpeculativeSpec
+from hybridserving.core.capacity import (
+    DEFAULT_MEM_FRACTION_STATIC,
+    DEFAULT_RESERVE_BYTES,
+    GIB,
+    CapacityError,
+    capacity_ceiling,
+    capacity_gain,
+    capacity_report,
+    frontier,
+    instance_capacity,
+    max_requests,
+    pool_bytes,
+    rank_footprint,
+)
+from hybridserving.core.profiles import PROFILES
+
+GLM53 = PROFILES["glm-5.3"]
+GLM52 = PROFILES["glm-5.2"]
+K3 = PROFILES["kimi-k3"]
+B300 = HardwareSpec(gpu_memory_gib=288)
+
+
+# --------------------------------------------------------------------------- DOMAIN 4 figures
+
+
+def test_glm53_latent_is_44928_bytes_and_128k_tokens_take_5_4_gib_on_every_tp_rank():
+    tp8 = rank_footprint(GLM53, LayoutSpec(tp=8))
+    assert tp8.kv == 44_928 == GLM53.kv_bytes_per_token
+    assert tp8.index == 2_772
+    context = 128_000 * tp8.kv
+    assert context == pytest.approx(5.75e9, rel=1e-3)
+    assert round(context / GIB, 1) == 5.4
+    # TP does not split the latent: the same 5.4 GiB sits on each of the 8 ranks.
+    assert rank_footprint(GLM53, LayoutSpec(tp=1)).kv == tp8.kv
+
+
+@pytest.mark.parametrize("dcp, gain", [(2, 1.89), (4, 3.41), (8, 5.69), (72, 14.0)])
+def test_copied_index_gain(dcp, gain):
+    assert round(capacity_gain(GLM53, dcp), 2 if dcp < 72 else 1) == gain
+
+
+def test_copied_index_ceiling_and_crossover():
+    assert round(capacity_ceiling(GLM53), 1) == 17.2
+    assert round(GLM53.kv_bytes_per_token / GLM53.index_bytes_per_token, 1) == 16.2
+    below, above = (rank_footprint(GLM53, LayoutSpec(tp=c, dcp=c)) for c in (16, 17))
+    assert below.kv > below.index and above.kv < above.index
+    assert capacity_ceiling(GLM53, index="split") == math.inf
+
+
+def test_split_index_at_dcp8_is_5963_bytes_against_8388_copied():
+    layout = LayoutSpec(tp=8, dcp=8)
+    split = rank_footprint(GLM53, layout, index="split").per_token
+    assert split == (44_928 + 2_772) / 8 == 5_962.5 and math.ceil(split) == 5_963
+    assert rank_footprint(GLM53, layout, index="copied").per_token == 8_388
+    assert capacity_gain(GLM53, 8, index="split") == pytest.approx(8.0)
+
+
+def test_k3_dcp8_gain_is_7_9_at_1_5m_tokens_and_falls_as_contexts_shorten():
+    assert round(capacity_gain(K3, 8, context_len=1_500_000), 1) == 7.9
+    lengths = [2_000, 32_768, 131_072, 1_500_000]
+    gains = [capacity_gain(K3, 8, context_len=length) for length in lengths]
+    assert gains == sorted(gains) and gains[0] < 2
+    assert capacity_gain(K3, 8) == 8.0
+
+
+def test_recurrent_state_shards_by_tp_not_dcp():
+    tp8 = rank_footprint(K3, LayoutSpec(tp=8))
+    assert tp8.state == K3.recurrent_state_bytes_per_request / 8
+    assert rank_footprint(K3, LayoutSpec(tp=8, dcp=8)).state == tp8.state
+
+
+def test_draft_pool_is_not_sharded_by_dcp():
+    plain = rank_footprint(GLM52, LayoutSpec(tp=8, dcp=4))
+    eagle = rank_footprint(GLM52, LayoutSpec(tp=8, dcp=4), speculative=True)
+    assert eagle.draft == GLM52.draft_kv_bytes_per_token
+    assert eagle.kv == plain.kv == GLM52.kv_bytes_per_token / 4
+    assert capacity_gain(GLM52, 4, speculative=True) < capacity_gain(GLM52, 4)
+
+
+def test_bf16_doubles_latent_and_draft_but_not_the_index():
+    fp8 = rank_footprint(GLM53, LayoutSpec(tp=8), speculative=True)
+    bf16 = rank_footprint(GLM53, LayoutSpec(tp=8), speculative=True, kv_cache_dtype="bf16")
+    assert (bf16.kv, bf16.draft, bf16.index) == (2 * fp8.kv, 2 * fp8.draft, fp8.index)
+
+
+def test_pipeline_stages_split_kv_and_state():
+    pp2 = rank_footprint(K3, LayoutSpec(tp=8, pp=2))
+    tp8 = rank_footprint(K3, LayoutSpec(tp=8))
+    assert (pp2.kv, pp2.state) == (tp8.kv / 2, tp8.state / 2)
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+def test_pool_is_static_fraction_less_weight_slice_less_reserve():
+    layout = LayoutSpec(tp=8, dcp=8)
+    pool = pool_bytes(GLM53, layout, B300)
+    expected = 288 * GIB * DEFAULT_MEM_FRACTION_STATIC - GLM53.weight_bytes / 8 - DEFAULT_RESERVE_BYTES
+    assert pool == pytest.approx(expected)
+    cap = instance_capacity(GLM53, RoleSpec(layout=layout), B300)
+    assert cap.tokens == math.floor(expected / 8_388)
+
+
+def test_speculative_roles_pay_the_draft_and_ngram_does_not():
+    layout = LayoutSpec(tp=8, dcp=4)
+    eagle = RoleSpec(layout=layout, speculative=SpeculativeSpec(algorithm="EAGLE"))
+    ngram = RoleSpec(layout=layout, speculative=SpeculativeSpec(algorithm="NGRAM"))
+    plain = RoleSpec(layout=layout)
+    tokens = [instance_capacity(GLM52, role, B300).tokens for role in (eagle, ngram, plain)]
+    assert tokens[0] < tokens[1] == tokens[2]
+
+
+def test_dp_attention_groups_add_their_tokens():
+    dp = instance_capacity(GLM53, RoleSpec(layout=LayoutSpec(tp=8, attn_dp=8)), B300)
+    tp = instance_capacity(GLM53, RoleSpec(layout=LayoutSpec(tp=8)), B300)
+    assert dp.tokens == pytest.approx(8 * tp.tokens, abs=8)
+
+
+def test_weights_that_do_not_fit_name_the_field_and_a_tp_that_fits():
+    role = RoleSpec(layout=LayoutSpec(tp=2))
+    hardware = HardwareSpec(gpus_per_node=2, gpu_memory_gib=80)
+    with pytest.raises(CapacityError) as error:
+        instance_capacity(K3, role, hardware)
+    assert error.value.field_path == "decode.layout.tp"
+    assert "weights" in str(error.value)
+    suggested = int(error.value.fix.split("decode.layout.tp to ")[1].split()[0])
+    fits = RoleSpec(layout=LayoutSpec(tp=suggested))
+    assert instance_capacity(K3, fits, hardware).tokens > 0
+
+
+def test_a_static_fraction_below_the_reserve_names_mem_fraction():
+    role = RoleSpec(layout=LayoutSpec(tp=8), mem_fraction_static=0.01)
+    with pytest.raises(CapacityError) as error:
+        instance_capacity(GLM53, role, HardwareSpec(), role_name="prefill")
+    assert error.value.field_path == "prefill.memFractionStatic"
+
+
+def test_dcp_must_divide_the_attention_group():
+    with pytest.raises(CapacityError) as error:
+        rank_footprint(GLM53, LayoutSpec(tp=8, attn_dp=4, dcp=4))
+    assert error.value.field_path == "decode.layout.dcp"
+
+
+# --------------------------------------------------------------------------- frontier and report
+
+
+def test_frontier_is_the_unified_pool_inequality():
+    cap = instance_capacity(K3, RoleSpec(layout=LayoutSpec(tp=16, dcp=8)), HardwareSpec())
+    for length in (1, 2_000, 131_072, 1_000_000):
+        n = max_requests(cap, length)
+        per_request = cap.footprint.request_bytes(length)
+        assert n * per_request <= cap.pool_bytes < (n + 1) * per_request
+    with pytest.raises(ValueError):
+        max_requests(cap, 0)
+
+
+def test_report_is_json_and_carries_breakdown_gain_and_tokens():
+    role = RoleSpec(layout=LayoutSpec(tp=8), speculative=SpeculativeSpec(algorithm="EAGLE"))
+    report = capacity_report(GLM52, 4, "copied", hardware=B300, role=role, context_len=32_768)
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["layout"]["dcp"] == 4 and data["speculative"] is True
+    assert data["bytesPerRank"]["draft"] == GLM52.draft_kv_bytes_per_token
+    assert data["gainOverDcp1"] == pytest.approx(capacity_gain(GLM52, 4, tp=8, speculative=True))
+    assert data["instance"]["tokensPerInstance"] > 0 and data["maxRequestsAtContext"] > 0
+    bare = capacity_report(GLM53, 8).to_dict()
+    assert bare["instance"] is None and bare["gainOverDcp1"] == pytest.approx(capacity_gain(GLM53, 8))
+
+
+# --------------------------------------------------------------------------- properties
+
+profiles = st.sampled_from(sorted(PROFILES))
+dcps = st.sampled_from([1, 2, 4, 8, 16])
+indexes = st.sampled_from(["copied", "split"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(profiles, dcps, indexes, st.booleans(), st.one_of(st.none(), st.integers(1, 10**8)))
+def test_gain_never_exceeds_dcp_and_never_falls_below_one(name, dcp, index, speculative, context_len):
+    gain = capacity_gain(PROFILES[name], dcp, index=index, speculative=speculative, context_len=context_len)
+    assert 1.0 - 1e-12 <= gain <= dcp * (1 + 1e-12)
+    assert gain <= capacity_ceiling(PROFILES[name], index=index, speculative=speculative) * (1 + 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(dcps)
+def test_k3_gain_tends_to_dcp_for_long_contexts(dcp):
+    assert capacity_gain(K3, dcp, context_len=10**13) == pytest.approx(dcp, rel=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(profiles, st.sampled_from([8, 16]), st.floats(200, 4096), st.floats(1, 512))
+def test_capacity_grows_with_gpu_memory_and_is_never_negative(name, tp, memory, extra):
+    role = RoleSpec(layout=LayoutSpec(tp=tp))
+    try:
+        small = instance_capacity(PROFILES[name], role, HardwareSpec(gpu_memory_gib=memory))
+    except CapacityError:
+        return
+    large = instance_capacity(PROFILES[name], role, HardwareSpec(gpu_memory_gib=min(memory + extra, 4096)))
+    assert 0 <= small.tokens <= large.tokens
+    assert 0 < small.pool_bytes <= large.pool_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(profiles, dcps, st.lists(st.integers(1, 10**7), min_size=2, max_size=20))
+def test_frontier_falls_as_contexts_grow(name, dcp, lengths):
+    cap = instance_capacity(PROFILES[name], RoleSpec(layout=LayoutSpec(tp=16, dcp=dcp)), HardwareSpec())
+    counts = frontier(cap, sorted(lengths))
+    assert np.all(counts >= 0) and np.all(np.diff(counts) <= 0)

@@ -1,0 +1,459 @@
+"""The generated CRDs: in sync with the models, structural, and faithful to the models' rules.
+
+What only an apiserver can judge (CEL evaluation, its cost estimates) is covered by
+tests/integration/test_crd_admission.py; here are the rules the apiserver applies when the CRD
+is created, checked by walking the schema, and the defaulting it applies to objects, replayed.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from hybridserving.api import crd as crdgen
+from hybridserving.api.instance import HybridServingInstance, HybridServingInstanceStatus, InstancePorts
+from hybridserving.api.v1alpha1 import (
+    CapacityStatus,
+    Condition,
+    HybridServing,
+    HybridServingStatus,
+    InstanceStatus,
+    RoleStatus,
+    SwitchRecord,
+)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CRDS = crdgen.render_all()
+HS_FILE = "hybridserving.io_hybridservings.yaml"
+HSI_FILE = "hybridserving.io_hybridservinginstances.yaml"
+TYPES = {"object", "array", "string", "integer", "number", "boolean"}
+REASONS = {"FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate"}
+
+
+def version_of(name: str) -> dict[str, Any]:
+    (version,) = CRDS[name]["spec"]["versions"]
+    return version
+
+
+def schema_of(name: str) -> dict[str, Any]:
+    return version_of(name)["schema"]["openAPIV3Schema"]
+
+
+def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema node with its JSON path (`[]` for list items, `.*` for map values)."""
+    yield path, node
+    for prop, sub in node.get("properties", {}).items():
+        yield from walk(sub, f"{path}.{prop}")
+    if "items" in node:
+        yield from walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from walk(node["additionalProperties"], f"{path}.*")
+
+
+def resolve(node: dict[str, Any], dotted: str) -> dict[str, Any]:
+    """The schema node a `.a.b` path names, as the apiserver resolves fieldPath and jsonPath."""
+    assert dotted.startswith("."), f"{dotted!r} must start with '.'"
+    for part in dotted[1:].split("."):
+        node = node["properties"][part]
+    return node
+
+
+def apply_defaults(node: dict[str, Any], value: Any) -> Any:
+    """The apiserver's structural defaulting: absent fields take their default, then recurse."""
+    if isinstance(value, dict) and "properties" in node:
+        for prop, sub in node["properties"].items():
+            if prop not in value and "default" in sub:
+                value[prop] = copy.deepcopy(sub["default"])
+        for prop, sub in node["properties"].items():
+            if prop in value:
+                apply_defaults(sub, value[prop])
+    elif isinstance(value, list) and "items" in node:
+        for item in value:
+            apply_defaults(node["items"], item)
+    return value
+
+
+def violations(node: dict[str, Any], value: Any, path: str = "") -> list[str]:
+    """OpenAPI validation of `value` against a structural node, unknown fields included
+    (the apiserver would prune them silently: for the operator's own writes that is data loss)."""
+    kind = node["type"]
+    expected = {
+        "object": dict,
+        "array": list,
+        "string": str,
+        "boolean": bool,
+        "integer": int,
+        "number": (int, float),
+    }[kind]
+    if not isinstance(value, expected) or (kind in ("integer", "number") and isinstance(value, bool)):
+        return [f"{path}: {value!r} is not {kind}"]
+    found = []
+    if "enum" in node and value not in node["enum"]:
+        found.append(f"{path}: {value!r} not in {node['enum']}")
+    if "minimum" in node and (value < node["minimum"] or (node.get("exclusiveMinimum") and value == node["minimum"])):
+        found.append(f"{path}: {value} below minimum")
+    if "maximum" in node and (value > node["maximum"] or (node.get("exclusiveMaximum") and value == node["maximum"])):
+        found.append(f"{path}: {value} above maximum")
+    if kind == "string":
+        if len(value) < node.get("minLength", 0) or len(value) > node.get("maxLength", len(value)):
+            found.append(f"{path}: length {len(value)} out of bounds")
+        if "pattern" in node and not re.search(node["pattern"], value):
+            found.append(f"{path}: {value!r} does not match {node['pattern']}")
+    if kind == "array":
+        if len(value) > node.get("maxItems", len(value)):
+            found.append(f"{path}: {len(value)} items, more than maxItems")
+        for i, item in enumerate(value):
+            found += violations(node["items"], item, f"{path}[{i}]")
+    if kind == "object" and path != ".metadata":  # the apiserver validates metadata itself
+        found += [f"{path}.{key}: required" for key in node.get("required", ()) if key not in value]
+        for key, item in value.items():
+            if key in node.get("properties", {}):
+                found += violations(node["properties"][key], item, f"{path}.{key}")
+            elif isinstance(node.get("additionalProperties"), dict):
+                found += violations(node["additionalProperties"], item, f"{path}.{key}")
+            else:
+                found.append(f"{path}.{key}: unknown field (pruned)")
+    return found
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_committed_crds_match_the_models():
+    drifted = crdgen.check_all(REPO / folder for folder in crdgen.CRD_DIRS)
+    assert not drifted, (
+        "generated CRDs are out of date with the API models: "
+        + ", ".join(str(path.relative_to(REPO)) for path in drifted)
+        + "; run `make crds` and commit the result"
+    )
+
+
+def test_check_all_names_edited_and_missing_files(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    crdgen.write_all(dirs)
+    assert crdgen.check_all(dirs) == []
+    edited = dirs[1] / HS_FILE
+    edited.write_text(edited.read_text().replace("maximum: 1024", "maximum: 2048", 1))
+    (dirs[0] / HSI_FILE).unlink()
+    assert sorted(crdgen.check_all(dirs)) == sorted([edited, dirs[0] / HSI_FILE])
+
+
+def test_cli_check_fails_on_drift_and_write_repairs_it(tmp_path, capsys):
+    target = str(tmp_path)
+    assert crdgen.main(["--check", "--dir", target]) == 1
+    assert "run `make crds`" in capsys.readouterr().err
+    assert crdgen.main(["--dir", target]) == 0
+    assert crdgen.main(["--check", "--dir", target]) == 0
+
+
+def test_files_carry_the_header_and_parse_back_to_the_rendered_crd():
+    for name, rendered in CRDS.items():
+        text = (REPO / "crds" / name).read_text()
+        assert text.startswith("# generated by `make crds`; do not edit\n")
+        assert "&id" not in text, "YAML anchors make the CRD hard to read and diff"
+        assert yaml.safe_load(text) == rendered
+        assert (REPO / "charts/hybridserving/crds" / name).read_text() == text
+
+
+def test_rendering_is_deterministic():
+    assert {name: crdgen.dump(c) for name, c in crdgen.render_all().items()} == {
+        name: crdgen.dump(c) for name, c in CRDS.items()
+    }
+
+
+# --------------------------------------------------------------------------- CRD shape
+
+
+@pytest.mark.parametrize(
+    "name, kind, plural, short",
+    [(HS_FILE, "HybridServing", "hybridservings", "hs"), (HSI_FILE, "HybridServingInstance", "hybridservinginstances", "hsi")],
+)
+def test_names_version_and_status_subresource(name, kind, plural, short):
+    crd = CRDS[name]
+    assert crd["metadata"]["name"] == f"{plural}.hybridserving.io"
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["listKind"], names["plural"], names["singular"]) == (
+        kind,
+        f"{kind}List",
+        plural,
+        kind.lower(),
+    )
+    assert names["shortNames"] == [short]
+    assert "all" not in names["categories"] and "hybridserving" in names["categories"]
+    assert crd["spec"]["scope"] == "Namespaced"
+    version = version_of(name)
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+
+
+@pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
+def test_root_schema_is_the_kubernetes_envelope(name):
+    root = schema_of(name)
+    assert root["type"] == "object"
+    assert list(root["properties"]) == ["apiVersion", "kind", "metadata", "spec", "status"]
+    assert root["properties"]["metadata"] == {"type": "object"}
+    assert root["required"] == ["spec"]
+
+
+@pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
+def test_schema_is_structural(name):
+    for path, node in walk(schema_of(name)):
+        assert node.get("type") in TYPES, f"{path}: every node needs a type"
+        assert set(node) <= set(crdgen.SCHEMA_KEYWORDS), f"{path}: {set(node) - set(crdgen.SCHEMA_KEYWORDS)}"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert node.get(bound, True) is True, f"{path}: OpenAPI v3 wants a boolean {bound}"
+        if "required" in node:
+            assert set(node["required"]) <= set(node["properties"]), path
+        if node.get("x-kubernetes-list-type") == "map":
+            item = node["items"]
+            for key in node["x-kubernetes-list-map-keys"]:
+                assert key in item.get("required", ()) or "default" in item["properties"][key], (
+                    f"{path}: list-map key {key} must be required or defaulted"
+                )
+        if node.get("x-kubernetes-list-type") == "set":
+            assert node["items"]["type"] in TYPES - {"object", "array"}, path
+
+
+def test_generator_refuses_what_has_no_structural_form():
+    from pydantic import BaseModel
+
+    class Unions(BaseModel):
+        api_version: str = "hybridserving.io/v1alpha1"
+        kind: str = "Unions"
+        spec: int | str
+        status: None = None
+
+    with pytest.raises(ValueError, match=r"\.spec: JSON Schema keyword 'anyOf'"):
+        crdgen.render_schema(Unions)
+
+
+def test_every_user_string_and_list_is_bounded():
+    # The apiserver's CEL cost estimate assumes the worst case of every string and list a rule
+    # might touch; unbounded ones make a later rule fail at CRD creation.
+    for name in (HS_FILE, HSI_FILE):
+        for path, node in walk(schema_of(name)["properties"]["spec"], ".spec"):
+            if node["type"] == "string":
+                assert "maxLength" in node or "enum" in node, f"{name} {path}: string without maxLength"
+            if node["type"] == "array":
+                assert "maxItems" in node, f"{name} {path}: list without maxItems"
+
+
+# --------------------------------------------------------------------------- CEL rules
+
+
+def rules_at(name: str, dotted: str) -> dict[str, dict[str, str]]:
+    return {rule["rule"]: rule for rule in resolve(schema_of(name), dotted).get("x-kubernetes-validations", [])}
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_layout_rules_sit_on_both_roles_layout(role):
+    rules = rules_at(HS_FILE, f".spec.{role}.layout")
+    assert rules["self.tp % self.dcp == 0"]["fieldPath"] == ".dcp"
+    assert rules["self.attnCp == 1 || has(self.cpStrategy)"]["reason"] == "FieldValueRequired"
+    assert "self.tp % (self.attnDp * self.attnCp) == 0" in rules
+
+
+def test_fleet_rules_sit_where_expected():
+    assert "has(self.profile) != has(self.architecture)" in rules_at(HS_FILE, ".spec.model")
+    spec_rules = rules_at(HS_FILE, ".spec")
+    assert spec_rules["!has(self.prefill.layout) || self.prefill.layout.dcp == 1"]["fieldPath"] == ".prefill.layout.dcp"
+    assert any("self.rdmaResourceCount == 0" in rule for rule in rules_at(HS_FILE, ".spec.transfer"))
+
+
+def test_instance_rules_guard_identity_and_ports():
+    assert rules_at(HSI_FILE, ".spec.index") == {
+        "self == oldSelf": {"rule": "self == oldSelf", "message": "index is immutable"}
+    }
+    assert "self >= oldSelf" in rules_at(HSI_FILE, ".spec.restartGeneration")
+    (ports_rule,) = rules_at(HSI_FILE, ".spec.ports")
+    assert ports_rule.count("!=") == 6  # every pair of the four ports
+
+
+@pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
+def test_every_rule_is_well_formed_and_points_at_a_field(name):
+    count = 0
+    for path, node in walk(schema_of(name)):
+        for rule in node.get("x-kubernetes-validations", []):
+            count += 1
+            assert rule["rule"].strip() and rule["message"].strip(), path
+            assert rule.get("reason", "FieldValueInvalid") in REASONS, path
+            if "fieldPath" in rule:
+                # The apiserver resolves fieldPath against the schema and refuses the CRD otherwise.
+                resolve(node, rule["fieldPath"])
+    assert count > 0
+
+
+def test_every_model_rule_reaches_the_crd():
+    def declared(model: type, seen: set[type]) -> set[str]:
+        if model in seen or not hasattr(model, "model_fields"):
+            return set()
+        seen.add(model)
+        extra = model.model_config.get("json_schema_extra") or {}
+        rules = {rule["rule"] for rule in extra.get("x-kubernetes-validations", [])}
+        for field in model.model_fields.values():
+            field_extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            rules |= {rule["rule"] for rule in field_extra.get("x-kubernetes-validations", [])}
+            for arg in _types_in(field.annotation):
+                rules |= declared(arg, seen)
+        return rules
+
+    for name, model in ((HS_FILE, HybridServing), (HSI_FILE, HybridServingInstance)):
+        emitted = {
+            rule["rule"] for _, node in walk(schema_of(name)) for rule in node.get("x-kubernetes-validations", [])
+        }
+        assert declared(model, set()) == emitted
+
+
+def _types_in(annotation: Any) -> Iterator[Any]:
+    yield annotation
+    for arg in getattr(annotation, "__args__", ()):
+        yield from _types_in(arg)
+
+
+# --------------------------------------------------------------------------- printer columns
+
+
+@pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
+def test_printer_columns_point_at_typed_fields(name):
+    root = schema_of(name)
+    columns = version_of(name)["additionalPrinterColumns"]
+    assert columns[sum(1 for c in columns if c.get("priority", 0) == 0) - 1]["name"] == "Age"
+    for column in columns:
+        if column["jsonPath"] == ".metadata.creationTimestamp":
+            assert column["type"] == "date"
+            continue
+        node = resolve(root, column["jsonPath"])
+        assert node["type"] == column["type"], column
+
+
+def test_fleet_columns_show_readiness_roles_and_capacity():
+    paths = {c["name"]: c["jsonPath"] for c in version_of(HS_FILE)["additionalPrinterColumns"] if "priority" not in c}
+    assert paths == {
+        "Ready": ".status.ready",
+        "Prefill": ".status.prefill.summary",
+        "Decode": ".status.decode.summary",
+        "KV Capacity": ".status.capacity.summary",
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+@pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
+def test_every_default_is_valid_and_complete_as_written(name):
+    # The apiserver validates each default as written (CEL included) before nested defaults
+    # apply: an object default must already hold every nested default.
+    for path, node in walk(schema_of(name)):
+        if "default" in node:
+            default = node["default"]
+            assert violations(node, default, path) == []
+            assert apply_defaults(node, copy.deepcopy(default)) == default, f"{path}: incomplete default"
+
+
+MINIMAL_FLEET = {
+    "apiVersion": "hybridserving.io/v1alpha1",
+    "kind": "HybridServing",
+    "metadata": {"name": "fleet"},
+    "spec": {"model": {"path": "deepseek-ai/DeepSeek-V3", "profile": "deepseek-v3"}, "prefill": {}, "decode": {}},
+}
+MINIMAL_INSTANCE = {
+    "apiVersion": "hybridserving.io/v1alpha1",
+    "kind": "HybridServingInstance",
+    "metadata": {"name": "fleet-decode-0"},
+    "spec": {
+        "role": "decode",
+        "index": 0,
+        "nodes": 2,
+        "configHash": "5f3a9c",
+        "ports": {"http": 30000, "bootstrap": 8998, "distInit": 20000, "engineInfoBootstrap": 6789},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "name, model, minimal", [(HS_FILE, HybridServing, MINIMAL_FLEET), (HSI_FILE, HybridServingInstance, MINIMAL_INSTANCE)]
+)
+def test_schema_defaults_are_the_model_defaults(name, model, minimal):
+    schema = schema_of(name)
+    defaulted = apply_defaults(schema, copy.deepcopy(minimal))
+    assert violations(schema, defaulted) == []
+    parsed = model.model_validate(defaulted)
+    # What the apiserver stores is exactly what the operator's model makes of the same input.
+    assert defaulted["spec"] == model.model_validate(minimal).spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert parsed.spec == model.model_validate(minimal).spec
+    status_node = schema["properties"]["status"]
+    status_model = type(parsed).model_fields["status"].annotation.__args__[0]
+    assert apply_defaults(status_node, {}) == status_model().model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def test_a_full_fleet_status_is_written_without_loss():
+    status = HybridServingStatus(
+        observed_generation=3,
+        conditions=[
+            Condition(type="Ready", status="True", reason="AllInstancesReady", observed_generation=3,
+                      last_transition_time="2026-01-01T00:00:00Z"),
+            Condition(type="LayoutValid", status="True", reason="Valid"),
+        ],
+        prefill=RoleStatus(desired=2, ready=2, updated=2, summary="2/2"),
+        decode=RoleStatus(desired=2, ready=1, updated=2, summary="1/2"),
+        instances=[InstanceStatus(name="fleet-prefill-0", role="prefill", phase="Ready", nodes=["gpu-0"], generation="ab12")],
+        capacity=CapacityStatus(decode_tokens_per_instance=1_000_000, decode_tokens_total=2_000_000, summary="2.0M tokens"),
+        switches=[
+            SwitchRecord(instance="fleet-decode-1", from_role="decode", to_role="prefill", mode="in-place",
+                         reason="prefill queue above target", outcome="Succeeded", started="2026-01-01T00:00:00Z",
+                         finished="2026-01-01T00:01:00Z", phase="Verified")
+        ],
+        ready="True",
+    )
+    wire = status.to_wire()
+    assert violations(schema_of(HS_FILE)["properties"]["status"], wire, ".status") == []
+    assert HybridServingStatus.model_validate(wire) == status
+
+
+def test_a_full_instance_status_is_written_without_loss():
+    import datetime
+
+    status = HybridServingInstanceStatus(
+        phase="Switching",
+        role="prefill",
+        ready_pods=1,
+        pod_names=["fleet-decode-1-0", "fleet-decode-1-1"],
+        node_names=["gpu-0", "gpu-1"],
+        conditions=[Condition(type="Ready", status="False", reason="Switching")],
+        observed_generation=5,
+        last_switch=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
+    )
+    wire = status.to_wire()
+    assert violations(schema_of(HSI_FILE)["properties"]["status"], wire, ".status") == []
+    assert HybridServingInstanceStatus.model_validate(wire) == status
+
+
+def test_every_example_manifest_survives_admission_without_pruning():
+    examples = sorted((REPO / "examples").glob("*.yaml"))
+    assert examples
+    schema = schema_of(HS_FILE)
+    for path in examples:
+        manifest = yaml.safe_load(path.read_text())
+        assert violations(schema, apply_defaults(schema, manifest)) == [], path.name
+
+
+def test_wrong_types_and_out_of_range_values_fail_the_schema():
+    schema = schema_of(HS_FILE)
+    bad = copy.deepcopy(MINIMAL_FLEET)
+    bad["spec"]["prefill"] = {"replicas": -1, "layout": {"tp": "eight"}}
+    found = violations(schema, apply_defaults(schema, bad))
+    assert ".spec.prefill.replicas: -1 below minimum" in found
+    assert ".spec.prefill.layout.tp: 'eight' is not integer" in found
+
+
+def test_instance_ports_must_be_distinct_in_the_model_too():
+    with pytest.raises(ValueError, match="four distinct ports"):
+        InstancePorts(http=30000, bootstrap=30000, dist_init=20000, engine_info_bootstrap=6789)

@@ -1,0 +1,106 @@
+"""Every shipped example plans; every invalid example fails with the message it promises."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from hybridserving.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+VALID = sorted((ROOT / "examples").glob("*.yaml"))
+INVALID = sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return main(list(argv), out), out.getvalue()
+
+
+def expectations(path: Path) -> list[str]:
+    return [line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("# expect:")]
+
+
+def test_examples_exist() -> None:
+    assert len(VALID) >= 4 and len(INVALID) >= 8
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
+def test_valid_example_validates_and_plans(path: Path) -> None:
+    code, out = run("validate", "-f", str(path))
+    assert code == 0, out
+    code, out = run("plan", "-f", str(path), "-o", "json")
+    assert code == 0, out
+    (plan,) = json.loads(out)
+    assert plan["valid"]
+    for role in ("prefill", "decode"):
+        r = plan["roles"][role]
+        assert r["gpus"] == r["pods"] * r["gpusPerPod"]
+        assert len(r["argvByNodeRank"]) == r["nodesPerInstance"]
+        assert r["capacity"]["tokensPerInstance"] > 0
+        for rank, argv in enumerate(r["argvByNodeRank"]):
+            assert argv[argv.index("--disaggregation-mode") + 1] == role
+            if r["nodesPerInstance"] > 1:
+                assert argv[argv.index("--node-rank") + 1] == str(rank)
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
+def test_invalid_example_names_field_and_fix(path: Path) -> None:
+    expected = expectations(path)
+    assert expected, f"{path.name} has no '# expect:' lines"
+    code, out = run("validate", "-f", str(path))
+    assert code == 1
+    for text in expected:
+        assert text in out, f"{path.name}: expected {text!r} in:\n{out}"
+    assert "fix:" in out
+    code, out = run("validate", "-f", str(path), "-o", "json")
+    assert code == 1
+    data = json.loads(out)
+    issues = data["issues"] if isinstance(data, dict) else [i for doc in data for i in doc["issues"]]
+    assert any(i["severity"] == "error" and i["fix"] for i in issues)
+
+
+def test_plan_human_output_is_a_table_with_argv() -> None:
+    code, out = run("plan", "-f", str(ROOT / "examples" / "kimi-k3.yaml"))
+    assert code == 0
+    assert "ROLE" in out and "KV TOKENS/INST" in out
+    assert "python3 -m sglang.launch_server --model-path moonshotai/Kimi-K3" in out
+    assert "not in place because" in out
+
+
+def test_role_switch_example_switches_in_place() -> None:
+    code, out = run("plan", "-f", str(ROOT / "examples" / "role-switch.yaml"), "-o", "json")
+    assert code == 0
+    (plan,) = json.loads(out)
+    assert plan["roleSwitch"]["inPlace"] is True
+    for role in ("prefill", "decode"):
+        assert "--enable-pd-role-switch" in plan["roles"][role]["argvByNodeRank"][0]
+
+
+def test_capacity_command_reproduces_domain_gain() -> None:
+    code, out = run("capacity", "--model", "glm-5.3", "--dcp", "8", "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert round(data["gainOverDcp1"], 2) == 5.69
+    assert data["bytesPerRank"]["perToken"] == pytest.approx(44_928 / 8 + 2_772)
+    code, out = run("capacity", "--model", "glm-5.3", "--dcp", "8", "--index", "split")
+    assert code == 0 and "5,962.5" in out
+
+
+def test_transfer_plan_command_reproduces_domain_figures() -> None:
+    code, out = run("transfer-plan", "--model", "glm-5.2", "--prefill-cp", "8", "--decode-dcp", "4",
+                    "--tokens", "32768", "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["totalBytes"] == 78 * 576 * 32768
+    assert data["naiveBytes"] == 4 * 78 * 576 * 32768
+    code, out = run("transfer-plan", "--model", "glm-5.2", "--prefill-cp", "8", "--decode-dcp", "4", "--tokens", "32768")
+    assert code == 0 and "0-9" in out and "75% of it discarded" in out
+
+
+def test_missing_file_is_a_clear_error() -> None:
+    code, out = run("validate", "-f", "/nonexistent/fleet.yaml")
+    assert code == 1 and "check the path" in out
