@@ -1,0 +1,235 @@
+"""Engine flags: the exact SGLang 0.5.23 argv for one role of a HybridServing.
+
+One function renders every flag, so the pods, the ConfigMap and the tests that feed the
+argv to SGLang's real parser all see the same command line. Only full flag names are
+rendered: `--tp` and `--dp` parse only through argparse's prefix abbreviation, which a
+new flag can make ambiguous at any release. Flags whose default already says what the
+spec says are left out, so that the argv reads as the layout's differences from plain TP.
+
+Values that differ per instance or per pod (ports allocated under host networking, the
+node rank, the leader's address) are placeholders in the per-role template
+(`render_role_config`), filled by whole-token substitution (`fill_placeholders`) in the
+pod; `render_argv` is that template filled, so both paths render the same argv.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
+from hybridserving.core.layout import role_switch_capability
+
+# The launcher module of the engine image; argv from `render_argv` follows it.
+LAUNCH_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+
+# Whole-token placeholders of the per-role template, by the value that fills them.
+PLACEHOLDERS: dict[str, str] = {
+    "port": "{port}",
+    "bootstrap_port": "{bootstrap_port}",
+    "engine_info_bootstrap_port": "{engine_info_bootstrap_port}",
+    "node_rank": "{node_rank}",
+    "dist_init_addr": "{dist_init_addr}",
+}
+
+
+@dataclass(frozen=True)
+class EnginePorts:
+    """The ports one engine instance listens on.
+
+    Under host networking co-located instances share the node's ports, so the operator
+    allocates distinct ones per instance; on the pod network the defaults serve.
+    """
+
+    http: int = 30000
+    bootstrap: int = 8998
+    dist_init: int = 20000
+    engine_info_bootstrap: int = 6789
+
+
+def default_ports(spec: HybridServingSpec) -> EnginePorts:
+    """The ports of an instance on the pod network: the engine defaults, the spec's bootstrap port."""
+    return EnginePorts(bootstrap=spec.transfer.bootstrap_port)
+
+
+def in_place_role_switch(spec: HybridServingSpec) -> bool:
+    """Whether the engines start with `--enable-pd-role-switch`.
+
+    Only when role switch is on and possible in place: SGLang refuses the flag with the
+    layouts that cannot switch in place, and it makes every instance start a bootstrap
+    server, which is wasted where switches relaunch the engine.
+    """
+    return spec.role_switch.enabled and role_switch_capability(spec)[0]
+
+
+def render_template(spec: HybridServingSpec, role: Role) -> list[str]:
+    """The argv of one role with PLACEHOLDERS for the per-instance and per-pod values."""
+    rs = spec.role(role)
+    layout = rs.layout
+    argv = ["--model-path", spec.model.path]
+    if spec.model.served_model_name:
+        argv += ["--served-model-name", spec.model.served_model_name]
+    argv += ["--host", "0.0.0.0", "--port", PLACEHOLDERS["port"]]
+
+    argv += ["--tp-size", str(layout.tp)]
+    if layout.pp > 1:
+        argv += ["--pp-size", str(layout.pp)]
+    if layout.attn_dp > 1:
+        argv += ["--attn-dp-size", str(layout.attn_dp)]
+    if layout.attn_cp > 1:
+        argv += ["--enable-prefill-cp", "--attn-cp-size", str(layout.attn_cp)]
+        if layout.cp_strategy is not None:
+            argv += ["--cp-strategy", layout.cp_strategy]
+    if layout.layer_split:
+        argv += ["--enable-dsa-cache-layer-split"]
+    if layout.dcp > 1:
+        argv += ["--dcp-size", str(layout.dcp)]
+    if layout.dcp_comm_backend is not None:
+        argv += ["--dcp-comm-backend", layout.dcp_comm_backend]
+    if layout.replicate_q_proj is not None and layout.dcp > 1:
+        # BooleanOptional: an explicit "no" overrides the DSA default of replicating under a2a.
+        argv += ["--dcp-replicate-q-proj" if layout.replicate_q_proj else "--no-dcp-replicate-q-proj"]
+    if layout.ep > 1:
+        argv += ["--ep-size", str(layout.ep)]
+    if layout.moe_a2a_backend is not None:
+        argv += ["--moe-a2a-backend", layout.moe_a2a_backend]
+
+    if rs.nodes_per_instance > 1:
+        argv += [
+            "--nnodes", str(rs.nodes_per_instance),
+            "--node-rank", PLACEHOLDERS["node_rank"],
+            "--dist-init-addr", PLACEHOLDERS["dist_init_addr"],
+        ]
+
+    argv += [
+        "--disaggregation-mode", role,
+        "--disaggregation-transfer-backend", spec.transfer.backend,
+        "--disaggregation-bootstrap-port", PLACEHOLDERS["bootstrap_port"],
+    ]
+    if spec.transfer.ib_devices:
+        argv += ["--disaggregation-ib-device", ",".join(spec.transfer.ib_devices)]
+    argv += ["--engine-info-bootstrap-port", PLACEHOLDERS["engine_info_bootstrap_port"]]
+    if in_place_role_switch(spec):
+        argv += ["--enable-pd-role-switch"]
+    argv += ["--enable-metrics"]
+
+    speculative = rs.speculative
+    if speculative is not None:
+        argv += ["--speculative-algorithm", speculative.algorithm]
+        if speculative.draft_model_path:
+            argv += ["--speculative-draft-model-path", speculative.draft_model_path]
+        for flag, value in (
+            ("--speculative-num-steps", speculative.num_steps),
+            ("--speculative-eagle-topk", speculative.eagle_topk),
+            ("--speculative-num-draft-tokens", speculative.num_draft_tokens),
+        ):
+            if value is not None:
+                argv += [flag, str(value)]
+
+    if rs.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", repr(rs.mem_fraction_static)]
+    if rs.max_running_requests is not None:
+        argv += ["--max-running-requests", str(rs.max_running_requests)]
+    if rs.page_size is not None:
+        argv += ["--page-size", str(rs.page_size)]
+    argv += ["--kv-cache-dtype", rs.kv_cache_dtype]
+    # Decode servers run without a radix cache whatever the flag says; only prefill has one to turn off.
+    if role == "prefill" and not rs.prefix_caching:
+        argv += ["--disable-radix-cache"]
+
+    return argv + list(spec.engine.extra_args)
+
+
+def fill_placeholders(template: Sequence[str], values: Mapping[str, str | int]) -> list[str]:
+    """Replace every whole-token placeholder of `template` by its value.
+
+    Whole tokens only, so a value containing braces (a JSON argument in extraArgs) is
+    never touched; a placeholder without a value is an error rather than a literal
+    `{port}` handed to the engine.
+    """
+    by_token = {token: name for name, token in PLACEHOLDERS.items()}
+    argv: list[str] = []
+    for token in template:
+        name = by_token.get(token)
+        if name is None:
+            argv.append(token)
+        elif name in values:
+            argv.append(str(values[name]))
+        else:
+            raise ValueError(f"no value for placeholder {token} (give {name!r})")
+    return argv
+
+
+def render_argv(
+    spec: HybridServingSpec,
+    role: Role,
+    *,
+    node_rank: int = 0,
+    dist_init_addr: str | None = None,
+    ports: EnginePorts | None = None,
+) -> list[str]:
+    """The argv after `python3 -m sglang.launch_server` for one pod of one instance.
+
+    `dist_init_addr` is the leader pod's host (name or IP); the port comes from
+    `ports.dist_init`. Multi-node instances need it on every rank, the leader included.
+    """
+    nodes = spec.role(role).nodes_per_instance
+    if not 0 <= node_rank < nodes:
+        raise ValueError(f"node_rank {node_rank} outside 0..{nodes - 1} for {role} instances of {nodes} node(s)")
+    if nodes > 1 and not dist_init_addr:
+        raise ValueError(f"{role} instances span {nodes} nodes: give dist_init_addr, the leader pod's host")
+    ports = ports or default_ports(spec)
+    values: dict[str, str | int] = {
+        "port": ports.http,
+        "bootstrap_port": ports.bootstrap,
+        "engine_info_bootstrap_port": ports.engine_info_bootstrap,
+        "node_rank": node_rank,
+    }
+    if dist_init_addr:
+        values["dist_init_addr"] = f"{dist_init_addr}:{ports.dist_init}"
+    return fill_placeholders(render_template(spec, role), values)
+
+
+def render_command(
+    spec: HybridServingSpec,
+    role: Role,
+    *,
+    node_rank: int = 0,
+    dist_init_addr: str | None = None,
+    ports: EnginePorts | None = None,
+) -> list[str]:
+    """The whole command line of one engine pod: the launcher module, then `render_argv`."""
+    return [*LAUNCH_COMMAND, *render_argv(spec, role, node_rank=node_rank, dist_init_addr=dist_init_addr,
+                                           ports=ports)]
+
+
+def render_role_config(spec: HybridServingSpec) -> dict[str, Any]:
+    """Both roles' argv templates as one JSON-serialisable document, for a ConfigMap.
+
+    The role is pod metadata, not part of the pod template: a pod reads its role and node
+    rank, picks `roles[role].argv`, and fills the placeholders (`fill_placeholders`) from
+    its environment, taking `defaults` for ports the operator did not allocate. The same
+    document serves a relaunch into the other role without re-rendering.
+    """
+    defaults = default_ports(spec)
+    return {
+        "sglangVersion": spec.engine.sglang_version,
+        "command": list(LAUNCH_COMMAND),
+        "placeholders": dict(PLACEHOLDERS),
+        "defaults": {
+            "port": defaults.http,
+            "bootstrap_port": defaults.bootstrap,
+            "engine_info_bootstrap_port": defaults.engine_info_bootstrap,
+            "dist_init_port": defaults.dist_init,
+        },
+        "roles": {
+            role: {
+                "nnodes": spec.role(role).nodes_per_instance,
+                "gpusPerNode": spec.role(role).layout.world_size // spec.role(role).nodes_per_instance,
+                "inPlaceRoleSwitch": in_place_role_switch(spec),
+                "argv": render_template(spec, role),
+            }
+            for role in ROLES
+        },
+    }

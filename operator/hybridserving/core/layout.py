@@ -1,0 +1,682 @@
+"""Layout rules: what SGLang checks late or not at all, checked before any pod exists.
+
+SGLang 0.5.23 validates most layout combinations only when the engine starts (minutes
+after the pods were scheduled, and then as a crash loop), some only deep inside model
+loading, and a few not at all (`tp % dcp` on CUDA builds wrong DCP groups silently).
+`validate` reports every such rule at admission, each issue naming the field to change
+and how, so that a bad spec never reaches a running fleet.
+
+Rules that describe a limitation of the engine build carry the SGLang versions they were
+read from (`engine_versions`, a PEP 440 specifier); an engine build that lifts one of the
+limitations declares it in `spec.engine.capabilities` instead of the operator guessing
+from a version number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic.alias_generators import to_camel
+
+from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, LayoutSpec, Role, RoleSpec
+from hybridserving.core.profiles import PROFILES, ModelArchitecture
+
+Severity = Literal["error", "warning"]
+
+# The SGLang release whose parser and validation hooks these rules and `core.flags` follow.
+VERIFIED_SGLANG = "0.5.23"
+_FROM_VERIFIED = f">={VERIFIED_SGLANG}"
+
+# DeepSeek-V3.2's architecture: the one DSA model SGLang refuses zigzag prefill CP for.
+_DEEPSEEK_V32 = "DeepseekV32ForCausalLM"
+# SGLang's DSA prefill CP asserts tp_size <= 8: it only runs inside one 8-GPU machine.
+_DSA_PREFILL_CP_MAX_TP = 8
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One layout rule as the documentation lists it."""
+
+    id: str
+    severity: Severity
+    summary: str
+    engine: str  # what SGLang 0.5.23 does without the operator's check
+    engine_versions: str | None = None
+
+
+@dataclass(frozen=True)
+class LayoutIssue:
+    """A rule a spec breaks, with the field to change and the change to make."""
+
+    path: str
+    message: str
+    fix: str
+    rule: str
+    severity: Severity
+    engine_versions: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.path}: {self.message} [{self.rule}] Fix: {self.fix}"
+
+
+_RULES: tuple[Rule, ...] = (
+    Rule("model-profile-known", "error", "model.profile names a built-in profile",
+         "n/a: profiles are the operator's"),
+    Rule("engine-version-supported", "error", "the engine is at least the SGLang release the argv is rendered for",
+         "older releases lack --attn-dp-size and exit on the rendered argv", "<" + VERIFIED_SGLANG),
+    Rule("engine-version-verified", "warning", "the engine is the SGLang release these rules were read from",
+         "newer releases may add or lift checks", ">" + VERIFIED_SGLANG),
+    Rule("dcp-divides-tp", "error", "dcp divides tp",
+         "none on CUDA: DCP groups are chunks of the TP group, a remainder builds wrong groups"),
+    Rule("attn-dp-divides-tp", "error", "attnDp divides tp", "late: asserted at startup"),
+    Rule("attn-cp-divides-tp", "error", "attnCp divides tp", "late: asserted at startup"),
+    Rule("attn-dp-cp-divide-tp", "error", "attnDp x attnCp divides tp", "late: asserted at startup"),
+    Rule("attention-heads-divisible", "error", "the attention heads split evenly over the attention TP ranks",
+         "late: fails while loading the model"),
+    Rule("ep-divides-tp", "error", "ep divides tp (expert groups are carved out of the TP group)",
+         "late: fails at distributed init"),
+    Rule("nodes-divide-world", "error", "nodesPerInstance divides tp x pp",
+         "late: check_server_args at startup", _FROM_VERIFIED),
+    Rule("gpus-per-node", "error", "one pod of an instance needs no more GPUs than a node has",
+         "n/a: the pod never schedules"),
+    Rule("multi-node-fills-nodes", "error", "a multi-node instance uses every GPU of each of its nodes",
+         "n/a: partial nodes spread collectives over more nodes than needed"),
+    Rule("cp-strategy-required", "error", "attnCp > 1 names cpStrategy",
+         "late: rejected at startup", _FROM_VERIFIED),
+    Rule("cp-strategy-unused", "warning", "cpStrategy is only set with attnCp > 1",
+         "n/a: without prefill CP the strategy is never rendered"),
+    Rule("prefill-cp-excludes-dcp", "error", "one server runs prefill CP or DCP, not both",
+         "late: rejected at startup", _FROM_VERIFIED),
+    Rule("dcp-decode-only", "error", "dcp > 1 only on decode", "warns only"),
+    Rule("attn-cp-prefill-only", "error", "attnCp > 1 only on prefill",
+         "late: asserted at startup for DSA models", _FROM_VERIFIED),
+    Rule("kda-excludes-prefill-cp", "error", "models with KDA layers do not use prefill CP",
+         "none in the argument checks", _FROM_VERIFIED),
+    Rule("dsa-v32-zigzag", "error", "DeepSeek-V3.2 prefill CP uses interleave",
+         "late: rejected at startup", _FROM_VERIFIED),
+    Rule("dsa-prefill-cp-max-tp", "error", "DSA prefill CP runs with tp <= 8",
+         "late: asserted at startup", _FROM_VERIFIED),
+    Rule("dsa-prefill-cp-single-node", "error", "DSA prefill CP runs on one node",
+         "late or none: the CP path assumes one machine", _FROM_VERIFIED),
+    Rule("dsa-dcp-in-pd", "error", "DSA models run dcp > 1 in PD mode only with capability dsa-dcp-pd",
+         "late: rejected at startup", _FROM_VERIFIED),
+    Rule("prefill-cp-forces-ep", "warning", "MLA prefill CP and DSA zigzag prefill CP run ep = tp with deepep",
+         "rewrites: sets ep = tp and moe-a2a-backend deepep", _FROM_VERIFIED),
+    Rule("mla-prefill-cp-size", "warning", "MLA prefill CP runs attnCp = tp / attnDp",
+         "rewrites: sets attn-cp-size = tp / attn-dp-size", _FROM_VERIFIED),
+    Rule("moe-a2a-forces-ep", "warning", "an MoE all-to-all backend runs ep = tp",
+         "rewrites: sets ep = tp", _FROM_VERIFIED),
+    Rule("layer-split-needs-dsa", "error", "layerSplit only for DSA models", "late: rejected at startup",
+         _FROM_VERIFIED),
+    Rule("layer-split-prefill-only", "error", "layerSplit only on prefill", "late: rejected at startup",
+         _FROM_VERIFIED),
+    Rule("layer-split-needs-interleave", "error", "layerSplit needs prefill CP with cpStrategy interleave",
+         "late: rejected at startup", _FROM_VERIFIED),
+    Rule("layer-split-needs-mooncake", "error", "layerSplit needs the mooncake transfer backend",
+         "late: rejected at startup", _FROM_VERIFIED),
+    Rule("layer-split-excludes-pp", "error", "layerSplit runs with pp = 1", "late: rejected at startup",
+         _FROM_VERIFIED),
+    Rule("prefill-cp-dcp-reshard", "error",
+         "layer-split prefill feeding DCP decode (the 2D reshard) needs capability prefill-cp-dcp-reshard",
+         "none: 0.5.23 has no 2D reshard", _FROM_VERIFIED),
+    Rule("dcp-backend-needs-dcp", "error", "dcpCommBackend a2a / fi_a2a need dcp > 1",
+         "late: rejected at startup", _FROM_VERIFIED),
+    Rule("replicate-q-proj-needs-dcp", "error", "replicateQProj needs dcp > 1", "late: rejected at startup",
+         _FROM_VERIFIED),
+    Rule("replicate-q-proj-needs-a2a", "error", "replicateQProj needs dcpCommBackend a2a or fi_a2a",
+         "late: rejected at startup", _FROM_VERIFIED),
+    Rule("speculative-pp-prefill-only", "error", "speculative decoding with pp > 1 only on prefill",
+         "late: asserted at startup", _FROM_VERIFIED),
+    Rule("speculative-needs-draft", "error", "a speculative algorithm has a draft: the model's MTP layer or a "
+         "draft model", "late: fails while loading the draft"),
+    Rule("vision-encoder-heads-tp", "warning", "the vision encoder's heads split over tp",
+         "falls back to data parallelism for the encoder"),
+    Rule("prefill-prefix-caching", "warning", "prefill keeps its prefix cache", "n/a: a silent loss of hits"),
+    Rule("role-has-instances", "warning", "each role has instances (or role switch keeps a floor)",
+         "n/a: PD needs both roles to serve a request"),
+    Rule("multi-node-needs-rdma", "warning", "multi-node instances get RDMA devices or the host network",
+         "none: collectives fall back to TCP"),
+    Rule("role-switch-relaunch-compatible", "error",
+         "with role switch on, both roles use the same GPUs per instance and nodes per instance",
+         "n/a: the operator moves instances between roles"),
+    Rule("role-switch-in-place", "warning", "with role switch on, instances switch in place",
+         "rejects --enable-pd-role-switch with EP, PP, DCP, speculative decoding; every switch relaunches",
+         _FROM_VERIFIED),
+    Rule("role-switch-floors-fit", "error", "roleSwitch.minPrefill + minDecode fit in the fleet",
+         "n/a: the controller's floors"),
+    Rule("role-switch-floor-above-replicas", "warning", "a role starts at or above its role-switch floor",
+         "n/a: the controller's floors"),
+    Rule("extra-args-owned-flag", "error", "engine.extraArgs do not set flags the spec owns",
+         "last flag wins: the engine runs a layout the operator did not plan"),
+    Rule("extra-args-rejected-flag", "error", "engine.extraArgs hold no flag the 0.5.23 parser rejects",
+         "late: exits with status 2 at startup", _FROM_VERIFIED),
+    Rule("extra-args-deprecated-flag", "warning", "engine.extraArgs hold no deprecated flag",
+         "warns and rewrites", _FROM_VERIFIED),
+)
+
+RULES: dict[str, Rule] = {rule.id: rule for rule in _RULES}
+
+Issues = Iterator[LayoutIssue]
+
+# Flags `core.flags` renders from spec fields (with their aliases): an extraArgs copy would
+# silently override the planned layout, since argparse keeps the last occurrence.
+_OWNED_FLAGS: dict[str, str] = {
+    **dict.fromkeys(("--model-path", "--model"), "spec.model.path"),
+    "--served-model-name": "spec.model.servedModelName",
+    "--host": "the operator (0.0.0.0)",
+    "--port": "the operator (allocated per instance)",
+    **dict.fromkeys(("--tp-size", "--tensor-parallel-size", "--tp"), "spec.<role>.layout.tp"),
+    **dict.fromkeys(("--pp-size", "--pipeline-parallel-size"), "spec.<role>.layout.pp"),
+    **dict.fromkeys(("--attn-dp-size", "--attention-data-parallel-size"), "spec.<role>.layout.attnDp"),
+    **dict.fromkeys(("--enable-prefill-cp", "--attn-cp-size", "--attention-context-parallel-size"),
+                    "spec.<role>.layout.attnCp"),
+    "--cp-strategy": "spec.<role>.layout.cpStrategy",
+    "--enable-dsa-cache-layer-split": "spec.<role>.layout.layerSplit",
+    **dict.fromkeys(("--dcp-size", "--decode-context-parallel-size"), "spec.<role>.layout.dcp"),
+    "--dcp-comm-backend": "spec.<role>.layout.dcpCommBackend",
+    **dict.fromkeys(("--dcp-replicate-q-proj", "--no-dcp-replicate-q-proj"), "spec.<role>.layout.replicateQProj"),
+    **dict.fromkeys(("--ep-size", "--expert-parallel-size", "--ep"), "spec.<role>.layout.ep"),
+    "--moe-a2a-backend": "spec.<role>.layout.moeA2aBackend",
+    **dict.fromkeys(("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"),
+                    "spec.<role>.nodesPerInstance"),
+    "--disaggregation-mode": "the operator (the instance's role)",
+    "--disaggregation-transfer-backend": "spec.transfer.backend",
+    "--disaggregation-bootstrap-port": "spec.transfer.bootstrapPort",
+    "--disaggregation-ib-device": "spec.transfer.ibDevices",
+    "--engine-info-bootstrap-port": "the operator (allocated per instance)",
+    "--enable-pd-role-switch": "spec.roleSwitch.enabled",
+    "--speculative-algorithm": "spec.<role>.speculative.algorithm",
+    "--speculative-draft-model-path": "spec.<role>.speculative.draftModelPath",
+    "--speculative-num-steps": "spec.<role>.speculative.numSteps",
+    "--speculative-eagle-topk": "spec.<role>.speculative.eagleTopk",
+    "--speculative-num-draft-tokens": "spec.<role>.speculative.numDraftTokens",
+    "--mem-fraction-static": "spec.<role>.memFractionStatic",
+    "--max-running-requests": "spec.<role>.maxRunningRequests",
+    "--page-size": "spec.<role>.pageSize",
+    "--kv-cache-dtype": "spec.<role>.kvCacheDtype",
+    "--disable-radix-cache": "spec.<role>.prefixCaching",
+}
+
+# Flags SGLang 0.5.23's parser rejects (unknown or ambiguous), or that fight the layout model.
+_REJECTED_FLAGS: dict[str, str] = {
+    "--cuda-graph-max-bs": "use --cuda-graph-max-bs-decode or --cuda-graph-max-bs-prefill (the short name is "
+    "ambiguous)",
+    "--prefill-round-robin-balance": "remove it (0.5.23 has no such flag; prefill load balancing is "
+    "--load-balance-method)",
+    **dict.fromkeys(("--dp-size", "--data-parallel-size", "--dp"),
+                    "use spec.<role>.layout.attnDp (multi-node data-parallel replicas are rejected; the operator "
+                    "runs replicas as separate instances)"),
+    "--enable-dp-attention": "use spec.<role>.layout.attnDp (the flag is deprecated and rewrites --dp-size)",
+    **dict.fromkeys(("--prefill-cp-size", "--pcp-size", "--cp-size", "--context-parallel-size",
+                     "--enable-nsa-prefill-context-parallel", "--nsa-prefill-cp-mode", "--dsa-prefill-cp-mode"),
+                    "use spec.prefill.layout.attnCp and cpStrategy"),
+    **dict.fromkeys(("--enable-decode-cp", "--dcp-kv-cache-interleave-size"), "use spec.decode.layout.dcp"),
+    **dict.fromkeys(("--disaggregation-decode-tp", "--disaggregation-decode-dp", "--disaggregation-prefill-pp"),
+                    "set the layout per role in spec.prefill.layout / spec.decode.layout"),
+    "--pd-role-switch": "use spec.roleSwitch.enabled",
+    "--disaggregation-bootstrap-host": "remove it (the router passes the bootstrap host per request)",
+    "--enable-deepep-moe": "use spec.<role>.layout.moeA2aBackend: deepep",
+}
+
+_DEPRECATED_FLAGS: dict[str, str] = {
+    "--disable-cuda-graph": "use --cuda-graph-backend-decode=disabled and --cuda-graph-backend-prefill=disabled",
+}
+
+
+def _issue(rule_id: str, path: str, message: str, fix: str) -> LayoutIssue:
+    rule = RULES[rule_id]
+    return LayoutIssue(path=path, message=message, fix=fix, rule=rule.id, severity=rule.severity,
+                       engine_versions=rule.engine_versions)
+
+
+def engine_version(spec: HybridServingSpec) -> Version:
+    """The engine's release as a comparable version.
+
+    A custom build suffix that PEP 440 cannot read (`0.5.23-reshard`) keeps the rules of
+    the release it was built from; the API's pattern guarantees the numeric prefix.
+    """
+    text = spec.engine.sglang_version
+    try:
+        return Version(text)
+    except InvalidVersion:
+        release = re.match(r"\d+\.\d+\.\d+", text)
+        assert release is not None, "the API pattern guarantees a numeric release"
+        return Version(release.group(0))
+
+
+def applies(rule: Rule | LayoutIssue, version: Version) -> bool:
+    """Whether a rule holds for an engine version (rules without a range hold for all)."""
+    if rule.engine_versions is None:
+        return True
+    return SpecifierSet(rule.engine_versions).contains(version, prereleases=True)
+
+
+def validate(spec: HybridServingSpec) -> list[LayoutIssue]:
+    """Every layout rule the spec breaks, errors and warnings, in a stable order."""
+    arch = _architecture(spec)
+    version = engine_version(spec)
+    issues: list[LayoutIssue] = []
+    if arch is None:
+        issues.append(_issue(
+            "model-profile-known", "spec.model.profile",
+            f"unknown model profile {spec.model.profile!r}",
+            f"use one of the built-in profiles ({', '.join(sorted(PROFILES))}) or describe the model under "
+            "spec.model.architecture instead",
+        ))
+    issues.extend(_check_engine_version(spec, version))
+    for role in ROLES:
+        issues.extend(_check_arithmetic(spec, role))
+        issues.extend(_check_context_parallel(spec, role, arch))
+        issues.extend(_check_decode_context_parallel(spec, role))
+        issues.extend(_check_experts(spec, role, arch))
+        issues.extend(_check_speculative(spec, role, arch))
+        if arch is not None:
+            issues.extend(_check_model_split(spec, role, arch))
+    issues.extend(_check_reshard(spec, arch))
+    issues.extend(_check_fleet(spec))
+    issues.extend(_check_role_switch(spec))
+    issues.extend(_check_extra_args(spec))
+    return [issue for issue in issues if applies(issue, version)]
+
+
+def errors(issues: list[LayoutIssue]) -> list[LayoutIssue]:
+    """The issues that must block the spec (warnings are reported, not enforced)."""
+    return [issue for issue in issues if issue.severity == "error"]
+
+
+def role_switch_capability(spec: HybridServingSpec) -> tuple[bool, list[str]]:
+    """Whether instances can switch role in place, and if not, every reason why.
+
+    In place (`POST /pd_role_switch`) keeps the weights and the KV pool of the running
+    server, so the same argv must serve both roles: identical layouts and pool settings,
+    and none of the features SGLang 0.5.23 refuses `--enable-pd-role-switch` with. When
+    this says no, a switch relaunches the engine with the other role's flags.
+    """
+    reasons: list[str] = []
+    for role in ROLES:
+        rs = spec.role(role)
+        layout = rs.layout
+        if layout.ep > 1:
+            reasons.append(f"spec.{role}.layout.ep is {layout.ep}: expert parallelism")
+        if layout.moe_a2a_backend not in (None, "none"):
+            reasons.append(f"spec.{role}.layout.moeA2aBackend is {layout.moe_a2a_backend}")
+        if layout.pp > 1:
+            reasons.append(f"spec.{role}.layout.pp is {layout.pp}: pipeline parallelism")
+        if layout.dcp > 1:
+            reasons.append(f"spec.{role}.layout.dcp is {layout.dcp}: decode context parallelism")
+        if rs.speculative is not None:
+            reasons.append(f"spec.{role}.speculative is set: speculative decoding")
+    if spec.transfer.backend != "mooncake":
+        reasons.append(f"spec.transfer.backend is {spec.transfer.backend}: only mooncake can switch in place")
+    differing = _differing_fields(spec.prefill, spec.decode)
+    if differing:
+        reasons.append("prefill and decode differ in " + ", ".join(differing) + ": one server cannot serve both")
+    return not reasons, reasons
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _architecture(spec: HybridServingSpec) -> ModelArchitecture | None:
+    if spec.model.architecture is not None:
+        return spec.model.architecture
+    return PROFILES.get(spec.model.profile or "")
+
+
+def _attn_tp(layout: LayoutSpec) -> int | None:
+    """Ranks one attention head group is split over, when the layout divides evenly."""
+    groups = layout.attn_dp * layout.attn_cp
+    return layout.tp // groups if layout.tp % groups == 0 else None
+
+
+def _prefill_cp_rewrites_moe(layout: LayoutSpec, arch: ModelArchitecture) -> bool:
+    """SGLang forces deepep and ep = tp under MLA prefill CP and under DSA zigzag prefill CP
+    (V3.2 zigzag is rejected outright, so it rewrites nothing)."""
+    if layout.attn_cp == 1:
+        return False
+    if arch.attention == "mla":
+        return True
+    return arch.is_dsa and layout.cp_strategy == "zigzag" and arch.hf_architecture != _DEEPSEEK_V32
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _nodes_for(world: int, gpus_per_node: int) -> int:
+    """The fewest nodes that split `world` GPUs evenly with no node over its GPU count."""
+    return next(n for n in range(1, world + 1) if world % n == 0 and world // n <= gpus_per_node)
+
+
+def _differing_fields(prefill: RoleSpec, decode: RoleSpec) -> list[str]:
+    """Settings that shape the running server, and so must match for an in-place switch."""
+    fields = [f"layout.{to_camel(name)}" for name in LayoutSpec.model_fields
+              if getattr(prefill.layout, name) != getattr(decode.layout, name)]
+    for name in ("nodes_per_instance", "mem_fraction_static", "page_size", "kv_cache_dtype",
+                 "max_running_requests"):
+        if getattr(prefill, name) != getattr(decode, name):
+            fields.append(to_camel(name))
+    return fields
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _check_engine_version(spec: HybridServingSpec, version: Version) -> Issues:
+    path = "spec.engine.sglangVersion"
+    if applies(RULES["engine-version-supported"], version):
+        yield _issue("engine-version-supported", path,
+                     f"SGLang {spec.engine.sglang_version} is older than {VERIFIED_SGLANG}, the release the "
+                     "engine flags are rendered for",
+                     f"use an engine image with SGLang {VERIFIED_SGLANG} or newer and set sglangVersion to match")
+    if applies(RULES["engine-version-verified"], version):
+        yield _issue("engine-version-verified", path,
+                     f"SGLang {spec.engine.sglang_version} is newer than {VERIFIED_SGLANG}, the release the layout "
+                     "rules and flags were verified against",
+                     f"check the rendered flags with that release's parser, or pin SGLang {VERIFIED_SGLANG}")
+
+
+def _check_arithmetic(spec: HybridServingSpec, role: Role) -> Issues:
+    rs = spec.role(role)
+    layout = rs.layout
+    base = f"spec.{role}.layout"
+    if layout.tp % layout.dcp:
+        yield _issue("dcp-divides-tp", f"{base}.dcp",
+                     f"dcp must divide tp: dcp {layout.dcp} does not divide tp {layout.tp} (SGLang builds DCP "
+                     "groups by chunking each TP group and does not check this on CUDA)",
+                     f"set dcp to a divisor of {layout.tp}: {_divisors(layout.tp)}")
+    dp_ok = layout.tp % layout.attn_dp == 0
+    cp_ok = layout.tp % layout.attn_cp == 0
+    if not dp_ok:
+        yield _issue("attn-dp-divides-tp", f"{base}.attnDp",
+                     f"attnDp {layout.attn_dp} does not divide tp {layout.tp}",
+                     f"set attnDp to a divisor of {layout.tp}: {_divisors(layout.tp)}")
+    if not cp_ok:
+        yield _issue("attn-cp-divides-tp", f"{base}.attnCp",
+                     f"attnCp {layout.attn_cp} does not divide tp {layout.tp}",
+                     f"set attnCp to a divisor of {layout.tp}: {_divisors(layout.tp)}")
+    if dp_ok and cp_ok and layout.tp % (layout.attn_dp * layout.attn_cp):
+        yield _issue("attn-dp-cp-divide-tp", f"{base}.attnCp",
+                     f"attnDp x attnCp = {layout.attn_dp * layout.attn_cp} does not divide tp {layout.tp}",
+                     f"choose attnDp and attnCp whose product divides {layout.tp}: with attnDp "
+                     f"{layout.attn_dp}, attnCp one of {_divisors(layout.tp // layout.attn_dp)}")
+    world = layout.world_size
+    nodes = rs.nodes_per_instance
+    gpus = spec.hardware.gpus_per_node
+    if world % nodes:
+        yield _issue("nodes-divide-world", f"spec.{role}.nodesPerInstance",
+                     f"{world} GPUs per instance (tp {layout.tp} x pp {layout.pp}) do not split evenly over "
+                     f"{nodes} nodes",
+                     f"set nodesPerInstance to {_nodes_for(world, gpus)} ({world // _nodes_for(world, gpus)} "
+                     f"GPUs on each of the {gpus}-GPU nodes)")
+        return
+    per_node = world // nodes
+    if per_node > gpus:
+        yield _issue("gpus-per-node", f"spec.{role}.nodesPerInstance",
+                     f"each of the {nodes} pods of an instance needs {per_node} GPUs but nodes have {gpus} "
+                     "(spec.hardware.gpusPerNode)",
+                     f"set nodesPerInstance to {_nodes_for(world, gpus)} so that {world} GPUs fit on "
+                     f"{gpus}-GPU nodes, or lower tp x pp")
+    elif nodes > 1 and per_node != gpus:
+        yield _issue("multi-node-fills-nodes", f"spec.{role}.nodesPerInstance",
+                     f"the instance spans {nodes} nodes but uses {per_node} of the {gpus} GPUs on each: "
+                     f"tp x pp must be {nodes * gpus} GPUs to fill them",
+                     f"set nodesPerInstance to {-(-world // gpus)}" if world <= gpus or world % gpus == 0
+                     else f"set tp x pp to {nodes * gpus}, a multiple of spec.hardware.gpusPerNode")
+
+
+def _check_context_parallel(spec: HybridServingSpec, role: Role, arch: ModelArchitecture | None) -> Issues:
+    rs = spec.role(role)
+    layout = rs.layout
+    base = f"spec.{role}.layout"
+    if layout.attn_cp > 1 and layout.dcp > 1:
+        yield _issue("prefill-cp-excludes-dcp", f"{base}.dcp",
+                     "SGLang rejects decode context parallelism (dcp > 1) together with prefill context "
+                     "parallelism (attnCp > 1) on one server",
+                     "use attnCp on spec.prefill.layout and dcp on spec.decode.layout")
+    elif role == "prefill" and layout.dcp > 1:
+        yield _issue("dcp-decode-only", f"{base}.dcp",
+                     "decode context parallelism on a prefill server shards nothing the prefill keeps",
+                     "set spec.prefill.layout.dcp to 1 and use dcp on spec.decode.layout")
+    elif role == "decode" and layout.attn_cp > 1:
+        yield _issue("attn-cp-prefill-only", f"{base}.attnCp",
+                     "prefill context parallelism splits prompts; a decode server has none to split",
+                     "set spec.decode.layout.attnCp to 1 (use dcp for long contexts on decode)")
+    if layout.attn_cp > 1 and layout.cp_strategy is None:
+        yield _issue("cp-strategy-required", f"{base}.cpStrategy",
+                     f"attnCp {layout.attn_cp} needs a split strategy; SGLang refuses to start without one",
+                     "set cpStrategy: interleave for sparse (DSA) attention, zigzag for dense attention")
+    if layout.attn_cp == 1 and layout.cp_strategy is not None:
+        yield _issue("cp-strategy-unused", f"{base}.cpStrategy",
+                     f"cpStrategy {layout.cp_strategy} has no effect with attnCp 1",
+                     "set attnCp > 1 to enable prefill context parallelism, or remove cpStrategy")
+    if arch is None or layout.attn_cp == 1:
+        return
+    if arch.kda_layers:
+        yield _issue("kda-excludes-prefill-cp", f"{base}.cpStrategy",
+                     f"the model's {arch.kda_layers} KDA layers carry a recurrent state token by token; "
+                     f"{layout.cp_strategy or 'any'} prefill CP cannot split a prompt across them",
+                     "remove attnCp and cpStrategy and use pp (pipeline parallelism) for long prompts")
+        return
+    if arch.hf_architecture == _DEEPSEEK_V32 and layout.cp_strategy == "zigzag":
+        yield _issue("dsa-v32-zigzag", f"{base}.cpStrategy",
+                     f"SGLang rejects zigzag prefill CP for {_DEEPSEEK_V32}",
+                     "use cpStrategy: interleave (token i on rank i mod attnCp suits sparse attention)")
+    if arch.is_dsa:
+        if layout.tp > _DSA_PREFILL_CP_MAX_TP:
+            yield _issue("dsa-prefill-cp-max-tp", f"{base}.tp",
+                         f"DSA prefill context parallelism runs within one machine: tp {layout.tp} exceeds "
+                         f"{_DSA_PREFILL_CP_MAX_TP}",
+                         f"set tp to at most {_DSA_PREFILL_CP_MAX_TP} (and attnCp to a divisor of it), or drop attnCp")
+        if rs.nodes_per_instance > 1:
+            yield _issue("dsa-prefill-cp-single-node", f"spec.{role}.nodesPerInstance",
+                         f"DSA prefill context parallelism runs within one node, not {rs.nodes_per_instance}",
+                         "set nodesPerInstance to 1 (with pp 1), or drop attnCp")
+    runs_as_planned = layout.ep == layout.tp and layout.moe_a2a_backend == "deepep"
+    if arch.experts and _prefill_cp_rewrites_moe(layout, arch) and not runs_as_planned:
+        yield _issue("prefill-cp-forces-ep", f"{base}.ep",
+                     f"with this prefill CP SGLang runs the experts with ep = tp = {layout.tp} over deepep, "
+                     f"not ep {layout.ep} / moeA2aBackend {layout.moe_a2a_backend or 'none'}",
+                     f"set ep: {layout.tp} and moeA2aBackend: deepep so that the spec says what runs")
+    attn_tp_groups = layout.tp // layout.attn_dp if layout.tp % layout.attn_dp == 0 else None
+    if arch.attention == "mla" and attn_tp_groups is not None and layout.attn_cp != attn_tp_groups:
+        yield _issue("mla-prefill-cp-size", f"{base}.attnCp",
+                     f"with MLA prefill CP SGLang sets attnCp to tp / attnDp = {attn_tp_groups}, not "
+                     f"{layout.attn_cp}",
+                     f"set attnCp: {attn_tp_groups}")
+
+
+def _check_decode_context_parallel(spec: HybridServingSpec, role: Role) -> Issues:
+    layout = spec.role(role).layout
+    base = f"spec.{role}.layout"
+    if layout.dcp == 1 and layout.dcp_comm_backend in ("a2a", "fi_a2a"):
+        yield _issue("dcp-backend-needs-dcp", f"{base}.dcpCommBackend",
+                     f"dcpCommBackend {layout.dcp_comm_backend} needs dcp > 1",
+                     "remove dcpCommBackend (or set dcp > 1)")
+    if layout.replicate_q_proj:
+        if layout.dcp == 1:
+            yield _issue("replicate-q-proj-needs-dcp", f"{base}.replicateQProj",
+                         "replicateQProj copies the query projection across DCP ranks; with dcp 1 there are none",
+                         "remove replicateQProj (or set dcp > 1)")
+        elif layout.dcp_comm_backend == "ag_rs":
+            yield _issue("replicate-q-proj-needs-a2a", f"{base}.replicateQProj",
+                         "replicateQProj works with the a2a and fi_a2a DCP backends, not ag_rs",
+                         "set dcpCommBackend: a2a (or leave it unset), or remove replicateQProj")
+
+
+def _check_experts(spec: HybridServingSpec, role: Role, arch: ModelArchitecture | None) -> Issues:
+    layout = spec.role(role).layout
+    base = f"spec.{role}.layout"
+    if layout.tp % layout.ep:
+        yield _issue("ep-divides-tp", f"{base}.ep",
+                     f"ep {layout.ep} does not divide tp {layout.tp}: expert groups are carved out of the TP group",
+                     f"set ep to a divisor of {layout.tp}: {_divisors(layout.tp)}")
+    cp_rewrites = arch is not None and _prefill_cp_rewrites_moe(layout, arch)
+    if layout.moe_a2a_backend not in (None, "none") and layout.ep != layout.tp and not cp_rewrites:
+        yield _issue("moe-a2a-forces-ep", f"{base}.ep",
+                     f"moeA2aBackend {layout.moe_a2a_backend} makes SGLang run ep = tp = {layout.tp}, not "
+                     f"ep {layout.ep}",
+                     f"set ep: {layout.tp}, or remove moeA2aBackend")
+
+
+def _check_speculative(spec: HybridServingSpec, role: Role, arch: ModelArchitecture | None) -> Issues:
+    rs = spec.role(role)
+    speculative = rs.speculative
+    if speculative is None:
+        return
+    path = f"spec.{role}.speculative"
+    if role == "decode" and rs.layout.pp > 1:
+        yield _issue("speculative-pp-prefill-only", path,
+                     "SGLang runs speculative decoding with pipeline parallelism only on prefill servers",
+                     "remove spec.decode.speculative or set spec.decode.layout.pp to 1")
+    if speculative.draft_model_path:
+        return
+    reuses_mtp = speculative.algorithm in ("EAGLE", "NEXTN")
+    if speculative.algorithm in ("EAGLE3", "STANDALONE") or (reuses_mtp and arch is not None and not arch.has_mtp):
+        source = "has no MTP layer to draft with" if reuses_mtp else "needs a separate draft model"
+        yield _issue("speculative-needs-draft", f"{path}.draftModelPath",
+                     f"{speculative.algorithm} without draftModelPath: the model {source}",
+                     "set draftModelPath to a draft model for this model, or use algorithm NGRAM")
+
+
+def _check_model_split(spec: HybridServingSpec, role: Role, arch: ModelArchitecture) -> Issues:
+    layout = spec.role(role).layout
+    base = f"spec.{role}.layout"
+    attn_tp = _attn_tp(layout)
+    if attn_tp is not None and arch.attention_heads % attn_tp:
+        yield _issue("attention-heads-divisible", f"{base}.tp",
+                     f"{arch.attention_heads} attention heads do not split over {attn_tp} attention TP ranks "
+                     "(tp / (attnDp x attnCp))",
+                     f"choose tp, attnDp and attnCp so that tp / (attnDp x attnCp) divides {arch.attention_heads}")
+    if arch.vision_encoder_heads and arch.vision_encoder_heads % layout.tp:
+        yield _issue("vision-encoder-heads-tp", f"{base}.tp",
+                     f"the vision encoder's {arch.vision_encoder_heads} heads do not split over tp {layout.tp}; "
+                     "the engine runs the encoder data-parallel instead (more memory per GPU, no TP speed-up)",
+                     f"accept it, or use a tp that divides {arch.vision_encoder_heads} on this role")
+
+
+def _check_reshard(spec: HybridServingSpec, arch: ModelArchitecture | None) -> Issues:
+    """Layer split and the 2D reshard it feeds, plus DSA DCP in PD mode."""
+    capabilities = set(spec.engine.capabilities)
+    for role in ROLES:
+        rs = spec.role(role)
+        layout = rs.layout
+        base = f"spec.{role}.layout"
+        if not layout.layer_split:
+            continue
+        if arch is not None and not arch.is_dsa:
+            yield _issue("layer-split-needs-dsa", f"{base}.layerSplit",
+                         "layerSplit keeps per-layer DSA caches; this model has no DSA attention",
+                         "remove layerSplit")
+        if role != "prefill":
+            yield _issue("layer-split-prefill-only", f"{base}.layerSplit",
+                         "layerSplit splits the prefill's KV by layer range; decode servers keep every layer",
+                         "remove spec.decode.layout.layerSplit")
+            continue
+        if layout.attn_cp == 1 or layout.cp_strategy != "interleave":
+            yield _issue("layer-split-needs-interleave", f"{base}.cpStrategy",
+                         "layerSplit follows interleaved prefill context parallelism",
+                         "set attnCp > 1 and cpStrategy: interleave, or remove layerSplit")
+        if layout.pp > 1:
+            yield _issue("layer-split-excludes-pp", f"{base}.pp",
+                         "layerSplit already gives each rank a layer range; SGLang refuses it with pp > 1",
+                         "set pp to 1 (use attnCp for long prompts), or remove layerSplit")
+        if spec.transfer.backend != "mooncake":
+            yield _issue("layer-split-needs-mooncake", "spec.transfer.backend",
+                         f"layerSplit transfers KV with mooncake only, not {spec.transfer.backend}",
+                         "set spec.transfer.backend: mooncake, or remove layerSplit")
+    decode = spec.decode.layout
+    if spec.prefill.layout.layer_split and decode.dcp > 1 and "prefill-cp-dcp-reshard" not in capabilities:
+        yield _issue("prefill-cp-dcp-reshard", "spec.prefill.layout.layerSplit",
+                     f"layer-split prefill feeding dcp {decode.dcp} decode needs the 2D reshard, which SGLang "
+                     f"{VERIFIED_SGLANG} does not provide",
+                     "run an engine build with the 2D reshard and add prefill-cp-dcp-reshard to "
+                     "spec.engine.capabilities, or remove layerSplit, or set spec.decode.layout.dcp to 1")
+    if arch is not None and arch.is_dsa and decode.dcp > 1 and "dsa-dcp-pd" not in capabilities:
+        yield _issue("dsa-dcp-in-pd", "spec.decode.layout.dcp",
+                     f"SGLang {VERIFIED_SGLANG} rejects DSA models ({arch.hf_architecture}) with dcp > 1 in PD mode",
+                     "set spec.decode.layout.dcp to 1 (attnDp scales users instead), or run an engine build "
+                     "that supports DSA DCP in PD mode and add dsa-dcp-pd to spec.engine.capabilities")
+
+
+def _check_fleet(spec: HybridServingSpec) -> Issues:
+    if not spec.prefill.prefix_caching:
+        yield _issue("prefill-prefix-caching", "spec.prefill.prefixCaching",
+                     "prefill without a prefix cache recomputes every shared prompt prefix (system prompts, "
+                     "multi-turn history) on every request",
+                     "set spec.prefill.prefixCaching: true unless prompts share no prefixes")
+    for role in ROLES:
+        floor = spec.role_switch.min_prefill if role == "prefill" else spec.role_switch.min_decode
+        kept_by_floor = spec.role_switch.enabled and floor >= 1
+        if spec.role(role).replicas == 0 and not kept_by_floor:
+            yield _issue("role-has-instances", f"spec.{role}.replicas",
+                         f"no {role} instances: a disaggregated fleet serves no request without both roles",
+                         f"set spec.{role}.replicas to at least 1, or enable roleSwitch with "
+                         f"min{role.capitalize()} >= 1")
+    multi_node = [role for role in ROLES if spec.role(role).nodes_per_instance > 1 and spec.role(role).replicas]
+    if multi_node and spec.transfer.rdma_resource_count == 0 and not spec.network.host_network:
+        yield _issue("multi-node-needs-rdma", "spec.transfer.rdmaResourceCount",
+                     f"{' and '.join(multi_node)} instances span several nodes without RDMA devices or the "
+                     "host network: tensor/expert collectives between nodes fall back to TCP",
+                     "set spec.transfer.rdmaResourceCount (with rdmaResourceName) to the RDMA devices per node, "
+                     "or spec.network.hostNetwork: true on RDMA-capable nodes")
+
+
+def _check_role_switch(spec: HybridServingSpec) -> Issues:
+    switch = spec.role_switch
+    if not switch.enabled:
+        return
+    prefill, decode = spec.prefill, spec.decode
+    if (prefill.layout.world_size, prefill.nodes_per_instance) != (decode.layout.world_size,
+                                                                    decode.nodes_per_instance):
+        yield _issue("role-switch-relaunch-compatible", "spec.roleSwitch.enabled",
+                     f"prefill instances use {prefill.layout.world_size} GPUs on {prefill.nodes_per_instance} "
+                     f"node(s), decode instances {decode.layout.world_size} GPUs on {decode.nodes_per_instance}: "
+                     "an instance's pods cannot run the other role",
+                     "give both roles the same tp x pp and nodesPerInstance, or set roleSwitch.enabled: false")
+    else:
+        in_place, reasons = role_switch_capability(spec)
+        if not in_place:
+            yield _issue("role-switch-in-place", "spec.roleSwitch.enabled",
+                         "role switches relaunch the engine (minutes each) instead of switching in place: "
+                         + "; ".join(reasons),
+                         "use identical single-stage layouts on both roles without ep, pp, dcp or speculative "
+                         "decoding, and mooncake transfer, for in-place switches; or accept relaunches")
+    total = prefill.replicas + decode.replicas
+    if switch.min_prefill + switch.min_decode > total:
+        yield _issue("role-switch-floors-fit", "spec.roleSwitch.minPrefill",
+                     f"minPrefill {switch.min_prefill} + minDecode {switch.min_decode} exceed the fleet's "
+                     f"{total} instances",
+                     f"lower minPrefill/minDecode to at most {total} together, or add replicas")
+        return
+    for role, floor, field in (("prefill", switch.min_prefill, "minPrefill"),
+                               ("decode", switch.min_decode, "minDecode")):
+        replicas = spec.role(role).replicas
+        if floor > replicas:
+            yield _issue("role-switch-floor-above-replicas", f"spec.roleSwitch.{field}",
+                         f"{field} {floor} is above spec.{role}.replicas {replicas}: the controller starts by "
+                         f"moving instances into {role}",
+                         f"set spec.{role}.replicas to at least {floor}, or lower {field}")
+
+
+def _check_extra_args(spec: HybridServingSpec) -> Issues:
+    for index, arg in enumerate(spec.engine.extra_args):
+        if not arg.startswith("--"):
+            continue
+        flag = arg.split("=", 1)[0]
+        path = f"spec.engine.extraArgs[{index}]"
+        if flag in _OWNED_FLAGS:
+            yield _issue("extra-args-owned-flag", path,
+                         f"{flag} is rendered from the spec; a second copy overrides the planned layout",
+                         f"remove it from extraArgs and set {_OWNED_FLAGS[flag]}")
+        elif flag in _REJECTED_FLAGS:
+            yield _issue("extra-args-rejected-flag", path,
+                         f"{flag} makes SGLang {VERIFIED_SGLANG} exit at startup or fights the spec's layout",
+                         _REJECTED_FLAGS[flag])
+        elif flag in _DEPRECATED_FLAGS:
+            yield _issue("extra-args-deprecated-flag", path, f"{flag} is deprecated", _DEPRECATED_FLAGS[flag])

@@ -1,0 +1,358 @@
+"""Layout rules: each rule fires on a spec that breaks it, names the field and a fix, and stays
+quiet on the nearest spec that keeps it."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hybridserving.api.v1alpha1 import HybridServing, HybridServingSpec
+from hybridserving.core.layout import (
+    RULES,
+    LayoutIssue,
+    applies,
+    engine_version,
+    errors,
+    role_switch_capability,
+    validate,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+# A fix starts with what to do.
+FIX_VERBS = {"set", "use", "remove", "choose", "give", "lower", "run", "accept", "check"}
+
+BASE: dict[str, Any] = {
+    "model": {"path": "deepseek-ai/DeepSeek-V3", "profile": "deepseek-v3"},
+    "hardware": {"gpusPerNode": 8},
+    "prefill": {"replicas": 1, "layout": {"tp": 8}},
+    "decode": {"replicas": 1, "layout": {"tp": 8}},
+}
+
+CUSTOM_ARCH = {
+    "hfArchitecture": "CustomMlaForCausalLM",
+    "attention": "mla",
+    "layers": 40,
+    "mlaLayers": 40,
+    "kvBytesPerTokenLayer": 576,
+    "weightBytes": 100_000_000_000,
+    "attentionHeads": 20,
+}
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def make(patch: dict[str, Any] | None = None) -> HybridServingSpec:
+    return HybridServingSpec.model_validate(_merge(BASE, patch or {}))
+
+
+def _model(profile: str) -> dict[str, Any]:
+    return {"model": {"path": f"org/{profile}", "profile": profile}}
+
+
+GLM = _model("glm-5.3")
+KIMI = _model("kimi-k3")
+V32 = _model("deepseek-v3.2")
+RDMA = {"transfer": {"rdmaResourceCount": 8}}
+DSA_SPLIT = _merge(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave", "layerSplit": True}}})
+SWITCH = {"roleSwitch": {"enabled": True}}
+
+# rule id -> (spec that breaks it, nearest spec that keeps it, path of the issue)
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "model-profile-known": ({"model": {"profile": "llama-9"}}, {}, "spec.model.profile"),
+    "engine-version-supported": ({"engine": {"sglangVersion": "0.5.22"}}, {"engine": {"sglangVersion": "0.5.23"}},
+                                 "spec.engine.sglangVersion"),
+    "engine-version-verified": ({"engine": {"sglangVersion": "0.6.0"}}, {"engine": {"sglangVersion": "0.5.23"}},
+                                "spec.engine.sglangVersion"),
+    "dcp-divides-tp": ({"decode": {"layout": {"dcp": 3}}}, {"decode": {"layout": {"dcp": 4}}},
+                       "spec.decode.layout.dcp"),
+    "attn-dp-divides-tp": ({"decode": {"layout": {"attnDp": 3}}}, {"decode": {"layout": {"attnDp": 4}}},
+                           "spec.decode.layout.attnDp"),
+    "attn-cp-divides-tp": ({"prefill": {"layout": {"attnCp": 3, "cpStrategy": "zigzag"}}},
+                           {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
+                           "spec.prefill.layout.attnCp"),
+    "attn-dp-cp-divide-tp": ({"prefill": {"layout": {"attnDp": 4, "attnCp": 4, "cpStrategy": "zigzag"}}},
+                             {"prefill": {"layout": {"attnDp": 2, "attnCp": 4, "cpStrategy": "zigzag"}}},
+                             "spec.prefill.layout.attnCp"),
+    "attention-heads-divisible": ({"model": {"profile": None, "architecture": CUSTOM_ARCH}},
+                                  {"model": {"profile": None, "architecture": CUSTOM_ARCH},
+                                   "prefill": {"layout": {"attnDp": 2}}, "decode": {"layout": {"attnDp": 2}}},
+                                  "spec.prefill.layout.tp"),
+    "ep-divides-tp": ({"decode": {"layout": {"ep": 3}}}, {"decode": {"layout": {"ep": 8}}}, "spec.decode.layout.ep"),
+    "nodes-divide-world": ({"prefill": {"nodesPerInstance": 3}}, {"prefill": {"nodesPerInstance": 1}},
+                           "spec.prefill.nodesPerInstance"),
+    "gpus-per-node": ({"prefill": {"layout": {"tp": 16}}}, {"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}},
+                      "spec.prefill.nodesPerInstance"),
+    "multi-node-fills-nodes": ({"prefill": {"nodesPerInstance": 2}},
+                               {"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}},
+                               "spec.prefill.nodesPerInstance"),
+    "cp-strategy-required": ({"prefill": {"layout": {"attnCp": 8}}},
+                             {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
+                             "spec.prefill.layout.cpStrategy"),
+    "cp-strategy-unused": ({"prefill": {"layout": {"cpStrategy": "zigzag"}}},
+                           {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
+                           "spec.prefill.layout.cpStrategy"),
+    "prefill-cp-excludes-dcp": ({"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag", "dcp": 2}}},
+                                {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
+                                "spec.prefill.layout.dcp"),
+    "dcp-decode-only": ({"prefill": {"layout": {"dcp": 2}}}, {"decode": {"layout": {"dcp": 2}}},
+                        "spec.prefill.layout.dcp"),
+    "attn-cp-prefill-only": ({"decode": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
+                             {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
+                             "spec.decode.layout.attnCp"),
+    "kda-excludes-prefill-cp": (_merge(KIMI, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}}),
+                                _merge(KIMI, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}}}),
+                                "spec.prefill.layout.cpStrategy"),
+    "dsa-v32-zigzag": (_merge(V32, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}}),
+                       _merge(V32, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave"}}}),
+                       "spec.prefill.layout.cpStrategy"),
+    "dsa-prefill-cp-max-tp": (
+        _merge(GLM, {"prefill": {"nodesPerInstance": 2,
+                                 "layout": {"tp": 16, "attnCp": 8, "cpStrategy": "interleave"}}}),
+        _merge(GLM, {"prefill": {"layout": {"tp": 8, "attnCp": 8, "cpStrategy": "interleave"}}}),
+        "spec.prefill.layout.tp"),
+    "dsa-prefill-cp-single-node": (
+        _merge(GLM, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2, "attnCp": 8, "cpStrategy": "interleave"}}}),
+        _merge(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave"}}}),
+        "spec.prefill.nodesPerInstance"),
+    "dsa-dcp-in-pd": (_merge(GLM, {"decode": {"layout": {"dcp": 4}}}),
+                      _merge(GLM, {"decode": {"layout": {"dcp": 4}}, "engine": {"capabilities": ["dsa-dcp-pd"]}}),
+                      "spec.decode.layout.dcp"),
+    "prefill-cp-forces-ep": ({"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
+                             {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag", "ep": 8,
+                                                     "moeA2aBackend": "deepep"}}},
+                             "spec.prefill.layout.ep"),
+    "mla-prefill-cp-size": ({"prefill": {"layout": {"attnCp": 4, "cpStrategy": "zigzag"}}},
+                            {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
+                            "spec.prefill.layout.attnCp"),
+    "moe-a2a-forces-ep": ({"decode": {"layout": {"ep": 4, "moeA2aBackend": "deepep"}}},
+                          {"decode": {"layout": {"ep": 8, "moeA2aBackend": "deepep"}}}, "spec.decode.layout.ep"),
+    "layer-split-needs-dsa": ({"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave", "layerSplit": True}}},
+                              DSA_SPLIT, "spec.prefill.layout.layerSplit"),
+    "layer-split-prefill-only": (_merge(GLM, {"decode": {"layout": {"layerSplit": True}}}), DSA_SPLIT,
+                                 "spec.decode.layout.layerSplit"),
+    "layer-split-needs-interleave": (_merge(DSA_SPLIT, {"prefill": {"layout": {"cpStrategy": "zigzag"}}}), DSA_SPLIT,
+                                     "spec.prefill.layout.cpStrategy"),
+    "layer-split-needs-mooncake": (_merge(DSA_SPLIT, {"transfer": {"backend": "nixl"}}), DSA_SPLIT,
+                                   "spec.transfer.backend"),
+    "layer-split-excludes-pp": (_merge(DSA_SPLIT, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}}}),
+                                DSA_SPLIT, "spec.prefill.layout.pp"),
+    "prefill-cp-dcp-reshard": (
+        _merge(DSA_SPLIT, {"decode": {"layout": {"dcp": 4}}, "engine": {"capabilities": ["dsa-dcp-pd"]}}),
+        _merge(DSA_SPLIT, {"decode": {"layout": {"dcp": 4}},
+                           "engine": {"capabilities": ["dsa-dcp-pd", "prefill-cp-dcp-reshard"]}}),
+        "spec.prefill.layout.layerSplit"),
+    "dcp-backend-needs-dcp": ({"decode": {"layout": {"dcpCommBackend": "a2a"}}},
+                              {"decode": {"layout": {"dcp": 4, "dcpCommBackend": "a2a"}}},
+                              "spec.decode.layout.dcpCommBackend"),
+    "replicate-q-proj-needs-dcp": ({"decode": {"layout": {"replicateQProj": True}}},
+                                   {"decode": {"layout": {"dcp": 4, "replicateQProj": True}}},
+                                   "spec.decode.layout.replicateQProj"),
+    "replicate-q-proj-needs-a2a": (
+        {"decode": {"layout": {"dcp": 4, "dcpCommBackend": "ag_rs", "replicateQProj": True}}},
+        {"decode": {"layout": {"dcp": 4, "dcpCommBackend": "a2a", "replicateQProj": True}}},
+        "spec.decode.layout.replicateQProj"),
+    "speculative-pp-prefill-only": (
+        {"decode": {"nodesPerInstance": 2, "layout": {"pp": 2}, "speculative": {"algorithm": "EAGLE"}}},
+        {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}, "speculative": {"algorithm": "EAGLE"}}},
+        "spec.decode.speculative"),
+    "speculative-needs-draft": (
+        _merge(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE"}}}),
+        _merge(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE", "draftModelPath": "org/k3-draft"}}}),
+        "spec.decode.speculative.draftModelPath"),
+    "vision-encoder-heads-tp": (KIMI, _merge(KIMI, {"prefill": {"layout": {"tp": 4}}, "decode": {"layout": {"tp": 4}}}),
+                                "spec.prefill.layout.tp"),
+    "prefill-prefix-caching": ({"prefill": {"prefixCaching": False}}, {"decode": {"prefixCaching": False}},
+                               "spec.prefill.prefixCaching"),
+    "role-has-instances": ({"decode": {"replicas": 0}}, {"decode": {"replicas": 1}}, "spec.decode.replicas"),
+    "multi-node-needs-rdma": ({"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}},
+                              _merge(RDMA, {"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
+                              "spec.transfer.rdmaResourceCount"),
+    "role-switch-relaunch-compatible": (
+        _merge(SWITCH, {"decode": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
+        _merge(SWITCH, {"decode": {"layout": {"attnDp": 8}}}),
+        "spec.roleSwitch.enabled"),
+    "role-switch-in-place": (_merge(SWITCH, {"decode": {"layout": {"dcp": 2}}}), SWITCH, "spec.roleSwitch.enabled"),
+    "role-switch-floors-fit": (_merge(SWITCH, {"roleSwitch": {"minPrefill": 2}}), SWITCH,
+                               "spec.roleSwitch.minPrefill"),
+    "role-switch-floor-above-replicas": (
+        _merge(SWITCH, {"roleSwitch": {"minPrefill": 2}, "decode": {"replicas": 3}}),
+        _merge(SWITCH, {"roleSwitch": {"minPrefill": 2}, "prefill": {"replicas": 2}, "decode": {"replicas": 2}}),
+        "spec.roleSwitch.minPrefill"),
+    "extra-args-owned-flag": ({"engine": {"extraArgs": ["--trust-remote-code", "--dcp-size=2"]}},
+                              {"engine": {"extraArgs": ["--trust-remote-code"]}}, "spec.engine.extraArgs[1]"),
+    "extra-args-rejected-flag": ({"engine": {"extraArgs": ["--cuda-graph-max-bs", "8"]}},
+                                 {"engine": {"extraArgs": ["--cuda-graph-max-bs-decode", "8"]}},
+                                 "spec.engine.extraArgs[0]"),
+    "extra-args-deprecated-flag": ({"engine": {"extraArgs": ["--disable-cuda-graph"]}},
+                                   {"engine": {"extraArgs": ["--cuda-graph-backend-decode=disabled"]}},
+                                   "spec.engine.extraArgs[0]"),
+}
+
+
+def _with_rule(issues: list[LayoutIssue], rule: str) -> list[LayoutIssue]:
+    return [issue for issue in issues if issue.rule == rule]
+
+
+def test_base_spec_is_clean() -> None:
+    assert validate(make()) == []
+
+
+def test_every_rule_has_a_case() -> None:
+    assert set(CASES) == set(RULES)
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_fires_with_path_and_fix(rule: str) -> None:
+    bad, _, path = CASES[rule]
+    found = _with_rule(validate(make(bad)), rule)
+    assert found, f"{rule} did not fire"
+    issue = found[0]
+    assert issue.path == path
+    assert issue.severity == RULES[rule].severity
+    assert issue.engine_versions == RULES[rule].engine_versions
+    assert issue.message
+    assert issue.fix.split()[0].lower() in FIX_VERBS, issue.fix
+    assert rule in str(issue) and path in str(issue)
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_quiet_on_nearest_good_spec(rule: str) -> None:
+    _, good, _ = CASES[rule]
+    assert _with_rule(validate(make(good)), rule) == []
+
+
+def test_dcp_fix_lists_divisors() -> None:
+    (issue,) = _with_rule(validate(make(CASES["dcp-divides-tp"][0])), "dcp-divides-tp")
+    assert "dcp must divide tp" in issue.message
+    assert issue.fix.endswith("1, 2, 4, 8")
+
+
+def test_unknown_profile_lists_known_ones() -> None:
+    (issue,) = validate(make({"model": {"profile": "llama-9"}}))
+    for name in ("deepseek-v3", "deepseek-v3.2", "glm-5.2", "glm-5.3", "kimi-k3"):
+        assert name in issue.fix
+
+
+def test_gpus_per_node_fix_names_the_node_count() -> None:
+    (issue,) = _with_rule(validate(make({"prefill": {"layout": {"tp": 24}}})), "gpus-per-node")
+    assert "set nodesPerInstance to 3" in issue.fix
+
+
+def test_combined_cp_and_dcp_reports_the_engine_rule_once() -> None:
+    issues = validate(make(CASES["prefill-cp-excludes-dcp"][0]))
+    assert [i.rule for i in issues if i.path == "spec.prefill.layout.dcp"] == ["prefill-cp-excludes-dcp"]
+
+
+def test_glm_zigzag_prefill_cp_is_rewritten_but_v32_zigzag_is_rejected() -> None:
+    glm = validate(make(_merge(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}})))
+    assert _with_rule(glm, "prefill-cp-forces-ep") and not _with_rule(glm, "dsa-v32-zigzag")
+    v32 = validate(make(CASES["dsa-v32-zigzag"][0]))
+    assert _with_rule(v32, "dsa-v32-zigzag") and not _with_rule(v32, "prefill-cp-forces-ep")
+
+
+def test_eagle3_needs_a_draft_even_with_mtp() -> None:
+    spec = make({"decode": {"speculative": {"algorithm": "EAGLE3"}}})
+    assert _with_rule(validate(spec), "speculative-needs-draft")
+    assert not _with_rule(validate(make({"decode": {"speculative": {"algorithm": "EAGLE"}}})),
+                          "speculative-needs-draft")
+
+
+def test_custom_build_suffix_keeps_release_rules() -> None:
+    spec = make({"engine": {"sglangVersion": "0.5.23-reshard"}})
+    assert str(engine_version(spec)) == "0.5.23"
+    assert validate(spec) == []
+
+
+def test_engine_version_ranges_use_version_order() -> None:
+    # 0.5.9 < 0.5.23 as versions, not as strings.
+    spec = make({"engine": {"sglangVersion": "0.5.9"}})
+    assert _with_rule(validate(spec), "engine-version-supported")
+    assert applies(RULES["dcp-divides-tp"], engine_version(spec))
+    assert not applies(RULES["prefill-cp-excludes-dcp"], engine_version(spec))
+
+
+def test_errors_filters_warnings() -> None:
+    issues = validate(make({"prefill": {"prefixCaching": False}, "decode": {"layout": {"dcp": 3}}}))
+    assert [i.rule for i in errors(issues)] == ["dcp-divides-tp"]
+
+
+# --------------------------------------------------------------------------- role switch
+
+
+def test_identical_plain_layouts_switch_in_place() -> None:
+    assert role_switch_capability(make()) == (True, [])
+
+
+@pytest.mark.parametrize(
+    ("patch", "mentions"),
+    [
+        ({"decode": {"layout": {"ep": 8}}}, "spec.decode.layout.ep"),
+        ({"prefill": {"layout": {"moeA2aBackend": "mooncake"}}}, "spec.prefill.layout.moeA2aBackend"),
+        ({"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}}}, "spec.prefill.layout.pp"),
+        ({"decode": {"layout": {"dcp": 2}}}, "spec.decode.layout.dcp"),
+        ({"decode": {"speculative": {"algorithm": "EAGLE"}}}, "spec.decode.speculative"),
+        ({"transfer": {"backend": "nixl"}}, "nixl"),
+        ({"decode": {"layout": {"attnDp": 8}}}, "layout.attnDp"),
+        ({"decode": {"kvCacheDtype": "bf16"}}, "kvCacheDtype"),
+        ({"decode": {"memFractionStatic": 0.8}}, "memFractionStatic"),
+    ],
+)
+def test_in_place_role_switch_blockers(patch: dict[str, Any], mentions: str) -> None:
+    in_place, reasons = role_switch_capability(make(patch))
+    assert not in_place
+    assert any(mentions in reason for reason in reasons), reasons
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def _load(path: Path) -> HybridServing:
+    return HybridServing.model_validate(yaml.safe_load(path.read_text()))
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_have_no_layout_errors(path: Path) -> None:
+    assert errors(validate(_load(path).spec)) == []
+
+
+LAYOUT_INVALID = ["dcp-not-dividing-tp", "dsa-dcp-in-pd", "kda-zigzag", "unknown-profile", "v32-zigzag",
+                  "world-size-mismatch"]
+
+
+@pytest.mark.parametrize("name", LAYOUT_INVALID)
+def test_invalid_examples_report_the_expected_error(name: str) -> None:
+    path = EXAMPLES / "invalid" / f"{name}.yaml"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    text = path.read_text()
+    expected = re.findall(r"^# expect: (.+)$", text, flags=re.M)
+    assert expected
+    reported = [str(issue) for issue in errors(validate(_load(path).spec))]
+    for needle in expected:
+        assert any(needle in line for line in reported), (needle, reported)
+
+
+# --------------------------------------------------------------------------- documentation
+
+
+def test_every_rule_is_documented_with_its_severity() -> None:
+    doc = (REPO / "docs" / "layout-rules.md").read_text()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z0-9-]+)` \|.*$", doc, flags=re.M)}
+    assert set(rows) == set(RULES)
+    for rule in RULES.values():
+        assert f"| {rule.severity} |" in rows[rule.id], rule.id

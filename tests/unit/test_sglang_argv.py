@@ -1,0 +1,198 @@
+"""Every argv the operator renders parses with SGLang 0.5.23's own argument parser.
+
+The cases are every example manifest and every built-in profile under the layouts it is
+typically served with, both roles, every node rank. Each argv must parse (no unknown,
+ambiguous or invalid flag, no deprecation warning), and the parsed values must be the ones
+the spec asked for. A missing parser install fails the test rather than skipping it: run
+tools/sglang-parser.sh.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hybridserving.api.v1alpha1 import ROLES, HybridServing, HybridServingSpec, Role
+from hybridserving.core.flags import EnginePorts, in_place_role_switch, render_argv
+from hybridserving.core.layout import errors, validate
+from hybridserving.core.profiles import PROFILES
+from hybridserving.testing.sglang_parser import (
+    SGLangArgs,
+    SGLangArgvError,
+    SGLangParserUnavailable,
+    parse_many,
+    sglang_python,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LEADER = "10.1.2.3"
+PORTS = EnginePorts(http=30100, bootstrap=9100, dist_init=20100, engine_info_bootstrap=6800)
+
+# Layouts each profile is typically served with, as patches over plain TP8 on both roles.
+# Only those the layout rules accept for a profile are rendered (a DSA model's DCP decode
+# needs its capability, a KDA model takes PP instead of prefill CP).
+TYPICAL: dict[str, dict[str, Any]] = {
+    "tp8": {},
+    "attn-dp-decode": {"decode": {"layout": {"attnDp": 8}}},
+    "dcp-decode": {"decode": {"layout": {"dcp": 4, "dcpCommBackend": "a2a", "replicateQProj": True}}},
+    "dcp-decode-dsa": {"engine": {"capabilities": ["dsa-dcp-pd"]},
+                       "decode": {"layout": {"dcp": 8, "replicateQProj": False}}},
+    "zigzag-prefill-cp": {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag", "ep": 8,
+                                                 "moeA2aBackend": "deepep"}}},
+    "interleave-prefill-cp": {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave"}}},
+    "reshard": {"engine": {"capabilities": ["dsa-dcp-pd", "prefill-cp-dcp-reshard"]},
+                "prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave", "layerSplit": True}},
+                "decode": {"layout": {"dcp": 4, "dcpCommBackend": "ag_rs"}}},
+    "pp-prefill": {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}}},
+    "ep-multi-node": {"network": {"hostNetwork": True}, "transfer": {"ibDevices": ["mlx5_0", "mlx5_1"]},
+                      "prefill": {"nodesPerInstance": 2, "layout": {"tp": 16, "attnDp": 16, "ep": 16,
+                                                                     "moeA2aBackend": "deepep"}},
+                      "decode": {"nodesPerInstance": 4, "layout": {"tp": 32, "attnDp": 32, "ep": 32,
+                                                                    "moeA2aBackend": "mooncake"}}},
+    "role-switch": {"roleSwitch": {"enabled": True}, "prefill": {"replicas": 2}},
+    "speculative": {"prefill": {"speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1,
+                                                "numDraftTokens": 4}},
+                    "decode": {"speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1,
+                                               "numDraftTokens": 4, "draftModelPath": "org/draft"},
+                               "maxRunningRequests": 128, "memFractionStatic": 0.85, "pageSize": 64}},
+    "nixl-no-prefix-cache": {"transfer": {"backend": "nixl"}, "prefill": {"prefixCaching": False,
+                                                                         "kvCacheDtype": "bf16"}},
+    "extra-args": {"model": {"servedModelName": "served"},
+                   "engine": {"extraArgs": ["--trust-remote-code", "--cuda-graph-max-bs-decode", "64"]}},
+}
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _profile_specs() -> dict[str, HybridServingSpec]:
+    specs = {}
+    for profile in sorted(PROFILES):
+        base = {
+            "model": {"path": f"org/{profile}", "profile": profile},
+            "prefill": {"replicas": 1, "layout": {"tp": 8}},
+            "decode": {"replicas": 1, "layout": {"tp": 8}},
+        }
+        for name, patch in TYPICAL.items():
+            spec = HybridServingSpec.model_validate(_merge(base, patch))
+            if not errors(validate(spec)):
+                specs[f"{profile}/{name}"] = spec
+    return specs
+
+
+def _example_specs() -> dict[str, HybridServingSpec]:
+    return {
+        f"example/{path.stem}": HybridServing.model_validate(yaml.safe_load(path.read_text())).spec
+        for path in sorted(EXAMPLES.glob("*.yaml"))
+    }
+
+
+SPECS = {**_example_specs(), **_profile_specs()}
+CASES: list[tuple[str, HybridServingSpec, Role, int]] = [
+    (name, spec, role, rank)
+    for name, spec in SPECS.items()
+    for role in ROLES
+    for rank in range(spec.role(role).nodes_per_instance)
+]
+
+
+def _argv(spec: HybridServingSpec, role: Role, rank: int) -> list[str]:
+    return render_argv(spec, role, node_rank=rank, dist_init_addr=LEADER, ports=PORTS)
+
+
+@pytest.fixture(scope="module")
+def parsed() -> dict[tuple[str, Role, int], SGLangArgs | SGLangArgvError]:
+    try:
+        sglang_python()
+    except SGLangParserUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    results = parse_many(_argv(spec, role, rank) for _, spec, role, rank in CASES)
+    return {(name, role, rank): result for (name, _, role, rank), result in zip(CASES, results, strict=True)}
+
+
+def test_cases_cover_every_profile_and_example() -> None:
+    for profile in PROFILES:
+        assert sum(name.startswith(f"{profile}/") for name in SPECS) >= 5, profile
+    assert sum(name.startswith("example/") for name in SPECS) == len(list(EXAMPLES.glob("*.yaml")))
+    assert any(rank > 0 for _, _, _, rank in CASES)
+
+
+def _expected(spec: HybridServingSpec, role: Role, rank: int) -> dict[str, Any]:
+    """What the parsed namespace must hold, derived from the spec independently of the renderer."""
+    rs = spec.role(role)
+    layout = rs.layout
+    speculative = rs.speculative
+    expected: dict[str, Any] = {
+        "model_path": spec.model.path,
+        "host": "0.0.0.0",
+        "port": PORTS.http,
+        "tp_size": layout.tp,
+        "pp_size": layout.pp,
+        "attn_dp_size": layout.attn_dp,
+        "dp_size": 1,
+        "attn_cp_size": layout.attn_cp,
+        "enable_prefill_cp": layout.attn_cp > 1,
+        "cp_strategy": layout.cp_strategy if layout.attn_cp > 1 else None,
+        "enable_dsa_cache_layer_split": layout.layer_split,
+        "dcp_size": layout.dcp,
+        "dcp_comm_backend": layout.dcp_comm_backend,
+        "dcp_replicate_q_proj": layout.replicate_q_proj if layout.dcp > 1 else None,
+        "ep_size": layout.ep,
+        "moe_a2a_backend": layout.moe_a2a_backend or "none",
+        "nnodes": rs.nodes_per_instance,
+        "node_rank": rank,
+        "dist_init_addr": f"{LEADER}:{PORTS.dist_init}" if rs.nodes_per_instance > 1 else None,
+        "disaggregation_mode": role,
+        "disaggregation_transfer_backend": spec.transfer.backend,
+        "disaggregation_bootstrap_port": PORTS.bootstrap,
+        "disaggregation_ib_device": ",".join(spec.transfer.ib_devices) or None,
+        "engine_info_bootstrap_port": PORTS.engine_info_bootstrap,
+        "enable_pd_role_switch": in_place_role_switch(spec),
+        "enable_metrics": True,
+        "speculative_algorithm": speculative.algorithm if speculative else None,
+        "speculative_num_steps": speculative.num_steps if speculative else None,
+        "speculative_eagle_topk": speculative.eagle_topk if speculative else None,
+        "speculative_num_draft_tokens": speculative.num_draft_tokens if speculative else None,
+        "speculative_draft_model_path": speculative.draft_model_path if speculative else None,
+        "mem_fraction_static": rs.mem_fraction_static,
+        "max_running_requests": rs.max_running_requests,
+        "page_size": rs.page_size,
+        "kv_cache_dtype": rs.kv_cache_dtype,
+        "disable_radix_cache": role == "prefill" and not rs.prefix_caching,
+    }
+    if spec.model.served_model_name:
+        expected["served_model_name"] = spec.model.served_model_name
+    return expected
+
+
+@pytest.mark.parametrize(("name", "role", "rank"), [(n, r, k) for n, _, r, k in CASES],
+                         ids=[f"{n}-{r}-{k}" for n, _, r, k in CASES])
+def test_rendered_argv_parses_to_the_spec(parsed: dict, name: str, role: Role, rank: int) -> None:
+    result = parsed[(name, role, rank)]
+    assert isinstance(result, SGLangArgs), str(result)
+    assert not [line for line in result.warnings if "deprecat" in line.lower()], result.warnings
+    expected = _expected(SPECS[name], role, rank)
+    got = {key: result.get(key, "<missing>") for key in expected}
+    assert got == expected
+
+
+def test_extra_args_reach_the_parser() -> None:
+    """A flag the 0.5.23 parser rejects in extraArgs fails here, as it would in the pod."""
+    spec = HybridServingSpec.model_validate({
+        "model": {"path": "org/m", "profile": "deepseek-v3"},
+        "engine": {"extraArgs": ["--cuda-graph-max-bs", "8"]},
+        "prefill": {"layout": {"tp": 8}},
+        "decode": {"layout": {"tp": 8}},
+    })
+    (result,) = parse_many([render_argv(spec, "decode")])
+    assert isinstance(result, SGLangArgvError)
+    assert "ambiguous option: --cuda-graph-max-bs" in result.message
+    assert any(issue.rule == "extra-args-rejected-flag" for issue in validate(spec))
