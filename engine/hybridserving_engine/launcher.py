@@ -1,0 +1,697 @@
+"""The engine pod's entrypoint: runs SGLang (or its simulator) for the pod's role and node rank.
+
+The operator renders both roles' engine flags once, into a mounted directory, and states the
+pod's role as pod metadata (the `hybridserving.io/role` label, exposed through a downward-API
+file). That keeps a role change from touching the pod template: the launcher sees the file
+change and moves the engine to the other role, in place (`POST /pd_role_switch` once
+`/v1/loads` shows it idle) or by relaunching it with the other role's flags on the same GPUs,
+and reports each step on `/status` for the role-switch controller to follow.
+
+It also supervises the engine (restarts with backoff, reports a crash loop), drains it on
+SIGTERM (unready first, then waits for in-flight requests, then stops it), and in production
+checks the GPUs and RDMA devices before the first start.
+
+Configuration (see docs/engine.md): `$HYBRIDSERVING_CONFIG_DIR/{prefill,decode}.json`, each
+`{"nnodes": N, "argv": [...]}` or `{"nnodes": N, "ranks": [[...rank 0...], [...rank 1...]]}`,
+optionally with `"decode_cuda_graph_memory_gb"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from hybridserving_engine import preflight
+from hybridserving_engine.argv import flag_value, has_flag
+
+log = logging.getLogger("hybridserving.launcher")
+
+ROLE_LABEL = "hybridserving.io/role"
+ROLES = ("prefill", "decode")
+PHASES = (
+    "WaitingForRole", "PreflightFailed", "Starting", "Ready", "Restarting", "CrashLoop",
+    "Draining", "Switching", "Relaunching", "Stopping", "Stopped",
+)
+
+
+# ---------------------------------------------------------------------------------- configuration
+
+
+class ConfigError(ValueError):
+    """The mounted engine configuration cannot be used; names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class RoleConfig:
+    """One role's engine flags, as the operator rendered them."""
+
+    nnodes: int
+    argv: tuple[str, ...] = ()
+    ranks: tuple[tuple[str, ...], ...] = ()
+    decode_cuda_graph_memory_gb: float | None = None
+
+    def argv_for(self, node_rank: int) -> list[str]:
+        """The flags of `node_rank`: its own list if the operator wrote one per rank, else the shared
+        argv with `--node-rank` appended for multi-node instances."""
+        if not 0 <= node_rank < self.nnodes:
+            raise ConfigError(f"node rank {node_rank} is outside 0..{self.nnodes - 1}")
+        if self.ranks:
+            return list(self.ranks[node_rank])
+        argv = list(self.argv)
+        if self.nnodes > 1:
+            if not has_flag(argv, "--nnodes"):
+                argv += ["--nnodes", str(self.nnodes)]
+            if not has_flag(argv, "--node-rank"):
+                argv += ["--node-rank", str(node_rank)]
+        return argv
+
+
+def load_role_config(config_dir: Path, role: str) -> RoleConfig:
+    """Read `<config_dir>/<role>.json`."""
+    path = config_dir / f"{role}.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist; the operator mounts one file per role") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    unknown = set(data) - {"nnodes", "argv", "ranks", "decode_cuda_graph_memory_gb"}
+    if unknown:
+        raise ConfigError(f"{path} has unknown keys {sorted(unknown)}")
+    argv, ranks = data.get("argv"), data.get("ranks")
+    if (argv is None) == (ranks is None):
+        raise ConfigError(f"{path} must set exactly one of 'argv' (all ranks) or 'ranks' (one argv per rank)")
+    nnodes = int(data.get("nnodes", len(ranks) if ranks is not None else 1))
+    if ranks is not None and len(ranks) != nnodes:
+        raise ConfigError(f"{path} lists {len(ranks)} rank argvs for nnodes={nnodes}")
+    for entry in [argv] if argv is not None else ranks:
+        if not isinstance(entry, list) or not all(isinstance(a, str) for a in entry):
+            raise ConfigError(f"{path}: every argv must be a list of strings")
+    graph_gb = data.get("decode_cuda_graph_memory_gb")
+    return RoleConfig(
+        nnodes=nnodes,
+        argv=tuple(argv or ()),
+        ranks=tuple(tuple(r) for r in ranks or ()),
+        decode_cuda_graph_memory_gb=None if graph_gb is None else float(graph_gb),
+    )
+
+
+def read_role(path: Path) -> str | None:
+    """The role a downward-API file states: either the bare label value (a single-key
+    `fieldRef: metadata.labels['hybridserving.io/role']`) or a `key="value"` line of a whole
+    labels/annotations file. Anything but prefill or decode means "no role": keep the current one."""
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    value = text.strip()
+    for line in text.splitlines():
+        key, sep, raw = line.partition("=")
+        if sep and key.strip() == ROLE_LABEL:
+            value = raw.strip().strip('"')
+            break
+    return value if value in ROLES else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the launcher reads from its environment (see docs/engine.md)."""
+
+    config_dir: Path
+    role_file: Path
+    node_rank: int = 0
+    backend: str = "sglang"
+    host: str = "0.0.0.0"
+    port: int = 8080
+    drain_timeout_s: float = 600.0
+    stop_grace_s: float = 30.0
+    startup_timeout_s: float = 3600.0
+    poll_interval_s: float = 1.0
+    restart_backoff_s: float = 2.0
+    restart_backoff_max_s: float = 60.0
+    crash_loop_restarts: int = 5
+    preflight: str = "enforce"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> Settings:
+        e = dict(os.environ if env is None else env)
+
+        def num(name: str, default: float) -> float:
+            return float(e.get(name, default))
+
+        values = dict(
+            config_dir=Path(e.get("HYBRIDSERVING_CONFIG_DIR", "/etc/hybridserving/engine")),
+            role_file=Path(e.get("HYBRIDSERVING_ROLE_FILE", "/etc/hybridserving/podinfo/role")),
+            node_rank=int(e.get("HYBRIDSERVING_NODE_RANK", "0")),
+            backend=e.get("HYBRIDSERVING_ENGINE_BACKEND", "sglang"),
+            host=e.get("HYBRIDSERVING_LAUNCHER_HOST", "0.0.0.0"),
+            port=int(e.get("HYBRIDSERVING_LAUNCHER_PORT", "8080")),
+            drain_timeout_s=num("HYBRIDSERVING_DRAIN_TIMEOUT_S", 600),
+            stop_grace_s=num("HYBRIDSERVING_STOP_GRACE_S", 30),
+            startup_timeout_s=num("HYBRIDSERVING_STARTUP_TIMEOUT_S", 3600),
+            poll_interval_s=num("HYBRIDSERVING_POLL_INTERVAL_S", 1.0),
+            restart_backoff_s=num("HYBRIDSERVING_RESTART_BACKOFF_S", 2.0),
+            restart_backoff_max_s=num("HYBRIDSERVING_RESTART_BACKOFF_MAX_S", 60.0),
+            crash_loop_restarts=int(e.get("HYBRIDSERVING_CRASH_LOOP_RESTARTS", "5")),
+            preflight=e.get("HYBRIDSERVING_PREFLIGHT", "enforce"),
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if values["backend"] not in ("sglang", "simulator"):
+            raise ConfigError(f"unknown engine backend {values['backend']!r}; use sglang or simulator")
+        return cls(**values)
+
+
+def engine_command(backend: str, argv: list[str]) -> list[str]:
+    """The process that serves `argv`: SGLang in production, its simulator in tests and demos."""
+    module = "sglang.launch_server" if backend == "sglang" else "hybridserving_engine.simulator"
+    return [sys.executable, "-m", module, *argv]
+
+
+def engine_url(argv: list[str], node_rank: int) -> str:
+    """Where the instance's HTTP API answers. Worker ranks serve none, so they reach the leader
+    (the host of `--dist-init-addr`) on the same port."""
+    port = flag_value(argv, "--port", "30000")
+    host = flag_value(argv, "--host", "127.0.0.1")
+    if node_rank > 0:
+        addr = flag_value(argv, "--dist-init-addr")
+        if addr:
+            host = addr.rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def inflight_requests(loads: dict) -> int:
+    """Requests an engine still holds, from its `/v1/loads` answer (every queue, every DP rank)."""
+    total = 0
+    for load in loads.get("loads", []):
+        total += load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0)
+        disagg = load.get("disaggregation") or {}
+        total += sum(v for k, v in disagg.items() if k.endswith("_queue_reqs"))
+        total += (load.get("queues") or {}).get("paused", 0)
+    return total
+
+
+# ---------------------------------------------------------------------------------- status
+
+
+@dataclass
+class SwitchRecord:
+    """One role change as the controller sees it on `/status`."""
+
+    from_role: str
+    to_role: str
+    mode: str
+    started: float = field(default_factory=time.time)
+    step: str = "Draining"
+    outcome: str = "InProgress"
+    message: str = ""
+    finished: float | None = None
+    steps: list[dict] = field(default_factory=list)
+
+    def advance(self, step: str, message: str = "") -> None:
+        self.step = step
+        self.steps.append({"step": step, "at": time.time(), "message": message})
+        log.info("role switch %s -> %s (%s): %s %s", self.from_role, self.to_role, self.mode, step, message)
+
+    def finish(self, outcome: str, message: str = "") -> None:
+        self.outcome, self.message, self.finished = outcome, message, time.time()
+        self.advance(outcome, message)
+
+    def to_dict(self) -> dict:
+        return {
+            "fromRole": self.from_role, "toRole": self.to_role, "mode": self.mode, "step": self.step,
+            "outcome": self.outcome, "message": self.message, "started": self.started,
+            "finished": self.finished, "steps": self.steps,
+        }
+
+
+class LauncherMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.phase = Gauge("hybridserving_launcher_phase", "1 for the launcher's current phase.", ["phase"], registry=r)
+        self.role = Gauge("hybridserving_launcher_role", "1 for the role the engine serves.", ["role"], registry=r)
+        self.switches = Counter(
+            "hybridserving_launcher_role_switches", "Role switches by outcome.",
+            ["from_role", "to_role", "mode", "outcome"], registry=r)
+        self.restarts = Counter("hybridserving_launcher_engine_restarts", "Engine restarts after a crash.",
+                                registry=r)
+        self.engine_up = Gauge("hybridserving_launcher_engine_up", "1 while the engine answers /health.",
+                               registry=r)
+
+    def show(self, phase: str, role: str | None) -> None:
+        for p in PHASES:
+            self.phase.labels(phase=p).set(1 if p == phase else 0)
+        for r in ROLES:
+            self.role.labels(role=r).set(1 if r == role else 0)
+
+
+# ---------------------------------------------------------------------------------- the launcher
+
+
+class Launcher:
+    """Runs, supervises, drains and switches one engine; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        probes: preflight.Probes | None = None,
+        command: Callable[[str, list[str]], list[str]] = engine_command,
+    ) -> None:
+        self.settings = settings
+        self.probes = probes or preflight.Probes()
+        self.command = command
+        self.metrics = LauncherMetrics()
+        self.role: str | None = None
+        self.desired_role: str | None = None
+        self._handled_role: str | None = None
+        self.phase = "WaitingForRole"
+        self.message = ""
+        self.proc: asyncio.subprocess.Process | None = None
+        self.argv: list[str] = []
+        self.nnodes = 1
+        self.engine_healthy = False
+        self.restarts = 0
+        self.consecutive_failures = 0
+        self.last_exit_code: int | None = None
+        self.started_at: float | None = None
+        self.switch_count = 0
+        self.last_switch: SwitchRecord | None = None
+        self._terminate = asyncio.Event()
+        self._role_changed = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.set_phase("WaitingForRole")
+
+    # ---- reporting
+
+    def set_phase(self, phase: str, message: str = "") -> None:
+        if phase != self.phase or message != self.message:
+            log.info("launcher phase %s%s", phase, f": {message}" if message else "")
+        self.phase, self.message = phase, message
+        self.metrics.show(phase, self.role)
+
+    def status(self) -> dict:
+        return {
+            "role": self.role,
+            "desiredRole": self.desired_role,
+            "phase": self.phase,
+            "message": self.message,
+            "ready": self.is_ready(),
+            "nodeRank": self.settings.node_rank,
+            "nnodes": self.nnodes,
+            "backend": self.settings.backend,
+            "engine": {
+                "pid": self.proc.pid if self.proc else None,
+                "url": engine_url(self.argv, self.settings.node_rank) if self.argv else None,
+                "healthy": self.engine_healthy,
+                "restarts": self.restarts,
+                "lastExitCode": self.last_exit_code,
+                "startedAt": self.started_at,
+            },
+            "switchCount": self.switch_count,
+            "lastSwitch": self.last_switch.to_dict() if self.last_switch else None,
+        }
+
+    def is_ready(self) -> bool:
+        return self.phase == "Ready" and self.engine_healthy
+
+    # ---- HTTP surface
+
+    async def start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.settings.host, self.settings.port).start()
+        log.info("launcher listening on %s:%d", self.settings.host, self.settings.port)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "phase": self.phase})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready = self.is_ready()
+        return web.json_response({"ready": ready, "phase": self.phase}, status=200 if ready else 503)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.metrics.engine_up.set(1 if self.engine_healthy else 0)
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        return self._session
+
+    # ---- engine process
+
+    def _config(self, role: str) -> RoleConfig:
+        return load_role_config(self.settings.config_dir, role)
+
+    async def start_engine(self, role: str) -> None:
+        config = self._config(role)
+        self.nnodes = config.nnodes
+        self.argv = config.argv_for(self.settings.node_rank)
+        cmd = self.command(self.settings.backend, self.argv)
+        log.info("starting engine as %s (node rank %d): %s", role, self.settings.node_rank, " ".join(cmd))
+        self.proc = await asyncio.create_subprocess_exec(*cmd, start_new_session=True)
+        self.role = role
+        self.engine_healthy = False
+        self.started_at = time.time()
+        self.set_phase("Starting")
+
+    async def stop_engine(self) -> None:
+        proc, self.proc = self.proc, None
+        self.engine_healthy = False
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), self.settings.stop_grace_s)
+        except asyncio.TimeoutError:
+            log.warning("engine did not stop within %.0f s; killing it", self.settings.stop_grace_s)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+        self.last_exit_code = proc.returncode
+
+    async def probe_engine(self) -> bool:
+        """Whether the engine serves: `/health` on the leader; a live process on worker ranks."""
+        if self.proc is None or self.proc.returncode is not None:
+            return False
+        if self.settings.node_rank > 0:
+            return True
+        try:
+            async with self._client().get(engine_url(self.argv, 0) + "/health") as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def engine_loads(self) -> dict | None:
+        try:
+            async with self._client().get(
+                engine_url(self.argv, self.settings.node_rank) + "/v1/loads",
+                params={"include": "core,disagg,queues"},
+            ) as resp:
+                return await resp.json() if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+            return None
+
+    async def drain(self) -> bool:
+        """Wait until the engine holds no request (seen twice in a row, so a request in transit
+        between the HTTP front end and the scheduler is not missed). False on timeout."""
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        idle_polls = 0
+        while True:
+            loads = await self.engine_loads()
+            if loads is None and (self.proc is None or self.proc.returncode is not None):
+                return True  # nothing left that could hold a request
+            if loads is not None:
+                busy = inflight_requests(loads)
+                idle_polls = idle_polls + 1 if busy == 0 else 0
+                if idle_polls >= 2:
+                    return True
+                self.message = f"{busy} request(s) in flight"
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(min(self.settings.poll_interval_s, 0.5))
+
+    # ---- main loop
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._terminate.set)
+        await self.start_http()
+        try:
+            if not await self._wait_for_role():
+                return 0
+            if not self._preflight():
+                await self._terminate.wait()
+                return 1
+            await self.start_engine(self.role)
+            watcher = asyncio.create_task(self._watch_role_file())
+            try:
+                await self._supervise()
+            finally:
+                watcher.cancel()
+            await self._shutdown()
+            return 0
+        finally:
+            if self._session is not None:
+                await self._session.close()
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+    async def _wait_for_role(self) -> bool:
+        while not self._terminate.is_set():
+            role = read_role(self.settings.role_file)
+            if role is not None:
+                self.role = self.desired_role = self._handled_role = role
+                return True
+            self.set_phase("WaitingForRole", f"no prefill/decode role in {self.settings.role_file}")
+            await self._sleep(self.settings.poll_interval_s)
+        return False
+
+    def _preflight(self) -> bool:
+        if self.settings.backend != "sglang" or self.settings.preflight == "off":
+            return True
+        argv = self._config(self.role).argv_for(self.settings.node_rank)
+        require_rdma = os.environ.get("HYBRIDSERVING_PREFLIGHT_RDMA", "1") != "0"
+        problems = preflight.check(argv, self.probes, require_rdma=require_rdma)
+        for problem in problems:
+            log.error("preflight: %s", problem)
+        if problems and self.settings.preflight == "enforce":
+            self.set_phase("PreflightFailed", "; ".join(problems))
+            return False
+        return True
+
+    async def _watch_role_file(self) -> None:
+        while True:
+            role = read_role(self.settings.role_file)
+            if role is not None and role != self._handled_role:
+                self._handled_role = role
+                self.desired_role = role
+                self._role_changed.set()
+            await asyncio.sleep(self.settings.poll_interval_s)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once on SIGTERM."""
+        try:
+            await asyncio.wait_for(self._terminate.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _supervise(self) -> None:
+        while not self._terminate.is_set():
+            if self._role_changed.is_set():
+                self._role_changed.clear()
+                if self.desired_role != self.role:
+                    await self.switch_role(self.desired_role)
+                    continue
+            if self.proc is not None and self.proc.returncode is not None:
+                await self._restart_after_crash()
+                continue
+            healthy = await self.probe_engine()
+            if healthy != self.engine_healthy:
+                self.engine_healthy = healthy
+                self.metrics.engine_up.set(1 if healthy else 0)
+            if healthy and self.phase in ("Starting", "Restarting", "CrashLoop"):
+                self.consecutive_failures = 0
+                self.set_phase("Ready")
+            await self._wait_any(self.settings.poll_interval_s)
+
+    async def _wait_any(self, seconds: float) -> None:
+        """Wait for SIGTERM, a role change, the engine's exit or `seconds`, whichever comes first."""
+        waits = [asyncio.create_task(self._terminate.wait()), asyncio.create_task(self._role_changed.wait())]
+        if self.proc is not None and self.proc.returncode is None:
+            waits.append(asyncio.create_task(self.proc.wait()))
+        _, pending = await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+
+    async def _restart_after_crash(self) -> None:
+        code = self.proc.returncode
+        self.last_exit_code = code
+        self.proc = None
+        self.engine_healthy = False
+        self.restarts += 1
+        self.consecutive_failures += 1
+        self.metrics.restarts.inc()
+        backoff = min(self.settings.restart_backoff_s * 2 ** (self.consecutive_failures - 1),
+                      self.settings.restart_backoff_max_s)
+        loop_phase = "CrashLoop" if self.consecutive_failures >= self.settings.crash_loop_restarts else "Restarting"
+        self.set_phase(loop_phase, f"engine exited with status {code}; restart {self.restarts} in {backoff:.1f} s")
+        await self._sleep(backoff)
+        if self._terminate.is_set():
+            return
+        await self.start_engine(self.role)
+        if loop_phase == "CrashLoop":
+            self.set_phase("CrashLoop", f"{self.consecutive_failures} consecutive engine failures")
+
+    # ---- role switch
+
+    def _switch_mode(self, from_role: str, to_role: str) -> str:
+        """In place when both roles' flags enable it (SGLang then keeps weights and KV pool), else relaunch."""
+        both = all(has_flag(self._config(r).argv_for(self.settings.node_rank), "--enable-pd-role-switch")
+                   for r in (from_role, to_role))
+        return "in-place" if both else "relaunch"
+
+    async def switch_role(self, to_role: str) -> SwitchRecord:
+        from_role = self.role
+        record = SwitchRecord(from_role, to_role, self._switch_mode(from_role, to_role))
+        self.last_switch = record
+        self.switch_count += 1
+        record.advance("Draining")
+        self.set_phase("Draining", f"switching {from_role} -> {to_role}")
+        try:
+            if not await self.drain():
+                record.finish("Aborted", f"engine not idle after {self.settings.drain_timeout_s:.0f} s of draining")
+                self.set_phase("Ready" if self.engine_healthy else "Starting", record.message)
+                return record
+            if record.mode == "in-place":
+                await self._switch_in_place(record)
+            else:
+                await self._relaunch(record, to_role)
+            return record
+        finally:
+            self.metrics.switches.labels(from_role=from_role, to_role=to_role, mode=record.mode,
+                                         outcome=record.outcome).inc()
+            self.metrics.show(self.phase, self.role)
+
+    async def _switch_in_place(self, record: SwitchRecord) -> None:
+        to_role = record.to_role
+        if self.settings.node_rank > 0:
+            # The leader's scheduler switches every rank of the instance; workers only follow.
+            self.role = to_role
+            record.finish("Succeeded", "switched by the leader rank")
+            self.set_phase("Ready")
+            return
+        self.set_phase("Switching", f"POST /pd_role_switch new_role={to_role}")
+        record.advance("Switching")
+        body: dict = {"new_role": to_role}
+        graph_gb = self._config(to_role).decode_cuda_graph_memory_gb
+        if to_role == "decode" and graph_gb is not None:
+            body["decode_cuda_graph_memory_gb"] = graph_gb
+        url = engine_url(self.argv, 0) + "/pd_role_switch"
+        try:
+            async with self._client().post(url, json=body, timeout=aiohttp.ClientTimeout(total=None)) as resp:
+                answer = await resp.json()
+        except (aiohttp.ClientError, json.JSONDecodeError) as e:
+            answer = {"success": False, "message": f"engine did not answer: {e}", "safe_to_restore": False}
+        if answer.get("success"):
+            record.advance("Verifying")
+            mode = await self._engine_role()
+            if mode != to_role:
+                answer = {"success": False, "safe_to_restore": False,
+                          "message": f"engine reports role {mode!r} after switching to {to_role!r}"}
+        if answer.get("success"):
+            self.role = to_role
+            # A later restart must start in the new role with its own flags.
+            self.argv = self._config(to_role).argv_for(0)
+            record.finish("Succeeded", answer.get("message", "ok"))
+            self.set_phase("Ready")
+        elif answer.get("safe_to_restore"):
+            record.finish("Refused", f"engine refused, still {self.role}: {answer.get('message', '')}")
+            self.set_phase("Ready", record.message)
+        else:
+            record.advance("Relaunching", f"switch failed, engine needs a restart: {answer.get('message', '')}")
+            await self._relaunch(record, to_role)
+
+    async def _engine_role(self) -> str | None:
+        try:
+            async with self._client().get(engine_url(self.argv, 0) + "/server_info") as resp:
+                return (await resp.json()).get("disaggregation_mode")
+        except (aiohttp.ClientError, json.JSONDecodeError):
+            return None
+
+    async def _relaunch(self, record: SwitchRecord, to_role: str) -> None:
+        self.set_phase("Relaunching", f"restarting the engine as {to_role}")
+        record.advance("Stopping")
+        await self.stop_engine()
+        record.advance("Starting")
+        await self.start_engine(to_role)
+        self.set_phase("Relaunching", f"waiting for the engine to serve as {to_role}")
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while not self._terminate.is_set():
+            if self.proc is None or self.proc.returncode is not None:
+                record.finish("Failed", f"engine exited with status {self.proc.returncode if self.proc else None}")
+                self.set_phase("Restarting", record.message)
+                return
+            if await self.probe_engine():
+                self.engine_healthy = True
+                self.consecutive_failures = 0
+                record.finish("Succeeded", f"engine relaunched as {to_role}")
+                self.set_phase("Ready")
+                return
+            if time.monotonic() > deadline:
+                record.finish("Failed", f"engine not healthy {self.settings.startup_timeout_s:.0f} s after relaunch")
+                self.set_phase("Starting", record.message)
+                return
+            await self._sleep(min(self.settings.poll_interval_s, 0.5))
+        record.finish("Aborted", "pod is terminating")
+
+    # ---- termination
+
+    async def _shutdown(self) -> None:
+        """SIGTERM: unready first (so the router and Services stop sending), then drain, then stop."""
+        self.set_phase("Draining", "pod is terminating")
+        if self.proc is not None and self.proc.returncode is None:
+            drained = await self.drain()
+            if not drained:
+                log.warning("drain timed out after %.0f s; stopping the engine with requests in flight",
+                            self.settings.drain_timeout_s)
+        self.set_phase("Stopping")
+        await self.stop_engine()
+        self.set_phase("Stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hybridserving-engine", description="Run the engine of one pod.")
+    parser.add_argument("--backend", choices=["sglang", "simulator"], default=None,
+                        help="sglang (production) or simulator; default $HYBRIDSERVING_ENGINE_BACKEND or sglang")
+    parser.add_argument("--config-dir", type=Path, default=None, help="default $HYBRIDSERVING_CONFIG_DIR")
+    parser.add_argument("--role-file", type=Path, default=None, help="default $HYBRIDSERVING_ROLE_FILE")
+    parser.add_argument("--node-rank", type=int, default=None, help="default $HYBRIDSERVING_NODE_RANK or 0")
+    parser.add_argument("--port", type=int, default=None, help="default $HYBRIDSERVING_LAUNCHER_PORT or 8080")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings.from_env(
+            backend=args.backend, config_dir=args.config_dir, role_file=args.role_file,
+            node_rank=args.node_rank, port=args.port,
+        )
+        return asyncio.run(Launcher(settings).run())
+    except ConfigError as e:
+        log.error("launcher configuration: %s", e)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

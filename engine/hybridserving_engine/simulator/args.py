@@ -1,0 +1,138 @@
+"""SGLang 0.5.23 `launch_server` flags as the simulator reads them, plus its own environment knobs.
+
+The operator renders one argv per role for SGLang; the simulator must accept that same argv, so
+it parses SGLang's flag names (with their aliases and defaults) and notes, rather than rejects,
+the many flags that change nothing in a simulation. A few of SGLang's own start-up rejections are
+repeated here, so that a layout SGLang would refuse does not start as a simulator either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger("hybridserving.simulator")
+
+SGLANG_VERSION = "0.5.23"
+DEFAULT_PROFILE = "glm-5.2"
+DEFAULT_CONTEXT_LENGTH = 131072
+TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
+# Backends whose KV manager implements `supports_role_switch` in 0.5.23.
+ROLE_SWITCH_BACKENDS = ("mooncake", "mooncake_tcp", "mori", "ascend")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The subset of SGLang's parser whose flags change what the simulator serves."""
+    p = argparse.ArgumentParser(prog="hybridserving_engine.simulator", description=__doc__)
+    a = p.add_argument
+    a("--model-path", "--model", dest="model_path", default="simulated-model")
+    a("--served-model-name", dest="served_model_name", default=None)
+    a("--tokenizer-path", dest="tokenizer_path", default=None)
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=30000)
+    a("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    a("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
+    a("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    a("--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int, default=1)
+    a("--enable-dp-attention", action="store_true")
+    a("--attn-cp-size", "--attention-context-parallel-size", dest="attn_cp_size", type=int, default=1)
+    a("--enable-prefill-cp", action="store_true")
+    a("--cp-strategy", choices=["zigzag", "interleave"], default=None)
+    a("--dcp-size", "--decode-context-parallel-size", dest="dcp_size", type=int, default=1)
+    a("--dcp-comm-backend", choices=["ag_rs", "a2a", "fi_a2a"], default=None)
+    a("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int, default=1)
+    a("--moe-a2a-backend", default="none")
+    a("--nnodes", type=int, default=1)
+    a("--node-rank", type=int, default=0)
+    a("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
+    a("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null")
+    a("--disaggregation-bootstrap-port", type=int, default=8998)
+    a("--disaggregation-transfer-backend", choices=TRANSFER_BACKENDS, default="mooncake")
+    a("--disaggregation-ib-device", default=None)
+    a("--disaggregation-decode-allocation-policy", choices=["early", "prefill_complete"], default="early")
+    a("--enable-pd-role-switch", action="store_true")
+    a("--num-reserved-decode-tokens", type=int, default=512)
+    a("--load-balance-method", default="auto")
+    a("--enable-metrics", action="store_true")
+    a("--max-running-requests", type=int, default=None)
+    a("--max-total-tokens", type=int, default=None)
+    a("--max-prefill-tokens", type=int, default=16384)
+    a("--chunked-prefill-size", type=int, default=None)
+    a("--context-length", type=int, default=None)
+    a("--mem-fraction-static", type=float, default=None)
+    a("--page-size", type=int, default=None)
+    a("--kv-cache-dtype", default="auto")
+    a("--speculative-algorithm", default=None)
+    a("--disable-radix-cache", action="store_true")
+    a("--trust-remote-code", action="store_true")
+    a("--api-key", default=None)
+    a("--log-level", default="info")
+    return p
+
+
+@dataclass(frozen=True)
+class SimulatorOptions:
+    """What only a simulator has: the model profile, the speed-up and the start-up delay."""
+
+    profile: str
+    time_scale: float
+    startup_seconds: float | None
+    faults: str
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> SimulatorOptions:
+        env = dict(os.environ if env is None else env)
+        startup = env.get("HYBRIDSERVING_SIM_STARTUP_SECONDS")
+        return cls(
+            profile=env.get("HYBRIDSERVING_SIM_PROFILE", DEFAULT_PROFILE),
+            time_scale=float(env.get("HYBRIDSERVING_SIM_TIME_SCALE", "1.0")),
+            startup_seconds=float(startup) if startup else None,
+            faults=env.get("HYBRIDSERVING_SIM_FAULTS", ""),
+        )
+
+
+class FlagError(ValueError):
+    """A flag combination SGLang 0.5.23 refuses at start-up."""
+
+
+def parse_server_args(argv: list[str]) -> argparse.Namespace:
+    """Parse SGLang flags; log each flag the simulator does not model, and refuse what SGLang refuses."""
+    args, unknown = build_parser().parse_known_args(argv)
+    flags = [u for u in unknown if u.startswith("--")]
+    if flags:
+        log.info("simulator ignores SGLang flags it does not model: %s", " ".join(flags))
+    if args.served_model_name is None:
+        args.served_model_name = args.model_path
+    if args.enable_dp_attention and args.dp_size > 1:
+        # 0.5.23 turns the deprecated form into attention DP.
+        args.attn_dp_size, args.dp_size = args.dp_size, 1
+    check_server_args(args)
+    return args
+
+
+def check_server_args(args: argparse.Namespace) -> None:
+    """The start-up rejections of SGLang 0.5.23 that decide whether a layout serves at all."""
+    mode = args.disaggregation_mode
+    if mode == "prefill" and args.disaggregation_transfer_backend == "fake":
+        raise FlagError("the fake transfer backend cannot be used on a prefill server")
+    if args.dcp_size > 1 and args.enable_prefill_cp:
+        raise FlagError("--dcp-size > 1 does not support --enable-prefill-cp.")
+    if args.tp_size % args.dcp_size:
+        raise FlagError(f"--dcp-size {args.dcp_size} must divide --tp-size {args.tp_size}")
+    if (args.tp_size * args.pp_size) % args.nnodes:
+        raise FlagError("tp_size * pp_size must be divisible by nnodes")
+    if args.enable_pd_role_switch:
+        if mode == "null":
+            raise FlagError("--enable-pd-role-switch requires --disaggregation-mode prefill or decode")
+        blockers = {
+            "--ep-size > 1": args.ep_size > 1,
+            "--moe-a2a-backend": args.moe_a2a_backend not in (None, "none"),
+            "--pp-size > 1": args.pp_size > 1,
+            "--dcp-size > 1": args.dcp_size > 1,
+            "--speculative-algorithm": args.speculative_algorithm is not None,
+        }
+        bad = [name for name, hit in blockers.items() if hit]
+        if bad:
+            raise FlagError(f"--enable-pd-role-switch is not supported with {', '.join(bad)}")

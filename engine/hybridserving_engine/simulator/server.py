@@ -1,0 +1,625 @@
+"""The simulator's HTTP surface: SGLang 0.5.23's routes and response shapes over `SimulatedEngine`.
+
+The router (smg) decides that a worker is SGLang from `/v1/models` (`owned_by: "sglang"`) and
+then injects `bootstrap_host/port/room` into every PD request; the launcher drains through
+`/v1/loads` and switches through `/pd_role_switch`; the operator's controller reads `/metrics`.
+Each answer here keeps SGLang's keys and types, and adds `"simulator": true` where the
+response is a JSON object describing the server, so nobody mistakes a simulator for an engine.
+Like SGLang 0.5.23, there is no `/version` and no `/get_load` route.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.core.profiles import resolve_profile
+
+from hybridserving_engine.simulator.args import (
+    DEFAULT_CONTEXT_LENGTH,
+    SGLANG_VERSION,
+    FlagError,
+    SimulatorOptions,
+    parse_server_args,
+)
+from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
+from hybridserving_engine.simulator.engine import RequestError, SimRequest, SimulatedEngine, count_tokens
+from hybridserving_engine.simulator.faults import Faults
+from hybridserving_engine.simulator.metrics import EngineMetrics
+
+log = logging.getLogger("hybridserving.simulator")
+
+DEFAULT_GENERATE_MAX_NEW_TOKENS = 128
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+DEFAULT_CHAT_MAX_TOKENS = 128
+BOOTSTRAP_TIMEOUT_S = float(os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "300"))
+
+
+def token_text(index: int) -> str:
+    """The text of the index-th generated token (the simulator has no model to sample from)."""
+    return f" tok{index}"
+
+
+def _advertised_ip(host: str) -> str:
+    """The address a peer reaches this instance on, chosen as SGLang chooses its rank IP."""
+    for name in ("SGLANG_HOST_IP", "HOST_IP"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {"object": "error", "message": message, "type": "BadRequest" if status == 400 else "ServerError",
+            "param": None, "code": status}
+    return web.json_response(body, status=status)
+
+
+class SimulatorServer:
+    """One simulated SGLang server: HTTP app, scheduler, optional bootstrap server."""
+
+    def __init__(self, args: argparse.Namespace, options: SimulatorOptions, argv: list[str]) -> None:
+        self.args = args
+        self.options = options
+        self.argv = argv
+        self.faults = Faults.parse(options.faults)
+        self.arch = resolve_profile(options.profile)
+        self.perf = self._performance_model()
+        self.role = args.disaggregation_mode
+        self.metrics = EngineMetrics(args.served_model_name, self.role, args.enable_pd_role_switch)
+        runs_bootstrap = self.role == "prefill" or (args.enable_pd_role_switch and self.role != "null")
+        self.bootstrap = (
+            BootstrapServer(args.host, args.disaggregation_bootstrap_port, BOOTSTRAP_TIMEOUT_S)
+            if runs_bootstrap else None
+        )
+        self.receiver = KvReceiver(BOOTSTRAP_TIMEOUT_S)
+        self.engine = SimulatedEngine(
+            role=self.role,
+            perf=self.perf,
+            metrics=self.metrics,
+            faults=self.faults,
+            role_switch_enabled=args.enable_pd_role_switch,
+            transfer_backend=args.disaggregation_transfer_backend,
+            context_length=args.context_length or DEFAULT_CONTEXT_LENGTH,
+            max_prefill_tokens=args.max_prefill_tokens,
+            bootstrap=self.bootstrap,
+            receiver=self.receiver,
+        )
+        self.startup_time = time.time()
+        self.shutting_down = False
+        self.app = self._build_app()
+        self._runner: web.AppRunner | None = None
+
+    def _performance_model(self) -> PerformanceModel:
+        kwargs = {}
+        if self.args.max_running_requests:
+            kwargs["max_running_requests"] = self.args.max_running_requests
+        return PerformanceModel.for_role(
+            self.arch,
+            tp=self.args.tp_size,
+            dcp=self.args.dcp_size,
+            kv_tokens=self.args.max_total_tokens,
+            time_scale=self.options.time_scale,
+            **kwargs,
+        )
+
+    def startup_seconds(self) -> float:
+        """Weights load and graph capture: the relaunch time of the performance model, unless overridden."""
+        if self.options.startup_seconds is not None:
+            return self.options.startup_seconds
+        return self.perf.switch_seconds("relaunch")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        delay = self.startup_seconds()
+        log.info("simulator loading %s (profile %s) for %.2f s", self.args.model_path, self.options.profile, delay)
+        await asyncio.sleep(delay)
+        if self.bootstrap is not None:
+            await self.bootstrap.start()
+            self._register_prefill_ranks()
+        self.engine.start()
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.args.host, self.args.port).start()
+        log.info(
+            "simulator serving SGLang %s API on %s:%d as %s (time scale %g)",
+            SGLANG_VERSION, self.args.host, self.args.port, self.role, self.options.time_scale,
+        )
+        if self.faults.crash_after_s is not None:
+            asyncio.get_running_loop().call_later(self.faults.crash_after_s, self._crash, "crash_after")
+
+    async def stop(self) -> None:
+        self.shutting_down = True
+        await self.engine.stop()
+        await self.receiver.close()
+        if self.bootstrap is not None:
+            await self.bootstrap.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _crash(self, why: str) -> None:
+        log.error("simulator fault injected (%s): exiting with status 1", why)
+        sys.stderr.flush()
+        os._exit(1)
+
+    def _register_prefill_ranks(self) -> None:
+        """What every prefill rank does at start-up: `PUT /route` with its layout and address."""
+        a = self.args
+        attn_tp = max(1, a.tp_size // (a.attn_dp_size * a.attn_cp_size))
+        for dp in range(a.attn_dp_size):
+            for cp in range(a.attn_cp_size):
+                for tp in range(attn_tp):
+                    for pp in range(a.pp_size):
+                        self.bootstrap.register({
+                            "attn_tp_size": attn_tp, "attn_tp_rank": tp,
+                            "attn_cp_size": a.attn_cp_size, "attn_cp_rank": cp,
+                            "attn_dp_size": a.attn_dp_size, "attn_dp_rank": dp,
+                            "pp_size": a.pp_size, "pp_rank": pp,
+                            "system_dp_size": 1, "system_dp_rank": 0,
+                            "rank_ip": _advertised_ip(a.host),
+                            "rank_port": a.disaggregation_bootstrap_port,
+                            "page_size": a.page_size or 1,
+                            "kv_cache_dtype": a.kv_cache_dtype,
+                            "prefill_http_port": a.port,
+                            "load_balance_method": self._load_balance_method(),
+                            "decode_allocation_policy": a.disaggregation_decode_allocation_policy,
+                        })
+
+    def _load_balance_method(self) -> str:
+        if self.args.load_balance_method != "auto":
+            return self.args.load_balance_method
+        return "follow_bootstrap_room" if self.role == "prefill" else "round_robin"
+
+    # ------------------------------------------------------------------ routes
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        r.add_get("/ready", self.ready)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/get_server_info", self.server_info)
+        r.add_get("/model_info", self.model_info)
+        r.add_get("/get_model_info", self.model_info)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/v1/models/{model:.*}", self.model)
+        r.add_get("/v1/loads", self.loads)
+        r.add_get("/metrics", self.prometheus)
+        r.add_route("POST", "/generate", self.generate)
+        r.add_route("PUT", "/generate", self.generate)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_post("/pd_role_switch", self.pd_role_switch)
+        r.add_post("/pause_generation", self.pause_generation)
+        r.add_post("/continue_generation", self.continue_generation)
+        r.add_route("GET", "/flush_cache", self.flush_cache)
+        r.add_route("POST", "/flush_cache", self.flush_cache)
+        r.add_get("/sim/faults", self.get_faults)
+        r.add_post("/sim/faults", self.set_faults)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        ok = not self.shutting_down and self.engine.healthy
+        return web.Response(status=200 if ok else 503)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        ok = not self.shutting_down and self.engine.healthy and not self.engine.paused
+        return web.Response(status=200 if ok else 503)
+
+    def server_info_dict(self) -> dict:
+        a = self.args
+        resolved = {k: v for k, v in vars(a).items()}
+        resolved.update(
+            disaggregation_mode=self.engine.role,
+            load_balance_method=self._load_balance_method(),
+            max_running_requests=self.perf.max_running_requests,
+            max_total_tokens=self.perf.kv_capacity_tokens,
+            context_length=self.engine.context_length,
+            chunked_prefill_size=a.chunked_prefill_size or 8192,
+            page_size=a.page_size or 1,
+            dcp_comm_backend=a.dcp_comm_backend or "ag_rs",
+            tokenizer_path=a.tokenizer_path or a.model_path,
+            is_embedding=False,
+            weight_version="default",
+        )
+        return {
+            **resolved,
+            "launch_command": shlex.join(["python3", "-m", "sglang.launch_server", *self.argv]),
+            "max_total_num_tokens": self.perf.kv_capacity_tokens,
+            "max_req_input_len": self.engine.context_length - 1,
+            "kv_events": None,
+            "startup_time": self.startup_time,
+            "internal_states": [self._internal_state()],
+            "version": SGLANG_VERSION,
+            "frontend": "python",
+            "simulator": True,
+            "simulator_profile": self.options.profile,
+            "simulator_time_scale": self.options.time_scale,
+        }
+
+    def _internal_state(self) -> dict:
+        return {
+            "last_gen_throughput": self.engine.gen_throughput(),
+            "load": self.engine.load()["num_running_reqs"],
+            "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": self.perf.kv_capacity_tokens,
+                             "graph": 0.0},
+            "disaggregation_mode": self.engine.role,
+        }
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.server_info_dict())
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        a = self.args
+        return web.json_response({
+            "model_path": a.model_path,
+            "served_model_name": a.served_model_name,
+            "tokenizer_path": a.tokenizer_path or a.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": self.engine.role,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": None,
+            "architectures": [self.arch.hf_architecture],
+            "simulator": True,
+        })
+
+    def _model_card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": int(self.startup_time), "owned_by": "sglang",
+                "root": name, "parent": None, "max_model_len": self.engine.context_length}
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card(self.args.served_model_name)]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != self.args.served_model_name:
+            return web.json_response(
+                {"error": {"message": f"The model '{name}' does not exist", "type": "invalid_request_error",
+                           "param": "model", "code": "model_not_found"}},
+                status=404,
+            )
+        return web.json_response(self._model_card(name))
+
+    async def loads(self, request: web.Request) -> web.Response:
+        include = request.query.get("include")
+        sections = {s.strip() for s in include.split(",")} if include else None
+        valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+        if sections and not sections <= valid:
+            return _error(400, f"Invalid include sections: {sections - valid}. Valid options: {sorted(valid)}")
+        load = self.engine.load()
+        if sections is not None and "all" not in sections:
+            for key, name in (("memory", "memory"), ("disaggregation", "disagg"), ("queues", "queues")):
+                if name not in sections:
+                    load.pop(key)
+        if request.query.get("format") == "prometheus":
+            lines = []
+            for key, value in load.items():
+                if isinstance(value, dict):
+                    prefix = {"disaggregation": "disagg"}.get(key, key)
+                    items = [(f"sglang_{prefix}_{k}", v) for k, v in value.items()]
+                else:
+                    items = [(f"sglang_{key}", value)]
+                for name, v in items:
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and key != "dp_rank":
+                        lines += [f"# TYPE {name} gauge", f'{name}{{dp_rank="0"}} {v}']
+            return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+        return web.json_response({
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "version": SGLANG_VERSION,
+            "accelerator": "simulator",
+            "num_accelerators": self.args.tp_size * self.args.pp_size,
+            "loads": [load],
+        })
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        if not self.args.enable_metrics:
+            return web.Response(status=404, text="Not Found")
+        self.engine.refresh_gauges()
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # ------------------------------------------------------------------ generation
+
+    def _request(self, body: dict, prompt_tokens: int, max_new_tokens: int, streaming: bool) -> SimRequest:
+        for key in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
+            if isinstance(body.get(key), list):
+                raise RequestError(400, "batched requests are not supported by the simulator")
+        port = body.get("bootstrap_port")
+        room = body.get("bootstrap_room")
+        return SimRequest(
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=max(1, int(max_new_tokens)),
+            streaming=streaming,
+            bootstrap_host=body.get("bootstrap_host"),
+            bootstrap_port=int(port) if port is not None else self.args.disaggregation_bootstrap_port,
+            bootstrap_room=int(room) if room is not None else None,
+            rid=str(body.get("rid") or uuid.uuid4().hex),
+        )
+
+    async def _tokens(self, req: SimRequest) -> AsyncIterator[int]:
+        """Generated-token counts as they arrive; raises RequestError if the request fails."""
+        self.engine.submit(req)
+        while True:
+            kind, *rest = await req.events.get()
+            if kind == "token":
+                yield rest[0]
+            elif kind == "error":
+                raise RequestError(rest[0], rest[1])
+            else:
+                return
+
+    async def _stream(self, request: web.Request, chunks: AsyncIterator[dict]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            async for chunk in chunks:
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        except RequestError as e:
+            await resp.write(b"data: " + json.dumps({"error": {"message": str(e), "code": e.status}}).encode()
+                             + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _json_body(self, request: web.Request) -> dict:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as e:
+            raise RequestError(400, f"invalid JSON body: {e}") from e
+        if not isinstance(body, dict):
+            raise RequestError(400, "request body must be a JSON object")
+        return body
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._json_body(request)
+            if isinstance(body.get("text"), list) or (body.get("input_ids") and isinstance(body["input_ids"][0], list)):
+                raise RequestError(400, "batched requests are not supported by the simulator")
+            if body.get("input_ids") is not None:
+                prompt = len(body["input_ids"])
+            elif body.get("text") is not None:
+                prompt = count_tokens(body["text"])
+            else:
+                raise RequestError(400, "Either text or input_ids should be provided.")
+            params = body.get("sampling_params") or {}
+            max_new = params.get("max_new_tokens")
+            stream = bool(body.get("stream"))
+            req = self._request(body, prompt, DEFAULT_GENERATE_MAX_NEW_TOKENS if max_new is None else max_new, stream)
+            tokens = self._tokens(req)
+            if not stream:
+                n = 0
+                async for n in tokens:
+                    pass
+                return web.json_response(self._generate_chunk(req, n, final=True))
+        except RequestError as e:
+            return _error(e.status, str(e))
+
+        async def chunks() -> AsyncIterator[dict]:
+            async for n in tokens:
+                yield self._generate_chunk(req, n, final=False)
+            yield self._generate_chunk(req, req.generated, final=True)
+
+        return await self._stream(request, chunks())
+
+    def _generate_chunk(self, req: SimRequest, n: int, final: bool) -> dict:
+        reason = req.finish_reason if final else None
+        return {
+            "text": "".join(token_text(i) for i in range(n)),
+            "output_ids": [1000 + i for i in range(n)],
+            "meta_info": {
+                "id": req.rid,
+                "finish_reason": {"type": reason, "length": n} if reason else None,
+                "prompt_tokens": req.prompt_tokens,
+                "weight_version": "default",
+                "total_retractions": 0,
+                "completion_tokens": n,
+                "cached_tokens": 0,
+                "e2e_latency": time.monotonic() - req.arrival,
+            },
+        }
+
+    @staticmethod
+    def _usage(req: SimRequest) -> dict:
+        return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.generated,
+                "completion_tokens": req.generated, "prompt_tokens_details": None}
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._json_body(request)
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+                if len(prompt) != 1:
+                    raise RequestError(400, "batched requests are not supported by the simulator")
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                prompt_tokens = count_tokens(prompt)
+            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                prompt_tokens = len(prompt)
+            else:
+                raise RequestError(400, "prompt must be a string or a list of token ids")
+            max_tokens = body.get("max_tokens")
+            stream = bool(body.get("stream"))
+            req = self._request(body, prompt_tokens,
+                                DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens, stream)
+            tokens = self._tokens(req)
+            model = body.get("model") or self.args.served_model_name
+            cid, created = f"cmpl-{req.rid}", int(time.time())
+            if not stream:
+                n = 0
+                async for n in tokens:
+                    pass
+                return web.json_response({
+                    "id": cid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": "".join(token_text(i) for i in range(n)), "logprobs": None,
+                                 "finish_reason": req.finish_reason, "matched_stop": None}],
+                    "usage": self._usage(req),
+                })
+        except RequestError as e:
+            return _error(e.status, str(e))
+
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def chunks() -> AsyncIterator[dict]:
+            async for n in tokens:
+                yield {"id": cid, "object": "text_completion", "created": created, "model": model,
+                       "choices": [{"index": 0, "text": token_text(n - 1), "logprobs": None,
+                                    "finish_reason": None, "matched_stop": None}]}
+            yield {"id": cid, "object": "text_completion", "created": created, "model": model,
+                   "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": req.finish_reason,
+                                "matched_stop": None}]}
+            if include_usage:
+                yield {"id": cid, "object": "text_completion", "created": created, "model": model,
+                       "choices": [], "usage": self._usage(req)}
+
+        return await self._stream(request, chunks())
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._json_body(request)
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise RequestError(400, "messages must be a non-empty list")
+            text = "".join(f"<|{m.get('role', 'user')}|>{m.get('content') or ''}" for m in messages)
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+            stream = bool(body.get("stream"))
+            req = self._request(body, count_tokens(text),
+                                DEFAULT_CHAT_MAX_TOKENS if max_tokens is None else max_tokens, stream)
+            tokens = self._tokens(req)
+            model = body.get("model") or self.args.served_model_name
+            cid, created = f"chatcmpl-{req.rid}", int(time.time())
+            if not stream:
+                n = 0
+                async for n in tokens:
+                    pass
+                return web.json_response({
+                    "id": cid, "object": "chat.completion", "created": created, "model": model,
+                    "choices": [{"index": 0,
+                                 "message": {"role": "assistant", "content": "".join(token_text(i) for i in range(n)),
+                                             "reasoning_content": None, "tool_calls": None},
+                                 "logprobs": None, "finish_reason": req.finish_reason, "matched_stop": None}],
+                    "usage": self._usage(req),
+                })
+        except RequestError as e:
+            return _error(e.status, str(e))
+
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def chunks() -> AsyncIterator[dict]:
+            async for n in tokens:
+                delta = {"content": token_text(n - 1)}
+                if n == 1:
+                    delta = {"role": "assistant", **delta}
+                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+            yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": req.finish_reason,
+                                "matched_stop": None}]}
+            if include_usage:
+                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [], "usage": self._usage(req)}
+
+        return await self._stream(request, chunks())
+
+    # ------------------------------------------------------------------ control
+
+    async def pd_role_switch(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json_body(request)
+        except RequestError as e:
+            return _error(e.status, str(e))
+        new_role = str(body.get("new_role") or "").lower()
+        old_role = self.engine.role
+        success, message, safe = await self.engine.switch_role(new_role, body.get("decode_cuda_graph_memory_gb"))
+        return web.json_response(
+            {"success": success, "message": message, "old_role": old_role, "new_role": new_role,
+             "safe_to_restore": safe},
+            status=200 if success else 400,
+        )
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else {}
+        if (body or {}).get("mode", "abort") == "abort":
+            self.engine.abort_all()
+        self.engine.paused = True
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self.engine.resume()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if not self.engine.is_idle():
+            return web.Response(status=400, text="Flush cache failed: there are running or waiting requests.\n")
+        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                 "running or waiting requests, the operation will not be performed.)\n")
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return web.json_response({**self.faults.to_dict(), "simulator": True})
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        try:
+            changes = await self._json_body(request)
+            self.faults.update(changes)
+        except (RequestError, ValueError) as e:
+            return _error(400, str(e))
+        if changes.get("crash"):
+            asyncio.get_running_loop().call_later(0.05, self._crash, "crash")
+        return web.json_response({**self.faults.to_dict(), "simulator": True})
+
+
+async def _serve(args: argparse.Namespace, options: SimulatorOptions, argv: list[str]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if args.node_rank > 0:
+        # SGLang's worker ranks serve no HTTP; they only join the leader's process group.
+        log.info("simulator node rank %d of %d: no HTTP server on worker ranks", args.node_rank, args.nnodes)
+        await stop.wait()
+        return 0
+    server = SimulatorServer(args, options, argv)
+    starting = asyncio.create_task(server.start())
+    stopping = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if starting in done:
+        starting.result()
+        await stopping
+    else:
+        starting.cancel()
+    log.info("simulator shutting down")
+    await server.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = SimulatorOptions.from_env()
+    if Faults.parse(options.faults).crash_on_start:
+        log.error("simulator fault injected (crash_on_start): exiting with status 1")
+        return 1
+    try:
+        args = parse_server_args(argv)
+    except FlagError as e:
+        log.error("simulator refuses these SGLang flags: %s", e)
+        return 1
+    return asyncio.run(_serve(args, options, argv))

@@ -1,0 +1,141 @@
+"""Fixtures for end-to-end tests on 127.0.0.1: engine pods (launcher + SGLang simulator) and the real router.
+
+Each engine is started the way a pod starts it: `hybridserving-engine --backend simulator` reading
+a per-role config directory and a role file. The router is the `smg` binary from PyPI
+(`pip install smg==1.13.0`); when it is missing the tests fail with that instruction.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+
+import pytest
+
+from hybridserving_engine.simulator.process import free_port, simulator_env, wait_http
+
+@dataclass
+class EnginePod:
+    """One launcher process and the simulator it runs, as an engine pod would."""
+
+    role_file: pathlib.Path
+    launcher_url: str
+    engine_url: str
+    bootstrap_port: int
+    proc: subprocess.Popen
+    log: pathlib.Path
+
+    def status(self) -> dict:
+        with urllib.request.urlopen(self.launcher_url + "/status", timeout=5) as resp:
+            return json.load(resp)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.engine_url + "/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def role_argv(role: str, port: int, bootstrap_port: int, extra: list[str]) -> list[str]:
+    return [
+        "--model-path", "zai-org/GLM-5.2-FP8", "--served-model-name", "glm-5.2",
+        "--host", "127.0.0.1", "--port", str(port), "--tp-size", "8",
+        "--disaggregation-mode", role, "--disaggregation-bootstrap-port", str(bootstrap_port),
+        "--disaggregation-transfer-backend", "mooncake", "--enable-metrics", *extra,
+    ]
+
+
+@pytest.fixture
+def engine_pod(tmp_path: pathlib.Path):
+    """Start engine pods: `engine_pod(role, time_scale=..., extra=[...])`; all are stopped at teardown."""
+    pods: list[EnginePod] = []
+
+    def start(role: str, time_scale: float = 1.0, extra: list[str] | None = None,
+              startup_seconds: float = 0.0, faults: str = "") -> EnginePod:
+        home = tmp_path / f"pod{len(pods)}"
+        (home / "config").mkdir(parents=True)
+        port, bootstrap_port, launcher_port = free_port(), free_port(), free_port()
+        for r in ("prefill", "decode"):
+            config = {"nnodes": 1, "argv": role_argv(r, port, bootstrap_port, extra or []),
+                      "decode_cuda_graph_memory_gb": 2.0}
+            (home / "config" / f"{r}.json").write_text(json.dumps(config))
+        role_file = home / "role"
+        role_file.write_text(role)
+        env = simulator_env(time_scale=time_scale, startup_seconds=startup_seconds, faults=faults)
+        env.update({
+            "HYBRIDSERVING_CONFIG_DIR": str(home / "config"),
+            "HYBRIDSERVING_ROLE_FILE": str(role_file),
+            "HYBRIDSERVING_LAUNCHER_HOST": "127.0.0.1",
+            "HYBRIDSERVING_LAUNCHER_PORT": str(launcher_port),
+            "HYBRIDSERVING_POLL_INTERVAL_S": "0.2",
+        })
+        log = home / "launcher.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hybridserving_engine.launcher", "--backend", "simulator"],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        pod = EnginePod(role_file, f"http://127.0.0.1:{launcher_port}", f"http://127.0.0.1:{port}",
+                        bootstrap_port, proc, log)
+        pods.append(pod)
+        wait_http(pod.launcher_url + "/readyz", timeout=60)
+        return pod
+
+    yield start
+    for pod in pods:
+        pod.stop()
+
+
+@pytest.fixture
+def smg_router(tmp_path: pathlib.Path):
+    """Start `smg launch --pd-disaggregation` over the given prefill and decode pods; returns its URL."""
+    binary = shutil.which("smg", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("smg")
+    if binary is None:
+        pytest.fail("the router binary `smg` is missing: run `.venv/bin/pip install smg==1.13.0`")
+    procs: list[subprocess.Popen] = []
+
+    def start(prefill: EnginePod, decode: EnginePod) -> str:
+        port, metrics_port = free_port(), free_port()
+        cmd = [
+            binary, "launch", "--pd-disaggregation",
+            "--prefill", prefill.engine_url, str(prefill.bootstrap_port),
+            "--decode", decode.engine_url,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--prefill-policy", "round_robin", "--decode-policy", "round_robin",
+        ]
+        log = open(tmp_path / f"smg{len(procs)}.log", "wb")  # noqa: SIM115 - lives as long as the router
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "/workers", timeout=2) as resp:
+                    workers = json.load(resp).get("workers", [])
+                if sum(1 for w in workers if w.get("is_healthy")) == 2:
+                    return url
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"smg did not register both workers within 60 s; see {log.name}")
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,124 @@
+"""The real router (smg 1.13.0) in front of one prefill and one decode engine pod, all on 127.0.0.1.
+
+Checks what production depends on: smg takes the simulator for SGLang 0.5.23 and injects the
+bootstrap room into both halves of each request; the prefill work lands on the prefill instance
+and the decode work on the decode instance; TTFT and TPOT seen through the router are those of
+the performance model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.core.profiles import PROFILES
+
+TIME_SCALE = 1.0
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 90  # 4,050 bytes: 1,013 simulated tokens
+PROMPT_TOKENS = 1013
+OUTPUT_TOKENS = 32
+# The engine's own TTFT (its histogram) is the model's within 10 % + 20 ms. Seen by the client it
+# also crosses the router and two more HTTP hops, on a CPU shared with other work: never faster
+# than the model, at most 20 % + 250 ms slower. Decode steps keep their own clock: TPOT ±25 %.
+ENGINE_TTFT_TOLERANCE, ENGINE_TTFT_SLACK_S = 0.10, 0.02
+CLIENT_TTFT_TOLERANCE, CLIENT_TTFT_SLACK_S = 0.20, 0.25
+TPOT_TOLERANCE = 0.25
+
+
+def counter(metrics: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for line in metrics.splitlines():
+        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def stream_completion(router: str, chat: bool = False) -> tuple[float, list[float], str]:
+    """Send one streaming request; return (TTFT, arrival times of each token, text)."""
+    if chat:
+        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]}
+    else:
+        path, body = "/v1/completions", {"prompt": PROMPT}
+    body.update(model="glm-5.2", max_tokens=OUTPUT_TOKENS, stream=True)
+    start = time.monotonic()
+    arrivals: list[float] = []
+    text = ""
+    with httpx.stream("POST", router + path, json=body, timeout=60) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            for choice in chunk["choices"]:
+                piece = choice["delta"].get("content") if chat else choice["text"]
+                if piece:
+                    arrivals.append(time.monotonic())
+                    text += piece
+    return arrivals[0] - start, arrivals, text
+
+
+def test_requests_through_smg_split_prefill_and_decode_work_with_model_latencies(engine_pod, smg_router):
+    prefill = engine_pod("prefill", time_scale=TIME_SCALE)
+    decode = engine_pod("decode", time_scale=TIME_SCALE)
+    router = smg_router(prefill, decode)
+    model = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8, time_scale=TIME_SCALE)
+
+    # TTFT and TPOT of single streaming requests on idle instances.
+    expected_ttft = model.prefill_seconds(PROMPT_TOKENS) + model.transfer_seconds(PROMPT_TOKENS)
+    expected_tpot = sum(model.decode_step_seconds(1, PROMPT_TOKENS + k) for k in range(1, OUTPUT_TOKENS)) / (
+        OUTPUT_TOKENS - 1)
+    for chat in (False, True):
+        ttft, arrivals, text = stream_completion(router, chat=chat)
+        assert len(arrivals) == OUTPUT_TOKENS
+        assert text.split() == [f"tok{i}" for i in range(OUTPUT_TOKENS)]
+        assert expected_ttft * 0.95 <= ttft <= expected_ttft * (1 + CLIENT_TTFT_TOLERANCE) + CLIENT_TTFT_SLACK_S, (
+            f"TTFT {ttft:.3f} s, model {expected_ttft:.3f} s")
+        tpot = (arrivals[-1] - arrivals[0]) / (OUTPUT_TOKENS - 1)
+        assert abs(tpot - expected_tpot) <= expected_tpot * TPOT_TOLERANCE, (
+            f"TPOT {tpot * 1000:.2f} ms, model {expected_tpot * 1000:.2f} ms")
+
+    d_metrics = decode.metrics()
+    hist = "sglang:time_to_first_token_seconds"
+    engine_ttft = counter(d_metrics, hist + "_sum", is_streaming="true") / counter(
+        d_metrics, hist + "_count", is_streaming="true")
+    assert abs(engine_ttft - expected_ttft) <= expected_ttft * ENGINE_TTFT_TOLERANCE + ENGINE_TTFT_SLACK_S, (
+        f"engine TTFT {engine_ttft:.3f} s, model {expected_ttft:.3f} s")
+
+    # A concurrent burst of non-streaming requests: every one completes.
+    def complete(i: int) -> dict:
+        path = "/v1/chat/completions" if i % 2 else "/v1/completions"
+        body = {"model": "glm-5.2", "max_tokens": OUTPUT_TOKENS}
+        body.update({"messages": [{"role": "user", "content": PROMPT}]} if i % 2 else {"prompt": PROMPT})
+        resp = httpx.post(router + path, json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(complete, range(8)))
+    assert all(a["usage"]["completion_tokens"] == OUTPUT_TOKENS for a in answers)
+    assert all(a["choices"][0]["finish_reason"] == "length" for a in answers)
+
+    requests = 10
+    p_metrics, d_metrics = prefill.metrics(), decode.metrics()
+    realtime = "sglang:realtime_tokens_total"
+    # Prefill computed every prompt and decoded nothing; decode the reverse.
+    assert counter(p_metrics, realtime, mode="prefill_compute") >= requests * PROMPT_TOKENS * 0.9
+    assert counter(p_metrics, realtime, mode="decode") == 0
+    assert counter(d_metrics, realtime, mode="prefill_compute") == 0
+    # Decode steps produce all but the first token, which travels with the KV.
+    assert counter(d_metrics, realtime, mode="decode") == requests * (OUTPUT_TOKENS - 1)
+    assert counter(d_metrics, "sglang:generation_tokens_total") == requests * OUTPUT_TOKENS
+    assert counter(p_metrics, "sglang:num_requests_total") == requests
+    assert counter(d_metrics, "sglang:num_requests_total") == requests
+    # Each pair met through a bootstrap room the router injected; none failed to meet.
+    assert counter(d_metrics, "sglang:kv_transfer_latency_ms") > 0
+    assert counter(p_metrics, "sglang:num_bootstrap_failed_reqs_total") == 0
+    assert counter(d_metrics, "sglang:num_transfer_failed_reqs_total") == 0

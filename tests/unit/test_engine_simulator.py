@@ -1,0 +1,338 @@
+"""The SGLang simulator: 0.5.23 response shapes, metric names, role-switch refusals, PD hand-over."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import aiohttp
+import pytest
+
+from hybridserving_engine.simulator.args import FlagError, SimulatorOptions, parse_server_args
+from hybridserving_engine.simulator.engine import count_tokens
+from hybridserving_engine.simulator.process import free_port
+from hybridserving_engine.simulator.server import SimulatorServer
+
+
+def options(time_scale: float = 0.01, faults: str = "") -> SimulatorOptions:
+    return SimulatorOptions(profile="glm-5.2", time_scale=time_scale, startup_seconds=0.0, faults=faults)
+
+
+def make_server(*flags: str, time_scale: float = 0.01, faults: str = "") -> SimulatorServer:
+    argv = ["--model-path", "zai-org/GLM-5.2-FP8", "--served-model-name", "glm-5.2", "--host", "127.0.0.1",
+            "--port", str(free_port()), *flags]
+    return SimulatorServer(parse_server_args(argv), options(time_scale, faults), argv)
+
+
+def pd_flags(role: str, bootstrap_port: int, *extra: str) -> list[str]:
+    return ["--disaggregation-mode", role, "--disaggregation-bootstrap-port", str(bootstrap_port), "--enable-metrics",
+            *extra]
+
+
+def run(coro_fn, *servers: SimulatorServer):
+    """Start `servers`, run `coro_fn(session, *urls)`, stop them."""
+
+    async def main():
+        for s in servers:
+            await s.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await coro_fn(session, *(f"http://127.0.0.1:{s.args.port}" for s in servers))
+        finally:
+            for s in servers:
+                await s.stop()
+
+    return asyncio.run(main())
+
+
+def sample(metrics: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in metrics.splitlines():
+        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+# ------------------------------------------------------------------ flags
+
+
+def test_unknown_sglang_flags_are_ignored_with_a_note(caplog):
+    with caplog.at_level(logging.INFO, logger="hybridserving.simulator"):
+        args = parse_server_args(["--model-path", "m", "--tp-size", "8", "--cuda-graph-max-bs-decode", "64",
+                                  "--enable-hierarchical-cache"])
+    assert args.tp_size == 8 and args.served_model_name == "m"
+    assert "--cuda-graph-max-bs-decode" in caplog.text and "--enable-hierarchical-cache" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "fake"], "fake"),
+        (["--dcp-size", "2", "--tp-size", "8", "--enable-prefill-cp"], "--enable-prefill-cp"),
+        (["--disaggregation-mode", "decode", "--enable-pd-role-switch", "--tp-size", "8", "--dcp-size", "2"],
+         "--dcp-size > 1"),
+        (["--tp-size", "8", "--dcp-size", "3"], "must divide"),
+    ],
+)
+def test_layouts_sglang_refuses_at_start_up_are_refused(argv, message):
+    with pytest.raises(FlagError, match=re.escape(message)):
+        parse_server_args(["--model-path", "m", *argv])
+
+
+def test_deprecated_dp_attention_becomes_attention_dp_as_in_0_5_23():
+    args = parse_server_args(["--model-path", "m", "--tp-size", "8", "--dp-size", "8", "--enable-dp-attention"])
+    assert (args.attn_dp_size, args.dp_size) == (8, 1)
+
+
+def test_token_count_is_one_per_four_bytes():
+    assert count_tokens("abcd" * 250) == 250
+    assert count_tokens("") == 1
+
+
+# ------------------------------------------------------------------ shapes
+
+
+def test_info_endpoints_have_sglang_0_5_23_shapes_and_say_simulator():
+    server = make_server(*pd_flags("prefill", free_port()), "--tp-size", "8", "--max-running-requests", "64")
+
+    async def check(session, url):
+        async with session.get(url + "/server_info") as r:
+            info = await r.json()
+        for key, kind in [("model_path", str), ("served_model_name", str), ("tp_size", int), ("dp_size", int),
+                          ("pp_size", int), ("disaggregation_mode", str), ("version", str),
+                          ("max_running_requests", int), ("max_total_num_tokens", int), ("context_length", int),
+                          ("internal_states", list), ("load_balance_method", str), ("launch_command", str)]:
+            assert isinstance(info[key], kind), key
+        assert info["version"] == "0.5.23" and info["simulator"] is True
+        assert info["disaggregation_mode"] == "prefill" and info["load_balance_method"] == "follow_bootstrap_room"
+        assert info["max_running_requests"] == 64
+        async with session.get(url + "/get_server_info") as r:
+            assert (await r.json())["tp_size"] == 8
+        async with session.get(url + "/v1/models") as r:
+            models = await r.json()
+        assert models["object"] == "list"
+        card = models["data"][0]
+        assert card["id"] == "glm-5.2" and card["owned_by"] == "sglang" and card["object"] == "model"
+        assert isinstance(card["max_model_len"], int)
+        async with session.get(url + "/v1/loads", params={"include": "core,disagg,queues,memory"}) as r:
+            loads = await r.json()
+        assert set(loads) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+        load = loads["loads"][0]
+        for key in ("dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens",
+                    "max_running_requests", "token_usage", "gen_throughput", "utilization"):
+            assert isinstance(load[key], (int, float)), key
+        assert set(load["disaggregation"]) >= {"mode", "prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs",
+                                               "decode_prealloc_queue_reqs", "decode_transfer_queue_reqs"}
+        assert set(load["queues"]) == {"waiting", "grammar", "paused", "retracted", "prealloc_ready"}
+        async with session.get(url + "/v1/loads", params={"include": "core"}) as r:
+            assert "disaggregation" not in (await r.json())["loads"][0]
+        async with session.get(url + "/v1/loads", params={"include": "bogus"}) as r:
+            assert r.status == 400
+        async with session.get(url + "/model_info") as r:
+            assert (await r.json())["architectures"] == ["GlmMoeDsaForCausalLM"]
+        for path in ("/health", "/health_generate", "/ready"):
+            async with session.get(url + path) as r:
+                assert r.status == 200, path
+        # Like SGLang 0.5.23: no /version (smg would take a /version answer for vLLM) and no /get_load.
+        for path in ("/version", "/get_load"):
+            async with session.get(url + path) as r:
+                assert r.status == 404, path
+
+    run(check, server)
+
+
+def test_metrics_carry_sglang_names_and_labels():
+    server = make_server(*pd_flags("decode", free_port(), "--enable-pd-role-switch"))
+
+    async def check(session, url):
+        async with session.get(url + "/metrics") as r:
+            text = await r.text()
+        for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "kv_used_tokens", "kv_available_tokens",
+                     "max_total_num_tokens", "num_prefill_bootstrap_queue_reqs", "num_prefill_inflight_queue_reqs",
+                     "num_decode_prealloc_queue_reqs", "num_decode_transfer_queue_reqs"):
+            assert re.search(rf'^sglang:{name}\{{.*engine_type="dynamic".*tp_rank="0".*\}} ', text, re.M), name
+        assert 'sglang:max_total_num_tokens{engine_type="dynamic",model_name="glm-5.2"' in text
+        for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+            assert f"# TYPE sglang:{name} histogram" in text
+        for name in ("prompt_tokens_total", "generation_tokens_total", "num_requests_total"):
+            assert f"# TYPE sglang:{name} counter" in text
+        assert "_created" not in text
+
+    run(check, server)
+    plain = make_server()
+    run(lambda s, url: _status(s, url + "/metrics", 404), plain)
+
+
+async def _status(session, url, expected):
+    async with session.get(url) as r:
+        assert r.status == expected
+
+
+def test_unified_generate_streams_and_answers_openai_shapes():
+    server = make_server("--enable-metrics")
+
+    async def check(session, url):
+        async with session.post(url + "/generate", json={"text": "abcd" * 40,
+                                                         "sampling_params": {"max_new_tokens": 5}}) as r:
+            body = await r.json()
+        assert body["meta_info"]["prompt_tokens"] == 40 and body["meta_info"]["completion_tokens"] == 5
+        assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+        chunks = []
+        async with session.post(url + "/generate", json={"input_ids": [1, 2, 3], "stream": True,
+                                                         "sampling_params": {"max_new_tokens": 3}}) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    chunks.append(line[6:].strip())
+        assert chunks[-1] == b"[DONE]" and len(chunks) == 5
+        async with session.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}) as r:
+            done = await r.json()
+        assert done["object"] == "text_completion" and done["usage"]["completion_tokens"] == 4
+        async with session.post(url + "/v1/chat/completions",
+                                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}) as r:
+            chat = await r.json()
+        assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant"
+        assert chat["usage"]["completion_tokens"] == 2
+        async with session.post(url + "/flush_cache") as r:
+            assert r.status == 200
+
+    run(check, server)
+
+
+def test_pd_server_refuses_a_request_without_bootstrap_room():
+    server = make_server(*pd_flags("decode", free_port()), "--disaggregation-transfer-backend", "fake")
+
+    async def check(session, url):
+        async with session.post(url + "/generate", json={"text": "hi"}) as r:
+            assert r.status == 400
+            assert "bootstrap room" in (await r.json())["message"]
+        # SGLang's health check path: fake bootstrap host, no peer needed.
+        async with session.post(url + "/generate", json={"input_ids": [0], "bootstrap_host": "2.2.2.2",
+                                                         "bootstrap_room": 0,
+                                                         "sampling_params": {"max_new_tokens": 1}}) as r:
+            assert r.status == 200
+
+    run(check, server)
+
+
+# ------------------------------------------------------------------ PD hand-over
+
+
+def test_prefill_and_decode_instances_hand_over_kv_by_bootstrap_room():
+    bootstrap = free_port()
+    prefill = make_server(*pd_flags("prefill", bootstrap), "--tp-size", "8")
+    # KV for one request only (prompt 250 + 8 output tokens): the second waits in the prealloc queue.
+    decode = make_server(*pd_flags("decode", free_port()), "--tp-size", "8", "--max-total-tokens", "300")
+
+    async def pair(session, p_url, d_url, room):
+        body = {"text": "abcd" * 250, "sampling_params": {"max_new_tokens": 8}, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": bootstrap, "bootstrap_room": room}
+        p_task = session.post(p_url + "/generate", json=body)
+        d_task = session.post(d_url + "/generate", json=body)
+        p_resp, d_resp = await asyncio.gather(p_task, d_task)
+        return await p_resp.json(), await d_resp.json()
+
+    async def check(session, p_url, d_url):
+        first = asyncio.create_task(pair(session, p_url, d_url, 11))
+        second = asyncio.create_task(pair(session, p_url, d_url, 12))
+        queued = 0
+        while not (first.done() and second.done()):
+            async with session.get(d_url + "/v1/loads") as r:
+                queued = max(queued, (await r.json())["loads"][0]["disaggregation"]["decode_prealloc_queue_reqs"])
+            await asyncio.sleep(0.005)
+        for p_body, d_body in (first.result(), second.result()):
+            assert p_body["meta_info"]["completion_tokens"] == 1
+            assert d_body["meta_info"]["completion_tokens"] == 8
+        assert queued == 1
+        async with session.get(p_url + "/metrics") as r:
+            p_metrics = await r.text()
+        async with session.get(d_url + "/metrics") as r:
+            d_metrics = await r.text()
+        realtime = "sglang:realtime_tokens_total"
+        assert sample(p_metrics, realtime, mode="prefill_compute") == 500
+        assert sample(p_metrics, realtime, mode="decode") == 0
+        assert sample(d_metrics, realtime, mode="prefill_compute") == 0
+        assert sample(d_metrics, realtime, mode="decode") == 14
+        async with session.get(f"http://127.0.0.1:{bootstrap}/route", params={
+                "prefill_dp_rank": "-1", "prefill_cp_rank": "-1", "target_tp_rank": "-1",
+                "target_pp_rank": "-1"}) as r:
+            layout = await r.json()
+        assert layout["attn_tp_size"] == 8 and layout["follow_bootstrap_room"] is True
+
+    run(check, prefill, decode)
+
+
+# ------------------------------------------------------------------ role switch
+
+
+async def _switch(session, url, new_role, **extra):
+    async with session.post(url + "/pd_role_switch", json={"new_role": new_role, **extra}) as r:
+        return r.status, await r.json()
+
+
+def test_role_switch_refusals_carry_safe_to_restore():
+    no_flag = make_server(*pd_flags("prefill", free_port()))
+    nixl = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch",
+                                 "--disaggregation-transfer-backend", "nixl"))
+    busy = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
+
+    async def check(session, no_flag_url, nixl_url, busy_url):
+        status, body = await _switch(session, no_flag_url, "decode")
+        assert status == 400 and body["safe_to_restore"] is True and "--enable-pd-role-switch" in body["message"]
+        assert set(body) == {"success", "message", "old_role", "new_role", "safe_to_restore"}
+        status, body = await _switch(session, nixl_url, "decode")
+        assert status == 400 and body["safe_to_restore"] is True and "nixl" in body["message"]
+        # A prefill request whose decode peer never comes sits in the bootstrap queue: not idle.
+        stuck = asyncio.create_task(session.post(busy_url + "/generate", json={
+            "text": "hi", "bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": 5}))
+        await asyncio.sleep(0.1)
+        status, body = await _switch(session, busy_url, "decode", decode_cuda_graph_memory_gb=1.0)
+        assert status == 400 and body["safe_to_restore"] is True and "not idle" in body["message"]
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+
+    run(check, no_flag, nixl, busy)
+
+
+def test_role_switch_in_progress_unhealthy_and_success():
+    flaky = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"), faults="fail_rebuild")
+    good = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
+
+    async def check(session, flaky_url, good_url):
+        status, body = await _switch(session, good_url, "decode")
+        assert status == 400 and body["safe_to_restore"] is True and "decode_cuda_graph_memory_gb" in body["message"]
+        first = asyncio.create_task(_switch(session, good_url, "decode", decode_cuda_graph_memory_gb=1.0))
+        await asyncio.sleep(0.02)  # in-place switch takes 12 s x 0.01
+        status, body = await _switch(session, good_url, "decode", decode_cuda_graph_memory_gb=1.0)
+        assert status == 400 and body["safe_to_restore"] is False and "in progress" in body["message"]
+        status, body = await first
+        assert status == 200 and body == {"success": True, "message": "ok", "old_role": "prefill",
+                                          "new_role": "decode", "safe_to_restore": False}
+        async with session.get(good_url + "/server_info") as r:
+            assert (await r.json())["disaggregation_mode"] == "decode"
+
+        status, body = await _switch(session, flaky_url, "decode", decode_cuda_graph_memory_gb=1.0)
+        assert status == 400 and body["safe_to_restore"] is False and "restart required" in body["message"]
+        async with session.get(flaky_url + "/health") as r:
+            assert r.status == 503
+        status, body = await _switch(session, flaky_url, "decode", decode_cuda_graph_memory_gb=1.0)
+        assert body["safe_to_restore"] is False and "unhealthy" in body["message"]
+
+    run(check, flaky, good)
+
+
+def test_fault_endpoint_slows_forward_passes_and_refuses_switches():
+    server = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
+
+    async def check(session, url):
+        async with session.post(url + "/sim/faults", json={"refuse_switch": True, "slow": 3}) as r:
+            faults = await r.json()
+        assert faults["refuse_switch"] is True and faults["slow_factor"] == 3.0 and faults["simulator"] is True
+        status, body = await _switch(session, url, "decode", decode_cuda_graph_memory_gb=1.0)
+        assert status == 400 and body["safe_to_restore"] is True
+        async with session.post(url + "/sim/faults", json={"no_such_fault": 1}) as r:
+            assert r.status == 400
+
+    run(check, server)

@@ -1,0 +1,320 @@
+"""The engine launcher: config and role reading, preflight, supervision, drain on SIGTERM, role switch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hybridserving_engine import preflight
+from hybridserving_engine.launcher import (
+    ConfigError,
+    Launcher,
+    RoleConfig,
+    Settings,
+    engine_url,
+    inflight_requests,
+    load_role_config,
+    read_role,
+)
+from hybridserving_engine.simulator.process import free_port, simulator_env, wait_http
+
+# ------------------------------------------------------------------ configuration
+
+
+def write_config(directory: Path, role: str, data: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{role}.json").write_text(json.dumps(data))
+
+
+def test_shared_argv_gets_node_rank_and_nnodes_on_multi_node_instances(tmp_path):
+    write_config(tmp_path, "decode", {"nnodes": 2, "argv": ["--tp-size", "16", "--dist-init-addr", "leader:20102"]})
+    config = load_role_config(tmp_path, "decode")
+    assert config.argv_for(1) == ["--tp-size", "16", "--dist-init-addr", "leader:20102", "--nnodes", "2",
+                                  "--node-rank", "1"]
+    with pytest.raises(ConfigError, match="outside 0..1"):
+        config.argv_for(2)
+
+
+def test_per_rank_argv_is_taken_as_written(tmp_path):
+    write_config(tmp_path, "prefill", {"ranks": [["--node-rank", "0"], ["--node-rank", "1"]],
+                                       "decode_cuda_graph_memory_gb": 3})
+    config = load_role_config(tmp_path, "prefill")
+    assert config.nnodes == 2 and config.argv_for(1) == ["--node-rank", "1"]
+    assert config.decode_cuda_graph_memory_gb == 3.0
+    assert RoleConfig(nnodes=1, argv=("--port", "1")).argv_for(0) == ["--port", "1"]
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"argv": [], "ranks": [[]]}, "exactly one"),
+        ({"ranks": [["a"]], "nnodes": 2}, "lists 1 rank"),
+        ({"argv": ["--x"], "extra": 1}, "unknown keys"),
+        ({"argv": "--x"}, "list of strings"),
+    ],
+)
+def test_bad_config_is_reported_with_the_file(tmp_path, data, message):
+    write_config(tmp_path, "decode", data)
+    with pytest.raises(ConfigError, match=message):
+        load_role_config(tmp_path, "decode")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_role_config(tmp_path, "prefill")
+
+
+def test_role_file_holds_a_bare_value_or_a_labels_file(tmp_path):
+    f = tmp_path / "role"
+    f.write_text("decode\n")
+    assert read_role(f) == "decode"
+    f.write_text('app="x"\nhybridserving.io/role="prefill"\n')
+    assert read_role(f) == "prefill"
+    f.write_text("draining")
+    assert read_role(f) is None
+    assert read_role(tmp_path / "missing") is None
+
+
+def test_worker_ranks_reach_the_leader_for_loads():
+    argv = ["--host", "0.0.0.0", "--port", "30000", "--dist-init-addr", "pod-0.svc:20102"]
+    assert engine_url(argv, 0) == "http://127.0.0.1:30000"
+    assert engine_url(argv, 1) == "http://pod-0.svc:30000"
+
+
+def test_inflight_requests_counts_every_queue_of_every_dp_rank():
+    loads = {"loads": [
+        {"num_running_reqs": 1, "num_waiting_reqs": 2, "queues": {"paused": 1},
+         "disaggregation": {"mode": "decode", "decode_prealloc_queue_reqs": 3, "decode_transfer_queue_reqs": 4,
+                            "kv_transfer_latency_ms": 9.0}},
+        {"num_running_reqs": 5, "num_waiting_reqs": 0},
+    ]}
+    assert inflight_requests(loads) == 16
+    assert inflight_requests({"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}) == 0
+
+
+# ------------------------------------------------------------------ preflight
+
+
+def probes(gpus: int = 8, rdma: tuple[str, ...] = ("mlx5_0",), modules: tuple[str, ...] = ("mooncake",)):
+    return preflight.Probes(gpu_count=lambda: gpus, rdma_devices=lambda: list(rdma),
+                            importable=lambda m: m in modules)
+
+
+PD_ARGV = ["--tp-size", "16", "--nnodes", "2", "--disaggregation-mode", "decode"]
+
+
+def test_preflight_passes_a_well_provisioned_node():
+    assert preflight.check(PD_ARGV, probes()) == []
+
+
+def test_preflight_names_missing_gpus_rdma_and_transfer_module():
+    problems = preflight.check(PD_ARGV, probes(gpus=4, rdma=(), modules=()))
+    assert len(problems) == 3
+    assert "found 4 GPU(s), the engine flags need 8" in problems[0]
+    assert "'mooncake'" in problems[1] and "not installed" in problems[1]
+    assert "no RDMA device under /sys/class/infiniband" in problems[2]
+
+
+def test_preflight_checks_nixl_and_tolerates_rdma_free_setups_when_told():
+    argv = ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"]
+    assert preflight.check(argv, probes(gpus=1, rdma=(), modules=("nixl",)), require_rdma=False) == []
+    assert "'nixl'" in preflight.check(argv, probes(gpus=1, modules=()))[0]
+
+
+def test_preflight_reports_an_unreadable_gpu_count():
+    def broken() -> int:
+        raise RuntimeError("CUDA driver not loaded")
+
+    problems = preflight.check(["--tp-size", "2"], preflight.Probes(gpu_count=broken))
+    assert problems == ["cannot count GPUs (RuntimeError: CUDA driver not loaded); the engine needs 2 per node"]
+
+
+def test_failed_preflight_keeps_the_engine_stopped_and_says_why(tmp_path):
+    write_config(tmp_path / "cfg", "decode", {"argv": PD_ARGV})
+    (tmp_path / "role").write_text("decode")
+    settings = Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "role", host="127.0.0.1",
+                        port=free_port(), poll_interval_s=0.01)
+    launcher = Launcher(settings, probes=probes(gpus=0))
+
+    async def scenario():
+        task = asyncio.create_task(launcher.run())
+        while launcher.phase != "PreflightFailed":
+            await asyncio.sleep(0.01)
+        launcher._terminate.set()
+        return await task
+
+    assert asyncio.run(scenario()) == 1
+    assert launcher.proc is None and "found 0 GPU(s)" in launcher.message
+
+
+# ------------------------------------------------------------------ supervision
+
+
+def test_a_crashing_engine_is_restarted_with_backoff_and_reported_as_crash_loop(tmp_path):
+    write_config(tmp_path / "cfg", "prefill", {"argv": []})
+    (tmp_path / "role").write_text("prefill")
+    settings = Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "role", backend="simulator",
+                        host="127.0.0.1", port=free_port(), poll_interval_s=0.01, restart_backoff_s=0.01,
+                        restart_backoff_max_s=0.05, crash_loop_restarts=3)
+    crashing = Launcher(settings, command=lambda backend, argv: [sys.executable, "-c", "raise SystemExit(3)"])
+
+    async def scenario():
+        task = asyncio.create_task(crashing.run())
+        phases = set()
+        while crashing.restarts < 4:
+            phases.add(crashing.phase)
+            await asyncio.sleep(0.005)
+        phases.add(crashing.phase)
+        status = crashing.status()
+        crashing._terminate.set()
+        assert await task == 0
+        return phases, status
+
+    phases, status = asyncio.run(scenario())
+    assert {"Restarting", "CrashLoop"} <= phases
+    assert status["engine"]["lastExitCode"] == 3 and status["engine"]["restarts"] >= 4
+    assert status["ready"] is False
+    text = crashing.metrics.registry.get_sample_value("hybridserving_launcher_engine_restarts_total")
+    assert text >= 4
+
+
+# ------------------------------------------------------------------ real launcher processes
+
+
+class Pod:
+    """A launcher process running the simulator, configured as the operator would."""
+
+    def __init__(self, tmp_path: Path, role: str, switch_flag: bool = True, faults: str = "",
+                 extra: list[str] | None = None, time_scale: float = 0.01) -> None:
+        self.port, self.bootstrap, self.launcher_port = free_port(), free_port(), free_port()
+        for r in ("prefill", "decode"):
+            argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--disaggregation-mode", r, "--disaggregation-bootstrap-port", str(self.bootstrap),
+                    *(["--enable-pd-role-switch"] if switch_flag else []), *(extra or [])]
+            write_config(tmp_path / "cfg", r, {"argv": argv, "decode_cuda_graph_memory_gb": 1.0})
+        self.role_file = tmp_path / "role"
+        self.role_file.write_text(role)
+        env = simulator_env(time_scale=time_scale, faults=faults)
+        env.update(HYBRIDSERVING_CONFIG_DIR=str(tmp_path / "cfg"), HYBRIDSERVING_ROLE_FILE=str(self.role_file),
+                   HYBRIDSERVING_LAUNCHER_HOST="127.0.0.1", HYBRIDSERVING_LAUNCHER_PORT=str(self.launcher_port),
+                   HYBRIDSERVING_POLL_INTERVAL_S="0.1", HYBRIDSERVING_DRAIN_TIMEOUT_S="30")
+        self.log = tmp_path / "launcher.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "hybridserving_engine.launcher", "--backend",
+                                          "simulator"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.launcher_port}"
+        self.engine = f"http://127.0.0.1:{self.port}"
+        wait_http(self.url + "/readyz", timeout=30)
+
+    def status(self) -> dict:
+        with urllib.request.urlopen(self.url + "/status", timeout=5) as resp:
+            return json.load(resp)
+
+    def wait_switch(self, timeout: float = 20) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()
+            last = status["lastSwitch"]
+            if last and last["outcome"] != "InProgress" and status["phase"] not in ("Draining", "Switching"):
+                return status
+            time.sleep(0.05)
+        raise TimeoutError(self.log.read_text())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture
+def pod(tmp_path):
+    pods: list[Pod] = []
+
+    def start(*args, **kwargs) -> Pod:
+        pods.append(Pod(tmp_path / str(len(pods)), *args, **kwargs))
+        return pods[-1]
+
+    yield start
+    for p in pods:
+        p.stop()
+
+
+def test_sigterm_drains_in_flight_requests_before_stopping_the_engine(pod):
+    # Unified engine: each request prefills and decodes 150 tokens, about 1 s at time scale 0.1.
+    p = pod("prefill", switch_flag=False, extra=["--disaggregation-mode", "null"], time_scale=0.1)
+
+    def complete(_: int) -> dict:
+        resp = httpx.post(p.engine + "/v1/completions", json={"prompt": "hello " * 50, "max_tokens": 150},
+                          timeout=60)
+        return resp.json()
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(complete, i) for i in range(6)]
+        time.sleep(0.3)
+        p.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        with pytest.raises(urllib.error.HTTPError) as unready:
+            urllib.request.urlopen(p.url + "/readyz", timeout=5)
+        assert unready.value.code == 503
+        answers = [f.result() for f in futures]
+    assert all(a["usage"]["completion_tokens"] == 150 for a in answers)
+    assert p.proc.wait(30) == 0
+    log = p.log.read_text()
+    assert log.index("phase Draining: pod is terminating") < log.index("simulator shutting down")
+
+
+def test_in_place_switch_drains_then_posts_pd_role_switch(pod):
+    p = pod("prefill")
+    pid = p.status()["engine"]["pid"]
+    p.role_file.write_text("decode")
+    status = p.wait_switch()
+    last = status["lastSwitch"]
+    assert (last["outcome"], last["mode"], status["role"], status["phase"]) == ("Succeeded", "in-place", "decode",
+                                                                                 "Ready")
+    assert [s["step"] for s in last["steps"]] == ["Draining", "Switching", "Verifying", "Succeeded"]
+    assert status["engine"]["pid"] == pid
+    info = httpx.get(p.engine + "/server_info").json()
+    assert info["disaggregation_mode"] == "decode"
+    metrics = httpx.get(p.url + "/metrics").text
+    assert ('hybridserving_launcher_role_switches_total{from_role="prefill",mode="in-place",outcome="Succeeded",'
+            'to_role="decode"} 1.0') in metrics
+    assert 'hybridserving_launcher_role{role="decode"} 1.0' in metrics
+
+
+def test_refused_switch_keeps_the_old_role_and_reports_it(pod):
+    p = pod("prefill", faults="refuse_switch")
+    p.role_file.write_text("decode")
+    status = p.wait_switch()
+    assert status["lastSwitch"]["outcome"] == "Refused" and "still prefill" in status["lastSwitch"]["message"]
+    assert (status["role"], status["phase"], status["ready"]) == ("prefill", "Ready", True)
+    assert httpx.get(p.engine + "/server_info").json()["disaggregation_mode"] == "prefill"
+
+
+def test_relaunch_switch_restarts_the_engine_with_the_other_roles_flags(pod):
+    p = pod("decode", switch_flag=False)
+    pid = p.status()["engine"]["pid"]
+    p.role_file.write_text("prefill")
+    status = p.wait_switch()
+    last = status["lastSwitch"]
+    assert (last["outcome"], last["mode"], status["role"]) == ("Succeeded", "relaunch", "prefill")
+    assert [s["step"] for s in last["steps"]] == ["Draining", "Stopping", "Starting", "Succeeded"]
+    assert status["engine"]["pid"] != pid
+    assert httpx.get(p.engine + "/server_info").json()["disaggregation_mode"] == "prefill"
+
+
+def test_failed_in_place_rebuild_falls_back_to_a_relaunch(pod):
+    p = pod("prefill", faults="fail_rebuild")
+    p.role_file.write_text("decode")
+    status = p.wait_switch()
+    steps = [s["step"] for s in status["lastSwitch"]["steps"]]
+    assert steps[:2] == ["Draining", "Switching"] and "Relaunching" in steps and steps[-1] == "Succeeded"
+    assert status["role"] == "decode" and status["ready"] is True
+    assert httpx.get(p.engine + "/health").status_code == 200
