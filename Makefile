@@ -5,7 +5,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 export HYBRIDSERVING_CACHE ?= $(HOME)/.cache/hybridserving
 
-.PHONY: setup tools sglang-parser test unit integration e2e crds verify lint demo bench clean-cluster
+.PHONY: setup tools lint-tools sglang-parser test unit integration e2e crds verify lint demo bench clean-cluster
 
 $(VPY): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,9 @@ setup: $(VPY)
 
 tools:
 	bash tools/build-tools.sh
+
+lint-tools:
+	bash tools/lint-tools.sh
 
 sglang-parser:
 	bash tools/sglang-parser.sh
@@ -31,7 +34,7 @@ verify: setup
 
 lint: verify
 
-unit: setup sglang-parser
+unit: setup tools lint-tools sglang-parser
 	$(VPY) -m pytest tests/unit -q
 
 integration: setup tools
@@ -41,7 +44,7 @@ e2e: setup tools
 	$(VPY) -m pytest tests/e2e -q
 
 # The README's test command: installs and builds what is missing, then runs every suite.
-test: setup tools sglang-parser verify
+test: setup tools lint-tools sglang-parser verify
 	$(VPY) -m pytest tests -q
 
 bench: setup

@@ -185,7 +185,8 @@ def test_names_version_and_status_subresource(name, kind, plural, short):
         kind.lower(),
     )
     assert names["shortNames"] == [short]
-    assert "all" not in names["categories"] and "hybridserving" in names["categories"]
+    assert "all" not in names["categories"] and "hybridserving-all" in names["categories"]
+    assert names["singular"] not in names["categories"], "kubectl get <singular> NAME would be ambiguous"
     assert crd["spec"]["scope"] == "Namespaced"
     version = version_of(name)
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)

@@ -227,8 +227,9 @@ def render_crd(
 
 
 # Not in `all`: `kubectl delete all --all` would otherwise tear down serving fleets, and
-# deleting a fleet should always be an explicit act.
-CATEGORIES = ("hybridserving",)
+# deleting a fleet should always be an explicit act. Not the singular name either: a category
+# that equals a resource name makes `kubectl get hybridserving NAME` ambiguous.
+CATEGORIES = ("hybridserving-all",)
 
 
 def render_all() -> dict[str, dict[str, Any]]:

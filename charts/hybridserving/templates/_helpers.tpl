@@ -1,0 +1,57 @@
+{{/*
+Names, labels and the pieces shared by several templates. The RBAC rules live here once so
+that the namespaced Role and its cluster-wide variant (watchAllNamespaces) can never drift.
+*/}}
+
+{{- define "hybridserving.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "hybridserving.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "hybridserving.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hybridserving.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "hybridserving.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "hybridserving.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: hybridserving
+{{- end }}
+
+{{- define "hybridserving.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "hybridserving.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "hybridserving.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The namespaces to reconcile, as a list: watchNamespaces, or the release namespace. */}}
+{{- define "hybridserving.namespaces" -}}
+{{- $namespaces := .Values.watchNamespaces | default (list .Release.Namespace) | uniq }}
+{{- toJson $namespaces }}
+{{- end }}

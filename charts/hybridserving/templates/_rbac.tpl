@@ -1,0 +1,69 @@
+{{/*
+The operator's permissions, split by scope. They are the rules of
+operator/hybridserving/controller/rbac.py (tests/unit/test_chart_static.py renders the chart and
+fails when the two differ); change both together. Namespaced resources are granted per watched
+namespace (a Role), or cluster-wide only with watchAllNamespaces; the ClusterRole holds only
+what exists at cluster scope, read-only. No wildcard, and no Secrets: the operator never reads
+them, and list/watch on Secrets would reveal their contents.
+*/}}
+
+{{/* Rules granted in each watched namespace (a Role), or cluster-wide with watchAllNamespaces. */}}
+{{- define "hybridserving.namespacedRules" -}}
+# Read the fleets (never their spec: no update or patch).
+- apiGroups: ["hybridserving.io"]
+  resources: ["hybridservings"]
+  verbs: ["get", "list", "watch"]
+# Report status and conditions.
+- apiGroups: ["hybridserving.io"]
+  resources: ["hybridservings/status"]
+  verbs: ["get", "patch"]
+# One instance object per engine instance.
+- apiGroups: ["hybridserving.io"]
+  resources: ["hybridservinginstances"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Instance phase, ready pods, nodes.
+- apiGroups: ["hybridserving.io"]
+  resources: ["hybridservinginstances/status"]
+  verbs: ["get", "patch"]
+# ownerReferences with blockOwnerDeletion on fleets and instances.
+- apiGroups: ["hybridserving.io"]
+  resources: ["hybridservings/finalizers", "hybridservinginstances/finalizers"]
+  verbs: ["update"]
+# Engine pods (gangs), their rendezvous Services, the engine ConfigMaps.
+- apiGroups: [""]
+  resources: ["pods", "services", "configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The router's identity.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# The router.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Per-role disruption budgets.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The router may read pods of its namespace (service discovery); the operator holds that itself.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# An Event for every decision.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
+
+{{/* Rules that only exist cluster-wide (a ClusterRole), always read-only. */}}
+{{- define "hybridserving.clusterRules" -}}
+# kopf discovers and follows custom resource definitions.
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+# kopf lists and watches namespaces even when given explicit --namespace names (without it,
+# every start retries for about a minute before falling back).
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}

@@ -1,0 +1,285 @@
+"""The Helm chart against a real apiserver: lint, server-side dry run, install under the
+"restricted" Pod Security admission, upgrade with a CRD change, uninstall, and RBAC sufficiency.
+
+RBAC sufficiency is shown the way it matters: the operator runs (out of cluster) with a token of
+the chart's ServiceAccount and nothing else, reconciles examples/role-switch.yaml into instances
+and pods with no 403 in its log, while the same token is refused what the chart must not grant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from hybridserving.devcluster import Cluster, bin_dir
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "hybridserving"
+EXAMPLE = ROOT / "examples" / "role-switch.yaml"
+GROUP, VERSION = "hybridserving.io", "v1alpha1"
+# Fully qualified: `hybridserving` alone is also the CRDs' category, which kubectl expands to both kinds.
+FLEETS = f"hybridservings.{GROUP}"
+FIELD_MANAGER = "hybridserving-crds"  # the one docs/install.md tells people to use
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
+              "pod-security.kubernetes.io/enforce-version": "latest"}
+
+
+def helm(cluster: Cluster, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+    binary = bin_dir() / "helm"
+    if not binary.exists():
+        pytest.fail(f"{binary} is missing: build it with `bash tools/build-tools.sh`", pytrace=False)
+    proc = subprocess.run([str(binary), *args], capture_output=True, text=True, env=cluster.env(), input=stdin,
+                          timeout=180)
+    if check:
+        assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_namespace(core_v1, labels: dict[str, str] | None = None) -> str:
+    name = f"chart-{uuid.uuid4().hex[:8]}"
+    core_v1.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
+    return name
+
+
+def manifest(cluster: Cluster, release: str, namespace: str) -> list[dict]:
+    out = helm(cluster, "get", "manifest", release, "-n", namespace).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def crd_printer_columns(cluster: Cluster, name: str) -> list[str]:
+    crd = yaml.safe_load(cluster.kubectl("get", "crd", name, "-o", "yaml").stdout)
+    return [c["name"] for c in crd["spec"]["versions"][0].get("additionalPrinterColumns", [])]
+
+
+def apply_crds_server_side(cluster: Cluster, crd_dir: pathlib.Path) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
+                    "-f", str(crd_dir))
+    for path in crd_dir.glob("*.yaml"):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+
+@pytest.fixture
+def delete_namespaces(core_v1) -> Iterator[list[str]]:
+    names: list[str] = []
+    yield names
+    for name in names:
+        with contextlib.suppress(ApiException):
+            core_v1.delete_namespace(name)
+
+
+# ----------------------------------------------------------------------------- lint and dry run
+
+
+def test_lint(cluster: Cluster) -> None:
+    helm(cluster, "lint", str(CHART), "--strict")
+
+
+def test_rendered_chart_passes_server_side_dry_run(cluster: Cluster, core_v1, delete_namespaces) -> None:
+    release_ns = make_namespace(core_v1)
+    fleet_ns = make_namespace(core_v1)
+    delete_namespaces += [release_ns, fleet_ns]
+    rendered = helm(cluster, "template", "hs", str(CHART), "-n", release_ns, "--include-crds",
+                    "--set", f"watchNamespaces={{{release_ns},{fleet_ns}}}",
+                    "--set", "enginePolicy.allowHostNetwork=true").stdout
+    proc = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", input=rendered)
+    applied = proc.stdout.splitlines()
+    assert any("deployment.apps/hs-hybridserving" in line for line in applied), proc.stdout
+    for kind in ("role", "rolebinding"):  # one of each per watched namespace
+        assert sum(line.startswith(f"{kind}.rbac.authorization.k8s.io/hs-hybridserving ") for line in applied) == 2
+    # A dry run of a workload under "restricted" reports violations as warnings.
+    assert "would violate PodSecurity" not in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------------------- lifecycle
+
+
+def test_install_upgrade_with_crd_change_uninstall(cluster: Cluster, core_v1, apps_v1, wait_for,
+                                                   delete_namespaces, tmp_path: pathlib.Path) -> None:
+    ns = make_namespace(core_v1, RESTRICTED)
+    delete_namespaces.append(ns)
+    chart_v1 = tmp_path / "v1" / "hybridserving"
+    shutil.copytree(CHART, chart_v1)
+    ports = ["--set", f"metrics.port={free_port()}", "--set", f"healthPort={free_port()}"]
+
+    # install: creates (or keeps) the CRDs, the operator Deployment and its RBAC.
+    helm(cluster, "install", "hs", str(chart_v1), "-n", ns, *ports)
+    deployment = apps_v1.read_namespaced_deployment("hs-hybridserving", ns)
+    assert deployment.spec.strategy.type == "Recreate"
+    # The namespace enforces "restricted" (a plain pod is refused), so the ReplicaSet's pod is only
+    # created if it complies.
+    with pytest.raises(ApiException) as refused:
+        core_v1.create_namespaced_pod(ns, {"metadata": {"name": "plain"},
+                                           "spec": {"containers": [{"name": "c", "image": "x"}]}}, dry_run="All")
+    assert refused.value.status == 403 and "violates PodSecurity" in refused.value.body
+    selector = "app.kubernetes.io/name=hybridserving,app.kubernetes.io/instance=hs"
+    wait_for(lambda: core_v1.list_namespaced_pod(ns, label_selector=selector).items, timeout=90,
+             what=f"the operator pod to pass Pod Security admission in {ns} "
+                  f"(events: kubectl get events -n {ns})")
+
+    # a HybridServing that must survive the CRD upgrade untouched
+    cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
+
+    crd_name = FLEETS
+    before = crd_printer_columns(cluster, crd_name)
+    assert "Upgrade Check" not in before
+
+    # chart v0.1.1: the CRD gains a printer column.
+    chart_v2 = tmp_path / "v2" / "hybridserving"
+    shutil.copytree(CHART, chart_v2)
+    chart_meta = yaml.safe_load((chart_v2 / "Chart.yaml").read_text())
+    chart_meta["version"] = "0.1.1"
+    (chart_v2 / "Chart.yaml").write_text(yaml.safe_dump(chart_meta))
+    crd_path = chart_v2 / "crds" / f"{GROUP}_hybridservings.yaml"
+    crd = yaml.safe_load(crd_path.read_text())
+    crd["spec"]["versions"][0]["additionalPrinterColumns"].append(
+        {"name": "Upgrade Check", "type": "string", "jsonPath": ".spec.model.profile", "priority": 1})
+    crd_path.write_text(yaml.safe_dump(crd))
+
+    try:
+        # helm upgrade alone never touches crds/: the column does not appear.
+        helm(cluster, "upgrade", "hs", str(chart_v2), "-n", ns, *ports)
+        assert crd_printer_columns(cluster, crd_name) == before
+
+        # the documented step: apply the chart's CRDs server-side, then upgrade.
+        apply_crds_server_side(cluster, chart_v2 / "crds")
+        helm(cluster, "upgrade", "hs", str(chart_v2), "-n", ns, *ports)
+        assert crd_printer_columns(cluster, crd_name) == before + ["Upgrade Check"]
+        (release,) = yaml.safe_load(helm(cluster, "list", "-n", ns, "-o", "json").stdout)
+        assert (release["chart"], release["revision"], release["status"]) == ("hybridserving-0.1.1", "3", "deployed")
+        fleet = yaml.safe_load(cluster.kubectl("get", FLEETS, "dsv3-flex", "-n", ns, "-o", "yaml").stdout)
+        assert fleet["spec"]["roleSwitch"]["enabled"] is True
+    finally:
+        # back to the committed CRDs, for the tests that follow
+        apply_crds_server_side(cluster, CHART / "crds")
+    assert crd_printer_columns(cluster, crd_name) == before
+
+    # uninstall: the operator and its RBAC go; the CRDs and the user's HybridServings stay.
+    helm(cluster, "uninstall", "hs", "-n", ns, "--wait", "--timeout", "60s")
+    assert helm(cluster, "status", "hs", "-n", ns, check=False).returncode != 0
+    with pytest.raises(ApiException) as gone:
+        apps_v1.read_namespaced_deployment("hs-hybridserving", ns)
+    assert gone.value.status == 404
+    assert cluster.kubectl("get", "clusterrole", "hs-hybridserving-cluster", check=False).returncode != 0
+    assert cluster.kubectl("get", "crd", crd_name, check=False).returncode == 0
+    assert cluster.kubectl("get", FLEETS, "dsv3-flex", "-n", ns, check=False).returncode == 0
+    cluster.kubectl("delete", FLEETS, "dsv3-flex", "-n", ns, "--wait=false")
+
+
+# ------------------------------------------------------------------------------ RBAC sufficiency
+
+
+def token_kubeconfig(cluster: Cluster, token: str, path: pathlib.Path) -> pathlib.Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": [{"name": "c", "cluster": {"server": cluster.server,
+                                               "certificate-authority": str(cluster.ca_path)}}],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "c", "user": "operator"}}],
+    }))
+    return path
+
+
+@contextlib.contextmanager
+def operator_process(args: list[str], kubeconfig: pathlib.Path, namespace: str,
+                     log: pathlib.Path) -> Iterator[subprocess.Popen]:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": namespace}
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "hybridserving.controller", *args], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+        assert proc.poll() is None, f"the operator exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, wait_for, delete_namespaces,
+                                                     tmp_path: pathlib.Path) -> None:
+    release_ns = make_namespace(core_v1)
+    fleet_ns = make_namespace(core_v1)
+    other_ns = make_namespace(core_v1)
+    delete_namespaces += [release_ns, fleet_ns, other_ns]
+    helm(cluster, "install", "hs", str(CHART), "-n", release_ns,
+         "--set", f"watchNamespaces={{{fleet_ns}}}",
+         "--set", f"metrics.port={free_port()}", "--set", f"healthPort={free_port()}")
+    apply_crds_server_side(cluster, CHART / "crds")  # a no-op unless a CRD predates the chart
+    try:
+        docs = manifest(cluster, "hs", release_ns)
+        (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        token = cluster.kubectl("create", "token", sa, "-n", release_ns, "--duration=3600s").stdout.strip()
+        kubeconfig = token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
+        api = config.new_client_from_config(config_file=str(kubeconfig))
+        core = client.CoreV1Api(api)
+
+        # what must be refused, with 403
+        node = core_v1.list_node().items[0].metadata.name
+        refused = {
+            "list secrets cluster-wide": lambda: core.list_secret_for_all_namespaces(),
+            "list secrets in the watched namespace": lambda: core.list_namespaced_secret(fleet_ns),
+            "delete a node": lambda: core.delete_node(node, dry_run="All"),
+            "list nodes (the operator does not read them)": lambda: core.list_node(),
+            "create a pod outside the watched namespaces": lambda: core.create_namespaced_pod(other_ns, {
+                "metadata": {"name": "x"}, "spec": {"containers": [{"name": "x", "image": "x"}]}}, dry_run="All"),
+            "list pods outside the watched namespaces": lambda: core.list_namespaced_pod(other_ns),
+        }
+        for what, call in refused.items():
+            with pytest.raises(ApiException) as denied:
+                call()
+            assert denied.value.status == 403, f"{what}: {denied.value.status}"
+        # what it needs: the CRDs cluster-wide, pods in the watched namespace
+        client.ApiextensionsV1Api(api).list_custom_resource_definition()
+        core.list_namespaced_pod(fleet_ns)
+
+        # The operator with exactly the chart's arguments and only that token.
+        cluster.kubectl("apply", "-n", fleet_ns, "-f", str(EXAMPLE))
+        custom = client.CustomObjectsApi(api)
+        log = tmp_path / "operator.log"
+        with operator_process(container["args"], kubeconfig, release_ns, log) as operator:
+            def running_and(check):
+                def probe():
+                    if operator.poll() is not None:
+                        pytest.fail(f"the operator exited ({operator.returncode}):\n{log.read_text()[-4000:]}")
+                    return check()
+                return probe
+
+            instances = wait_for(running_and(lambda: custom.list_namespaced_custom_object(
+                GROUP, VERSION, fleet_ns, "hybridservinginstances")["items"]), timeout=120,
+                what=f"HybridServingInstances in {fleet_ns}; operator log: {log}")
+            pods = wait_for(running_and(lambda: core.list_namespaced_pod(fleet_ns).items), timeout=120,
+                            what=f"engine pods in {fleet_ns}; operator log: {log}")
+            assert len(instances) >= 4  # 2 prefill + 2 decode in the example
+            assert pods
+            cluster.kubectl("delete", FLEETS, "dsv3-flex", "-n", fleet_ns, "--timeout=60s")
+        text = log.read_text()
+        assert "Forbidden" not in text, text[-4000:]
+    finally:
+        cluster.kubectl("delete", FLEETS, "--all", "-n", fleet_ns, "--wait=false", check=False)
+        helm(cluster, "uninstall", "hs", "-n", release_ns, check=False)

@@ -1,0 +1,385 @@
+"""The Helm chart, rendered by the real `helm` binary without a cluster.
+
+What is checked here is what a reviewer of an operator chart looks for first: the operator pod
+meets the Pod Security Standard "restricted", the RBAC has no wildcard and no Secret access,
+permissions are namespaced except the few read-only cluster ones, engine privileges are explicit
+flags, and values.schema.json turns a wrong value into a failed install rather than a surprise.
+The same chart is installed on a real control plane in tests/integration/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+from collections.abc import Iterable
+
+import pytest
+import yaml
+
+from hybridserving.devcluster import bin_dir, read_versions
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "hybridserving"
+RELEASE = "hs"
+RELEASE_NS = "hs-system"
+
+# Pod Security Standards, "restricted" profile (kubernetes.io/docs/concepts/security/pod-security-standards).
+RESTRICTED_VOLUME_TYPES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret",
+}
+RESTRICTED_ADDABLE_CAPABILITIES = {"NET_BIND_SERVICE"}
+READ_VERBS = {"get", "list", "watch"}
+# Cluster-scoped resources the operator may need; everything else it is granted per namespace.
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "nodes"), ("", "namespaces")}
+PRIVILEGE_VERBS = {"escalate", "bind", "impersonate"}
+
+
+def helm_binary() -> pathlib.Path:
+    helm = bin_dir() / "helm"
+    if not helm.exists():
+        pytest.fail(f"{helm} is missing: build it with `bash tools/build-tools.sh` (or `make tools`)", pytrace=False)
+    return helm
+
+
+def kube_version() -> str:
+    """The Kubernetes version the tools are built for, so templates see the same Capabilities."""
+    return read_versions()["K8S_VERSION"].lstrip("v")
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, timeout=60)
+
+
+def template_args(sets: Iterable[str]) -> list[str]:
+    args = ["template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--kube-version", kube_version()]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def render(*sets: str) -> list[dict]:
+    proc = helm(*template_args(sets))
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def render_error(*sets: str) -> str:
+    proc = helm(*template_args(sets))
+    assert proc.returncode != 0, f"helm template accepted {sets}"
+    return proc.stderr
+
+
+def of_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def the(docs: list[dict], kind: str) -> dict:
+    found = of_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def operator_container(docs: list[dict]) -> dict:
+    (container,) = the(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def restricted_violations(pod_spec: dict) -> list[str]:
+    """Every way `pod_spec` breaks the "restricted" Pod Security Standard (baseline included)."""
+    problems = []
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod_spec.get(field):
+            problems.append(f"{field} is set")
+    pod_sc = pod_spec.get("securityContext", {})
+    for volume in pod_spec.get("volumes", []):
+        types = set(volume) - {"name"}
+        if not types <= RESTRICTED_VOLUME_TYPES:
+            problems.append(f"volume {volume['name']} has type {types - RESTRICTED_VOLUME_TYPES}")
+    if pod_sc.get("runAsUser") == 0:
+        problems.append("pod runAsUser is 0")
+    if pod_sc.get("sysctls"):
+        problems.append("pod sets sysctls")
+    containers = pod_spec.get("initContainers", []) + pod_spec.get("containers", [])
+    for c in containers:
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        if sc.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
+            problems.append(f"{name}: runAsNonRoot is not true")
+        if sc.get("runAsUser") == 0:
+            problems.append(f"{name}: runAsUser is 0")
+        seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile is {seccomp!r}")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            problems.append(f"{name}: capabilities do not drop ALL")
+        if not set(caps.get("add", [])) <= RESTRICTED_ADDABLE_CAPABILITIES:
+            problems.append(f"{name}: adds capabilities {caps['add']}")
+        if sc.get("procMount", "Default") != "Default":
+            problems.append(f"{name}: procMount {sc['procMount']}")
+        for port in c.get("ports", []):
+            if port.get("hostPort"):
+                problems.append(f"{name}: hostPort {port['hostPort']}")
+    return problems
+
+
+def permissions(rules: list[dict]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples a list of PolicyRules grants."""
+    return {(g, r, v) for rule in rules for g in rule.get("apiGroups", []) for r in rule.get("resources", [])
+            for v in rule.get("verbs", [])}
+
+
+# ---------------------------------------------------------------------------------------- lint
+
+
+def test_chart_lints_strictly() -> None:
+    proc = helm("lint", str(CHART), "--strict", "--kube-version", kube_version())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_app_version_is_the_package_version() -> None:
+    import tomllib
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"] == "0.1.0"
+
+
+# --------------------------------------------------------------------------------- operator pod
+
+
+@pytest.mark.parametrize("sets", [(), ("watchAllNamespaces=true",), ("enginePolicy.allowHostNetwork=true",
+                                                                    "enginePolicy.allowIpcLock=true")])
+def test_operator_pod_meets_restricted(sets: tuple[str, ...]) -> None:
+    pod = the(render(*sets), "Deployment")["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    # The strictest reading: the fields are set explicitly, not left to image defaults.
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_checker_sees_violations() -> None:
+    """restricted_violations must not pass everything: a root, privileged pod fails it."""
+    bad = {"hostNetwork": True, "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+           "containers": [{"name": "c", "securityContext": {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}},
+                           "ports": [{"containerPort": 1, "hostPort": 1}]}]}
+    problems = "\n".join(restricted_violations(bad))
+    for needle in ("hostNetwork", "hostPath", "privileged", "allowPrivilegeEscalation", "runAsNonRoot",
+                   "seccompProfile", "drop ALL", "IPC_LOCK", "hostPort"):
+        assert needle in problems
+
+
+def test_tmp_is_the_only_writable_mount() -> None:
+    docs = render()
+    pod = the(docs, "Deployment")["spec"]["template"]["spec"]
+    mounts = operator_container(docs)["volumeMounts"]
+    assert [(m["name"], m["mountPath"]) for m in mounts] == [("tmp", "/tmp")]
+    (volume,) = pod["volumes"]
+    assert volume["name"] == "tmp" and "emptyDir" in volume
+
+
+def test_one_replica_recreated_not_rolled() -> None:
+    deployment = the(render(), "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_operator_runs_the_controller_module_as_its_service_account() -> None:
+    docs = render()
+    pod = the(docs, "Deployment")["spec"]["template"]["spec"]
+    assert operator_container(docs)["command"] == ["python", "-m", "hybridserving.controller"]
+    assert pod["serviceAccountName"] == the(docs, "ServiceAccount")["metadata"]["name"]
+    assert operator_container(docs)["image"] == "hybridserving/operator:0.1.0"
+
+
+def test_image_digest_wins_over_tag() -> None:
+    digest = "sha256:" + "a" * 64
+    image = operator_container(render(f"image.digest={digest}", "image.tag=ignored"))["image"]
+    assert image == f"hybridserving/operator@{digest}"
+
+
+# ------------------------------------------------------------------------- namespaces and flags
+
+
+def test_default_watches_the_release_namespace_only() -> None:
+    docs = render()
+    args = operator_container(docs)["args"]
+    assert [a for a in args if a.startswith("--namespace")] == [f"--namespace={RELEASE_NS}"]
+    assert [r["metadata"]["namespace"] for r in of_kind(docs, "Role")] == [RELEASE_NS]
+
+
+def test_watched_namespaces_get_a_role_and_a_flag_each() -> None:
+    docs = render("watchNamespaces={serving-a,serving-b}")
+    args = operator_container(docs)["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=serving-a", "--namespace=serving-b"]
+    assert sorted(r["metadata"]["namespace"] for r in of_kind(docs, "Role")) == ["serving-a", "serving-b"]
+    bindings = of_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["serving-a", "serving-b"]
+    sa = the(docs, "ServiceAccount")["metadata"]
+    for b in bindings:
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": RELEASE_NS}]
+        assert b["roleRef"]["kind"] == "Role"
+
+
+def test_all_namespaces_binds_the_fleet_rules_cluster_wide() -> None:
+    docs = render("watchAllNamespaces=true")
+    args = operator_container(docs)["args"]
+    # The operator watches the whole cluster when given no --namespace.
+    assert not any(a.startswith("--namespace") for a in args)
+    assert of_kind(docs, "Role") == [] and of_kind(docs, "RoleBinding") == []
+    fleet = next(r for r in of_kind(docs, "ClusterRole") if r["metadata"]["name"].endswith("-fleet"))
+    namespaced = the(render(), "Role")
+    assert permissions(fleet["rules"]) == permissions(namespaced["rules"])
+
+
+@pytest.mark.parametrize("host_network", [True, False])
+@pytest.mark.parametrize("ipc_lock", [True, False])
+def test_engine_privileges_are_explicit_flags(host_network: bool, ipc_lock: bool) -> None:
+    args = operator_container(render(f"enginePolicy.allowHostNetwork={str(host_network).lower()}",
+                                     f"enginePolicy.allowIpcLock={str(ipc_lock).lower()}"))["args"]
+    # Both flags are always passed, off included: the operator never falls back to its own default.
+    assert f"--engine-allow-host-network={str(host_network).lower()}" in args
+    assert f"--engine-allow-ipc-lock={str(ipc_lock).lower()}" in args
+
+
+def test_debug_logging_is_verbose() -> None:
+    assert "--verbose" not in operator_container(render())["args"]
+    assert "--verbose" in operator_container(render("logLevel=debug"))["args"]
+
+
+def test_engine_privileges_are_off_by_default() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["enginePolicy"] == {"allowHostNetwork": False, "allowIpcLock": False}
+
+
+# ------------------------------------------------------------------------------------------ RBAC
+
+
+@pytest.mark.parametrize("sets", [(), ("watchAllNamespaces=true",), ("watchNamespaces={a,b,c}",)])
+def test_rbac_has_no_wildcards_and_no_privilege_verbs(sets: tuple[str, ...]) -> None:
+    docs = render(*sets)
+    roles = of_kind(docs, "Role") + of_kind(docs, "ClusterRole")
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: wildcard in {key}: {rule}"
+            assert not set(rule["verbs"]) & PRIVILEGE_VERBS, rule
+            assert "nonResourceURLs" not in rule
+
+
+@pytest.mark.parametrize("sets", [(), ("watchAllNamespaces=true",)])
+def test_no_secret_access_at_all(sets: tuple[str, ...]) -> None:
+    docs = render(*sets)
+    for role in of_kind(docs, "Role") + of_kind(docs, "ClusterRole"):
+        resources = {r for _, r, _ in permissions(role["rules"])}
+        assert "secrets" not in resources, role["metadata"]["name"]
+
+
+def test_cluster_role_is_read_only() -> None:
+    docs = render()
+    (cluster_role,) = of_kind(docs, "ClusterRole")
+    granted = permissions(cluster_role["rules"])
+    assert granted and {v for _, _, v in granted} <= READ_VERBS
+    assert {(g, r) for g, r, _ in granted} <= CLUSTER_SCOPED
+    binding = the(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+
+
+def test_rules_are_the_operators_own() -> None:
+    """The chart grants exactly the operator's rule list (hybridserving.controller.rbac), split by
+    scope: cluster-scoped resources in the ClusterRole, the rest in each namespace's Role."""
+    from hybridserving.controller import rbac
+
+    wanted = permissions([r.to_wire() for r in rbac.RULES])
+    wanted_cluster = {p for p in wanted if p[:2] in CLUSTER_SCOPED}
+    docs = render()
+    (cluster_role,) = of_kind(docs, "ClusterRole")
+    assert permissions(cluster_role["rules"]) == wanted_cluster
+    assert permissions(the(docs, "Role")["rules"]) == wanted - wanted_cluster
+
+
+def test_rbac_can_be_left_to_the_cluster_admin() -> None:
+    docs = render("rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=preexisting")
+    assert not {d["kind"] for d in docs} & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+                                            "ServiceAccount"}
+    assert the(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "preexisting"
+
+
+# ---------------------------------------------------------------------------------------- metrics
+
+
+def test_metrics_service_selects_the_operator_pod() -> None:
+    docs = render()
+    service = the(docs, "Service")
+    pod_labels = the(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert "--metrics-port=8080" in operator_container(docs)["args"]
+    assert of_kind(docs, "ServiceMonitor") == []
+
+
+def test_service_monitor_is_optional() -> None:
+    docs = render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom")
+    monitor = the(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= the(docs, "Service")["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_service_monitor_without_service_is_refused() -> None:
+    err = render_error("metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false")
+    assert "metrics.service.enabled" in err
+
+
+# ----------------------------------------------------------------------------------- values schema
+
+
+@pytest.mark.parametrize(("sets", "path"), [
+    (("replicaCount=two",), "/replicaCount"),
+    (("replicaCount=2",), "/replicaCount"),
+    (("enginePolicy.allowIpcLock=yes",), "/enginePolicy/allowIpcLock"),
+    (("watchNamespaces={Not_A_Namespace}",), "/watchNamespaces/0"),
+    (("image.pullPolicy=Sometimes",), "/image/pullPolicy"),
+    (("metrics.port=70000",), "/metrics/port"),
+    (("image.digest=latest",), "/image/digest"),
+    (("replicaCuont=1",), "replicaCuont"),
+])
+def test_schema_rejects_bad_values(sets: tuple[str, ...], path: str) -> None:
+    err = render_error(*sets)
+    assert "values don't meet the specifications of the schema" in err
+    assert path in err
+
+
+def test_lint_fails_on_bad_values() -> None:
+    proc = helm("lint", str(CHART), "--strict", "--set", "replicaCount=two")
+    assert proc.returncode != 0
+    assert "/replicaCount" in proc.stdout + proc.stderr
+
+
+def test_every_value_is_in_the_schema() -> None:
+    """The shipped values.yaml validates (helm would refuse a chart whose defaults fail) and the
+    schema closes every object, so a misspelt key is an error rather than ignored."""
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+
+    def closed(node: dict, where: str) -> None:
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{where} accepts unknown keys"
+            for key, sub in node["properties"].items():
+                closed(sub, f"{where}.{key}")
+
+    closed(schema, "values")
+    render()

@@ -1,0 +1,181 @@
+"""The operator and engine image definitions, checked without a container engine.
+
+No image is built here, so two things stand in for a build: hadolint (the real linter, installed
+by tools/lint-tools.sh) over both Dockerfiles, and checks that each image installs this project
+with the same extras the test suite installs (`test` pulls `hybridserving[operator,engine]`),
+so what the tests exercised is what the images ship.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shlex
+import subprocess
+import tomllib
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from hybridserving.devcluster import bin_dir
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+OPERATOR = ROOT / "Dockerfile"
+ENGINE = ROOT / "images" / "engine" / "Dockerfile"
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def instructions(dockerfile: pathlib.Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    lines: list[str] = []
+    pending = ""
+    for raw in dockerfile.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        lines.append(pending + line)
+        pending = ""
+    return [(ins.upper(), rest.strip()) for ins, _, rest in (ln.partition(" ") for ln in lines)]
+
+
+def stages(dockerfile: pathlib.Path) -> list[list[tuple[str, str]]]:
+    out: list[list[tuple[str, str]]] = []
+    for ins, rest in instructions(dockerfile):
+        if ins == "FROM":
+            out.append([])
+        if out:
+            out[-1].append((ins, rest))
+    return out
+
+
+def build_args(dockerfile: pathlib.Path) -> dict[str, str]:
+    return dict(rest.split("=", 1) for ins, rest in instructions(dockerfile) if ins == "ARG" and "=" in rest)
+
+
+def expand(text: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), text)
+
+
+def pip_requirements(dockerfile: pathlib.Path) -> list[str]:
+    """Every requirement passed to `pip install` in any RUN, build args expanded."""
+    args = build_args(dockerfile)
+    reqs: list[str] = []
+    for ins, rest in instructions(dockerfile):
+        if ins != "RUN":
+            continue
+        for command in re.split(r"&&|;", rest):
+            words = shlex.split(expand(command, args))
+            is_pip = "pip" in words or any(w.endswith("/pip") for w in words[:1])
+            if is_pip and "install" in words:
+                reqs += [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+    return reqs
+
+
+def project_extras(reqs: list[str]) -> set[str]:
+    """Extras of this project a list of pip arguments installs (`./[operator]`)."""
+    extras: set[str] = set()
+    for r in reqs:
+        m = re.fullmatch(r"\./?\[([\w,-]+)\]", r)
+        if m:
+            extras |= set(m.group(1).split(","))
+    return extras
+
+
+def extras_pulled_by_tests() -> set[str]:
+    return set().union(*(Requirement(r).extras for r in PROJECT["optional-dependencies"]["test"]
+                         if Requirement(r).name == PROJECT["name"]))
+
+
+# ---------------------------------------------------------------------------------------- hadolint
+
+
+@pytest.mark.parametrize("dockerfile", [OPERATOR, ENGINE], ids=["operator", "engine"])
+def test_hadolint_passes(dockerfile: pathlib.Path) -> None:
+    hadolint = bin_dir() / "hadolint"
+    if not hadolint.exists():
+        pytest.fail(f"{hadolint} is missing: install it with `bash tools/lint-tools.sh`", pytrace=False)
+    proc = subprocess.run([str(hadolint), "--no-color", "--failure-threshold", "info", str(dockerfile)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_has_real_rules() -> None:
+    """The linter must find something in a bad Dockerfile, or passing above would mean nothing."""
+    hadolint = bin_dir() / "hadolint"
+    if not hadolint.exists():
+        pytest.fail(f"{hadolint} is missing: install it with `bash tools/lint-tools.sh`", pytrace=False)
+    bad = "FROM python:latest\nRUN pip install requests\nUSER root\n"
+    proc = subprocess.run([str(hadolint), "--no-color", "-"], input=bad, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    for rule in ("DL3007", "DL3013", "DL3042", "DL3002"):
+        assert rule in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------------- operator image
+
+
+def test_operator_image_is_multi_stage_non_root_and_pinned() -> None:
+    build, final = stages(OPERATOR)
+    args = build_args(OPERATOR)
+    base = expand(dict(final)["FROM"], args)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", base), base
+    assert Version(base.split(":")[1].split("-")[0]) in SpecifierSet(PROJECT["requires-python"])
+    final_ins = [ins for ins, _ in final]
+    # The final stage only copies the built environment: no pip, no compiler, no apt.
+    assert "RUN" not in final_ins
+    assert ("COPY", "--from=build /opt/hybridserving /opt/hybridserving") in final
+    assert [rest for ins, rest in final if ins == "USER"] == ["65532:65532"]
+    assert dict(final)["ENTRYPOINT"] == '["python", "-m", "hybridserving.controller"]'
+
+
+def test_operator_image_installs_the_operator_extra() -> None:
+    extras = project_extras(pip_requirements(OPERATOR))
+    assert extras == {"operator"}
+    assert extras <= extras_pulled_by_tests()
+    assert extras <= set(PROJECT["optional-dependencies"])
+
+
+def test_operator_entrypoint_module_exists() -> None:
+    main = ROOT / "operator" / "hybridserving" / "controller" / "__main__.py"
+    assert main.exists(), "the image runs `python -m hybridserving.controller`"
+
+
+# --------------------------------------------------------------------------------- engine image
+
+
+def test_engine_image_pins_sglang_and_the_transfer_engines() -> None:
+    (stage,) = stages(ENGINE)
+    base = dict(stage)["FROM"]
+    assert re.fullmatch(r"lmsysorg/sglang:v0\.5\.23-cu\d+(@sha256:[0-9a-f]{64})?", base), base
+    pinned = {Requirement(r).name: str(Requirement(r).specifier)
+              for r in pip_requirements(ENGINE) if not r.startswith(".")}
+    assert pinned == {"mooncake-transfer-engine": "==0.3.13.post1", "nixl": "==1.5.1"}
+
+
+def test_engine_image_installs_the_engine_extra_and_runs_the_launcher() -> None:
+    extras = project_extras(pip_requirements(ENGINE))
+    assert extras == {"engine"}
+    assert extras <= extras_pulled_by_tests()
+    (stage,) = stages(ENGINE)
+    assert dict(stage)["ENTRYPOINT"] == '["hybridserving-engine"]'
+    assert "hybridserving-engine" in PROJECT["scripts"]
+
+
+# ----------------------------------------------------------------------------------- build context
+
+
+def test_dockerignore_admits_only_what_pip_needs() -> None:
+    rules = [ln for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert rules[0] == "**"
+    admitted = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = set()
+    for dockerfile in (OPERATOR, ENGINE):
+        for ins, rest in instructions(dockerfile):
+            if ins == "COPY" and not rest.startswith("--from"):
+                copied |= {w.rstrip("/") for w in shlex.split(rest)[:-1]}
+    assert copied == admitted
