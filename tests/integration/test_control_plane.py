@@ -1,0 +1,302 @@
+"""The local control plane behaves like a real cluster for what the operator needs."""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import json
+import uuid
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from hybridserving.devcluster import Cluster, FleetSpec, read_versions
+from hybridserving.devcluster.nodes import (
+    GPU_RESOURCE,
+    KWOK_SELECTOR,
+    LABEL_GPU_CLIQUE,
+    LABEL_NVLINK_DOMAIN,
+    LABEL_RACK,
+    LABEL_RDMA_FABRIC,
+    LABEL_ZONE,
+    RDMA_RESOURCE,
+)
+
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+FAKE_IMAGE = "registry.invalid/hybridserving/fake:0"
+
+
+def gpu_container(name: str, gpus: int) -> dict:
+    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {}}
+    if gpus:
+        resources["limits"][GPU_RESOURCE] = str(gpus)
+    return {"name": name, "image": FAKE_IMAGE, "resources": resources}
+
+
+def pods_ready(core_v1, namespace: str, selector: str, count: int):
+    pods = core_v1.list_namespaced_pod(namespace, label_selector=selector).items
+    ready = [
+        p for p in pods
+        if p.status.phase == "Running"
+        and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
+        and p.status.pod_ip
+    ]
+    return ready if len(ready) == count and len(pods) == count else None
+
+
+def test_server_version_matches_pin(api_client):
+    info = client.VersionApi(api_client).get_code()
+    assert info.git_version == read_versions()["K8S_VERSION"]
+
+
+def test_gpu_nodes_have_capacity_and_topology(core_v1, cluster: Cluster):
+    nodes = core_v1.list_node(label_selector=KWOK_SELECTOR).items
+    fleet = cluster.fleet
+    assert len(nodes) == fleet.nodes
+    domains: dict[str, list[str]] = collections.defaultdict(list)
+    racks: dict[str, list[str]] = collections.defaultdict(list)
+    for node in nodes:
+        labels = node.metadata.labels
+        for key in (LABEL_ZONE, LABEL_RACK, LABEL_NVLINK_DOMAIN, LABEL_GPU_CLIQUE, LABEL_RDMA_FABRIC):
+            assert labels.get(key), f"{node.metadata.name} lacks {key}"
+        assert node.status.allocatable[GPU_RESOURCE] == str(fleet.gpus_per_node)
+        assert node.status.capacity[GPU_RESOURCE] == str(fleet.gpus_per_node)
+        assert node.status.allocatable[RDMA_RESOURCE] == str(fleet.rdma_per_node)
+        assert node.status.allocatable["cpu"] == fleet.cpu
+        assert node.status.allocatable["pods"] == str(fleet.pods)
+        assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+        assert not node.spec.taints, f"{node.metadata.name} still tainted: {node.spec.taints}"
+        domains[labels[LABEL_NVLINK_DOMAIN]].append(node.metadata.name)
+        racks[labels[LABEL_RACK]].append(node.metadata.name)
+    assert all(len(v) == fleet.nodes_per_nvlink_domain for v in domains.values()), domains
+    assert all(len(v) == fleet.nodes_per_rack for v in racks.values()), racks
+    assert len({n.metadata.labels[LABEL_RDMA_FABRIC] for n in nodes}) == 1
+
+
+def test_deployment_and_statefulset_run_with_gpus(core_v1, apps_v1, namespace, wait_for):
+    apps_v1.create_namespaced_deployment(namespace, {
+        "metadata": {"name": "dep"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "dep"}},
+            "template": {
+                "metadata": {"labels": {"app": "dep"}},
+                "spec": {"containers": [gpu_container("main", 4)]},
+            },
+        },
+    })
+    core_v1.create_namespaced_service(namespace, {
+        "metadata": {"name": "sts"},
+        "spec": {"clusterIP": "None", "selector": {"app": "sts"}, "ports": [{"port": 80}]},
+    })
+    apps_v1.create_namespaced_stateful_set(namespace, {
+        "metadata": {"name": "sts"},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "sts",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": "sts"}},
+            "template": {
+                "metadata": {"labels": {"app": "sts"}},
+                "spec": {"containers": [gpu_container("main", 8)]},
+            },
+        },
+    })
+    dep_pods = wait_for(lambda: pods_ready(core_v1, namespace, "app=dep", 2), 90, what="deployment pods Ready")
+    sts_pods = wait_for(lambda: pods_ready(core_v1, namespace, "app=sts", 2), 90, what="statefulset pods Ready")
+    wait_for(lambda: apps_v1.read_namespaced_deployment(namespace=namespace, name="dep").status.ready_replicas == 2,
+             60, what="deployment status")
+    wait_for(lambda: apps_v1.read_namespaced_stateful_set(namespace=namespace, name="sts").status.ready_replicas == 2,
+             60, what="statefulset status")
+
+    assert sorted(p.metadata.name for p in sts_pods) == ["sts-0", "sts-1"]
+    gpus_per_node: dict[str, int] = collections.Counter()
+    for pod in dep_pods + sts_pods:
+        assert pod.spec.node_name, pod.metadata.name
+        assert ipaddress.ip_address(pod.status.pod_ip) in LOOPBACK, pod.status.pod_ip
+        gpus_per_node[pod.spec.node_name] += int(pod.spec.containers[0].resources.limits[GPU_RESOURCE])
+    # a full-node (8 GPU) pod never shares its node with another GPU pod
+    assert all(v <= 8 for v in gpus_per_node.values()), gpus_per_node
+    sts_nodes = {p.spec.node_name for p in sts_pods}
+    assert len(sts_nodes) == 2
+    assert not sts_nodes & {p.spec.node_name for p in dep_pods}
+
+
+def test_pod_asking_16_gpus_stays_pending(core_v1, namespace, wait_for):
+    core_v1.create_namespaced_pod(namespace, {
+        "metadata": {"name": "too-big"},
+        "spec": {"containers": [gpu_container("main", 16)]},
+    })
+
+    def unschedulable():
+        pod = core_v1.read_namespaced_pod("too-big", namespace)
+        conds = [c for c in (pod.status.conditions or []) if c.type == "PodScheduled"]
+        return bool(conds) and conds[0].status == "False" and conds[0].reason == "Unschedulable" and pod
+
+    pod = wait_for(unschedulable, 60, what="PodScheduled=False/Unschedulable")
+    assert pod.status.phase == "Pending"
+    assert not pod.spec.node_name
+    assert "nvidia.com/gpu" in pod.status.conditions[0].message or "Insufficient" in pod.status.conditions[0].message
+
+
+def test_garbage_collection_of_children(core_v1, apps_v1, namespace, wait_for):
+    owner = core_v1.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
+    core_v1.create_namespaced_config_map(namespace, {
+        "metadata": {
+            "name": "child",
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid,
+            }],
+        },
+    })
+    apps_v1.create_namespaced_deployment(namespace, {
+        "metadata": {"name": "gc"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "gc"}},
+            "template": {"metadata": {"labels": {"app": "gc"}},
+                         "spec": {"containers": [gpu_container("main", 0)]}},
+        },
+    })
+    wait_for(lambda: pods_ready(core_v1, namespace, "app=gc", 1), 60, what="gc pod Ready")
+
+    core_v1.delete_namespaced_config_map("owner", namespace)
+    apps_v1.delete_namespaced_deployment("gc", namespace, propagation_policy="Background")
+
+    def gone(read):
+        try:
+            read()
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(lambda: gone(lambda: core_v1.read_namespaced_config_map("child", namespace)), 60,
+             what="child ConfigMap garbage-collected")
+    wait_for(lambda: not apps_v1.list_namespaced_replica_set(namespace, label_selector="app=gc").items, 60,
+             what="ReplicaSet garbage-collected")
+    wait_for(lambda: not core_v1.list_namespaced_pod(namespace, label_selector="app=gc").items, 60,
+             what="pod garbage-collected")
+
+
+def test_namespace_deletion_completes(core_v1, wait_for):
+    name = f"del-{uuid.uuid4().hex[:8]}"
+    core_v1.create_namespace({"metadata": {"name": name}})
+    core_v1.create_namespaced_config_map(name, {"metadata": {"name": "cm"}})
+    core_v1.create_namespaced_pod(name, {"metadata": {"name": "p"}, "spec": {"containers": [gpu_container("m", 1)]}})
+    wait_for(lambda: core_v1.read_namespaced_pod("p", name).status.phase == "Running", 60, what="pod Running")
+    core_v1.delete_namespace(name)
+
+    def deleted():
+        try:
+            core_v1.read_namespace(name)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(deleted, 90, what=f"namespace {name} removed")
+
+
+def test_kubectl_server_side_apply(kubectl, core_v1, namespace):
+    def manifest(value: str) -> str:
+        return json.dumps({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "ssa", "namespace": namespace},
+            "data": {"key": value},
+        })
+
+    kubectl("apply", "--server-side", "--field-manager=hybridserving-test", "-f", "-", input=manifest("one"))
+    kubectl("apply", "--server-side", "--field-manager=hybridserving-test", "-f", "-", input=manifest("two"))
+    cm = core_v1.read_namespaced_config_map("ssa", namespace)
+    assert cm.data == {"key": "two"}
+    managers = {m.manager: m.operation for m in cm.metadata.managed_fields}
+    assert managers.get("hybridserving-test") == "Apply"
+    # a different manager touching the same field conflicts unless forced
+    other = kubectl("apply", "--server-side", "--field-manager=other", "-f", "-",
+                    input=manifest("three"), check=False)
+    assert other.returncode != 0 and "conflict" in other.stderr.lower()
+    kubectl("apply", "--server-side", "--field-manager=other", "--force-conflicts", "-f", "-",
+            input=manifest("three"))
+    assert core_v1.read_namespaced_config_map("ssa", namespace).data == {"key": "three"}
+
+
+def test_crd_with_cel_validation(api_client, namespace, wait_for):
+    ext = client.ApiextensionsV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    group, plural = f"t{uuid.uuid4().hex[:6]}.test.hybridserving.io", "widgets"
+    crd_name = f"{plural}.{group}"
+    ext.create_custom_resource_definition({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": crd_name},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [{
+                "name": "v1", "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {"spec": {
+                        "type": "object",
+                        "required": ["minReplicas", "maxReplicas"],
+                        "properties": {
+                            "minReplicas": {"type": "integer", "minimum": 0},
+                            "maxReplicas": {"type": "integer", "minimum": 0},
+                        },
+                        "x-kubernetes-validations": [{
+                            "rule": "self.minReplicas <= self.maxReplicas",
+                            "message": "minReplicas must not exceed maxReplicas",
+                        }],
+                    }},
+                }},
+            }],
+        },
+    })
+    try:
+        def established():
+            crd = ext.read_custom_resource_definition(crd_name)
+            return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+
+        wait_for(established, 30, what="CRD Established")
+
+        def widget(name, lo, hi):
+            return {"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": name},
+                    "spec": {"minReplicas": lo, "maxReplicas": hi}}
+
+        # discovery may lag Established for a moment
+        wait_for(lambda: custom.create_namespaced_custom_object(group, "v1", namespace, plural, widget("good", 1, 3)),
+                 30, what="good Widget accepted")
+        with pytest.raises(ApiException) as err:
+            custom.create_namespaced_custom_object(group, "v1", namespace, plural, widget("bad", 5, 2))
+        assert err.value.status == 422
+        assert "minReplicas must not exceed maxReplicas" in err.value.body
+    finally:
+        ext.delete_custom_resource_definition(crd_name)
+
+
+@pytest.mark.multicluster
+def test_two_clusters_side_by_side(cluster: Cluster, core_v1, make_cluster):
+    second = make_cluster(FleetSpec(nodes=1, gpus_per_node=2, nodes_per_rack=1, nodes_per_nvlink_domain=1))
+    try:
+        second.up()
+        assert second.server != cluster.server
+        assert second.state()["ports"]["etcd_client"] != cluster.state()["ports"]["etcd_client"]
+        api2 = second.api_client()
+        try:
+            core2 = client.CoreV1Api(api2)
+            nodes2 = core2.list_node(label_selector=KWOK_SELECTOR).items
+            assert [n.status.allocatable[GPU_RESOURCE] for n in nodes2] == ["2"]
+            marker = f"only-in-second-{uuid.uuid4().hex[:6]}"
+            core2.create_namespaced_config_map("default", {"metadata": {"name": marker}})
+            with pytest.raises(ApiException) as err:
+                core_v1.read_namespaced_config_map(marker, "default")
+            assert err.value.status == 404
+        finally:
+            api2.close()
+    finally:
+        second.down()
+    assert not second.dir.exists()
+    assert cluster.is_running(), cluster.crash_report()
+    assert len(core_v1.list_node(label_selector=KWOK_SELECTOR).items) == cluster.fleet.nodes
