@@ -1,0 +1,87 @@
+"""`hybridserving status`: the fleet at a glance for the engineer on call.
+
+`kubectl get hs` shows one line per fleet; during an incident the questions are per
+instance (which role does it serve now, is it draining, where does it run) and what the
+role-switch controller did recently. Everything shown comes from the objects' status, so
+it reads the same facts the operator wrote, nothing recomputed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("status", help="the fleet at a glance: instances, roles, phases, capacity, switches")
+    p.add_argument("name", nargs="?", help="one HybridServing (default: every one in the namespace)")
+    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--switches", type=int, default=5, help="recent switches to show per fleet")
+    p.set_defaults(func=run)
+
+
+def _table(rows: list[list[str]], out: TextIO, indent: str = "  ") -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+
+
+def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, switches: int = 5) -> None:
+    """Write one fleet's view; pure over the objects so it is testable without a cluster."""
+    meta, status = hs["metadata"], hs.get("status") or {}
+    conds = {c["type"]: c for c in status.get("conditions") or []}
+    prefill, decode = status.get("prefill") or {}, status.get("decode") or {}
+    out.write(
+        f"{meta['name']}  ready={status.get('ready', 'Unknown')}  prefill {prefill.get('summary', '-')}  "
+        f"decode {decode.get('summary', '-')}  generation {meta.get('generation')}"
+        f" (observed {status.get('observedGeneration')})\n"
+    )
+    capacity = (status.get("capacity") or {}).get("summary")
+    if capacity:
+        out.write(f"  KV capacity: {capacity}\n")
+    for type_ in ("Ready", "LayoutValid", "Progressing", "Degraded", "RoleSwitching"):
+        c = conds.get(type_)
+        if c:
+            out.write(f"  {type_:<13} {c['status']:<7} {c.get('reason', '')}: {c.get('message', '')}\n")
+    rows = [["INSTANCE", "ROLE", "RUNNING", "PHASE", "READY PODS", "NODES"]]
+    for inst in sorted(instances, key=lambda i: i["spec"].get("index", 0)):
+        st = inst.get("status") or {}
+        rows.append([
+            inst["metadata"]["name"], inst["spec"].get("role", "-"), st.get("role", "-"), st.get("phase", "-"),
+            f"{st.get('readyPods', 0)}/{inst['spec'].get('nodes', 1)}", ",".join(n for n in st.get("nodeNames") or [] if n) or "-",
+        ])
+    _table(rows, out)
+    recent = (status.get("switches") or [])[-switches:]
+    if recent:
+        out.write("  recent role switches:\n")
+        rows = [["INSTANCE", "FROM", "TO", "MODE", "OUTCOME", "STARTED", "REASON"]]
+        for s in recent:
+            rows.append([s["instance"], s["fromRole"], s["toRole"], s["mode"], s["outcome"], s["started"], s["reason"]])
+        _table(rows, out, indent="    ")
+    else:
+        out.write("  no role switches yet\n")
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    from kubernetes import client, config
+
+    config.load_kube_config(config_file=args.kubeconfig)
+    api = client.CustomObjectsApi()
+    if args.name:
+        fleets = [api.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, args.name)]
+    else:
+        fleets = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL)["items"]
+    if not fleets:
+        out.write(f"no HybridServing in namespace {args.namespace}\n")
+        return 0
+    all_instances = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, INSTANCE_PLURAL)["items"]
+    for hs in fleets:
+        mine = [
+            i for i in all_instances
+            if any(o.get("uid") == hs["metadata"]["uid"] for o in i["metadata"].get("ownerReferences") or [])
+        ]
+        render(hs, mine, out, args.switches)
+    return 0

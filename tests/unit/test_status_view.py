@@ -1,0 +1,50 @@
+"""The on-call view renders every fact an engineer needs from the objects' status."""
+
+from __future__ import annotations
+
+import io
+
+from hybridserving.commands.status import render
+
+HS = {
+    "metadata": {"name": "flex", "generation": 3, "uid": "u1"},
+    "status": {
+        "observedGeneration": 3,
+        "ready": "True",
+        "prefill": {"summary": "1/1"},
+        "decode": {"summary": "2/2"},
+        "capacity": {"summary": "2.10M tokens per decode instance, 4.20M in 2"},
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "AllInstancesReady", "message": "prefill 1/1, decode 2/2"},
+            {"type": "RoleSwitching", "status": "True", "reason": "Switching", "message": "switching: flex-2"},
+        ],
+        "switches": [
+            {"instance": "flex-2", "fromRole": "prefill", "toRole": "decode", "mode": "in-place",
+             "outcome": "Succeeded", "started": "2026-01-01T00:00:00Z", "reason": "decode KV 93%"},
+        ],
+    },
+}
+INSTANCES = [
+    {"metadata": {"name": "flex-1"}, "spec": {"index": 1, "role": "decode", "nodes": 1},
+     "status": {"role": "decode", "phase": "Ready", "readyPods": 1, "nodeNames": ["gpu-3"]}},
+    {"metadata": {"name": "flex-0"}, "spec": {"index": 0, "role": "prefill", "nodes": 1},
+     "status": {"role": "prefill", "phase": "Draining", "readyPods": 1, "nodeNames": ["gpu-0"]}},
+]
+
+
+def test_render_shows_instances_in_index_order_with_roles_phases_and_switches() -> None:
+    out = io.StringIO()
+    render(HS, INSTANCES, out)
+    text = out.getvalue()
+    assert "flex  ready=True  prefill 1/1  decode 2/2" in text
+    assert "KV capacity: 2.10M tokens" in text
+    assert text.index("flex-0") < text.index("flex-1")
+    assert "Draining" in text and "gpu-3" in text
+    assert "RoleSwitching" in text and "switching: flex-2" in text
+    assert "in-place" in text and "decode KV 93%" in text
+
+
+def test_render_without_status_says_so_instead_of_failing() -> None:
+    out = io.StringIO()
+    render({"metadata": {"name": "new", "generation": 1}}, [], out)
+    assert "ready=Unknown" in out.getvalue() and "no role switches yet" in out.getvalue()
