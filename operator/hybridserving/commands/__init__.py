@@ -1,0 +1,1 @@
+"""Subcommands of the `hybridserving` CLI, one module each exposing `register(subparsers)`."""
