@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from hybridserving.api.v1alpha1 import HardwareSpec
-from hybridserving.commands import status
+from hybridserving.commands import simulate, status
 from hybridserving.core import capacity, transfer
 from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
 from hybridserving.core.profiles import PROFILES
@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-dcp", type=int, required=True)
     p.add_argument("--tokens", type=int, required=True)
     p.add_argument("--page-size", type=int, default=transfer.DEFAULT_PAGE_SIZE)
+    simulate.register(sub)
     status.register(sub)
     return parser
 

@@ -1,0 +1,107 @@
+"""`hybridserving simulate`: replay a trace through the fleet simulator under one policy.
+
+    hybridserving simulate --trace mix-shift --policy ours [--instances 8] [--rate-scale 1.5]
+                           [--goodput] [-o json] [--plot out.png]
+
+`--trace` is a workload name (mix-shift, diurnal, agentic, mooncake) or a trace file (Azure CSV
+or Mooncake JSONL). Dynamic policies start from the best static split at the chosen rate and use
+the first setting of their benchmark sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TextIO
+
+from hybridserving.fleetsim import traces
+from hybridserving.fleetsim.experiment import (
+    DEFAULT_SLO,
+    POLICIES,
+    Runner,
+    Workload,
+    fleet_model,
+    load_workload,
+    policy_sweeps,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("simulate", help="replay a trace through the fleet simulator under one role-switch policy")
+    p.add_argument("--trace", required=True, help="mix-shift | diurnal | agentic | mooncake | path to .csv/.jsonl")
+    p.add_argument("--policy", required=True, choices=POLICIES)
+    p.add_argument("--instances", type=int, default=8, help="instances of 8 GPUs (default 8)")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    p.add_argument("--goodput", action="store_true", help="also search the highest rate with ≥90%% SLO attainment")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.add_argument("--plot", type=Path, help="write a PNG of load, split and SLO attainment over time")
+    p.set_defaults(func=run)
+
+
+def _workload(spec: str) -> Workload:
+    path = Path(spec)
+    if path.suffix == ".csv":
+        return Workload(path.stem, path.name, traces.read_azure_csv(path), DEFAULT_SLO)
+    if path.suffix == ".jsonl":
+        return Workload(path.stem, path.name, traces.read_mooncake_jsonl(path), DEFAULT_SLO)
+    return load_workload(spec)
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    w = _workload(args.trace)
+    model = fleet_model()
+    runner = Runner(w, args.instances, model, iterations=7)
+    slo = w.slo
+    split, static_att = runner.best_static(args.rate_scale)
+    result = None
+    if args.policy == "static":
+        result = runner.statics(args.rate_scale)[split - 1]
+        attainment = static_att
+
+        def at(s: float) -> float:
+            return runner.best_static(s)[1]
+
+    elif args.policy == "oracle":
+        attainment = runner.oracle(args.rate_scale)
+        at = runner.oracle
+    else:
+        sweep = policy_sweeps(model, slo, quick=True)[args.policy]
+        setting = sweep.grid[0]
+        in_place = args.policy != "ours-relaunch"
+        result = runner.simulate(args.rate_scale, split, sweep.make(**setting), in_place=in_place, name=args.policy)
+        attainment = result.attainment(slo.ttft_s, slo.tpot_s)
+
+        def at(s: float) -> float:
+            k, _ = runner.best_static(s)
+            return runner.simulate(s, k, sweep.make(**setting), in_place=in_place, name=args.policy).attainment(slo.ttft_s, slo.tpot_s)
+
+    summary = {
+        "trace": w.key,
+        "policy": args.policy,
+        "instances": args.instances,
+        "gpus": args.instances * 8,
+        "rate_scale": args.rate_scale,
+        "rate_rps": w.trace.rate * args.rate_scale,
+        "initial_split": {"prefill": split, "decode": args.instances - split},
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+        "attainment": attainment,
+        "switches": result.switches if result else 0,
+        "drain_s": result.drain_s if result else 0.0,
+        "switch_s": result.switch_s if result else 0.0,
+    }
+    if args.goodput:
+        scale = runner.goodput(at)
+        summary["goodput_rps"] = w.trace.rate * scale
+        summary["goodput_rps_per_gpu"] = w.trace.rate * scale / (args.instances * 8)
+    if args.plot and result is not None:
+        from hybridserving.fleetsim.plot import plot_runs
+
+        plot_runs(args.plot, w.trace.scaled(args.rate_scale), [result], slo)
+        summary["plot"] = str(args.plot)
+    if args.output == "json":
+        out.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        for key, value in summary.items():
+            out.write(f"{key}: {value}\n")
+    return 0

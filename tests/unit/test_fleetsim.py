@@ -1,0 +1,189 @@
+"""The fleet simulator, its trace readers and the goodput search."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.core.policy import PolicyConfig, RoleSwitchPolicy
+from hybridserving.core.profiles import PROFILES
+from hybridserving.fleetsim import traces
+from hybridserving.fleetsim.baselines import PolicyController, RestartRebalancer, SplitwiseMixedPool
+from hybridserving.fleetsim.goodput import Slo, oracle_attainment, search_goodput
+from hybridserving.fleetsim.simulator import FleetConfig, FleetSimulator
+
+MODEL = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8)
+REPO = Path(__file__).resolve().parents[2]
+TRACES = Path(os.environ.get("HYBRIDSERVING_TRACES", REPO.parent / "shared" / "traces"))
+
+
+def test_azure_csv_reader(tmp_path):
+    f = tmp_path / "azure.csv"
+    f.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:17:03.9799600,4808,10\n"
+        "2023-11-16 18:17:04.0319600,3180,8\n"
+        "2023-11-16 18:17:05.5000000,100,0\n"
+    )
+    t = traces.read_azure_csv(f)
+    assert t.arrival_s.tolist() == pytest.approx([0.0, 0.052, 1.52004], abs=1e-6)
+    assert t.prompt_tokens.tolist() == [4808, 3180, 100]
+    assert t.output_tokens.tolist() == [10, 8, 1]  # at least one output token
+    assert traces.read_azure_csv(f, limit=2).prompt_tokens.tolist() == [4808, 3180]
+
+
+def test_mooncake_reader_counts_prefix_hits_from_repeated_blocks(tmp_path):
+    f = tmp_path / "mc.jsonl"
+    rows = [
+        {"timestamp": 0, "input_length": 1500, "output_length": 10, "hash_ids": [1, 2, 3]},
+        {"timestamp": 2500, "input_length": 1600, "output_length": 20, "hash_ids": [1, 2, 4, 5]},
+        {"timestamp": 3000, "input_length": 600, "output_length": 5, "hash_ids": [9, 1]},
+    ]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    t = traces.read_mooncake_jsonl(f)
+    assert t.arrival_s.tolist() == [0.0, 2.5, 3.0]
+    assert t.cached_tokens.tolist() == [0, 1024, 0]  # leading run of seen blocks only
+
+
+def test_scaling_and_folding_keep_requests_and_change_rate():
+    t = traces.make_trace("x", np.arange(100.0), np.full(100, 1000), np.full(100, 50))
+    assert traces.Trace.scaled(t, 2.0).duration_s == pytest.approx(t.duration_s / 2)
+    folded = traces.fold(t, 25.0)
+    assert len(folded) == 100 and folded.duration_s < 25.0
+
+
+def test_mix_shift_alternates_prefill_and_decode_heavy_segments():
+    rng = np.random.default_rng(0)
+    code = traces.make_trace("code", np.sort(rng.uniform(0, 3600, 500)), np.full(500, 2000), np.full(500, 20))
+    conv = traces.make_trace("conv", np.sort(rng.uniform(0, 3600, 500)), np.full(500, 1000), np.full(500, 200))
+    mix = traces.mix_shift(code, conv, segment_s=600.0, segments=4)
+    seg = (mix.arrival_s // 600).astype(int)
+    assert set(mix.output_tokens[seg == 0]) == {20} and set(mix.output_tokens[seg == 1]) == {200}
+    assert len(mix) == 4 * 500
+
+
+def test_agentic_sessions_grow_context_and_hit_the_cache():
+    t = traces.agentic_sessions(sessions=6, context_tokens=100_000, duration_s=1800, waves=2)
+    assert t.prompt_tokens.max() <= 100_000 + 6000 and t.prompt_tokens.min() >= 50_000
+    assert (t.cached_tokens > 0).mean() > 0.5 and np.all(t.cached_tokens < t.prompt_tokens)
+
+
+@pytest.mark.skipif(not (TRACES / "conversation_trace.jsonl").exists(), reason=f"public traces not found at {TRACES} (set HYBRIDSERVING_TRACES)")
+def test_reads_the_first_rows_of_the_real_traces():
+    code = traces.read_azure_csv(TRACES / "AzureLLMInferenceTrace_code.csv", limit=200)
+    conv = traces.read_azure_csv(TRACES / "AzureLLMInferenceTrace_conv.csv", limit=200)
+    kimi = traces.read_mooncake_jsonl(TRACES / "conversation_trace.jsonl", limit=200)
+    for t in (code, conv, kimi):
+        assert len(t) == 200 and t.prompt_tokens.min() >= 1 and np.all(np.diff(t.arrival_s) >= 0)
+    assert code.prompt_tokens.mean() / code.output_tokens.mean() > conv.prompt_tokens.mean() / conv.output_tokens.mean()
+
+
+def poisson(rate, duration, prompt, output, seed=0):
+    rng = np.random.default_rng(seed)
+    n = rng.poisson(rate * duration)
+    return traces.make_trace("p", np.sort(rng.uniform(0, duration, n)), np.full(n, prompt), np.full(n, output))
+
+
+def test_light_load_meets_the_perf_model_latencies():
+    trace = poisson(0.2, 300, 4096, 100)
+    r = FleetSimulator(FleetConfig(4, 2, MODEL)).run(trace)
+    assert np.all(np.isfinite(r.ttft_s)) and np.all(np.isfinite(r.tpot_s))
+    floor = MODEL.prefill_seconds(4096) + MODEL.transfer_seconds(4096)
+    assert r.ttft_s.min() == pytest.approx(floor, rel=1e-6)
+    assert r.tpot_s.min() >= MODEL.decode_step_seconds(1, 4096) * 0.999
+    assert r.attainment(2.0, 0.05) == 1.0
+
+
+def test_decode_kv_exhaustion_is_a_cliff_for_ttft():
+    small = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8, kv_tokens=200_000)
+    trace = poisson(4.0, 200, 8000, 1500)
+    roomy = FleetSimulator(FleetConfig(4, 2, MODEL)).run(trace)
+    tight = FleetSimulator(FleetConfig(4, 2, small)).run(trace)
+    assert np.median(tight.ttft_s) > 5 * np.median(roomy.ttft_s)
+
+
+def test_more_decode_instances_lower_tpot_under_decode_heavy_load():
+    trace = poisson(20.0, 200, 500, 400)
+    one = FleetSimulator(FleetConfig(4, 3, MODEL)).run(trace)
+    three = FleetSimulator(FleetConfig(4, 1, MODEL)).run(trace)
+    assert np.median(three.tpot_s) < np.median(one.tpot_s)
+
+
+class Checked:
+    """Wraps a controller and asserts the fleet invariants at every tick of a simulation."""
+
+    def __init__(self, inner, cfg: PolicyConfig):
+        self.inner, self.cfg, self.name = inner, cfg, inner.name
+        self.ticks = 0
+
+    def tick(self, now, fleet, metrics):
+        self.ticks += 1
+        in_flight = sum(1 for s in fleet if s.phase != "serving")
+        assert in_flight <= self.cfg.max_concurrent
+        for role, floor in (("prefill", self.cfg.min_prefill), ("decode", self.cfg.min_decode)):
+            assert sum(1 for s in fleet if s.role == role and s.phase == "serving") >= floor
+        decisions = self.inner.tick(now, fleet, metrics)
+        for d in decisions:
+            s = next(x for x in fleet if x.name == d.instance)
+            assert not s.pinned
+            assert s.last_switch_at is None or now - s.last_switch_at >= self.cfg.cooldown_s
+        return decisions
+
+
+def shifting_trace():
+    a = poisson(12.0, 600, 6000, 30, seed=1)
+    b = poisson(12.0, 600, 600, 600, seed=2)
+    return traces.make_trace(
+        "shift",
+        np.concatenate([a.arrival_s, b.arrival_s + 600]),
+        np.concatenate([a.prompt_tokens, b.prompt_tokens]),
+        np.concatenate([a.output_tokens, b.output_tokens]),
+    )
+
+
+def test_policy_follows_a_mix_shift_within_its_invariants():
+    cfg = PolicyConfig(cooldown_s=120, sustain_s=10, max_concurrent=2, min_prefill=1, min_decode=1)
+    ctl = Checked(PolicyController(RoleSwitchPolicy(cfg, MODEL)), cfg)
+    sim = FleetSimulator(FleetConfig(6, 3, MODEL), ctl, pinned=["i005"])
+    r = sim.run(shifting_trace(), "ours")
+    assert ctl.ticks > 100 and r.switches >= 1
+    assert np.all(np.isfinite(r.ttft_s))  # every request finished
+    assert "i005" not in {d.instance for _, d in r.decisions}
+    first_half = r.timeline_prefill[r.timeline_t < 600].max()
+    assert first_half > 3  # moved towards prefill while prompts were long
+
+
+def test_restart_based_and_splitwise_run_and_respect_floors():
+    cfg = PolicyConfig(max_concurrent=8, min_prefill=1, min_decode=1, cooldown_s=0)
+    for inner in (RestartRebalancer(cfg, MODEL, interval_s=60), SplitwiseMixedPool(cfg)):
+        r = FleetSimulator(FleetConfig(6, 3, MODEL, in_place=not isinstance(inner, RestartRebalancer)), Checked(inner, cfg)).run(
+            shifting_trace(), inner.name
+        )
+        assert np.isfinite(r.ttft_s).all()
+
+
+def test_goodput_search_finds_the_threshold_of_a_monotone_curve():
+    assert search_goodput(lambda s: 1.0 if s <= 2.5 else 0.5, low=0.1, high=10, iterations=20) == pytest.approx(2.5, rel=1e-3)
+    assert search_goodput(lambda s: 0.0) == 0.0
+
+
+def test_oracle_is_at_least_every_static_split():
+    trace = shifting_trace()
+    slo = Slo(2.0, 0.05)
+    results = [FleetSimulator(FleetConfig(4, k, MODEL)).run(trace) for k in (1, 2, 3)]
+    oracle = oracle_attainment(results, slo, 120.0)
+    assert all(oracle >= r.attainment(slo.ttft_s, slo.tpot_s) - 1e-12 for r in results)
+
+
+def test_an_hour_of_a_small_fleet_simulates_quickly():
+    import time
+
+    trace = poisson(10.0, 3600, 2000, 200)
+    start = time.process_time()
+    FleetSimulator(FleetConfig(8, 4, MODEL)).run(trace)
+    assert time.process_time() - start < 30

@@ -1,0 +1,180 @@
+"""The role-switch policy: invariants checked at every tick of whole simulated scenarios."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.core.policy import (
+    InstanceMetrics,
+    InstanceState,
+    PolicyConfig,
+    PolicyMemory,
+    RoleSwitchPolicy,
+)
+from hybridserving.core.profiles import PROFILES
+
+MODEL = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8)
+
+
+def fleet(prefill: int, decode: int, **kw) -> list[InstanceState]:
+    return [InstanceState(f"p{i}", "prefill", **kw) for i in range(prefill)] + [
+        InstanceState(f"d{i}", "decode", **kw) for i in range(decode)
+    ]
+
+
+def metrics_for(states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, wait_s: float = 0.0):
+    out = {}
+    for i, s in enumerate(states):
+        if s.role == "prefill":
+            out[s.name] = InstanceMetrics(
+                "prefill",
+                prefill_queue_tokens=queue_tokens + i,
+                prefill_queue_reqs=1 if queue_tokens else 0,
+                prefill_wait_s=wait_s,
+                utilization=prefill_util,
+            )
+        else:
+            out[s.name] = InstanceMetrics("decode", kv_usage=decode_kv, running_reqs=int(decode_kv * 100) + i)
+    return out
+
+
+def test_sustained_prefill_pressure_moves_the_least_loaded_decode_instance():
+    policy = RoleSwitchPolicy(PolicyConfig(sustain_s=20), MODEL)
+    states = fleet(2, 6)
+    memory = PolicyMemory()
+    decision = None
+    for t in range(0, 40, 5):
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0, 0.1, 50_000, 3.0), memory)
+        if decision:
+            break
+    assert decision is not None and t >= 20
+    assert decision.to_role == "prefill" and decision.instance == "d0"  # fewest running requests
+    assert decision.mode == "in-place" and decision.expected_benefit_s > 0
+
+
+def test_pressure_that_is_not_sustained_switches_nothing():
+    policy = RoleSwitchPolicy(PolicyConfig(sustain_s=30), MODEL)
+    states = fleet(2, 6)
+    memory = PolicyMemory()
+    for t in range(0, 300, 5):
+        hot = (t // 10) % 2 == 0  # pressure for 10 s, then calm for 10 s
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0 if hot else 0.3, 0.1), memory)
+        assert decision is None
+
+
+def test_relaunch_that_cannot_pay_back_within_the_cooldown_is_not_started():
+    cfg = PolicyConfig(sustain_s=0, cooldown_s=300)
+    states = fleet(2, 6, in_place=False)
+    m = metrics_for(states, 1.0, 0.1, 50_000, 3.0)
+    decision, _ = RoleSwitchPolicy(cfg, MODEL).decide(0.0, states, m)
+    assert decision is None  # 780 s of relaunch > 300 s horizon
+    decision, _ = RoleSwitchPolicy(replace(cfg, cooldown_s=3600), MODEL).decide(0.0, states, m)
+    assert decision is not None and decision.mode == "relaunch"
+
+
+def test_disabled_or_paused_decides_nothing():
+    states = fleet(2, 6)
+    m = metrics_for(states, 1.0, 0.1, 50_000, 3.0)
+    for cfg in (PolicyConfig(sustain_s=0, enabled=False), PolicyConfig(sustain_s=0, paused=True)):
+        assert RoleSwitchPolicy(cfg, MODEL).decide(0.0, states, m)[0] is None
+
+
+def test_pinned_instances_are_never_chosen():
+    states = [replace(s, pinned=s.role == "decode" and s.name != "d5") for s in fleet(2, 6)]
+    decision, _ = RoleSwitchPolicy(PolicyConfig(sustain_s=0), MODEL).decide(
+        0.0, states, metrics_for(states, 1.0, 0.1, 50_000, 3.0)
+    )
+    assert decision is not None and decision.instance == "d5"
+
+
+def test_from_spec_reads_the_api_fields():
+    from hybridserving.api.v1alpha1 import RoleSwitchSpec
+
+    spec = RoleSwitchSpec(enabled=True, min_prefill=2, min_decode=3, cooldown_seconds=120, max_concurrent=2)
+    cfg = PolicyConfig.from_spec(spec, paused=True)
+    assert (cfg.min_prefill, cfg.min_decode, cfg.cooldown_s, cfg.max_concurrent, cfg.paused) == (2, 3, 120.0, 2, True)
+    assert cfg.ttft_slo_s == 2.0 and cfg.tpot_slo_s == 0.05
+
+
+class Fleet:
+    """A scripted fleet: applies decisions, completes switches after a fixed time, checks invariants."""
+
+    def __init__(self, prefill: int, decode: int, cfg: PolicyConfig, pinned=()):
+        self.states = {s.name: replace(s, pinned=s.name in pinned) for s in fleet(prefill, decode)}
+        self.cfg = cfg
+        self.policy = RoleSwitchPolicy(cfg, MODEL)
+        self.memory = PolicyMemory()
+        self.started: dict[str, float] = {}
+        self.switches: list[tuple[float, str, str]] = []
+
+    def step(self, t: float, prefill_util: float, decode_kv: float, queue: int, wait: float) -> None:
+        for name, at in list(self.started.items()):
+            if t - at >= 15:
+                s = self.states[name]
+                self.states[name] = replace(s, role=s.target_role, target_role=None, phase="serving", last_switch_at=t)
+                del self.started[name]
+        states = list(self.states.values())
+        decision, self.memory = self.policy.decide(t, states, metrics_for(states, prefill_util, decode_kv, queue, wait), self.memory)
+        if decision:
+            s = self.states[decision.instance]
+            assert s.phase == "serving" and not s.pinned and s.role == decision.from_role
+            assert s.last_switch_at is None or t - s.last_switch_at >= self.cfg.cooldown_s
+            self.states[s.name] = replace(s, phase="switching", target_role=decision.to_role)
+            self.started[s.name] = t
+            self.switches.append((t, decision.instance, decision.to_role))
+        self.check()
+
+    def check(self) -> None:
+        serving = list(self.states.values())
+        in_flight = [s for s in serving if s.phase != "serving"]
+        assert len(in_flight) <= self.cfg.max_concurrent
+        for role, floor in (("prefill", self.cfg.min_prefill), ("decode", self.cfg.min_decode)):
+            assert sum(1 for s in serving if s.role == role and s.phase == "serving") >= floor
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    loads=st.lists(
+        st.tuples(st.floats(0, 1), st.floats(0, 1), st.integers(0, 200_000), st.floats(0, 10)), min_size=20, max_size=120
+    ),
+    max_concurrent=st.integers(1, 3),
+    min_prefill=st.integers(1, 3),
+    min_decode=st.integers(1, 3),
+    pinned=st.sets(st.sampled_from(["p0", "p1", "d0", "d1", "d2"])),
+)
+def test_invariants_hold_at_every_tick_under_arbitrary_load(loads, max_concurrent, min_prefill, min_decode, pinned):
+    cfg = PolicyConfig(max_concurrent=max_concurrent, min_prefill=min_prefill, min_decode=min_decode, cooldown_s=60, sustain_s=10)
+    f = Fleet(4, 4, cfg, pinned)
+    for i, (util, kv, queue, wait) in enumerate(loads):
+        # each load holds for 30 s so that sustained pressure can actually trigger switches
+        for k in range(6):
+            f.step(i * 30.0 + k * 5.0, util, kv, queue, wait)
+    moved = {name for _, name, _ in f.switches}
+    assert not moved & set(pinned)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_metrics_around_the_thresholds_do_not_flap(seed):
+    import random
+
+    rng = random.Random(seed)
+    cfg = PolicyConfig(cooldown_s=300, sustain_s=20)
+    f = Fleet(4, 4, cfg)
+    for t in range(0, 3600, 5):
+        # a balanced fleet whose prefill hovers just around its target, decode comfortably loaded
+        f.step(float(t), 0.85 * (1 + rng.uniform(-0.15, 0.15)), 0.5 + rng.uniform(-0.1, 0.1), 0, 0.0)
+    directions = [to for _, _, to in f.switches]
+    reversals = sum(1 for a, b in zip(directions, directions[1:]) if a != b)
+    assert reversals == 0
+
+
+def test_decisions_are_deterministic():
+    states = fleet(3, 5)
+    m = metrics_for(states, 1.0, 0.2, 80_000, 4.0)
+    policy = RoleSwitchPolicy(PolicyConfig(sustain_s=0), MODEL)
+    assert policy.decide(10.0, states, m) == policy.decide(10.0, states, m)
