@@ -1,0 +1,44 @@
+"""`python -m hybridserving.controller`: run the operator (one replica; see docs/operator.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import kopf
+from prometheus_client import start_http_server
+
+from hybridserving.controller import handlers
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hybridserving.controller", description=__doc__)
+    ap.add_argument("--namespace", "-n", action="append", default=[],
+                    help="watch only these namespaces (repeatable); default: the whole cluster")
+    ap.add_argument("--kubeconfig", default=None, help="outside a cluster: the kubeconfig (default $KUBECONFIG)")
+    ap.add_argument("--workers", type=int, default=4, help="HybridServings reconciled in parallel")
+    ap.add_argument("--resync-seconds", type=float, default=60.0, help="reconcile every fleet at least this often")
+    ap.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
+    ap.add_argument("--verbose", "-v", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # kopf logs every handled watch event; the reconcile logs what matters.
+        logging.getLogger("kopf").setLevel(logging.WARNING)
+    handlers.OPTIONS.kubeconfig = args.kubeconfig
+    handlers.OPTIONS.workers = args.workers
+    handlers.OPTIONS.resync_seconds = args.resync_seconds
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    asyncio.run(kopf.operator(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+    ))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""A coalescing work queue: one reconcile at a time per HybridServing, any number of triggers.
+
+Events on a HybridServing and on every child funnel into one key per HybridServing. A key
+that is queued twice runs once; a key triggered while it runs runs again right after, so no
+change is missed and no two passes over one fleet ever overlap (the controller-runtime
+work-queue contract). Different fleets reconcile in parallel on a few workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from hybridserving.controller import metrics
+
+Key = tuple[str, str]  # (namespace, name)
+
+log = logging.getLogger("hybridserving.controller")
+
+
+class WorkQueue:
+    def __init__(self, work: Callable[[Key], Awaitable[float | None]], workers: int = 4) -> None:
+        self._work = work
+        self._workers = workers
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._running: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.known: set[Key] = set()
+
+    def add(self, key: Key) -> None:
+        """Reconcile `key` soon (once, however many times it is added meanwhile)."""
+        self.known.add(key)
+        if key in self._running:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+            metrics.QUEUE_DEPTH.set(len(self._queued))
+
+    def add_after(self, key: Key, delay: float) -> None:
+        """Reconcile `key` after `delay` seconds unless an earlier trigger comes first."""
+        loop = asyncio.get_running_loop()
+        timer = self._timers.get(key)
+        if timer is not None and timer.when() <= loop.time() + delay:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._timers[key] = loop.call_later(delay, self._fire, key)
+
+    def _fire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def forget(self, key: Key) -> None:
+        self.known.discard(key)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker(), name=f"reconcile-{i}") for i in range(self._workers)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for timer in self._timers.values():
+            timer.cancel()
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            metrics.QUEUE_DEPTH.set(len(self._queued))
+            self._running.add(key)
+            delay: float | None = None
+            try:
+                delay = await self._work(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one fleet's failure must not stop the others
+                log.exception("reconcile of %s/%s failed", *key)
+                delay = 5.0
+            finally:
+                self._running.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self.add(key)
+            elif delay is not None and key in self.known:
+                self.add_after(key, delay)

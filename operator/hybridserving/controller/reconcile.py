@@ -1,0 +1,251 @@
+"""One level-triggered reconcile of one HybridServing: observe, plan, act, report.
+
+It reads everything it needs from the cluster on every pass and keeps nothing in memory,
+so any trigger (an event on the HybridServing or on a child, a resync, a restart) runs the
+same code to the same result. The steps:
+
+1. observe: the HybridServing and every object labelled with its name, kept only when the
+   ownerReferences lead back to it;
+2. validate: pydantic and the layout rules; an invalid spec is reported and the fleet is
+   planned from the last valid spec (kept in the `<name>-applied` ConfigMap), so a bad edit
+   never touches a serving fleet;
+3. plan and diff (pure, `core.planner`);
+4. act: each action as one conditional write; a 409/404 ends the pass early and asks for a
+   quick retry, because what follows was planned from a state that no longer holds;
+5. report: instance status, HybridServing status and conditions (only when they change),
+   and an Event per kind of decision.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec
+from hybridserving.controller import metrics
+from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
+from hybridserving.controller.status import Validation, changed, fleet_status, instance_status, now
+from hybridserving.core import layout, planner
+from hybridserving.core.planner import LABEL_NAME, Action, DesiredState, Observed
+
+log = logging.getLogger("hybridserving.controller")
+
+# How soon to look again while something is still moving (pods start, old pods go away).
+FOLLOW_UP_SECONDS = 2.0
+
+
+@dataclass
+class Outcome:
+    """What one pass did, and when the next one should come at the latest."""
+
+    actions: list[Action] = field(default_factory=list)
+    applied: int = 0
+    conflict: bool = False
+    errors: list[str] = field(default_factory=list)
+    requeue_after: float | None = None
+    gone: bool = False
+
+
+def observe(kube: Kube, namespace: str, name: str, hs_uid: str) -> Observed:
+    """Every child of the HybridServing: listed by its label, kept when ownership leads back to it."""
+    selector = {LABEL_NAME: name}
+    instances = [
+        i for i in kube.list(INSTANCE_KIND, namespace, selector)
+        if hs_uid in {r.get("uid") for r in i["metadata"].get("ownerReferences") or []}
+    ]
+    instance_uids = {i["metadata"]["uid"] for i in instances}
+    owners = instance_uids | {hs_uid}
+
+    def ours(obj: dict[str, Any]) -> bool:
+        return bool(owners & {r.get("uid") for r in obj["metadata"].get("ownerReferences") or []})
+
+    pods = [p for p in kube.list("Pod", namespace, selector) if ours(p)]
+    objects = [o for kind in OWNED_KINDS for o in kube.list(kind, namespace, selector) if ours(o)]
+    return Observed.from_manifests(instances, pods, objects)
+
+
+def validate(body: dict[str, Any]) -> tuple[HybridServing | None, Validation]:
+    """The typed HybridServing and what is wrong with it (CEL catches much, not everything)."""
+    try:
+        hs = HybridServing.model_validate(
+            {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+        )
+    except ValidationError as exc:
+        errors = "; ".join(
+            f"spec.{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" if e["loc"][:1] == ("spec",)
+            else f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in exc.errors()
+        )
+        return None, Validation(issues=(), parse_error=errors)
+    issues = layout.validate(hs.spec)
+    return hs, Validation(issues=issues)
+
+
+def last_applied(observed: Observed, name: str) -> HybridServingSpec | None:
+    """The spec the fleet was last planned from, if one was ever valid."""
+    obj = observed.objects.get(("ConfigMap", planner.applied_spec_name(name)))
+    if obj is None:
+        return None
+    try:
+        return HybridServingSpec.model_validate(json.loads((obj.get("data") or {})["spec.json"]))
+    except (KeyError, ValueError, ValidationError):
+        return None
+
+
+def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome) -> None:
+    """Apply actions in order; stop at the first conflict (the rest was planned on stale state)."""
+    for action in actions:
+        try:
+            if action.verb == "create":
+                assert action.body is not None
+                kube.create(action.kind, namespace, action.body)
+            elif action.verb == "patch":
+                assert action.body is not None
+                body = action.body
+                if action.kind not in ("Pod", INSTANCE_KIND):
+                    body = {k: v for k, v in body.items() if k not in ("apiVersion", "kind")}
+                    body["metadata"] = {k: v for k, v in body["metadata"].items() if k not in ("name", "namespace")}
+                kube.patch(action.kind, namespace, action.name, body,
+                           resource_version=action.resource_version, uid=action.uid)
+            else:
+                kube.delete(action.kind, namespace, action.name, uid=action.uid)
+        except KubeError as exc:
+            if exc.conflict:
+                outcome.conflict = True
+                metrics.CONFLICTS.inc()
+                log.info("%s/%s: %s (%s); retrying from a fresh read", namespace, action.name, exc.status,
+                         exc.message)
+                return
+            outcome.errors.append(f"{action}: {exc}")
+            metrics.ACTION_ERRORS.labels(action.kind).inc()
+            continue
+        outcome.applied += 1
+        metrics.ACTIONS.labels(action.verb, action.kind).inc()
+
+
+def count_switches(observed: Observed, applied: list[Action]) -> None:
+    """A switch is adopted once: when the instance's hash takes the new role's flags half."""
+    for action in applied:
+        if action.kind != INSTANCE_KIND or "role switched" not in action.reason:
+            continue
+        inst = observed.instances[action.name]
+        leader = next((p for p in observed.pods_of(action.name) if p.rank == 0), None)
+        if leader is not None:
+            from_role = leader.annotations.get(planner.ANNOTATION_ROLE, "")
+            metrics.ROLE_SWITCHES.labels(from_role, inst.spec.role).inc()
+
+
+def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warning: str | None) -> None:
+    """One Event per kind of decision this pass made, naming every object and the first reason."""
+    grouped: dict[tuple[str, str], list[Action]] = defaultdict(list)
+    for a in actions:
+        grouped[(a.verb, a.kind)].append(a)
+    events = []
+    for (verb, kind), group in grouped.items():
+        reason = {
+            "create": "Created", "patch": "Updated", "delete": "Deleted",
+        }[verb] + kind.replace("HybridServingInstance", "Instance")
+        if any("gang restart" in a.reason for a in group):
+            reason = "GangRestart"
+        elif any("rolling" in a.reason for a in group):
+            reason = "RollingUpdate"
+        elif any("role switched" in a.reason for a in group):
+            reason = "RoleSwitch"
+        names = ", ".join(a.name for a in group[:20]) + (f" and {len(group) - 20} more" if len(group) > 20 else "")
+        events.append(("Normal", reason, f"{verb} {kind} {names}: {group[0].reason}"))
+    if warning:
+        events.append(("Warning", "LayoutInvalid", warning))
+    meta = hs_body["metadata"]
+    for type_, reason, message in events:
+        stamp = now()
+        try:
+            kube.create("Event", meta["namespace"], {
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": hs_body.get("apiVersion"), "kind": KIND, "name": meta["name"],
+                                   "namespace": meta["namespace"], "uid": meta.get("uid")},
+                "type": type_, "reason": reason, "message": message[:1000],
+                "source": {"component": "hybridserving-operator"},
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            })
+        except KubeError as exc:  # events are best effort: never fail a reconcile on them
+            log.debug("event not posted: %s", exc)
+
+
+def report_instances(kube: Kube, namespace: str, views: dict[str, planner.InstanceView]) -> None:
+    """Instance status, written only where it changed."""
+    for name, v in views.items():
+        new = instance_status(v, v.observed.generation)
+        if any(v.observed.status.get(k) != val for k, val in new.items()):
+            try:
+                kube.patch(INSTANCE_KIND, namespace, name, {"status": new}, subresource="status")
+            except KubeError as exc:
+                if not exc.conflict:
+                    raise
+
+
+def reconcile(kube: Kube, namespace: str, name: str,
+              plan_hook: Callable[[list[Action]], list[Action]] | None = None) -> Outcome:
+    """One pass over one HybridServing. `plan_hook` lets tests cut a pass short (a crash)."""
+    started = time.monotonic()
+    outcome = Outcome()
+    try:
+        body = kube.get(KIND, namespace, name)
+    except KubeError as exc:
+        if exc.status == 404:
+            outcome.gone = True
+            return outcome
+        raise
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        outcome.gone = True  # the garbage collector takes the children
+        return outcome
+    generation = meta.get("generation")
+    observed = observe(kube, namespace, name, meta["uid"])
+    hs, validation = validate(body)
+    effective: HybridServing | None = hs if validation.valid else None
+    if effective is None:
+        good = last_applied(observed, name)
+        if good is not None:
+            effective = HybridServing.model_validate(
+                {"metadata": meta, "spec": good.to_wire()}
+            )
+    desired: DesiredState | None = None
+    if effective is not None:
+        desired = planner.plan(effective, observed)
+        outcome.actions = planner.diff(desired, observed)
+        todo = plan_hook(outcome.actions) if plan_hook else outcome.actions
+        act(kube, namespace, todo, outcome)
+    if outcome.applied:
+        count_switches(observed, outcome.actions[: outcome.applied])
+        observed = observe(kube, namespace, name, meta["uid"])
+    views = planner.view(desired, observed) if desired is not None else {}
+    if not outcome.conflict:
+        report_instances(kube, namespace, views)
+    previous = body.get("status") or {}
+    warning = None
+    was_valid = {c.get("type"): c.get("status") for c in previous.get("conditions") or []}.get("LayoutValid")
+    if not validation.valid and was_valid != "False":
+        warning = validation.message()
+    status = fleet_status(desired, observed, views, validation, generation, previous,
+                          len(outcome.actions) - outcome.applied if outcome.actions else 0, outcome.errors)
+    if changed(previous, status):
+        try:
+            kube.patch(KIND, namespace, name, {"status": status}, subresource="status")
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+    if outcome.applied or warning:
+        post_events(kube, body, outcome.actions[: outcome.applied], warning)
+    if outcome.conflict or outcome.errors:
+        outcome.requeue_after = 1.0
+    elif outcome.actions or status.get("ready") != "True":
+        outcome.requeue_after = FOLLOW_UP_SECONDS if outcome.actions else 10.0
+    metrics.DURATION.observe(time.monotonic() - started)
+    return outcome

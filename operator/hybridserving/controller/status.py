@@ -1,0 +1,233 @@
+"""What the operator reports: HybridServing status, conditions and instance status.
+
+Everything here is computed from the plan and the observed state (no API calls), so a
+restarted operator reports the same thing; conditions keep their lastTransitionTime while
+their status stays the same (Kubernetes API conventions).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec
+from hybridserving.core import capacity
+from hybridserving.core.layout import LayoutIssue
+from hybridserving.core.planner import (
+    ANNOTATION_ROLE,
+    SWITCH_PHASES,
+    DesiredState,
+    InstanceView,
+    Observed,
+)
+
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "LayoutValid", "RoleSwitching")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The outcome of checking a spec: the issues, and whether the fleet follows it."""
+
+    issues: Sequence[LayoutIssue]
+    parse_error: str | None = None
+
+    @property
+    def errors(self) -> list[LayoutIssue]:
+        return [i for i in self.issues if i.severity == "error"]
+
+    @property
+    def valid(self) -> bool:
+        return self.parse_error is None and not self.errors
+
+    def message(self) -> str:
+        if self.parse_error:
+            return self.parse_error
+        shown = self.errors or list(self.issues)
+        return " | ".join(f"{i.path}: {i.message}. Fix: {i.fix}" for i in shown)[:4000]
+
+
+def unschedulable_message(desired: DesiredState, v: InstanceView) -> str:
+    """Why an instance cannot be placed, in the terms of its spec and the scheduler's words."""
+    spec = desired.spec
+    rs = spec.role(v.plan.role)
+    gpus = max(1, rs.layout.world_size // rs.nodes_per_instance)
+    needs = (
+        f"needs {rs.nodes_per_instance} node(s) with {gpus} free {spec.hardware.gpu_resource_name} "
+        f"in one {spec.network.nvlink_domain_key} value"
+    )
+    if rs.nodes_per_instance == 1:
+        needs = f"needs a node with {gpus} free {spec.hardware.gpu_resource_name}"
+    if spec.transfer.rdma_resource_count:
+        needs += f" and {spec.transfer.rdma_resource_count} {spec.transfer.rdma_resource_name}"
+    needs += f", in the {spec.network.rdma_fabric_key} of the fleet"
+    scheduler = next((p.unschedulable for p in v.pods if p.unschedulable), "")
+    return f"{v.plan.name} ({v.plan.role}) {needs}; scheduler: {scheduler}"
+
+
+def instance_phase(v: InstanceView) -> str:
+    """The operator's view of an instance; switch phases belong to the role-switch controller."""
+    if v.observed.phase in SWITCH_PHASES:
+        return v.observed.phase
+    return {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}.get(v.state, "Starting" if v.pods else "Pending")
+
+
+def instance_status(v: InstanceView, generation: int | None) -> dict[str, Any]:
+    pods = [p for p in v.pods if not p.deleting]
+    leader = next((p for p in pods if p.rank == 0), None)
+    status: dict[str, Any] = {
+        "phase": instance_phase(v),
+        "readyPods": sum(1 for p in pods if p.ready and not v.pod_outdated(p)),
+        "podNames": [p.name for p in pods],
+        "nodeNames": [p.node_name or "" for p in pods],
+    }
+    if leader is not None and v.observed.phase not in SWITCH_PHASES:
+        status["role"] = leader.annotations.get(ANNOTATION_ROLE, v.observed.spec.role)
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def capacity_status(spec: HybridServingSpec, decode_instances: int) -> dict[str, Any]:
+    """KV capacity per instance from the layout; zeros with a reason when the layout has none."""
+    try:
+        arch = spec.architecture()
+        decode = capacity.instance_capacity(arch, spec.decode, spec.hardware, role_name="decode")
+        prefill = capacity.instance_capacity(arch, spec.prefill, spec.hardware, role_name="prefill")
+    except (capacity.CapacityError, KeyError, ValueError) as exc:
+        return {"summary": f"no capacity: {exc}"}
+    per_instance = decode.tokens
+    return {
+        "decodeTokensPerInstance": per_instance,
+        "decodeTokensTotal": per_instance * decode_instances,
+        "prefillTokensPerInstance": prefill.tokens,
+        "bytesPerTokenPerRank": int(decode.footprint.per_token),
+        "summary": f"{per_instance / 1e6:.2f}M tokens per decode instance, "
+        f"{per_instance * decode_instances / 1e6:.2f}M in {decode_instances}",
+    }
+
+
+def condition(
+    type_: str, ok: bool | None, reason: str, message: str, generation: int | None,
+    previous: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    old = previous.get(type_) or {}
+    changed = old.get("status") != status
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:4000],
+        "observedGeneration": generation,
+        "lastTransitionTime": now() if changed or not old.get("lastTransitionTime") else old["lastTransitionTime"],
+    }
+
+
+def fleet_status(
+    desired: DesiredState | None,
+    observed: Observed,
+    views: Mapping[str, InstanceView],
+    validation: Validation,
+    generation: int | None,
+    previous_status: Mapping[str, Any] | None,
+    pending_actions: int,
+    errors: Sequence[str],
+) -> dict[str, Any]:
+    """The HybridServing's status: conditions, per-role counts, instances, capacity."""
+    previous = {c.get("type"): c for c in (previous_status or {}).get("conditions") or []}
+    conds: list[dict[str, Any]] = []
+    status: dict[str, Any] = {"observedGeneration": generation}
+    if validation.valid:
+        warnings = [i for i in validation.issues if i.severity == "warning"]
+        conds.append(condition("LayoutValid", True, "LayoutValid",
+                               validation.message() if warnings else "the spec's layout passes every rule",
+                               generation, previous))
+    else:
+        kept = "; the fleet keeps running the last valid spec" if desired is not None else ""
+        conds.append(condition("LayoutValid", False, "LayoutInvalid", validation.message() + kept,
+                               generation, previous))
+    if desired is None:
+        for type_ in ("Ready", "Progressing", "Degraded", "RoleSwitching"):
+            conds.append(condition(type_, None if type_ != "Ready" else False, "NoValidSpec",
+                                   "no valid spec has been applied yet", generation, previous))
+        status.update(conditions=conds, ready="False")
+        return status
+
+    per_role: dict[str, dict[str, Any]] = {}
+    for role in ROLES:
+        planned = [p for p in desired.instances.values() if p.role == role]
+        role_views = [v for v in views.values() if v.plan.role == role]
+        ready = sum(1 for v in role_views if v.available)
+        updated = sum(1 for v in role_views if v.current and not any(v.pod_outdated(p) for p in v.pods))
+        per_role[role] = {"desired": len(planned), "ready": ready, "updated": updated,
+                          "summary": f"{ready}/{len(planned)}"}
+    status.update(per_role)
+    total = sum(r["desired"] for r in per_role.values())
+    ready_total = sum(r["ready"] for r in per_role.values())
+    all_ready = ready_total == total and len(views) == total
+    conds.append(condition(
+        "Ready", all_ready, "AllInstancesReady" if all_ready else "InstancesNotReady",
+        f"prefill {per_role['prefill']['summary']}, decode {per_role['decode']['summary']} instances ready",
+        generation, previous,
+    ))
+    outdated = [v.plan.name for v in views.values() if not v.current]
+    progressing = bool(outdated) or pending_actions > 0 or not all_ready
+    if desired.paused and outdated:
+        reason, message = "RolloutPaused", f"rollout paused with {len(outdated)} instance(s) to roll: {', '.join(outdated)}"
+    elif outdated:
+        reason, message = "RollingOut", f"{len(outdated)} instance(s) to roll, one role at a time: {', '.join(outdated)}"
+    elif progressing:
+        reason, message = "Reconciling", f"{pending_actions} change(s) in flight, {ready_total}/{total} instances ready"
+    else:
+        reason, message = "Complete", "every instance runs the current spec"
+    conds.append(condition("Progressing", progressing, reason, message, generation, previous))
+
+    troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
+    troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values() if v.state == "Failed"]
+    troubles += list(errors)
+    conds.append(condition(
+        "Degraded", bool(troubles),
+        ("Unschedulable" if any(v.state == "Pending" for v in views.values()) else
+         "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
+         "ReconcileError" if errors else "AsExpected"),
+        "; ".join(troubles) if troubles else "no instance is failing or unschedulable",
+        generation, previous,
+    ))
+    switching = [
+        v.plan.name for v in views.values()
+        if v.observed.phase in SWITCH_PHASES
+        or any(p.annotations.get(ANNOTATION_ROLE) != v.plan.role for p in v.pods)
+    ]
+    conds.append(condition(
+        "RoleSwitching", bool(switching), "Switching" if switching else "Idle",
+        f"switching: {', '.join(switching)}" if switching else "no instance is changing role",
+        generation, previous,
+    ))
+    status["conditions"] = conds
+    status["instances"] = [
+        {"name": v.plan.name, "role": v.plan.role, "phase": instance_phase(v),
+         "nodes": [p.node_name or "" for p in v.pods if not p.deleting],
+         "generation": v.observed.spec.config_hash}
+        for v in sorted(views.values(), key=lambda v: v.plan.index)
+    ]
+    status["capacity"] = capacity_status(desired.spec, per_role["decode"]["desired"])
+    status["ready"] = "True" if all_ready else "False"
+    return status
+
+
+def changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether writing `new` would change anything a reader sees (times of unchanged conditions aside)."""
+    def strip(status: Mapping[str, Any] | None) -> dict[str, Any]:
+        out = {k: v for k, v in (status or {}).items() if k in new}
+        out["conditions"] = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in out.get("conditions") or []
+        ]
+        return out
+
+    return strip(previous) != strip(new)

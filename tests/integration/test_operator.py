@@ -1,0 +1,392 @@
+"""The operator against a real control plane: apiserver, etcd, controller-manager, scheduler, kwok.
+
+The operator runs as its own process (`python -m hybridserving.controller`), exactly as in a
+pod, so the kill tests can SIGKILL it anywhere. kwok plays the kubelets of 8 fake nodes with
+8 GPUs each (NVLink domains of 2 nodes); the real scheduler places the pods, the real garbage
+collector removes what a deleted HybridServing owned.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GROUP, VERSION = "hybridserving.io", "v1alpha1"
+KILL_ROUNDS = int(os.environ.get("HYBRIDSERVING_KILL_ROUNDS", "8"))
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
+
+
+class Operator:
+    """The operator process; restartable, killable."""
+
+    def __init__(self, kubeconfig: pathlib.Path, log: pathlib.Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hybridserving.controller", "--metrics-port", "0", "--resync-seconds", "15"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="module")
+def crds(cluster) -> None:
+    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/hybridservings.hybridserving.io", "crd/hybridservinginstances.hybridserving.io")
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, crds, tmp_path_factory) -> Operator:
+    op = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+class Fleet:
+    """One HybridServing in one namespace, and ways to look at what the operator made of it."""
+
+    def __init__(self, cluster, api_client, namespace: str, wait_for: Callable[..., Any], op: Operator) -> None:
+        from kubernetes import client
+
+        self.cluster = cluster
+        self.ns = namespace
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.wait_for = wait_for
+        self.op = op
+        self.name = ""
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        manifest = copy.deepcopy(manifest)
+        manifest["metadata"]["namespace"] = self.ns
+        self.name = manifest["metadata"]["name"]
+        self.cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    def edit(self, change: Callable[[dict[str, Any]], None]) -> None:
+        obj = self.get()
+        spec = obj["spec"]
+        change(spec)
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, "hybridservings", self.name,
+                                                   {"spec": spec})
+
+    def get(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, "hybridservings", self.name)
+
+    def instances(self) -> dict[str, dict[str, Any]]:
+        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.ns, "hybridservinginstances")["items"]
+        return {i["metadata"]["name"]: i for i in items}
+
+    def pods(self) -> dict[str, Any]:
+        return {p.metadata.name: p for p in self.core.list_namespaced_pod(
+            self.ns, label_selector=f"hybridserving.io/name={self.name},hybridserving.io/component=engine").items}
+
+    def uids(self) -> dict[str, str]:
+        return {n: p.metadata.uid for n, p in self.pods().items()}
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        conds = (self.get().get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == type_), {})
+
+    def settled(self) -> bool:
+        obj = self.get()
+        status = obj.get("status") or {}
+        if status.get("observedGeneration") != obj["metadata"]["generation"] or status.get("ready") != "True":
+            return False
+        conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        if conds.get("Progressing") != "False":
+            return False
+        pods = self.pods().values()
+        want = sum(i["spec"]["nodes"] for i in self.instances().values())
+        return len(pods) == want and all(
+            p.status.phase == "Running" and not p.metadata.deletion_timestamp for p in pods)
+
+    def wait_settled(self, timeout: float = 120) -> None:
+        try:
+            self.wait_for(self.settled, timeout=timeout, interval=0.5, what=f"{self.name} settled")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nstatus: {json.dumps(self.get().get('status'), indent=1)[:3000]}\n"
+                                 f"operator log:\n{self.op.tail()}") from None
+
+
+@pytest.fixture
+def fleet(cluster, api_client, namespace, wait_for, operator) -> Fleet:
+    return Fleet(cluster, api_client, namespace, wait_for, operator)
+
+
+def node_labels(fleet: Fleet) -> dict[str, dict[str, str]]:
+    return {n.metadata.name: n.metadata.labels for n in fleet.core.list_node().items}
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def test_an_example_fleet_lands_on_the_right_gpu_nodes(fleet: Fleet) -> None:
+    fleet.apply(example("glm-5.3"))
+    fleet.wait_settled()
+    pods = fleet.pods()
+    instances = fleet.instances()
+    assert sorted(i["spec"]["role"] for i in instances.values()) == ["decode", "decode", "prefill"]
+    assert len(pods) == 3 and len({p.spec.node_name for p in pods.values()}) == 3, "8 GPUs each: a node apiece"
+    for p in pods.values():
+        limits = p.spec.containers[0].resources.limits
+        assert limits["nvidia.com/gpu"] == "8" and limits["rdma/ib"] == "8"
+        role = instances[p.metadata.labels["hybridserving.io/instance"]]["spec"]["role"]
+        assert p.metadata.labels["hybridserving.io/role"] == role
+        assert p.metadata.annotations["hybridserving.io/role"] == role
+    status = fleet.get()["status"]
+    assert status["prefill"]["summary"] == "1/1" and status["decode"]["summary"] == "2/2"
+    assert {c["type"] for c in status["conditions"]} == {"Ready", "Progressing", "Degraded", "LayoutValid",
+                                                         "RoleSwitching"}
+    assert status["capacity"]["decodeTokensPerInstance"] > 0
+    for name in ("glm-53-prefill-config", "glm-53-decode-config"):
+        assert fleet.core.read_namespaced_config_map(name, fleet.ns).data
+    router = fleet.cluster.kubectl("get", "deployment", "glm-53-router", "-n", fleet.ns, "-o", "json").stdout
+    args = json.loads(router)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--service-discovery" in args and "hybridserving.io/role=prefill" in args
+    assert "--service-discovery-namespace" in args and fleet.ns in args
+
+
+def test_multi_node_instances_stay_in_one_nvlink_domain_on_the_host_network(fleet: Fleet) -> None:
+    fleet.apply(example("deepseek-v3"))
+    fleet.wait_settled()
+    labels = node_labels(fleet)
+    pods = fleet.pods()
+    assert len(pods) == 4
+    for inst in fleet.instances():
+        gang = [p for p in pods.values() if p.metadata.labels["hybridserving.io/instance"] == inst]
+        nodes = {p.spec.node_name for p in gang}
+        assert len(nodes) == 2
+        assert len({labels[n]["hybridserving.io/nvlink-domain"] for n in nodes}) == 1
+        assert all(p.spec.host_network for p in gang)
+    fabrics = {labels[p.spec.node_name]["hybridserving.io/rdma-fabric"] for p in pods.values()}
+    assert len(fabrics) == 1
+    ports = [i["spec"]["ports"]["http"] for i in fleet.instances().values()]
+    assert len(set(ports)) == len(ports)
+
+
+def test_leaders_spread_across_racks_when_asked(fleet: Fleet) -> None:
+    manifest = example("role-switch")
+    manifest["spec"]["network"] = {"spreadAcrossRacks": True}
+    fleet.apply(manifest)
+    fleet.wait_settled()
+    labels = node_labels(fleet)
+    racks = [labels[p.spec.node_name]["hybridserving.io/rack"] for p in fleet.pods().values()]
+    assert sorted(racks.count(r) for r in set(racks)) == [2, 2], racks
+
+
+# --------------------------------------------------------------------------- changes
+
+
+def test_scaling_up_and_down_keeps_names_and_other_pods(fleet: Fleet) -> None:
+    fleet.apply(example("role-switch"))
+    fleet.wait_settled()
+    before = fleet.uids()
+    fleet.edit(lambda s: s["decode"].update(replicas=3))
+    fleet.wait_settled()
+    assert sorted(fleet.instances()) == [f"dsv3-flex-{i}" for i in range(5)]
+    assert {n: u for n, u in fleet.uids().items() if n in before} == before
+    fleet.edit(lambda s: s["decode"].update(replicas=1))
+    fleet.wait_settled()
+    roles = [i["spec"]["role"] for i in fleet.instances().values()]
+    assert roles.count("decode") == 1 and roles.count("prefill") == 2
+
+
+def test_a_layout_change_rolls_one_role_within_its_budget(fleet: Fleet) -> None:
+    manifest = example("role-switch")
+    manifest["spec"]["roleSwitch"]["enabled"] = False
+    fleet.apply(manifest)
+    fleet.wait_settled()
+    before = fleet.uids()
+    roles = {n: i["spec"]["role"] for n, i in fleet.instances().items()}
+    fleet.edit(lambda s: s["decode"].update(maxRunningRequests=64))
+    worst = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pods = fleet.pods()
+        down = [n for n, p in pods.items() if p.metadata.deletion_timestamp or not _ready(p)]
+        missing = [n for n in before if n not in pods]
+        worst = max(worst, len(set(down) | set(missing)))
+        assert not any(roles[n.rsplit("-", 1)[0]] == "prefill" for n in set(down) | set(missing))
+        if fleet.settled():
+            break
+        time.sleep(0.2)
+    fleet.wait_settled()
+    assert worst <= 1, f"{worst} decode pods down at once with maxUnavailable 1"
+    after = fleet.uids()
+    for name, uid in before.items():
+        assert (after[name] == uid) == (roles[name.rsplit("-", 1)[0]] == "prefill")
+
+
+def _ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def test_an_image_change_rolls_prefill_before_decode(fleet: Fleet) -> None:
+    manifest = example("role-switch")
+    manifest["spec"]["roleSwitch"]["enabled"] = False
+    fleet.apply(manifest)
+    fleet.wait_settled()
+    fleet.edit(lambda s: s["engine"].update(image="lmsysorg/sglang:v0.5.23-post1"))
+    fleet.wait_settled()
+    pods = fleet.pods()
+    assert {p.spec.containers[0].image for p in pods.values()} == {"lmsysorg/sglang:v0.5.23-post1"}
+    roles = {n: i["spec"]["role"] for n, i in fleet.instances().items()}
+    created = {role: [p.metadata.creation_timestamp for n, p in pods.items()
+                      if roles[n.rsplit("-", 1)[0]] == role] for role in ("prefill", "decode")}
+    assert max(created["prefill"]) <= min(created["decode"]), "decode rolled only after prefill"
+
+
+def test_a_deleted_worker_restarts_its_whole_gang(fleet: Fleet) -> None:
+    fleet.apply(example("deepseek-v3"))
+    fleet.wait_settled()
+    before = fleet.uids()
+    victim = sorted(n for n in before if n.endswith("-1"))[0]
+    instance = victim.rsplit("-", 1)[0]
+    fleet.core.delete_namespaced_pod(victim, fleet.ns)
+    fleet.wait_for(lambda: fleet.instances()[instance]["spec"].get("restartGeneration") == 1, timeout=60,
+                   what="gang restart recorded")
+    fleet.wait_settled()
+    after = fleet.uids()
+    assert after[f"{instance}-0"] != before[f"{instance}-0"], "the leader restarted with its worker"
+    assert all(after[n] == before[n] for n in before if not n.startswith(instance + "-"))
+    events = fleet.core.list_namespaced_event(fleet.ns).items
+    assert any(e.reason == "GangRestart" for e in events)
+
+
+def test_a_role_switch_relabels_the_pods_in_place(fleet: Fleet) -> None:
+    fleet.apply(example("role-switch"))
+    fleet.wait_settled()
+    before = fleet.uids()
+    name = next(n for n, i in sorted(fleet.instances().items()) if i["spec"]["role"] == "decode")
+    # What the role-switch controller does: edit the instance's role.
+    fleet.custom.patch_namespaced_custom_object(GROUP, VERSION, fleet.ns, "hybridservinginstances", name,
+                                                {"spec": {"role": "prefill"}})
+
+    def relabelled() -> bool:
+        leader = fleet.pods()[f"{name}-0"].metadata
+        return leader.labels.get("hybridserving.io/role") == "prefill" and \
+            leader.annotations.get("hybridserving.io/role") == "prefill"
+
+    fleet.wait_for(relabelled, timeout=60, what="leader relabelled")
+    fleet.wait_settled()
+    assert fleet.uids() == before, "no pod recreated for a role switch"
+    status = fleet.get()["status"]
+    assert status["prefill"]["desired"] == 3 and status["decode"]["desired"] == 1
+    assert fleet.condition("RoleSwitching")["status"] == "False"
+
+
+def test_an_invalid_update_is_reported_and_the_fleet_keeps_running(fleet: Fleet) -> None:
+    fleet.apply(example("role-switch"))
+    fleet.wait_settled()
+    before = fleet.uids()
+    # CEL cannot know the built-in profiles; the layout rules can.
+    fleet.edit(lambda s: s["model"].update(profile="llama-9"))
+    fleet.wait_for(lambda: fleet.condition("LayoutValid").get("status") == "False", timeout=60,
+                   what="LayoutValid=False")
+    cond = fleet.condition("LayoutValid")
+    assert "spec.model.profile" in cond["message"] and cond["observedGeneration"] == fleet.get()["metadata"]["generation"]
+    time.sleep(3)
+    assert fleet.uids() == before
+    events = fleet.core.list_namespaced_event(fleet.ns).items
+    assert any(e.reason == "LayoutInvalid" and e.type == "Warning" for e in events)
+    fleet.edit(lambda s: s["model"].update(profile="deepseek-v3"))
+    fleet.wait_for(lambda: fleet.condition("LayoutValid").get("status") == "True", timeout=60, what="valid again")
+    fleet.wait_settled()
+    assert fleet.uids() == before, "back to the same spec: nothing to roll"
+
+
+def test_deleting_a_fleet_removes_what_it_owns_and_nothing_else(fleet: Fleet) -> None:
+    fleet.apply(example("role-switch"))
+    fleet.wait_settled()
+    stranger = {"metadata": {"name": "not-ours", "labels": {"hybridserving.io/name": fleet.name}}, "data": {"a": "b"}}
+    fleet.core.create_namespaced_config_map(fleet.ns, stranger)
+    fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, fleet.ns, "hybridservings", fleet.name)
+
+    def gone() -> bool:
+        left = [kind for kind in ("pods", "hybridservinginstances", "services", "configmaps", "deployments",
+                                  "poddisruptionbudgets", "serviceaccounts", "roles", "rolebindings")
+                if fleet.cluster.kubectl("get", kind, "-n", fleet.ns, "-l", f"hybridserving.io/name={fleet.name}",
+                                         "-o", "name").stdout.strip() not in ("", "configmap/not-ours")]
+        return not left
+
+    fleet.wait_for(gone, timeout=90, what="children garbage-collected")
+    assert fleet.core.read_namespaced_config_map("not-ours", fleet.ns).data == {"a": "b"}
+
+
+# --------------------------------------------------------------------------- crashes
+
+
+def test_an_operator_killed_at_random_points_converges_without_duplicates_or_orphans(fleet: Fleet) -> None:
+    """Each round changes the spec, kills the operator after a random delay, restarts it."""
+    rng = random.Random(int(os.environ.get("HYBRIDSERVING_KILL_SEED", "7")))
+    manifest = example("deepseek-v3")
+    manifest["spec"]["rollout"] = {"maxUnavailable": 1}
+    fleet.apply(manifest)
+    fleet.wait_settled()
+    changes: list[Callable[[dict[str, Any]], None]] = [
+        lambda s: s["decode"].update(replicas=s["decode"]["replicas"] % 2 + 1),
+        lambda s: s["engine"].update(image=f"sglang:{rng.randint(0, 10**6)}"),
+        lambda s: s["prefill"].update(maxRunningRequests=rng.randint(1, 512)),
+    ]
+    kills = []
+    for round_ in range(KILL_ROUNDS):
+        fleet.edit(rng.choice(changes))
+        delay = rng.uniform(0.0, 2.0)
+        time.sleep(delay)
+        fleet.op.kill()
+        kills.append(round(delay, 2))
+        if rng.random() < 0.5:  # sometimes a pod dies while the operator is down
+            pods = sorted(fleet.pods())
+            if pods:
+                fleet.core.delete_namespaced_pod(rng.choice(pods), fleet.ns)
+        fleet.op.start()
+        fleet.wait_settled(timeout=180)
+        instances = fleet.instances()
+        pods = fleet.pods()
+        uids = {i["metadata"]["uid"] for i in instances.values()}
+        assert len(pods) == sum(i["spec"]["nodes"] for i in instances.values()), "no duplicate or missing pod"
+        for p in pods.values():
+            assert {r.uid for r in p.metadata.owner_references} <= uids, f"orphan pod {p.metadata.name}"
+        indexes = [i["spec"]["index"] for i in instances.values()]
+        assert len(indexes) == len(set(indexes))
+        assert all(n == f"{fleet.name}-{i['spec']['index']}" for n, i in instances.items())
+    print(f"\noperator killed {len(kills)} times (after {kills} s); converged every time")

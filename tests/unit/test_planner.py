@@ -1,0 +1,618 @@
+"""The object planner, exercised as LWS tests its planner: whole rollouts, step by step.
+
+`FakeCluster` applies the planner's actions the way the apiserver would (uids, merge
+patches, resourceVersion preconditions, graceful pod deletion, garbage collection of owned
+objects) and plays scheduler and kubelet (GPU capacity, host ports, NVLink-domain affinity,
+pods turning Running then Ready). Every scenario checks the fleet's invariants after every
+single step, not just at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
+from hybridserving.core import planner, ports
+from hybridserving.core.planner import (
+    ANNOTATION_CONFIG_HASH,
+    ANNOTATION_ROLE,
+    LABEL_INSTANCE,
+    LABEL_LEADER,
+    LABEL_ROLE,
+    Action,
+    Observed,
+)
+
+GPUS = 8
+NODES_PER_DOMAIN = 2
+
+
+def fleet(**spec: Any) -> HybridServing:
+    body: dict[str, Any] = {
+        "model": {"path": "deepseek-ai/DeepSeek-V3", "profile": "deepseek-v3"},
+        "prefill": {"replicas": 3, "layout": {"tp": 8}},
+        "decode": {"replicas": 3, "layout": {"tp": 8}},
+    }
+    for key, value in spec.items():
+        body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
+    return HybridServing.model_validate(
+        {"metadata": {"name": "hs", "namespace": "ns", "uid": "hs-uid", "generation": 1}, "spec": body}
+    )
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """RFC 7386 JSON merge patch."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class Conflict(Exception):
+    pass
+
+
+class FakeCluster:
+    """Just enough apiserver, scheduler, kubelet and garbage collector for the planner."""
+
+    def __init__(self, nodes: int = 16, ready_after: int = 1) -> None:
+        self.nodes = {f"node-{i}": {"domain": f"nvl-{i // NODES_PER_DOMAIN}", "gpus": GPUS} for i in range(nodes)}
+        self.store: dict[tuple[str, str], dict[str, Any]] = {}
+        self.uids = itertools.count(1)
+        self.version = itertools.count(1)
+        self.ready_after = ready_after
+        self.pod_uids_seen: dict[str, list[str]] = {}
+        self.writes = 0
+
+    # -- apiserver
+    def apply(self, action: Action) -> None:
+        key = (action.kind, action.name)
+        self.writes += 1
+        if action.verb == "create":
+            if key in self.store:
+                raise Conflict(f"{key} already exists")
+            obj = copy.deepcopy(action.body)
+            meta = obj["metadata"]
+            meta["uid"] = f"uid-{next(self.uids)}"
+            meta["resourceVersion"] = str(next(self.version))
+            if action.kind == "Pod":
+                obj["status"] = {"phase": "Pending"}
+                obj["_age"] = 0
+                self.pod_uids_seen.setdefault(action.name, []).append(meta["uid"])
+            self.store[key] = obj
+        elif action.verb == "patch":
+            obj = self.store.get(key)
+            if obj is None:
+                raise Conflict(f"{key} not found")
+            if action.resource_version and obj["metadata"]["resourceVersion"] != action.resource_version:
+                raise Conflict(f"{key} changed")
+            if action.uid and obj["metadata"]["uid"] != action.uid:
+                raise Conflict(f"{key} replaced")
+            merge(obj, action.body or {})
+            obj["metadata"]["resourceVersion"] = str(next(self.version))
+        else:
+            obj = self.store.get(key)
+            if obj is None or (action.uid and obj["metadata"]["uid"] != action.uid):
+                return
+            if action.kind == "Pod":
+                obj["metadata"]["deletionTimestamp"] = "now"
+            else:
+                del self.store[key]
+
+    def observed(self) -> Observed:
+        pods = [o for (k, _), o in self.store.items() if k == "Pod"]
+        insts = [o for (k, _), o in self.store.items() if k == INSTANCE_KIND]
+        others = [o for (k, _), o in self.store.items() if k not in ("Pod", INSTANCE_KIND)]
+        return Observed.from_manifests(insts, pods, others)
+
+    def reconcile(self, hs: HybridServing, limit: int | None = None) -> list[Action]:
+        """One operator pass; `limit` stops it after that many writes (a crash)."""
+        actions = planner.diff(planner.plan(hs, self.observed()), self.observed())
+        for action in actions[: len(actions) if limit is None else limit]:
+            self.apply(action)
+        return actions
+
+    # -- scheduler, kubelet, garbage collector
+    def used(self, node: str) -> tuple[int, set[int]]:
+        gpus, host_ports = 0, set()
+        for (kind, _), pod in self.store.items():
+            if kind == "Pod" and pod["spec"].get("nodeName") == node:
+                c = pod["spec"]["containers"][0]
+                gpus += int(c["resources"]["limits"]["nvidia.com/gpu"])
+                host_ports |= {p["hostPort"] for p in c["ports"] if "hostPort" in p}
+        return gpus, host_ports
+
+    def fits(self, pod: dict[str, Any], node: str) -> bool:
+        c = pod["spec"]["containers"][0]
+        gpus, taken = self.used(node)
+        if gpus + int(c["resources"]["limits"]["nvidia.com/gpu"]) > self.nodes[node]["gpus"]:
+            return False
+        if {p["hostPort"] for p in c["ports"] if "hostPort" in p} & taken:
+            return False
+        for term in pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]:
+            if term["topologyKey"] != "hybridserving.io/nvlink-domain":
+                continue  # one fabric here
+            match = term["labelSelector"]["matchLabels"]
+            peers = [
+                o for (k, _), o in self.store.items()
+                if k == "Pod" and o["spec"].get("nodeName")
+                and all(o["metadata"]["labels"].get(a) == b for a, b in match.items())
+            ]
+            if not peers or self.nodes[peers[0]["spec"]["nodeName"]]["domain"] != self.nodes[node]["domain"]:
+                return False
+        return True
+
+    def advance(self) -> None:
+        for key, obj in list(self.store.items()):
+            if key[0] == "Pod" and obj["metadata"].get("deletionTimestamp"):
+                del self.store[key]
+        owners = {o["metadata"]["uid"] for o in self.store.values()} | {"hs-uid"}
+        for key, obj in list(self.store.items()):
+            refs = obj["metadata"].get("ownerReferences") or []
+            if refs and not {r["uid"] for r in refs} & owners:
+                del self.store[key]
+        for key, pod in sorted(self.store.items()):
+            if key[0] != "Pod":
+                continue
+            status = pod["status"]
+            if not pod["spec"].get("nodeName"):
+                node = next((n for n in sorted(self.nodes, key=lambda n: int(n.split("-")[1]))
+                             if self.fits(pod, n)), None)
+                if node is None:
+                    status["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                             "reason": "Unschedulable", "message": "0/16 nodes are available"}]
+                    continue
+                pod["spec"]["nodeName"] = node
+                status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+                continue
+            pod["_age"] += 1
+            status["phase"] = "Running"
+            if pod["_age"] >= self.ready_after:
+                status["conditions"] = [{"type": "PodScheduled", "status": "True"},
+                                        {"type": "Ready", "status": "True"}]
+
+    # -- reading the fleet
+    def pods(self) -> dict[str, dict[str, Any]]:
+        return {name: o for (k, name), o in self.store.items() if k == "Pod"}
+
+    def instances(self) -> dict[str, dict[str, Any]]:
+        return {name: o for (k, name), o in self.store.items() if k == INSTANCE_KIND}
+
+    def unavailable(self, hs: HybridServing) -> dict[str, int]:
+        desired = planner.plan(hs, self.observed())
+        views = planner.view(desired, self.observed())
+        out = {role: 0 for role in ROLES}
+        for v in views.values():
+            if not v.available:
+                out[v.plan.role] += 1
+        return out
+
+
+def check_invariants(cluster: FakeCluster, hs: HybridServing) -> None:
+    """What must hold after every step, whatever the scenario."""
+    pods = cluster.pods()
+    by_node: dict[str, list[int]] = {}
+    for pod in pods.values():
+        node = pod["spec"].get("nodeName")
+        if node:
+            for p in pod["spec"]["containers"][0]["ports"]:
+                if "hostPort" in p:
+                    by_node.setdefault(node, []).append(p["hostPort"])
+    for node, host_ports in by_node.items():
+        assert len(host_ports) == len(set(host_ports)), f"host ports collide on {node}: {sorted(host_ports)}"
+    instances = cluster.instances()
+    for name, inst in instances.items():
+        assert name == f"hs-{inst['spec']['index']}", "instance names follow their index"
+        gang = [p for p in pods.values() if p["metadata"]["labels"][LABEL_INSTANCE] == name]
+        assert len(gang) <= inst["spec"]["nodes"] + 0, f"{name} has {len(gang)} pods"
+        domains = {cluster.nodes[p["spec"]["nodeName"]]["domain"] for p in gang if p["spec"].get("nodeName")}
+        assert len(domains) <= 1, f"{name} spans NVLink domains {domains}"
+        for p in gang:
+            labels = p["metadata"]["labels"]
+            if labels[LABEL_LEADER] == "false":
+                assert LABEL_ROLE not in labels, "workers are never router workers"
+    blocks = [tuple(sorted(i["spec"]["ports"].values())) for i in instances.values()]
+    if hs.spec.network.host_network:
+        assert len(blocks) == len(set(blocks)), "each instance of a host-network fleet owns its port block"
+
+
+def converge(cluster: FakeCluster, hs: HybridServing, steps: int = 60, check=None) -> int:
+    """Reconcile and advance until a pass writes nothing and everything is ready."""
+    for step in range(steps):
+        settled = not any(cluster.unavailable(hs).values())
+        actions = cluster.reconcile(hs)
+        check_invariants(cluster, hs)
+        if check:
+            check(cluster)
+        cluster.advance()
+        check_invariants(cluster, hs)
+        if check:
+            check(cluster)
+        if not actions and settled:
+            return step
+    raise AssertionError(f"no convergence in {steps} steps; last actions: {[str(a) for a in actions]}")
+
+
+def rollout_invariants(hs: HybridServing):
+    """During a pure rollout (nothing else failing): budgets per role, one role at a time."""
+    budget = hs.spec.rollout.max_unavailable
+
+    def check(cluster: FakeCluster) -> None:
+        down = cluster.unavailable(hs)
+        for role in ROLES:
+            assert down[role] <= budget, f"{down[role]} {role} instances down, budget {budget}"
+        assert not (down["prefill"] and down["decode"]), f"both roles rolling at once: {down}"
+
+    return check
+
+
+def uids(cluster: FakeCluster) -> dict[str, str]:
+    return {name: p["metadata"]["uid"] for name, p in cluster.pods().items()}
+
+
+# --------------------------------------------------------------------------- creation
+
+
+def test_a_new_fleet_gets_every_object_with_stable_names() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    assert sorted(cluster.instances()) == [f"hs-{i}" for i in range(6)]
+    roles = {n: i["spec"]["role"] for n, i in cluster.instances().items()}
+    assert sorted(roles.values()) == ["decode"] * 3 + ["prefill"] * 3
+    kinds = {k for k, _ in cluster.store}
+    assert {"ConfigMap", "Service", "Pod", "PodDisruptionBudget", "Deployment", "ServiceAccount", "Role",
+            "RoleBinding", INSTANCE_KIND} <= kinds
+    leader = cluster.pods()["hs-0-0"]
+    assert leader["metadata"]["labels"][LABEL_ROLE] == roles["hs-0"]
+    assert leader["metadata"]["annotations"][ANNOTATION_ROLE] == roles["hs-0"]
+    # Steady state: a further pass writes nothing.
+    assert cluster.reconcile(hs) == []
+
+
+def test_every_object_is_owned_the_garbage_collector_can_follow() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    inst_uids = {i["metadata"]["uid"] for i in cluster.instances().values()}
+    for (kind, name), obj in cluster.store.items():
+        owners = {r["uid"] for r in obj["metadata"]["ownerReferences"]}
+        expected = inst_uids if kind == "Pod" or (kind == "Service" and name != "hs-router") else {"hs-uid"}
+        assert owners <= expected and owners, f"{kind}/{name} owned by {owners}"
+
+
+def test_multi_node_instances_keep_their_gang_in_one_nvlink_domain() -> None:
+    hs = fleet(prefill={"replicas": 2, "nodesPerInstance": 2, "layout": {"tp": 16}},
+               decode={"replicas": 2, "layout": {"tp": 8}})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    pods = cluster.pods()
+    assert len(pods) == 6
+    for inst in ("hs-0", "hs-1"):
+        nodes = [pods[f"{inst}-{r}"]["spec"]["nodeName"] for r in range(2)]
+        assert len(set(nodes)) == 2
+        assert len({cluster.nodes[n]["domain"] for n in nodes}) == 1
+    worker = pods["hs-0-1"]
+    assert worker["metadata"]["labels"][LABEL_LEADER] == "false"
+    assert LABEL_ROLE not in worker["metadata"]["labels"]
+    assert "readinessProbe" not in worker["spec"]["containers"][0]
+    assert "readinessProbe" in pods["hs-0-0"]["spec"]["containers"][0]
+
+
+def test_host_network_fleets_get_distinct_port_blocks_and_node_level_isolation() -> None:
+    hs = fleet(prefill={"replicas": 4, "layout": {"tp": 4}}, decode={"replicas": 4, "layout": {"tp": 4}},
+               network={"hostNetwork": True})
+    cluster = FakeCluster(nodes=4)  # 8 instances of 4 GPUs on 4 nodes: two per node
+    converge(cluster, hs)
+    http = sorted(i["spec"]["ports"]["http"] for i in cluster.instances().values())
+    assert http == [ports.HTTP_BASE + b for b in range(8)]
+    pod = cluster.pods()["hs-0-0"]
+    assert pod["spec"]["hostNetwork"] is True
+    assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+
+
+# --------------------------------------------------------------------------- rollouts
+
+
+@pytest.mark.parametrize("max_unavailable", [1, 2])
+def test_an_image_change_rolls_one_role_at_a_time_within_budget(max_unavailable: int) -> None:
+    hs = fleet(rollout={"maxUnavailable": max_unavailable})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    before = uids(cluster)
+    new = fleet(rollout={"maxUnavailable": max_unavailable}, engine={"image": "sglang:v2"})
+    order: list[str] = []
+
+    def check(c: FakeCluster) -> None:
+        rollout_invariants(new)(c)
+        for role, n in c.unavailable(new).items():
+            if n and (not order or order[-1] != role):
+                order.append(role)
+
+    converge(cluster, new, check=check)
+    assert order == ["prefill", "decode"], "prefill rolls completely before decode starts"
+    after = uids(cluster)
+    assert set(after) == set(before) and all(after[n] != before[n] for n in before), "every pod replaced once"
+    assert all(p["spec"]["containers"][0]["image"] == "sglang:v2" for p in cluster.pods().values())
+    assert all(len(seen) == 2 for seen in cluster.pod_uids_seen.values())
+
+
+def test_a_layout_change_of_one_role_rolls_only_that_role() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    before = uids(cluster)
+    new = fleet(decode={"layout": {"tp": 8}, "maxRunningRequests": 64})
+    converge(cluster, new, check=rollout_invariants(new))
+    after = uids(cluster)
+    roles = {n: i["spec"]["role"] for n, i in cluster.instances().items()}
+    for name in before:
+        inst = name.rsplit("-", 1)[0]
+        assert (after[name] == before[name]) == (roles[inst] == "prefill"), name
+    cm = cluster.store[("ConfigMap", "hs-decode-config")]
+    assert "--max-running-requests" in cm["data"]["decode.json"]
+
+
+def test_paused_rollout_holds_serving_instances_and_resumes() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    before = uids(cluster)
+    paused = fleet(engine={"image": "sglang:v2"}, rollout={"paused": True})
+    for _ in range(5):
+        cluster.reconcile(paused)
+        cluster.advance()
+    assert uids(cluster) == before, "a paused rollout disrupts nothing"
+    resumed = fleet(engine={"image": "sglang:v2"})
+    converge(cluster, resumed, check=rollout_invariants(resumed))
+    assert all(uids(cluster)[n] != before[n] for n in before)
+
+
+def test_a_spec_change_mid_rollout_never_rolls_both_roles() -> None:
+    hs = fleet()
+    cluster = FakeCluster(ready_after=3)
+    converge(cluster, hs)
+    v2 = fleet(engine={"image": "v2"})
+    # Let prefill finish and decode start rolling, then change the image again.
+    for _ in range(40):
+        cluster.reconcile(v2)
+        rollout_invariants(v2)(cluster)
+        cluster.advance()
+        if cluster.unavailable(v2)["decode"]:
+            break
+    assert cluster.unavailable(v2)["decode"]
+    v3 = fleet(engine={"image": "v3"})
+    converge(cluster, v3, check=rollout_invariants(v3))
+    assert all(p["spec"]["containers"][0]["image"] == "v3" for p in cluster.pods().values())
+
+
+# --------------------------------------------------------------------------- role switches
+
+
+def test_a_role_switch_relabels_pods_without_recreating_them() -> None:
+    hs = fleet(roleSwitch={"enabled": True})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    before = uids(cluster)
+    old_hash = cluster.instances()["hs-5"]["spec"]["configHash"]
+    # The role-switch controller moves hs-5 (decode) to prefill: it writes spec.role only.
+    cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
+    first = cluster.reconcile(hs)
+    assert [str(a) for a in first] == [
+        "patch HybridServingInstance/hs-5: role switched to prefill: the pods follow in place with the prefill flags",
+        "patch Pod/hs-5-0: role switched to prefill (relabel, no restart)",
+    ], "a switch takes no rollout budget and restarts nothing"
+    converge(cluster, hs)
+    assert uids(cluster) == before, "no pod recreated for a role change"
+    leader = cluster.pods()["hs-5-0"]["metadata"]
+    assert leader["labels"][LABEL_ROLE] == "prefill"
+    assert leader["annotations"][ANNOTATION_ROLE] == "prefill"
+    inst = cluster.instances()["hs-5"]["spec"]
+    assert inst["configHash"][:10] == old_hash[:10] and inst["configHash"] != old_hash
+    assert leader["annotations"][ANNOTATION_CONFIG_HASH] == inst["configHash"]
+    assert sorted(i["spec"]["role"] for i in cluster.instances().values()).count("prefill") == 4
+    assert cluster.reconcile(hs) == []
+
+
+def test_the_router_loses_an_instance_while_it_drains_for_a_switch() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    cluster.store[(INSTANCE_KIND, "hs-5")]["status"] = {"phase": "Draining"}
+    cluster.reconcile(hs)
+    assert LABEL_ROLE not in cluster.pods()["hs-5-0"]["metadata"]["labels"]
+    cluster.store[(INSTANCE_KIND, "hs-5")]["status"] = {"phase": "Ready"}
+    cluster.reconcile(hs)
+    assert cluster.pods()["hs-5-0"]["metadata"]["labels"][LABEL_ROLE] == "decode"
+
+
+def test_switched_mix_survives_when_switching_is_on_and_is_restored_when_off() -> None:
+    on = fleet(roleSwitch={"enabled": True})
+    cluster = FakeCluster()
+    converge(cluster, on)
+    cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
+    converge(cluster, on)
+    roles = [i["spec"]["role"] for i in cluster.instances().values()]
+    assert roles.count("prefill") == 4, "the controller's mix is kept"
+    off = fleet()
+    converge(cluster, off)
+    roles = [i["spec"]["role"] for i in cluster.instances().values()]
+    assert roles.count("prefill") == 3 and roles.count("decode") == 3
+
+
+# --------------------------------------------------------------------------- gangs and scale
+
+
+def test_a_lost_pod_restarts_its_whole_gang() -> None:
+    hs = fleet(prefill={"replicas": 2, "nodesPerInstance": 2, "layout": {"tp": 16}})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    before = uids(cluster)
+    cluster.store[("Pod", "hs-0-1")]["metadata"]["deletionTimestamp"] = "now"  # someone deleted it
+    actions = cluster.reconcile(hs)
+    assert any(a.kind == INSTANCE_KIND and "gang restart" in a.reason for a in actions)
+    assert any(a.verb == "delete" and a.name == "hs-0-0" for a in actions)
+    converge(cluster, hs)
+    after = uids(cluster)
+    assert after["hs-0-0"] != before["hs-0-0"] and after["hs-0-1"] != before["hs-0-1"]
+    assert all(after[n] == before[n] for n in before if not n.startswith("hs-0-"))
+    assert cluster.instances()["hs-0"]["spec"]["restartGeneration"] == 1
+
+
+def test_a_failed_or_restarted_rank_restarts_the_gang() -> None:
+    hs = fleet(prefill={"replicas": 1, "nodesPerInstance": 2, "layout": {"tp": 16}})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    cluster.store[("Pod", "hs-0-1")]["status"]["containerStatuses"] = [{"restartCount": 1}]
+    actions = cluster.reconcile(hs)
+    assert any("restarted its engine" in a.reason for a in actions)
+    converge(cluster, hs)
+    cluster.store[("Pod", "hs-0-0")]["status"]["phase"] = "Failed"
+    actions = cluster.reconcile(hs)
+    assert any("failed" in a.reason for a in actions)
+    converge(cluster, hs)
+    assert cluster.instances()["hs-0"]["spec"]["restartGeneration"] == 2
+
+
+def test_a_half_created_gang_is_completed_not_restarted() -> None:
+    hs = fleet(prefill={"replicas": 1, "nodesPerInstance": 2, "layout": {"tp": 16}})
+    cluster = FakeCluster()
+    for _ in range(3):  # configs + instances, then pods
+        cluster.reconcile(hs)
+    del cluster.store[("Pod", "hs-0-1")]
+    actions = cluster.reconcile(hs)
+    assert [str(a) for a in actions if a.kind == "Pod"] == [
+        "create Pod/hs-0-1: rank 1 of prefill instance hs-0"
+    ]
+
+
+def test_scaling_keeps_names_and_reuses_the_lowest_free_index_and_port_block() -> None:
+    hs = fleet(network={"hostNetwork": True})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    smaller = fleet(network={"hostNetwork": True}, prefill={"replicas": 1})
+    converge(cluster, smaller)
+    assert sorted(cluster.instances()) == ["hs-0", "hs-3", "hs-4", "hs-5"]
+    before = uids(cluster)
+    converge(cluster, hs)
+    assert sorted(cluster.instances()) == [f"hs-{i}" for i in range(6)]
+    assert {n: u for n, u in uids(cluster).items() if n in before} == before, "scale-up leaves others alone"
+    http = {n: i["spec"]["ports"]["http"] for n, i in cluster.instances().items()}
+    assert http["hs-1"] == ports.HTTP_BASE + 1 and http["hs-2"] == ports.HTTP_BASE + 2
+
+
+def test_scale_down_deletes_surplus_instances_highest_index_first() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    actions = cluster.reconcile(fleet(decode={"replicas": 1}))
+    deleted = sorted(a.name for a in actions if a.verb == "delete")
+    assert deleted == ["hs-4", "hs-5"]
+
+
+def test_turning_the_router_off_deletes_only_its_objects() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    actions = cluster.reconcile(fleet(router={"enabled": False}))
+    assert [str(a) for a in actions if a.verb != "delete"] == [
+        "patch ConfigMap/hs-applied: applied spec drifted from the plan"
+    ]
+    assert sorted((a.verb, a.kind, a.name) for a in actions if a.verb == "delete") == sorted(
+        ("delete", kind, "hs-router") for kind in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")
+    )
+
+
+def test_objects_of_others_are_never_touched() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    stranger = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "someone-else", "namespace": "ns", "uid": "x",
+                             "labels": {planner.LABEL_NAME: "hs"}, "ownerReferences": [{"uid": "other"}]}}
+    cluster.store[("ConfigMap", "someone-else")] = stranger
+    assert cluster.reconcile(hs) == []
+
+
+def test_unschedulable_instances_are_reported_and_block_nothing_else() -> None:
+    hs = fleet(prefill={"replicas": 2}, decode={"replicas": 3})
+    cluster = FakeCluster(nodes=4)  # room for 4 of 5 instances
+    for _ in range(8):
+        cluster.reconcile(hs)
+        cluster.advance()
+    views = planner.view(planner.plan(hs, cluster.observed()), cluster.observed())
+    states = sorted(v.state for v in views.values())
+    assert states == ["Pending", "Ready", "Ready", "Ready", "Ready"]
+    pending = next(v for v in views.values() if v.state == "Pending")
+    assert "nodes are available" in (pending.pods[0].unschedulable or "")
+
+
+# --------------------------------------------------------------------------- crashes
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(seed=st.integers(0, 2**32 - 1), host_network=st.booleans(), multi_node=st.booleans())
+def test_an_operator_killed_at_any_write_converges_without_duplicates(
+    seed: int, host_network: bool, multi_node: bool
+) -> None:
+    """Every pass stops after a random number of writes; the next one starts from scratch."""
+    rng = random.Random(seed)
+    prefill: dict[str, Any] = {"replicas": 2}
+    if multi_node:
+        prefill.update(nodesPerInstance=2, layout={"tp": 16})
+    specs = [
+        fleet(prefill=prefill, network={"hostNetwork": host_network}),
+        fleet(prefill=prefill, network={"hostNetwork": host_network}, engine={"image": "v2"}),
+        fleet(prefill={**prefill, "replicas": 3}, decode={"replicas": 2},
+              network={"hostNetwork": host_network}, engine={"image": "v2"}),
+    ]
+    cluster = FakeCluster()
+    for hs in specs:
+        for _ in range(40):
+            actions = planner.diff(planner.plan(hs, cluster.observed()), cluster.observed())
+            for action in actions[: rng.randint(0, len(actions))]:
+                try:
+                    cluster.apply(action)
+                except Conflict:
+                    break  # a 409: the pass ends, the next one re-reads
+            check_invariants(cluster, hs)
+            cluster.advance()
+            check_invariants(cluster, hs)
+        converge(cluster, hs)
+        assert cluster.reconcile(hs) == []
+    roles = sorted(i["spec"]["role"] for i in cluster.instances().values())
+    assert roles == ["decode"] * 2 + ["prefill"] * 3
+    assert len(cluster.pods()) == sum(i["spec"]["nodes"] for i in cluster.instances().values())
+
+
+def test_the_planner_is_deterministic() -> None:
+    hs = fleet(network={"hostNetwork": True})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    a = planner.plan(hs, cluster.observed())
+    b = planner.plan(hs, cluster.observed())
+    assert a.instances.keys() == b.instances.keys()
+    assert all(a.instances[n].config_hash == b.instances[n].config_hash for n in a.instances)
+    assert a.objects == b.objects
+
+
+def test_the_router_discovers_leaders_by_role_in_the_fleet_namespace() -> None:
+    hs = fleet()
+    argv = planner.router_argv(hs, planner.plan(hs, Observed()).instances)
+    joined = " ".join(argv)
+    assert "--prefill-selector hybridserving.io/name=hs hybridserving.io/role=prefill" in joined
+    assert "--decode-selector hybridserving.io/name=hs hybridserving.io/role=decode" in joined
+    assert "--service-discovery-namespace ns" in joined
+    assert "--service-discovery-port 30000" in joined

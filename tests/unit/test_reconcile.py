@@ -1,0 +1,346 @@
+"""The reconcile (observe, validate, plan, act, report) against an in-memory API with faults.
+
+`MemoryApi` has the same methods as `controller.kube.Kube` and the apiserver's write
+semantics that the reconcile relies on (merge patches, resourceVersion and uid
+preconditions, AlreadyExists, the status subresource); its `fail` hook injects HTTP errors
+into chosen writes. The real apiserver is exercised by tests/integration/test_operator.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
+from hybridserving.controller import reconcile as rec
+from hybridserving.controller.kube import KubeError
+from hybridserving.core.planner import LABEL_NAME
+
+NS = "serving"
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class MemoryApi:
+    """An in-memory stand-in for `Kube`, with fault injection on writes."""
+
+    def __init__(self) -> None:
+        self.store: dict[tuple[str, str], dict[str, Any]] = {}
+        self.counter = itertools.count(1)
+        self.writes: Counter[tuple[str, str]] = Counter()
+        self.fail: Callable[[str, str, str], int | None] = lambda verb, kind, name: None
+
+    def _check(self, verb: str, kind: str, name: str) -> None:
+        status = self.fail(verb, kind, name)
+        if status:
+            raise KubeError(status, f"injected {status}")
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        obj = self.store.get((kind, name))
+        if obj is None:
+            raise KubeError(404, "not found")
+        return copy.deepcopy(obj)
+
+    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o) for (k, _), o in sorted(self.store.items())
+            if k == kind and all(o["metadata"].get("labels", {}).get(a) == b for a, b in labels.items())
+        ]
+
+    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        name = meta.get("name") or f"{meta['generateName']}{next(self.counter)}"
+        self._check("create", kind, name)
+        self.writes[("create", kind)] += 1
+        if (kind, name) in self.store:
+            raise KubeError(409, "already exists")
+        obj = copy.deepcopy(body)
+        obj["kind"] = kind
+        obj["metadata"].update(name=name, uid=f"uid-{next(self.counter)}", resourceVersion=str(next(self.counter)),
+                               generation=1)
+        self.store[(kind, name)] = obj
+        return copy.deepcopy(obj)
+
+    def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any], *,
+              resource_version: str | None = None, uid: str | None = None,
+              subresource: str | None = None) -> dict[str, Any]:
+        self._check("patch", kind, name)
+        self.writes[("patch" if not subresource else f"patch-{subresource}", kind)] += 1
+        obj = self.store.get((kind, name))
+        if obj is None:
+            raise KubeError(404, "not found")
+        if resource_version and obj["metadata"]["resourceVersion"] != resource_version:
+            raise KubeError(409, "the object has been modified")
+        if uid and obj["metadata"]["uid"] != uid:
+            raise KubeError(409, "uid precondition failed")
+        if subresource == "status":
+            merge(obj, {"status": body["status"]})
+        else:
+            body = {k: v for k, v in body.items() if k != "status"}
+            if "spec" in body:
+                obj["metadata"]["generation"] += 1
+            merge(obj, body)
+        obj["metadata"]["resourceVersion"] = str(next(self.counter))
+        return copy.deepcopy(obj)
+
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
+        self._check("delete", kind, name)
+        self.writes[("delete", kind)] += 1
+        obj = self.store.get((kind, name))
+        if obj is None or (uid and obj["metadata"]["uid"] != uid):
+            return
+        del self.store[(kind, name)]
+
+    # -- playing kubelet and user
+    def run_pods(self) -> None:
+        for (kind, _), obj in self.store.items():
+            if kind == "Pod":
+                obj["spec"]["nodeName"] = "node-0"
+                obj["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+    def user_apply(self, spec: dict[str, Any], name: str = "fleet") -> None:
+        key = (KIND, name)
+        if key in self.store:
+            obj = self.store[key]
+            obj["spec"] = copy.deepcopy(spec)
+            obj["metadata"]["generation"] += 1
+        else:
+            self.store[key] = {
+                "apiVersion": "hybridserving.io/v1alpha1", "kind": KIND,
+                "metadata": {"name": name, "namespace": NS, "uid": "hs-uid", "generation": 1,
+                             "resourceVersion": "1"},
+                "spec": copy.deepcopy(spec),
+            }
+
+    def children(self) -> set[tuple[str, str]]:
+        return {k for k, o in self.store.items() if o["metadata"].get("labels", {}).get(LABEL_NAME) == "fleet"}
+
+    def status(self) -> dict[str, Any]:
+        return self.store[(KIND, "fleet")].get("status") or {}
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        return next(c for c in self.status()["conditions"] if c["type"] == type_)
+
+
+SPEC: dict[str, Any] = {
+    "model": {"path": "deepseek-ai/DeepSeek-V3", "profile": "deepseek-v3"},
+    "prefill": {"replicas": 2, "layout": {"tp": 8}},
+    "decode": {"replicas": 2, "layout": {"tp": 8}},
+}
+
+
+def settle(api: MemoryApi, passes: int = 10) -> rec.Outcome:
+    """Reconcile, letting pods run, until a pass asks for nothing."""
+    for _ in range(passes):
+        outcome = rec.reconcile(api, NS, "fleet")
+        api.run_pods()
+        if not outcome.actions:
+            return outcome
+    raise AssertionError(f"not settled: {[str(a) for a in outcome.actions]}")
+
+
+@pytest.fixture
+def api() -> MemoryApi:
+    api = MemoryApi()
+    api.user_apply(SPEC)
+    return api
+
+
+def test_a_settled_fleet_is_ready_and_a_further_pass_writes_nothing(api: MemoryApi) -> None:
+    settle(api)
+    assert api.condition("Ready")["status"] == "True"
+    assert api.condition("LayoutValid")["status"] == "True"
+    assert api.condition("Progressing")["status"] == "False"
+    assert api.status()["prefill"]["summary"] == "2/2" and api.status()["ready"] == "True"
+    assert all(c["observedGeneration"] == 1 for c in api.status()["conditions"])
+    assert api.status()["capacity"]["decodeTokensPerInstance"] > 0
+    assert {i["phase"] for i in api.status()["instances"]} == {"Ready"}
+    before = sum(api.writes.values())
+    stamps = [c["lastTransitionTime"] for c in api.status()["conditions"]]
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.actions == [] and sum(api.writes.values()) == before, "steady state writes nothing"
+    assert [c["lastTransitionTime"] for c in api.status()["conditions"]] == stamps
+    events = [o for (k, _), o in api.store.items() if k == "Event"]
+    assert {e["reason"] for e in events} >= {"CreatedInstance", "CreatedPod", "CreatedConfigMap"}
+
+
+def test_a_conflict_ends_the_pass_and_the_next_one_finishes_without_duplicates(api: MemoryApi) -> None:
+    calls = itertools.count()
+    api.fail = lambda verb, kind, name: 409 if next(calls) == 4 else None
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.conflict and outcome.requeue_after == 1.0
+    assert outcome.applied == 4
+    api.fail = lambda *a: None
+    settle(api)
+    kinds = Counter(k for k, _ in api.children())
+    assert kinds[INSTANCE_KIND] == 4 and kinds["Pod"] == 4
+
+
+def test_a_server_error_is_reported_and_the_rest_goes_on(api: MemoryApi) -> None:
+    api.fail = lambda verb, kind, name: 500 if kind == "PodDisruptionBudget" else None
+    for _ in range(3):
+        outcome = rec.reconcile(api, NS, "fleet")
+        api.run_pods()
+    assert outcome.errors and "PodDisruptionBudget" in outcome.errors[0]
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ReconcileError"
+    assert sum(1 for k, _ in api.children() if k == "Pod") == 4, "the fleet was built regardless"
+    api.fail = lambda *a: None
+    settle(api)
+    assert api.condition("Degraded")["status"] == "False"
+
+
+@pytest.mark.parametrize("stop_after", range(0, 30, 3))
+def test_a_pass_killed_after_any_write_converges_to_the_same_fleet(stop_after: int) -> None:
+    reference = MemoryApi()
+    reference.user_apply(SPEC)
+    settle(reference)
+    api = MemoryApi()
+    api.user_apply(SPEC)
+    rec.reconcile(api, NS, "fleet", plan_hook=lambda actions: actions[:stop_after])
+    settle(api)
+    assert api.children() == reference.children()
+
+
+def test_an_invalid_update_is_reported_and_leaves_the_fleet_alone(api: MemoryApi) -> None:
+    settle(api)
+    before = {k: copy.deepcopy(o) for k, o in api.store.items() if k[0] != "Event"}
+    # tp 8 with dcp 3: CEL rejects this one at admission; here it stands for any rule CEL cannot express.
+    bad = copy.deepcopy(SPEC)
+    bad["decode"]["layout"] = {"tp": 8, "dcp": 3}
+    api.user_apply(bad)
+    for _ in range(3):
+        rec.reconcile(api, NS, "fleet")
+    layout_valid = api.condition("LayoutValid")
+    assert layout_valid["status"] == "False" and layout_valid["observedGeneration"] == 2
+    assert "spec.decode.layout.dcp" in layout_valid["message"] and "Fix:" in layout_valid["message"]
+    assert "last valid spec" in layout_valid["message"]
+    after = {k: o for k, o in api.store.items() if k[0] not in ("Event", KIND)}
+    assert after == {k: o for k, o in before.items() if k[0] != KIND}, "no child was touched"
+    warnings = [o for (k, _), o in api.store.items() if k == "Event" and o["type"] == "Warning"]
+    assert len(warnings) == 1 and warnings[0]["reason"] == "LayoutInvalid"
+    api.user_apply(SPEC)
+    settle(api)
+    assert api.condition("LayoutValid")["status"] == "True"
+
+
+def test_a_gang_restart_continues_while_the_spec_is_invalid(api: MemoryApi) -> None:
+    settle(api)
+    bad = copy.deepcopy(SPEC)
+    bad["model"] = {"path": "x", "profile": "no-such-model"}
+    api.user_apply(bad)
+    del api.store[("Pod", "fleet-0-0")]
+    settle(api)
+    assert ("Pod", "fleet-0-0") in api.store, "the last valid spec heals the fleet"
+    assert api.condition("LayoutValid")["status"] == "False"
+
+
+def test_an_invalid_first_spec_creates_nothing() -> None:
+    api = MemoryApi()
+    bad = copy.deepcopy(SPEC)
+    bad["prefill"]["layout"] = {"tp": "eight"}
+    api.user_apply(bad)
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.actions == [] and api.children() == set()
+    assert api.condition("LayoutValid")["status"] == "False"
+    assert "spec.prefill.layout.tp" in api.condition("LayoutValid")["message"]
+    assert api.condition("Ready")["reason"] == "NoValidSpec"
+
+
+def test_unschedulable_instances_say_what_they_need(api: MemoryApi) -> None:
+    rec.reconcile(api, NS, "fleet")
+    rec.reconcile(api, NS, "fleet")
+    for (kind, _), obj in api.store.items():
+        if kind == "Pod":
+            obj["status"] = {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/8 nodes are available: 8 Insufficient nvidia.com/gpu."}]}
+    rec.reconcile(api, NS, "fleet")
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "Unschedulable"
+    assert "needs a node with 8 free nvidia.com/gpu" in degraded["message"]
+    assert "Insufficient nvidia.com/gpu" in degraded["message"]
+
+
+def test_a_deleted_fleet_is_left_to_the_garbage_collector(api: MemoryApi) -> None:
+    settle(api)
+    api.store[(KIND, "fleet")]["metadata"]["deletionTimestamp"] = "now"
+    before = sum(api.writes.values())
+    assert rec.reconcile(api, NS, "fleet").gone
+    assert sum(api.writes.values()) == before
+    del api.store[(KIND, "fleet")]
+    assert rec.reconcile(api, NS, "fleet").gone
+
+
+def test_the_operator_never_writes_the_spec_of_a_hybridserving(api: MemoryApi) -> None:
+    seen: list[str] = []
+    inner = api.patch
+
+    def spy(kind: str, namespace: str, name: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if kind == KIND:
+            seen.append(kw.get("subresource") or "main")
+        return inner(kind, namespace, name, body, **kw)
+
+    api.patch = spy  # type: ignore[method-assign]
+    settle(api)
+    assert seen and set(seen) == {"status"}
+
+
+def test_the_deployed_rbac_is_generated_from_the_rules() -> None:
+    from hybridserving.controller import rbac
+
+    assert rbac.DEPLOY_FILE.read_text() == rbac.render(), "run python -m hybridserving.controller.rbac --write"
+
+
+def test_every_write_the_reconcile_makes_is_granted(api: MemoryApi) -> None:
+    """Run a whole lifecycle and check each (verb, resource) against the ClusterRole."""
+    from hybridserving.controller import rbac
+    from hybridserving.controller.kube import RESOURCES
+
+    settle(api)
+    bigger = copy.deepcopy(SPEC)
+    bigger["engine"] = {"image": "v2"}
+    bigger["decode"]["replicas"] = 1
+    bigger["router"] = {"enabled": False}
+    api.user_apply(bigger)
+    settle(api, passes=30)
+    granted = {(r.group, res, verb) for r in rbac.RULES for res in r.resources for verb in r.verbs}
+    for verb, kind in api.writes:
+        resource = RESOURCES[kind]
+        plural = resource.plural + ("/status" if verb == "patch-status" else "")
+        assert (resource.group, plural, verb.split("-")[0]) in granted, (verb, kind)
+    assert {v for v, _ in api.writes} >= {"create", "patch", "delete", "patch-status"}
+
+
+def test_a_role_switch_is_counted_once(api: MemoryApi) -> None:
+    from hybridserving.controller import metrics
+
+    def switches() -> float:
+        return metrics.ROLE_SWITCHES.labels("decode", "prefill")._value.get()
+
+    flexible = copy.deepcopy(SPEC)
+    flexible["roleSwitch"] = {"enabled": True}
+    api.user_apply(flexible)
+    settle(api)
+    before = switches()
+    api.store[(INSTANCE_KIND, "fleet-3")]["spec"]["role"] = "prefill"
+    settle(api)
+    assert switches() == before + 1
+    pods = {k: o["metadata"]["uid"] for k, o in api.store.items() if k[0] == "Pod"}
+    assert api.store[("Pod", "fleet-3-0")]["metadata"]["labels"]["hybridserving.io/role"] == "prefill"
+    settle(api)
+    assert switches() == before + 1
+    assert pods == {k: o["metadata"]["uid"] for k, o in api.store.items() if k[0] == "Pod"}
