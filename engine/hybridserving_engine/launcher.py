@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from hybridserving.core.flags import PLACEHOLDERS, fill_placeholders
 from hybridserving_engine import preflight
 from hybridserving_engine.argv import flag_value, has_flag
 
@@ -77,6 +78,24 @@ class RoleConfig:
             if not has_flag(argv, "--node-rank"):
                 argv += ["--node-rank", str(node_rank)]
         return argv
+
+
+def fill_pod_values(argv: list[str], env: Mapping[str, str], node_rank: int) -> list[str]:
+    """Fill the operator's per-pod placeholders (`{port}`, `{node_rank}`, ...) from the pod's env.
+
+    One ConfigMap serves every instance of a role, so values that differ per instance (ports
+    allocated under host networking, the leader's address) reach the pod as
+    `HYBRIDSERVING_<NAME>` variables; a placeholder left without a value stops the launch.
+    """
+    values: dict[str, str | int] = {"node_rank": node_rank}
+    for name in PLACEHOLDERS:
+        value = env.get(f"HYBRIDSERVING_{name.upper()}")
+        if value is not None and name != "node_rank":
+            values[name] = value
+    try:
+        return fill_placeholders(argv, values)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}: set HYBRIDSERVING_<NAME> in the pod's environment") from None
 
 
 def load_role_config(config_dir: Path, role: str) -> RoleConfig:
@@ -372,7 +391,7 @@ class Launcher:
     async def start_engine(self, role: str) -> None:
         config = self._config(role)
         self.nnodes = config.nnodes
-        self.argv = config.argv_for(self.settings.node_rank)
+        self.argv = fill_pod_values(config.argv_for(self.settings.node_rank), os.environ, self.settings.node_rank)
         cmd = self.command(self.settings.backend, self.argv)
         log.info("starting engine as %s (node rank %d): %s", role, self.settings.node_rank, " ".join(cmd))
         self.proc = await asyncio.create_subprocess_exec(*cmd, start_new_session=True)

@@ -318,3 +318,17 @@ def test_failed_in_place_rebuild_falls_back_to_a_relaunch(pod):
     assert steps[:2] == ["Draining", "Switching"] and "Relaunching" in steps and steps[-1] == "Succeeded"
     assert status["role"] == "decode" and status["ready"] is True
     assert httpx.get(p.engine + "/health").status_code == 200
+
+
+def test_pod_values_fill_the_operators_placeholders_from_the_environment() -> None:
+    from hybridserving_engine.launcher import ConfigError, fill_pod_values
+
+    template = ["--port", "{port}", "--node-rank", "{node_rank}", "--dist-init-addr", "{dist_init_addr}",
+                "--json-model-override-args", '{"a": 1}']
+    env = {"HYBRIDSERVING_PORT": "31000", "HYBRIDSERVING_DIST_INIT_ADDR": "fleet-0.ns.svc:20001"}
+    assert fill_pod_values(template, env, 1) == [
+        "--port", "31000", "--node-rank", "1", "--dist-init-addr", "fleet-0.ns.svc:20001",
+        "--json-model-override-args", '{"a": 1}',
+    ]
+    with pytest.raises(ConfigError, match="HYBRIDSERVING_"):
+        fill_pod_values(["--port", "{port}"], {}, 0)
