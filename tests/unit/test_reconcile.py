@@ -344,3 +344,23 @@ def test_a_role_switch_is_counted_once(api: MemoryApi) -> None:
     settle(api)
     assert switches() == before + 1
     assert pods == {k: o["metadata"]["uid"] for k, o in api.store.items() if k[0] == "Pod"}
+
+
+def test_engine_privileges_not_granted_make_the_layout_invalid_with_the_field() -> None:
+    from hybridserving.controller.reconcile import validate
+    from hybridserving.core.privileges import EnginePolicy
+
+    body = {
+        "apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
+        "metadata": {"name": "rdma", "namespace": "default"},
+        "spec": {"model": {"path": "m", "profile": "deepseek-v3"},
+                 "prefill": {"layout": {"tp": 8}}, "decode": {"layout": {"tp": 8}},
+                 "network": {"hostNetwork": True}, "transfer": {"rdmaResourceCount": 8}},
+    }
+    _, ok = validate(body, EnginePolicy())
+    assert ok.valid
+    _, refused = validate(body, EnginePolicy(allow_host_network=False, allow_ipc_lock=False))
+    assert not refused.valid
+    paths = {i.path for i in refused.errors}
+    assert paths == {"spec.network.hostNetwork", "spec.transfer.rdmaResourceCount"}
+    assert "enginePolicy.allowHostNetwork" in refused.message()

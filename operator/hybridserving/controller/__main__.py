@@ -10,6 +10,13 @@ import kopf
 from prometheus_client import start_http_server
 
 from hybridserving.controller import handlers
+from hybridserving.core.privileges import EnginePolicy
+
+
+def _flag(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError("expected true or false")
+    return value.lower() == "true"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=4, help="HybridServings reconciled in parallel")
     ap.add_argument("--resync-seconds", type=float, default=60.0, help="reconcile every fleet at least this often")
     ap.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
+    ap.add_argument("--health-port", type=int, default=0,
+                    help="liveness endpoint /healthz on this port (0: off)")
+    ap.add_argument("--engine-allow-host-network", type=_flag, default=True, metavar="true|false",
+                    help="whether engine pods may use the host network (refused fleets get LayoutValid=False)")
+    ap.add_argument("--engine-allow-ipc-lock", type=_flag, default=True, metavar="true|false",
+                    help="whether engine pods may get IPC_LOCK (needed by RDMA)")
     ap.add_argument("--verbose", "-v", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -30,12 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     handlers.OPTIONS.kubeconfig = args.kubeconfig
     handlers.OPTIONS.workers = args.workers
     handlers.OPTIONS.resync_seconds = args.resync_seconds
+    handlers.OPTIONS.engine_policy = EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock)
     if args.metrics_port:
         start_http_server(args.metrics_port)
     asyncio.run(kopf.operator(
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
     ))
     return 0
 

@@ -23,6 +23,7 @@ from hybridserving.controller.kube import Kube
 from hybridserving.controller.queue import Key, WorkQueue
 from hybridserving.controller.reconcile import reconcile
 from hybridserving.core.planner import LABEL_NAME
+from hybridserving.core.privileges import EnginePolicy
 
 log = logging.getLogger("hybridserving.controller")
 
@@ -34,6 +35,7 @@ class Options:
     kubeconfig: str | None = None
     workers: int = 4
     resync_seconds: float = 60.0
+    engine_policy: EnginePolicy = field(default_factory=EnginePolicy)
     kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks
 
 
@@ -73,7 +75,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     async def work(key: Key) -> float | None:
         namespace, name = key
         try:
-            outcome = await asyncio.to_thread(reconcile, kube, namespace, name)
+            outcome = await asyncio.to_thread(reconcile, kube, namespace, name, None, OPTIONS.engine_policy)
         except Exception:
             metrics.RECONCILES.labels("error").inc()
             raise

@@ -32,7 +32,8 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, Hybri
 from hybridserving.controller import metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import Validation, changed, fleet_status, instance_status, now
-from hybridserving.core import layout, planner
+from hybridserving.core import layout, planner, privileges
+from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.planner import LABEL_NAME, Action, DesiredState, Observed
 
 log = logging.getLogger("hybridserving.controller")
@@ -71,7 +72,7 @@ def observe(kube: Kube, namespace: str, name: str, hs_uid: str) -> Observed:
     return Observed.from_manifests(instances, pods, objects)
 
 
-def validate(body: dict[str, Any]) -> tuple[HybridServing | None, Validation]:
+def validate(body: dict[str, Any], engine_policy: EnginePolicy = EnginePolicy()) -> tuple[HybridServing | None, Validation]:
     """The typed HybridServing and what is wrong with it (CEL catches much, not everything)."""
     try:
         hs = HybridServing.model_validate(
@@ -84,7 +85,7 @@ def validate(body: dict[str, Any]) -> tuple[HybridServing | None, Validation]:
             for e in exc.errors()
         )
         return None, Validation(issues=(), parse_error=errors)
-    issues = layout.validate(hs.spec)
+    issues = [*layout.validate(hs.spec), *privileges.check(hs.spec, engine_policy)]
     return hs, Validation(issues=issues)
 
 
@@ -191,7 +192,8 @@ def report_instances(kube: Kube, namespace: str, views: dict[str, planner.Instan
 
 
 def reconcile(kube: Kube, namespace: str, name: str,
-              plan_hook: Callable[[list[Action]], list[Action]] | None = None) -> Outcome:
+              plan_hook: Callable[[list[Action]], list[Action]] | None = None,
+              engine_policy: EnginePolicy = EnginePolicy()) -> Outcome:
     """One pass over one HybridServing. `plan_hook` lets tests cut a pass short (a crash)."""
     started = time.monotonic()
     outcome = Outcome()
@@ -208,7 +210,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
         return outcome
     generation = meta.get("generation")
     observed = observe(kube, namespace, name, meta["uid"])
-    hs, validation = validate(body)
+    hs, validation = validate(body, engine_policy)
     effective: HybridServing | None = hs if validation.valid else None
     if effective is None:
         good = last_applied(observed, name)

@@ -37,7 +37,7 @@ from hybridserving.api.v1alpha1 import (
     HybridServingSpec,
     Role,
 )
-from hybridserving.core import flags, ports
+from hybridserving.core import flags, ports, privileges
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -593,8 +593,7 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }
-    if host_network or spec.transfer.rdma_resource_count > 0:
-        # RDMA registers (pins) GPU and host memory.
+    if privileges.needs_ipc_lock(spec):
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if leader:
         container["readinessProbe"] = {
