@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 import kopf
 from prometheus_client import start_http_server
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=4, help="HybridServings reconciled in parallel")
     ap.add_argument("--resync-seconds", type=float, default=60.0, help="reconcile every fleet at least this often")
     ap.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
+    ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server binds")
     ap.add_argument("--health-port", type=int, default=0,
                     help="liveness endpoint /healthz on this port (0: off)")
     ap.add_argument("--engine-allow-host-network", type=_flag, default=True, metavar="true|false",
@@ -41,11 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         # kopf logs every handled watch event; the reconcile logs what matters.
         logging.getLogger("kopf").setLevel(logging.WARNING)
     handlers.OPTIONS.kubeconfig = args.kubeconfig
+    if args.kubeconfig:
+        # kopf logs in through its own credential hooks, which read KUBECONFIG.
+        os.environ["KUBECONFIG"] = args.kubeconfig
     handlers.OPTIONS.workers = args.workers
     handlers.OPTIONS.resync_seconds = args.resync_seconds
     handlers.OPTIONS.engine_policy = EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock)
     if args.metrics_port:
-        start_http_server(args.metrics_port)
+        start_http_server(args.metrics_port, addr=args.metrics_host)
     asyncio.run(kopf.operator(
         standalone=True,
         clusterwide=not args.namespace,

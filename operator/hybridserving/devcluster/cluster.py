@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -34,8 +35,16 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 BINARIES = COMPONENTS + ("kubectl",)
 
 SERVICE_CIDR = "10.96.0.0/16"
-# kwok hands out pod IPs from this range: loopback, so nothing ever routes off the host.
-POD_CIDR = "127.64.0.1/16"
+
+
+def pod_cidr(name: str) -> str:
+    """The loopback range kwok hands pod IPs out of, one /16 per cluster name.
+
+    Loopback, so nothing ever routes off the host; per cluster, so that two clusters whose
+    pods are stood in for by local processes never hand out the same address.
+    """
+    second = 64 + int(hashlib.sha256(name.encode()).hexdigest(), 16) % 64
+    return f"127.{second}.0.1/16"
 NODE_IP = "127.0.0.1"
 
 DEFAULT_UP_TIMEOUT = 120.0
@@ -607,7 +616,7 @@ class Cluster:
             f"--kubeconfig={kc}",
             f"--config={kwok_cfg}",
             f"--manage-nodes-with-label-selector={KWOK_SELECTOR}",
-            f"--cidr={POD_CIDR}",
+            f"--cidr={pod_cidr(self.name)}",
             f"--node-ip={NODE_IP}",
             "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{p.kwok}",
