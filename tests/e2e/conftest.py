@@ -139,3 +139,120 @@ def smg_router(tmp_path: pathlib.Path):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# ---------------------------------------------------------------------------------- the local cluster
+#
+# The whole path on a real control plane: the operator renders the fleet, the pod runner (standing in
+# for the kubelet on kwok's fake GPU nodes) runs each leader pod's launcher and simulator at the pod IP
+# (127.x), and the real router discovers the leaders through the API the way its Deployment would.
+
+E2E_CLUSTER_PREFIX = "e2e-"
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A local control plane with four fake GPU nodes and the CRDs applied; one per session."""
+    import os
+    import uuid
+
+    from hybridserving.devcluster import Cluster, DevClusterError, FleetSpec, MissingBinaries, find_binaries, reap_orphans
+
+    try:
+        find_binaries()
+    except MissingBinaries as exc:
+        pytest.fail(str(exc), pytrace=False)
+    reap_orphans(E2E_CLUSTER_PREFIX)  # left by a session killed before its teardown
+    cluster = Cluster(f"{E2E_CLUSTER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}", FleetSpec(nodes=4))
+    try:
+        cluster.up(timeout=120)
+    except DevClusterError as exc:
+        pytest.fail(f"local control plane did not come up: {exc}", pytrace=False)
+    try:
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
+        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        yield cluster
+    finally:
+        cluster.down(purge=os.environ.get("HYBRIDSERVING_KEEP_CLUSTER") != "1")
+
+
+def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def fleet_operator(local_cluster, tmp_path_factory: pytest.TempPathFactory):
+    """`python -m hybridserving.controller` on the local cluster (metrics off: nothing binds a wildcard).
+
+    KUBECONFIG is set as well as `--kubeconfig`: kopf logs in from the environment."""
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    proc = _start_logged([sys.executable, "-m", "hybridserving.controller", "--kubeconfig",
+                          str(local_cluster.kubeconfig), "--metrics-port", "0"], log, local_cluster.env())
+    yield log
+    _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def pod_runner(local_cluster, tmp_path_factory: pytest.TempPathFactory):
+    """The pod runner on the local cluster, with probes, restarts and volume refreshes sped up."""
+    state = tmp_path_factory.mktemp("pods")
+    proc = _start_logged([
+        sys.executable, "-m", "hybridserving_engine.podrunner", "--kubeconfig", str(local_cluster.kubeconfig),
+        "--state-dir", str(state), "--probe-period-seconds", "1", "--restart-backoff-seconds", "1",
+        "--volume-refresh-seconds", "1",
+    ], state / "runner.log")
+    yield state
+    _stop(proc)
+
+
+def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """`argv` with the value after `flag` replaced, or the flag appended."""
+    if flag in argv:
+        i = argv.index(flag)
+        return [*argv[: i + 1], value, *argv[i + 2:]]
+    return [*argv, flag, value]
+
+
+@pytest.fixture
+def discovering_router(local_cluster, tmp_path: pathlib.Path):
+    """Run the router the operator rendered: `discovering_router(namespace, deployment)` reads the
+    Deployment's `smg` arguments, binds them to 127.0.0.1 on free ports, points the router's Kubernetes
+    client at the local cluster (KUBECONFIG) and returns its URL once it answers."""
+    import os
+
+    binary = shutil.which("smg", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("smg")
+    if binary is None:
+        pytest.fail("the router binary `smg` is missing: run `.venv/bin/pip install smg==1.13.0`")
+    procs: list[subprocess.Popen] = []
+
+    def start(namespace: str, deployment: str) -> str:
+        out = local_cluster.kubectl("-n", namespace, "get", "deployment", deployment, "-o", "json")
+        container = json.loads(out.stdout)["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["smg"], container
+        port, metrics_port = free_port(), free_port()
+        args = list(container["args"])
+        for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)),
+                            ("--prometheus-host", "127.0.0.1"), ("--prometheus-port", str(metrics_port))):
+            args = _replace_flag(args, flag, value)
+        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        env["KUBECONFIG"] = str(local_cluster.kubeconfig)
+        procs.append(_start_logged([binary, *args], tmp_path / f"router{len(procs)}.log", env))
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/workers", timeout=60)
+        return url
+
+    yield start
+    for proc in procs:
+        _stop(proc, 10)

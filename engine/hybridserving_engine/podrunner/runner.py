@@ -1,0 +1,381 @@
+"""The watch loop and one worker per leader pod: the kubelet's job for engine pods on fake nodes.
+
+A simulated multi-node instance runs whole on its leader (the simulator's worker ranks only
+wait for SIGTERM, and SGLang's serve no HTTP), so worker pods get no process: they keep the
+Running, Ready status kwok gives them, which is what the operator reads for gang health.
+
+Each leader's worker thread materialises the pod's volumes, starts the container's command
+(the launcher) at the pod IP, probes it, writes the readiness and the restart count into the
+pod's status, refreshes ConfigMap volumes and the role file while the pod lives, and stops
+the process when the pod goes, honouring its grace period.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from hybridserving_engine.podrunner.container import ContainerProcess, container_command, container_environment
+from hybridserving_engine.podrunner.probe import ReadinessProbe
+from hybridserving_engine.podrunner.volumes import (
+    AtomicDirectory,
+    MissingSource,
+    pin_wildcard_host,
+    volume_files,
+)
+
+log = logging.getLogger("hybridserving.podrunner")
+
+ENGINE_SELECTOR = "hybridserving.io/component=engine"
+NODE_RANK_LABEL = "hybridserving.io/node-rank"
+FAKE_NODE_SELECTOR = "type=kwok"
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+TICK_SECONDS = 0.2
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def is_leader(pod: Mapping[str, Any]) -> bool:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(NODE_RANK_LABEL) == "0"
+
+
+def grace_seconds(pod: Mapping[str, Any]) -> float:
+    """The deletion's grace period if the pod is being deleted, else its spec's (default 30 s)."""
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionGracePeriodSeconds") is not None:
+        return float(meta["deletionGracePeriodSeconds"])
+    return float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+
+
+def loopback_ip(pod: Mapping[str, Any]) -> str | None:
+    """The pod IP if it is a loopback address (kwok's range on the local cluster), else None:
+    the runner binds nothing else."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    return ip if ipaddress.ip_address(ip).is_loopback else None
+
+
+class PodWorker:
+    """Runs one leader pod's container for as long as the pod lives."""
+
+    def __init__(self, runner: PodRunner, pod: dict[str, Any]) -> None:
+        self.runner = runner
+        self.pod = pod
+        meta = pod["metadata"]
+        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
+        self.dir = runner.state_dir / f"{self.namespace}_{self.name}_{self.uid[:8]}"
+        self.container_spec = pod["spec"]["containers"][0]
+        if len(pod["spec"]["containers"]) > 1:
+            log.warning("%s/%s: only its first container, %s, is run", self.namespace, self.name,
+                        self.container_spec["name"])
+        self.pod_ip = loopback_ip(pod)
+        self.probe = ReadinessProbe.from_container(self.container_spec, self.pod_ip, runner.probe_period_seconds)
+        self.process: ContainerProcess | None = None
+        self.restarts = 0
+        self.last_terminated: dict[str, Any] | None = None
+        self.waiting_reason: str | None = "ContainerCreating"
+        self._failures_in_a_row = 0
+        self._volumes: dict[str, AtomicDirectory] = {}
+        self._materialised = False
+        self._changed = threading.Event()
+        self._terminate: float | None = None  # grace period, once the pod goes
+        self._reported: tuple | None = None
+        self.thread = threading.Thread(target=self._run, name=f"pod-{self.name}", daemon=True)
+
+    # ---- called from the watch thread
+
+    def update(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+        self._changed.set()
+
+    def terminate(self, grace: float) -> None:
+        if self._terminate is None:
+            self._terminate = grace
+        self._changed.set()
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    # ---- the worker thread
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception:
+            log.exception("%s/%s: worker failed", self.namespace, self.name)
+        finally:
+            self._stop()
+
+    def _serve(self) -> None:
+        self._report()  # kwok marked the pod Ready; it is not until the probe says so
+        next_probe = next_refresh = 0.0
+        restart_at: float | None = 0.0
+        while self._terminate is None and not self.runner.stopping.is_set():
+            now = time.monotonic()
+            if self._changed.is_set() or now >= next_refresh:
+                self._changed.clear()
+                next_refresh = now + self.runner.volume_refresh_seconds
+                self._materialise()
+            if self.process is None or restart_at is not None:
+                if restart_at is not None and now >= restart_at and self._materialised:
+                    self._start()
+                    restart_at = None
+                    next_probe = now
+            else:
+                code = self.process.exit_code()
+                if code is not None:
+                    restart_at = now + self._backoff()
+                    self._exited(code)
+            if self.process is not None and restart_at is None and now >= next_probe:
+                self.probe.check()
+                next_probe = now + self.probe.period_seconds
+            self._report()
+            self._changed.wait(TICK_SECONDS)
+
+    def _backoff(self) -> float:
+        """The kubelet's restart back-off: doubling per restart, capped; reset after a long run."""
+        assert self.process is not None and self.process.started_at is not None
+        if time.time() - self.process.started_at > self.runner.backoff_reset_seconds:
+            self._failures_in_a_row = 0
+        self._failures_in_a_row += 1
+        return min(self.runner.restart_backoff_seconds * 2 ** (self._failures_in_a_row - 1),
+                   self.runner.restart_backoff_max_seconds)
+
+    def _materialise(self) -> None:
+        """Write every volume of the pod (ConfigMaps read now, downward API from the latest pod)."""
+        mounts = {m["name"] for m in self.container_spec.get("volumeMounts") or []}
+        pending: dict[str, dict[str, str]] = {}
+        try:
+            for volume in self.pod["spec"].get("volumes") or []:
+                if volume["name"] not in mounts:
+                    continue
+                files = volume_files(volume, self.pod, self.runner.read_config_map_for(self.namespace))
+                pending[volume["name"]] = {} if files is None else {
+                    path: pin_wildcard_host(content, self.pod_ip) for path, content in files.items()}
+        except MissingSource as e:
+            if not self._materialised:
+                self.waiting_reason = "ContainerCreating"
+                log.info("%s/%s: waiting for volumes: %s", self.namespace, self.name, e)
+            return
+        for name, files in pending.items():
+            directory = self._volumes.get(name) or AtomicDirectory(self.dir / "volumes" / name)
+            self._volumes[name] = directory
+            if directory.write(files) and self.process is not None:
+                log.info("%s/%s: volume %s updated", self.namespace, self.name, name)
+        self._materialised = True
+
+    def _start(self) -> None:
+        mounts = {m["mountPath"]: self._volumes[m["name"]].path
+                  for m in self.container_spec.get("volumeMounts") or [] if m["name"] in self._volumes}
+        env = container_environment(self.container_spec, self.pod, mounts)
+        command = container_command(self.container_spec, env)
+        self.process = ContainerProcess(command, env, self.dir, self.dir / "container.log")
+        self.process.start()
+        self.probe.reset()
+        self.waiting_reason = None
+        log.info("%s/%s: started %s at %s (pid %d, restart %d)", self.namespace, self.name,
+                 self.container_spec["name"], self.pod_ip, self.process.pid, self.restarts)
+
+    def _exited(self, code: int) -> None:
+        assert self.process is not None
+        log.warning("%s/%s: container exited with %d; restarting", self.namespace, self.name, code)
+        self.last_terminated = {
+            "exitCode": code if code >= 0 else 128 - code,  # killed by a signal: 128 + its number
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": rfc3339(self.process.started_at or time.time()),
+            "finishedAt": now_rfc3339(),
+        }
+        self.restarts += 1
+        self.probe.reset()
+        self.waiting_reason = "CrashLoopBackOff"
+
+    def _stop(self) -> None:
+        grace = self._terminate if self._terminate is not None else self.runner.shutdown_grace_seconds
+        grace = min(grace, self.runner.shutdown_grace_seconds) if self.runner.stopping.is_set() else grace
+        self.probe.ready = False
+        self._report()  # a terminating pod is unready at once
+        if self.process is not None:
+            log.info("%s/%s: stopping (grace %.0f s)", self.namespace, self.name, grace)
+            code = self.process.stop(grace)
+            log.info("%s/%s: stopped, exit %s", self.namespace, self.name, code)
+        shutil.rmtree(self.dir / "volumes", ignore_errors=True)
+
+    # ---- status
+
+    def _report(self) -> None:
+        """Patch the pod's status when readiness, restarts or the container state changed."""
+        running = self.process is not None and self.waiting_reason is None
+        key = (self.probe.ready and running and self._terminate is None, self.restarts, running, self.waiting_reason)
+        if key == self._reported:
+            return
+        ready = key[0]
+        status_word = "True" if ready else "False"
+        stamp = now_rfc3339()
+        container: dict[str, Any] = {
+            "name": self.container_spec["name"],
+            "image": self.container_spec.get("image", ""),
+            "imageID": "",
+            "ready": ready,
+            "started": running,
+            "restartCount": self.restarts,
+        }
+        if running:
+            container["state"] = {"running": {"startedAt": rfc3339(self.process.started_at)}}
+        else:
+            container["state"] = {"waiting": {"reason": self.waiting_reason}}
+        if self.last_terminated:
+            container["lastState"] = {"terminated": self.last_terminated}
+        conditions = [
+            {"type": kind, "status": status_word, "lastTransitionTime": stamp,
+             **({} if ready else {"reason": "ContainersNotReady",
+                                  "message": f"containers with unready status: [{self.container_spec['name']}]"})}
+            for kind in ("Ready", "ContainersReady")
+        ]
+        body = {"status": {"conditions": conditions, "containerStatuses": [container]}}
+        try:
+            self.runner.core.patch_namespaced_pod_status(self.name, self.namespace, body, _content_type=STRATEGIC_MERGE)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("%s/%s: status patch failed: %s", self.namespace, self.name, e.reason)
+                return
+        self._reported = key
+
+
+class PodRunner:
+    """Watches engine pods and keeps one worker per leader pod on a fake node."""
+
+    def __init__(self, api_client: client.ApiClient, state_dir: Path, namespace: str | None = None, *,
+                 probe_period_seconds: float | None = None, volume_refresh_seconds: float = 5.0,
+                 restart_backoff_seconds: float = 10.0, restart_backoff_max_seconds: float = 300.0,
+                 backoff_reset_seconds: float = 600.0, shutdown_grace_seconds: float = 30.0,
+                 node_selector: str = FAKE_NODE_SELECTOR) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.state_dir = state_dir
+        self.namespace = namespace
+        self.probe_period_seconds = probe_period_seconds
+        self.volume_refresh_seconds = volume_refresh_seconds
+        self.restart_backoff_seconds = restart_backoff_seconds
+        self.restart_backoff_max_seconds = restart_backoff_max_seconds
+        self.backoff_reset_seconds = backoff_reset_seconds
+        self.shutdown_grace_seconds = shutdown_grace_seconds
+        self.node_selector = node_selector
+        self.stopping = threading.Event()
+        self.workers: dict[str, PodWorker] = {}
+        self._nodes: set[str] = set()
+
+    def read_config_map_for(self, namespace: str):
+        def read(name: str) -> Mapping[str, str] | None:
+            try:
+                return self.core.read_namespaced_config_map(name, namespace).data or {}
+            except ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+        return read
+
+    def _on_fake_node(self, node: str | None) -> bool:
+        if node and node not in self._nodes:
+            self._nodes = {n.metadata.name for n in self.core.list_node(label_selector=self.node_selector).items}
+        return node in self._nodes
+
+    def observe(self, event_type: str, pod: dict[str, Any]) -> None:
+        """React to one pod event: start, update or stop its worker."""
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        worker = self.workers.get(uid)
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            if worker is not None:
+                worker.update(pod)
+                worker.terminate(grace_seconds(pod))
+            return
+        if worker is not None:
+            worker.update(pod)
+            return
+        status = pod.get("status") or {}
+        if (status.get("phase") != "Running" or not is_leader(pod)
+                or not self._on_fake_node((pod.get("spec") or {}).get("nodeName"))):
+            return
+        if loopback_ip(pod) is None:
+            if status.get("podIP"):
+                log.error("%s/%s: pod IP %s is not a loopback address; not running it",
+                          meta["namespace"], meta["name"], status["podIP"])
+            return
+        worker = PodWorker(self, pod)
+        self.workers[uid] = worker
+        worker.thread.start()
+
+    def _list(self) -> tuple[list[dict[str, Any]], str]:
+        kwargs = {"label_selector": ENGINE_SELECTOR}
+        result = (self.core.list_namespaced_pod(self.namespace, **kwargs) if self.namespace
+                  else self.core.list_pod_for_all_namespaces(**kwargs))
+        pods = [self.core.api_client.sanitize_for_serialization(p) for p in result.items]
+        return pods, result.metadata.resource_version
+
+    def run(self) -> None:
+        """List, then watch, until `stopping` is set; relist when the watch expires."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        while not self.stopping.is_set():
+            try:
+                pods, version = self._list()
+                seen = {p["metadata"]["uid"] for p in pods}
+                for uid, worker in list(self.workers.items()):
+                    if uid not in seen:
+                        worker.terminate(grace_seconds(worker.pod))
+                for pod in pods:
+                    self.observe("ADDED", pod)
+                self._watch(version)
+            except ApiException as e:
+                if e.status != 410:
+                    log.warning("pod watch failed (%s); relisting", e.reason)
+                    self.stopping.wait(1)
+            except Exception as e:  # the API went away for a moment: relist
+                log.warning("pod watch failed (%s); relisting", e)
+                self.stopping.wait(1)
+            self._forget_finished()
+
+    def _watch(self, version: str) -> None:
+        w = watch.Watch()
+        kwargs = {"label_selector": ENGINE_SELECTOR, "resource_version": version, "timeout_seconds": 30,
+                  "allow_watch_bookmarks": True}
+        lister = (self.core.list_namespaced_pod if self.namespace else self.core.list_pod_for_all_namespaces)
+        args = (self.namespace,) if self.namespace else ()
+        for event in w.stream(lister, *args, **kwargs):
+            if self.stopping.is_set():
+                w.stop()
+                return
+            if event["type"] == "ERROR":
+                return  # an expired resourceVersion: relist
+            if event["type"] == "BOOKMARK":
+                continue
+            self.observe(event["type"], self.core.api_client.sanitize_for_serialization(event["object"]))
+            self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        for uid, worker in list(self.workers.items()):
+            if not worker.thread.is_alive():
+                del self.workers[uid]
+
+    def stop(self) -> None:
+        """Stop every pod's process (within the shutdown grace) and wait for the workers."""
+        self.stopping.set()
+        for worker in list(self.workers.values()):
+            worker.wake()
+        for worker in list(self.workers.values()):
+            worker.thread.join()
