@@ -136,7 +136,7 @@ class Checked:
 
 
 def shifting_trace():
-    a = poisson(12.0, 600, 6000, 30, seed=1)
+    a = poisson(16.0, 600, 6000, 30, seed=1)
     b = poisson(12.0, 600, 600, 600, seed=2)
     return traces.make_trace(
         "shift",
@@ -187,3 +187,10 @@ def test_an_hour_of_a_small_fleet_simulates_quickly():
     start = time.process_time()
     FleetSimulator(FleetConfig(8, 4, MODEL)).run(trace)
     assert time.process_time() - start < 30
+
+
+def test_goodput_search_looks_past_a_dip_and_reports_the_highest_passing_rate():
+    curve = lambda s: 1.0 if s <= 2.0 or 2.2 < s <= 2.6 else 0.0  # noqa: E731 - a dip at 2.0..2.2
+    found = search_goodput(curve, start=1.0, step=1.1, iterations=4)
+    assert 2.4 < found <= 2.6
+    assert search_goodput(lambda s: 1.0 if s <= 0.3 else 0.0, start=1.0, step=1.25, iterations=6) == pytest.approx(0.3, rel=0.03)

@@ -27,7 +27,7 @@ def fleet(prefill: int, decode: int, **kw) -> list[InstanceState]:
     ]
 
 
-def metrics_for(states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, wait_s: float = 0.0):
+def metrics_for(states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, wait_s: float = 0.0, prealloc: int = 0):
     out = {}
     for i, s in enumerate(states):
         if s.role == "prefill":
@@ -39,7 +39,9 @@ def metrics_for(states, prefill_util: float, decode_kv: float, queue_tokens: int
                 utilization=prefill_util,
             )
         else:
-            out[s.name] = InstanceMetrics("decode", kv_usage=decode_kv, running_reqs=int(decode_kv * 100) + i)
+            out[s.name] = InstanceMetrics(
+                "decode", kv_usage=decode_kv, running_reqs=int(decode_kv * 100) + i, prealloc_queue_reqs=prealloc
+            )
     return out
 
 
@@ -112,14 +114,15 @@ class Fleet:
         self.started: dict[str, float] = {}
         self.switches: list[tuple[float, str, str]] = []
 
-    def step(self, t: float, prefill_util: float, decode_kv: float, queue: int, wait: float) -> None:
+    def step(self, t: float, prefill_util: float, decode_kv: float, queue: int, wait: float, prealloc: int = 0) -> None:
         for name, at in list(self.started.items()):
             if t - at >= 15:
                 s = self.states[name]
                 self.states[name] = replace(s, role=s.target_role, target_role=None, phase="serving", last_switch_at=t)
                 del self.started[name]
         states = list(self.states.values())
-        decision, self.memory = self.policy.decide(t, states, metrics_for(states, prefill_util, decode_kv, queue, wait), self.memory)
+        m = metrics_for(states, prefill_util, decode_kv, queue, wait, prealloc)
+        decision, self.memory = self.policy.decide(t, states, m, self.memory)
         if decision:
             s = self.states[decision.instance]
             assert s.phase == "serving" and not s.pinned and s.role == decision.from_role
@@ -178,3 +181,69 @@ def test_decisions_are_deterministic():
     m = metrics_for(states, 1.0, 0.2, 80_000, 4.0)
     policy = RoleSwitchPolicy(PolicyConfig(sustain_s=0), MODEL)
     assert policy.decide(10.0, states, m) == policy.decide(10.0, states, m)
+
+
+def decode_metrics(states, kv: float, running: int, prealloc: int = 0, prefill_util: float = 1.0, queue_tokens: int = 60_000):
+    """Prefill saturated with a queue; decode at `kv` usage with `running` requests each."""
+    out = {}
+    for s in states:
+        if s.role == "prefill":
+            out[s.name] = InstanceMetrics("prefill", prefill_queue_tokens=queue_tokens, prefill_queue_reqs=4, prefill_wait_s=3.0, utilization=prefill_util)
+        else:
+            out[s.name] = InstanceMetrics("decode", kv_usage=kv, running_reqs=running, prealloc_queue_reqs=prealloc)
+    return out
+
+
+def test_no_switch_on_steady_load_near_the_decode_cliff():
+    """Prefill is short, decode has room on paper (40 % KV), but with long contexts the step time
+    grows with the batch: one decode instance fewer would need a batch past the KV pool."""
+    cfg = PolicyConfig(sustain_s=10)
+    policy = RoleSwitchPolicy(cfg, MODEL)
+    states = fleet(5, 3)
+    m = decode_metrics(states, kv=0.40, running=40)
+    # A linear projection ("the same load over one instance fewer") would call this safe...
+    assert 0.40 * 3 / 2 / cfg.target_kv_usage < cfg.donor_ceiling
+    # ...the queueing projection sees the cliff.
+    demand = policy.demand_of(policy.observe(0.0, states, m, PolicyMemory()))
+    assert policy.projected("decode", demand, 2) > 1.0 > policy.projected("decode", demand, 3)
+    memory = PolicyMemory()
+    for t in range(0, 1800, 5):
+        decision, memory = policy.decide(float(t), states, m, memory)
+        assert decision is None
+    assert memory.prefill_pressure_since is not None  # prefill was under pressure all along
+
+
+def test_a_clear_mix_reversal_moves_back_within_the_cooldown_but_never_the_same_instance():
+    cfg = PolicyConfig(cooldown_s=600, sustain_s=10, max_concurrent=1)
+    f = Fleet(3, 5, cfg)
+    for t in range(0, 120, 5):  # prefill-heavy: decode nearly idle
+        f.step(float(t), 1.0, 0.05, 80_000, 4.0)
+    assert f.switches and all(to == "prefill" for _, _, to in f.switches)
+    moved_to_prefill = {name for _, name, _ in f.switches}
+    first = len(f.switches)
+    for t in range(120, 400, 5):  # the mix reverses: decode KV fills, prefill idles
+        f.step(float(t), 0.1, 0.97, 0, 0.0, prealloc=20)
+    back = [(t, name) for t, name, to in f.switches[first:] if to == "decode"]
+    assert back and back[0][0] < 600  # well inside the cooldown of the first move
+    assert not {name for _, name in back} & moved_to_prefill  # per-instance cooldown
+
+
+def test_a_large_imbalance_moves_several_instances_at_once_within_max_concurrent():
+    cfg = PolicyConfig(sustain_s=0, max_concurrent=3)
+    policy = RoleSwitchPolicy(cfg, MODEL)
+    states = fleet(2, 6)
+    m = metrics_for(states, 1.0, 0.02, 100_000, 4.0)
+    decisions, _ = policy.decide_all(0.0, states, m)
+    assert 2 <= len(decisions) <= 3 and len({d.instance for d in decisions}) == len(decisions)
+    assert all(d.to_role == "prefill" for d in decisions)
+    one, _ = policy.decide(0.0, states, m)
+    assert one == decisions[0]  # decide() is the first step of the same move
+
+
+def test_memory_round_trips_through_a_dict():
+    policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
+    states = fleet(3, 5)
+    memory = policy.observe(10.0, states, metrics_for(states, 0.9, 0.4, 20_000, 1.0), PolicyMemory())
+    assert PolicyMemory.from_dict(memory.to_dict()) == memory
+    assert PolicyMemory.from_dict({"prefill_pressure_since": 5, "unknown": 1}) == PolicyMemory(prefill_pressure_since=5.0)
+    assert PolicyMemory.from_dict(None) == PolicyMemory()

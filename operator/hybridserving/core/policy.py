@@ -2,11 +2,19 @@
 
 A switch is never free: the donor instance drains (it stops taking work and finishes what it
 holds), then rebuilds in place (seconds) or relaunches (minutes), and meanwhile serves nothing.
-So the policy only moves an instance when one role has been under sustained pressure, the other
-role can spare an instance without coming under pressure itself, and the overload removed over
-the cooldown horizon outweighs the capacity the switch takes away. Pressure uses asymmetric
-thresholds (enter high, exit lower) and must hold for a window, so metric noise does not move
-instances back and forth.
+So the policy measures each role's load as a demand that can be projected onto any number of
+instances with the performance model (prefill: busy compute plus queued work, a fluid queue;
+decode: token throughput and resident KV, solved for the batch each instance would run, which
+is where the KV and TPOT cliff shows), smooths it (EWMA), and moves instances only when
+
+- one role has been under sustained pressure (enter high, exit lower, for a window),
+- the donor role, projected onto one instance fewer (or several), stays clearly within its SLO,
+- the move lowers the worse of the two roles' projected pressure, and
+- the overload it removes over the cooldown outweighs the capacity the drain and switch take.
+
+Moves are sized (several instances when the imbalance is large, up to `max_concurrent`), the
+cooldown is per instance, and moving back is allowed when the mix clearly reverses (stricter
+evidence than the first move, so noise does not flap).
 
 Everything here is a pure, deterministic function of its arguments: the caller keeps the small
 `PolicyMemory` between ticks (in status, in the simulator) and passes it back in.
@@ -14,7 +22,8 @@ Everything here is a pure, deterministic function of its arguments: the caller k
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal, Mapping, Sequence
 
 from hybridserving.core.perfmodel import PerformanceModel, SwitchMode
@@ -89,6 +98,17 @@ class PolicyConfig:
     """Decode KV usage that counts as full: above it new requests start to wait for slots."""
     typical_output_tokens: int = 256
     """Used to estimate how long a decode donor takes to drain."""
+    smoothing_s: float = 30.0
+    """Time constant of the EWMA over each role's measured demand (0: no smoothing)."""
+    target_tpot_fraction: float = 0.90
+    """Decode step time that counts as full, as a fraction of the TPOT limit."""
+    min_improvement: float = 0.05
+    """A move must lower the worse role's projected pressure by at least this much."""
+    reversal_sustain_factor: float = 2.0
+    """Moving an instance back within the cooldown of a move the other way needs the pressure
+    sustained this many times longer..."""
+    reversal_margin: float = 0.10
+    """...and the donor projected this far below `donor_ceiling` (a clear reversal, not noise)."""
 
     @classmethod
     def from_spec(cls, role_switch, paused: bool = False, **tuning) -> PolicyConfig:
@@ -108,10 +128,28 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class PolicyMemory:
-    """Since when each role has been under pressure (None: not under pressure)."""
+    """What the policy carries between ticks: since when each role has been under pressure
+    (None: not under pressure) and the smoothed demand of each role.
+
+    All fields are plain floats or None; `to_dict` / `from_dict` round-trip them for status.
+    """
 
     prefill_pressure_since: float | None = None
     decode_pressure_since: float | None = None
+    smoothed_at: float | None = None
+    """When the demand below was last updated (None: never; the next tick starts it)."""
+    prefill_load: float = 0.0
+    """Prefill demand in instances' worth of busy compute (queued work included)."""
+    decode_tokens_per_s: float = 0.0
+    """Decode demand: output tokens per second the role must emit."""
+    decode_tokens_per_request: float = 0.0
+    """KV tokens one running request holds (its reservation), for the KV and step-time projection."""
+    prefill_slo: float = 0.0
+    """Smoothed TTFT p90 / limit."""
+    decode_slo: float = 0.0
+    """Smoothed TPOT p90 / limit."""
+    prefill_backlog_factor: float = 1.0
+    """Smoothed prefill demand over what prefill delivers."""
 
     def since(self, role: Role) -> float | None:
         return self.prefill_pressure_since if role == "prefill" else self.decode_pressure_since
@@ -119,6 +157,17 @@ class PolicyMemory:
     def with_since(self, role: Role, value: float | None) -> PolicyMemory:
         field = "prefill_pressure_since" if role == "prefill" else "decode_pressure_since"
         return replace(self, **{field: value})
+
+    def to_dict(self) -> dict[str, float | None]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object] | None) -> PolicyMemory:
+        """Tolerant of missing and unknown keys (an older status keeps working)."""
+        if not data:
+            return cls()
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: (None if v is None else float(v)) for k, v in data.items() if k in known})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -216,21 +265,150 @@ def role_pressures(
     return out
 
 
-def _overload(pressure: float, instances: int) -> float:
-    """Instances' worth of load beyond what `instances` can carry at target."""
-    return max(0.0, pressure * instances - instances) if instances else pressure
+
+# --------------------------------------------------------------------------------------------
+# Demand that projects onto any instance count
 
 
-def _projected(p: RolePressure, delta: int) -> float:
-    """Pressure once pending switches land and `delta` more instances join (or leave)."""
-    after = p.serving + p.incoming + delta
-    return p.pressure * p.serving / after if after > 0 else float("inf")
+_PRESSURE_CAP = 50.0
+"""Upper bound on any projected pressure (a role with no instance and some demand)."""
+
+
+@dataclass(frozen=True)
+class RoleDemand:
+    """Both roles' measured demand, in units that project onto any number of instances."""
+
+    prefill_load: float
+    """Instances' worth of prefill compute: Σ utilisation plus queued work beyond half a TTFT,
+    spread over one TTFT (a fluid queue: the backlog must drain within the limit)."""
+    decode_tokens_per_s: float
+    """Output tokens per second decode must emit: measured throughput, inflated by the requests
+    waiting for KV slots (the prealloc queue is demand the role is not serving) and by prefill's
+    backlog (requests still queued for prefill will reach decode)."""
+    decode_tokens_per_request: float
+    """KV tokens one running request reserves."""
+    prefill_slo: float = 0.0
+    decode_slo: float = 0.0
+    prefill_backlog_factor: float = 1.0
+    """Prefill demand over what it delivers (≥ 1): how much more decode will see once prefill catches up."""
+
+    def released(self) -> RoleDemand:
+        """Decode demand once prefill's backlog reaches it (for projecting decode as a donor)."""
+        return replace(self, decode_tokens_per_s=self.decode_tokens_per_s * self.prefill_backlog_factor)
+
+
+def measure_demand(
+    fleet: Sequence[InstanceState],
+    metrics: Mapping[str, InstanceMetrics],
+    config: PolicyConfig,
+    model: PerformanceModel,
+) -> RoleDemand:
+    """Demand over every instance holding a role's work (serving, or draining it)."""
+    holding = {
+        role: [metrics[s.name] for s in fleet if s.role == role and s.phase in ("serving", "draining") and s.name in metrics]
+        for role in ("prefill", "decode")
+    }
+    per_token = model.prefill_per_token_s * model.time_scale
+    load = busy = 0.0
+    for m in holding["prefill"]:
+        backlog = m.prefill_queue_tokens * per_token
+        busy += m.utilization
+        load += m.utilization + max(0.0, backlog - 0.5 * config.ttft_slo_s) / config.ttft_slo_s
+    cap = model.kv_capacity_tokens
+    running = sum(m.running_reqs for m in holding["decode"])
+    waiting = sum(m.prealloc_queue_reqs for m in holding["decode"])
+    reserved = sum(m.kv_usage for m in holding["decode"]) * cap
+    throughput = 0.0
+    for m in holding["decode"]:
+        if m.running_reqs:
+            throughput += m.running_reqs / model.decode_step_seconds(m.running_reqs, int(m.kv_usage * cap))
+    per_request = reserved / running if running else 0.0
+    # Waiting requests are demand the role is not serving; counted at most once more than what
+    # runs (the queue is a backlog, not a rate: past that, more decode instances drain it anyway).
+    tokens = throughput * min(1.5, (running + waiting) / running) if running else 0.0
+    # Decode only sees what prefill delivers: while prefill has a backlog, the arrivals behind it
+    # are decode demand too, and giving prefill an instance releases them onto decode. Used when
+    # decode is the donor (conservative), not when it receives (that would overshoot).
+    backlog_factor = min(3.0, max(1.0, load / busy)) if busy > 0 else 1.0
+    ttft = [m.ttft_p90_s / config.ttft_slo_s for m in holding["prefill"] if m.ttft_p90_s is not None]
+    tpot = [m.tpot_p90_s / config.tpot_slo_s for m in holding["decode"] if m.tpot_p90_s is not None]
+    return RoleDemand(
+        prefill_load=load,
+        decode_tokens_per_s=tokens,
+        decode_tokens_per_request=per_request,
+        prefill_slo=sum(ttft) / len(ttft) if ttft else 0.0,
+        decode_slo=sum(tpot) / len(tpot) if tpot else 0.0,
+        prefill_backlog_factor=backlog_factor,
+    )
+
+
+def projected_prefill_pressure(demand: RoleDemand, instances: int, config: PolicyConfig) -> float:
+    """Prefill load per instance over the target utilisation (fluid: compute is linear in instances)."""
+    if instances <= 0:
+        return _PRESSURE_CAP if demand.prefill_load > 0 else 0.0
+    return min(_PRESSURE_CAP, demand.prefill_load / instances / config.target_utilization)
+
+
+def projected_decode_batch(demand: RoleDemand, instances: int, model: PerformanceModel) -> float:
+    """Requests each of `instances` decode instances would run to emit the demand (inf: cannot).
+
+    Little's law with a step time that grows with the batch: an instance emitting `d` tokens per
+    second runs `b = d · step(b)` requests, `step(b) = s0 + g·b`, so `b = d·s0 / (1 − d·g)`.
+    As `d·g` approaches 1 the batch (and KV, and TPOT) diverge: the cliff a linear projection
+    misses when it takes one decode instance away.
+    """
+    if demand.decode_tokens_per_s <= 0:
+        return 0.0
+    if instances <= 0:
+        return math.inf
+    d = demand.decode_tokens_per_s / instances
+    scale = model.time_scale
+    s0 = (model.decode_base_s + model.decode_dcp_comm_s) * scale
+    g = (model.decode_per_request_s + model.decode_per_context_token_s * demand.decode_tokens_per_request) * scale
+    room = 1.0 - d * g
+    if room <= 0:
+        return math.inf
+    return d * s0 / room
+
+
+def projected_decode_pressure(demand: RoleDemand, instances: int, config: PolicyConfig, model: PerformanceModel) -> float:
+    """The worst of KV occupancy, step time (TPOT) and running slots at the projected batch.
+
+    Past the cliff (no finite batch keeps up) the pressure is `1/target + d·g`: above every
+    feasible value, and still falling as instances are added, so the split that hurts least
+    can be found even when every split is overloaded.
+    """
+    if demand.decode_tokens_per_s <= 0:
+        return 0.0
+    if instances <= 0:
+        return _PRESSURE_CAP
+    b = projected_decode_batch(demand, instances, model)
+    g = (model.decode_per_request_s + model.decode_per_context_token_s * demand.decode_tokens_per_request) * model.time_scale
+    if math.isinf(b):
+        d = demand.decode_tokens_per_s / instances
+        return min(_PRESSURE_CAP, 1.0 / min(config.target_kv_usage, config.target_tpot_fraction) + d * g)
+    kv = b * demand.decode_tokens_per_request / model.kv_capacity_tokens / config.target_kv_usage
+    step = model.decode_step_seconds(1, 0) + g * (b - 1)
+    tpot = step / (config.tpot_slo_s * config.target_tpot_fraction)
+    slots = b / model.max_running_requests
+    return min(_PRESSURE_CAP, max(kv, tpot, slots))
+
+
+def _ewma(old: float, new: float, alpha: float) -> float:
+    return old + alpha * (new - old)
+
+
+def _pain(pressure: float, instances: int) -> float:
+    """Instances' worth of load beyond what `instances` carry at target (pressure capped)."""
+    return max(0.0, min(pressure, _PRESSURE_CAP) - 1.0) * max(instances, 1)
 
 
 @dataclass(frozen=True)
 class RoleSwitchPolicy:
     config: PolicyConfig
     model: PerformanceModel
+
+    # ------------------------------------------------------------------ entry points
 
     def decide(
         self,
@@ -239,25 +417,106 @@ class RoleSwitchPolicy:
         metrics: Mapping[str, InstanceMetrics],
         memory: PolicyMemory = PolicyMemory(),
     ) -> tuple[Decision | None, PolicyMemory]:
-        """One tick: update the pressure memory and return at most one switch to start now."""
+        """One tick: update the memory and return at most one switch to start now.
+
+        A role that has an instance on its way gets no more until it lands (the metrics must
+        show its effect first); `decide_all` sizes a move, several instances in one tick.
+        """
+        return self._decide(now, fleet, metrics, memory, ())
+
+    def _decide(
+        self,
+        now: float,
+        fleet: Sequence[InstanceState],
+        metrics: Mapping[str, InstanceMetrics],
+        memory: PolicyMemory,
+        started: Sequence[str],
+    ) -> tuple[Decision | None, PolicyMemory]:
         cfg = self.config
-        pressures = role_pressures(fleet, metrics, cfg, self.model)
-        for role, p in pressures.items():
-            memory = self._remember(memory, role, now, _projected(p, 0))
+        memory = self.observe(now, fleet, metrics, memory)
         if not cfg.enabled or cfg.paused:
             return None, memory
         in_flight = sum(1 for s in fleet if s.phase in ("draining", "switching"))
         if in_flight >= cfg.max_concurrent:
             return None, memory
-        candidates = []
-        for receiver in ("prefill", "decode"):
-            decision = self._consider(now, receiver, fleet, metrics, pressures, memory)
-            if decision is not None:
-                candidates.append(decision)
+        demand = self.demand_of(memory)
+        candidates = [
+            d
+            for receiver in ("prefill", "decode")
+            if (d := self._consider(now, receiver, fleet, metrics, demand, memory, started)) is not None
+        ]
         if not candidates:
             return None, memory
-        best = max(candidates, key=lambda d: (d.expected_benefit_s, d.to_role == "prefill"))
-        return best, memory
+        return max(candidates, key=lambda d: (d.expected_benefit_s, d.to_role == "prefill")), memory
+
+    def decide_all(
+        self,
+        now: float,
+        fleet: Sequence[InstanceState],
+        metrics: Mapping[str, InstanceMetrics],
+        memory: PolicyMemory = PolicyMemory(),
+    ) -> tuple[list[Decision], PolicyMemory]:
+        """Every switch to start this tick (a sized move), at most `max_concurrent` in flight."""
+        decisions: list[Decision] = []
+        fleet = list(fleet)
+        for _ in range(max(1, self.config.max_concurrent)):
+            decision, memory = self._decide(now, fleet, metrics, memory, [d.instance for d in decisions])
+            if decision is None:
+                break
+            decisions.append(decision)
+            fleet = [
+                replace(s, phase="draining", target_role=decision.to_role) if s.name == decision.instance else s
+                for s in fleet
+            ]
+        return decisions, memory
+
+    # ------------------------------------------------------------------ memory
+
+    def observe(
+        self, now: float, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics], memory: PolicyMemory
+    ) -> PolicyMemory:
+        """Fold this tick's demand into the EWMA and update since when each role is under pressure."""
+        cfg = self.config
+        m = measure_demand(fleet, metrics, cfg, self.model)
+        if memory.smoothed_at is None:
+            alpha = 1.0
+        elif now <= memory.smoothed_at:
+            alpha = 0.0
+        elif cfg.smoothing_s <= 0:
+            alpha = 1.0
+        else:
+            alpha = 1.0 - math.exp(-(now - memory.smoothed_at) / cfg.smoothing_s)
+        if alpha > 0:
+            per_request = m.decode_tokens_per_request or memory.decode_tokens_per_request
+            memory = replace(
+                memory,
+                smoothed_at=now,
+                prefill_load=_ewma(memory.prefill_load, m.prefill_load, alpha),
+                decode_tokens_per_s=_ewma(memory.decode_tokens_per_s, m.decode_tokens_per_s, alpha),
+                decode_tokens_per_request=(
+                    per_request
+                    if memory.smoothed_at is None or not memory.decode_tokens_per_request
+                    else _ewma(memory.decode_tokens_per_request, per_request, alpha)
+                ),
+                prefill_slo=_ewma(memory.prefill_slo, m.prefill_slo, alpha),
+                decode_slo=_ewma(memory.decode_slo, m.decode_slo, alpha),
+                prefill_backlog_factor=_ewma(memory.prefill_backlog_factor, m.prefill_backlog_factor, alpha),
+            )
+            demand = self.demand_of(memory)
+            for role in ("prefill", "decode"):
+                memory = self._remember(memory, role, now, self.current_pressure(role, demand, fleet))
+        return memory
+
+    @staticmethod
+    def demand_of(memory: PolicyMemory) -> RoleDemand:
+        return RoleDemand(
+            memory.prefill_load,
+            memory.decode_tokens_per_s,
+            memory.decode_tokens_per_request,
+            memory.prefill_slo,
+            memory.decode_slo,
+            memory.prefill_backlog_factor,
+        )
 
     def _remember(self, memory: PolicyMemory, role: Role, now: float, pressure: float) -> PolicyMemory:
         since = memory.since(role)
@@ -267,53 +526,84 @@ class RoleSwitchPolicy:
             return memory.with_since(role, None)
         return memory
 
+    # ------------------------------------------------------------------ projections
+
+    def projected(self, role: Role, demand: RoleDemand, instances: int) -> float:
+        """Pressure of `role` if `instances` instances served its current (smoothed) demand."""
+        if role == "prefill":
+            return projected_prefill_pressure(demand, instances, self.config)
+        return projected_decode_pressure(demand, instances, self.config, self.model)
+
+    def current_pressure(self, role: Role, demand: RoleDemand, fleet: Sequence[InstanceState]) -> float:
+        """Projected pressure at the role's current capacity, or the SLO evidence if that is worse."""
+        slo = demand.prefill_slo if role == "prefill" else demand.decode_slo
+        return max(self.projected(role, demand, _capacity(fleet, role)), slo)
+
+    # ------------------------------------------------------------------ the decision
+
     def _consider(
         self,
         now: float,
         receiver: Role,
         fleet: Sequence[InstanceState],
         metrics: Mapping[str, InstanceMetrics],
-        pressures: Mapping[Role, RolePressure],
+        demand: RoleDemand,
         memory: PolicyMemory,
+        started: Sequence[str] = (),
     ) -> Decision | None:
         cfg = self.config
         donor = other_role(receiver)
         since = memory.since(receiver)
-        if since is None or now - since < cfg.sustain_s:
+        if since is None:
             return None
-        recv, give = pressures[receiver], pressures[donor]
-        recv_now = _projected(recv, 0)
+        # Wait for feedback: instances already on their way to the receiver (other than those
+        # started this very tick, as part of one sized move) must land before more follow.
+        if any(
+            s.phase in ("draining", "switching") and s.target_role == receiver and s.name not in started for s in fleet
+        ):
+            return None
+        # Moving back within the cooldown of a move the other way needs clearer evidence.
+        reversal = any(
+            s.last_switch_at is not None and now - s.last_switch_at < cfg.cooldown_s and s.role == donor and s.phase == "serving"
+            for s in fleet
+        ) or any(s.phase in ("draining", "switching") and s.target_role == donor for s in fleet)
+        sustain = cfg.sustain_s * (cfg.reversal_sustain_factor if reversal else 1.0)
+        ceiling = cfg.donor_ceiling - (cfg.reversal_margin if reversal else 0.0)
+        if now - since < sustain:
+            return None
+        n_recv, n_give = _capacity(fleet, receiver), _capacity(fleet, donor)
+        floor = cfg.min_prefill if donor == "prefill" else cfg.min_decode
+        serving_donors = sum(1 for s in fleet if s.role == donor and s.phase == "serving")
+        if serving_donors - 1 < floor or n_give - 1 < floor:
+            return None
+        # The decision rests on the projection alone: the p90s (a minute of completed requests,
+        # and TPOT only known when a request ends) lag, and would keep adding instances after
+        # the cause is fixed. They only start the sustain clock (`observe`).
+        recv_now = self.projected(receiver, demand, n_recv)
         if recv_now < cfg.enter_pressure:
             return None
-        donor_after = _projected(give, -1)
-        if donor_after > cfg.donor_ceiling:
+        recv_after = self.projected(receiver, demand, n_recv + 1)
+        # A decode donor is projected with the demand prefill's backlog will release onto it.
+        donor_demand = demand.released() if donor == "decode" else demand
+        give_now = self.projected(donor, donor_demand, n_give)
+        give_after = self.projected(donor, donor_demand, n_give - 1)
+        # The donor stays within its ceiling; past it only when both roles are overloaded and the
+        # donor's overload after the move is at most half the receiver's now (toward the minimax split).
+        if give_after > max(ceiling, 1.0 + (recv_now - 1.0) / 2):
             return None
-        floor = cfg.min_prefill if donor == "prefill" else cfg.min_decode
-        if give.serving - 1 < floor:
-            return None
-        # No reversal within the cooldown: an instance recently moved *to* the donor role means
-        # the last projection said that role needed it; taking one back now would be flapping.
-        if any(
-            s.last_switch_at is not None and now - s.last_switch_at < cfg.cooldown_s and s.role == donor
-            for s in fleet
-        ) or any(s.phase in ("draining", "switching") and s.target_role == donor for s in fleet):
+        if max(recv_after, give_after) > max(recv_now, give_now) - cfg.min_improvement:
             return None
         instance = self._pick_donor(now, donor, fleet, metrics)
         if instance is None:
             return None
         mode: SwitchMode = "in-place" if instance.in_place else "relaunch"
-        drain = self._drain_estimate(metrics.get(instance.name), donor)
-        busy = drain + self.model.switch_seconds(mode) / self.model.time_scale
+        busy = self._drain_estimate(metrics.get(instance.name), donor) + self.model.switch_seconds(mode)
         horizon = cfg.cooldown_s
-        n_recv = recv.serving + recv.incoming
-        removed = _overload(recv_now, n_recv) - _overload(recv_now * n_recv / (n_recv + 1), n_recv + 1)
-        donor_n = give.serving + give.incoming
-        added = _overload(donor_after, donor_n - 1) - _overload(_projected(give, 0), donor_n)
-        # The receiver gets its instance only after drain + switch; the donor loses it at once
-        # (any overload that adds there counts over the whole horizon), and the instance's own
-        # capacity is lost while it drains and switches, in proportion to how loaded the donor is.
-        gain = removed * max(0.0, horizon - busy)
-        cost = busy * min(1.0, _projected(give, 0)) + added * horizon
+        # The receiver gets its instance only after drain + switch; the donor loses it at once,
+        # so its capacity is lost for the whole busy time, in proportion to how loaded it was,
+        # and any overload it adds to the donor counts over the whole horizon.
+        gain = (_pain(recv_now, n_recv) - _pain(recv_after, n_recv + 1)) * max(0.0, horizon - busy)
+        cost = busy * min(1.0, give_now) + (_pain(give_after, n_give - 1) - _pain(give_now, n_give)) * horizon
         if gain <= cost:
             return None
         return Decision(
@@ -322,8 +612,9 @@ class RoleSwitchPolicy:
             to_role=receiver,
             mode=mode,
             reason=(
-                f"{receiver} pressure {recv_now:.2f} for {now - since:.0f}s "
-                f"(≥{cfg.enter_pressure:.2f}); {donor} at {_projected(give, 0):.2f} → {donor_after:.2f} after"
+                f"{receiver} pressure {recv_now:.2f} for {now - since:.0f}s → {recv_after:.2f} with one more; "
+                f"{donor} projected {give_now:.2f} → {give_after:.2f} (≤{ceiling:.2f})"
+                + ("; reversal" if reversal else "")
             ),
             expected_benefit_s=gain - cost,
         )
@@ -360,8 +651,17 @@ class RoleSwitchPolicy:
         if donor == "prefill":
             if not m.prefill_queue_tokens:
                 return 0.0
-            return self.model.prefill_step_overhead_s + m.prefill_queue_tokens * self.model.prefill_per_token_s
+            return (self.model.prefill_step_overhead_s + m.prefill_queue_tokens * self.model.prefill_per_token_s) * self.model.time_scale
         if m.running_reqs == 0:
             return 0.0
-        step = self.model.decode_step_seconds(m.running_reqs, 0) / self.model.time_scale
+        step = self.model.decode_step_seconds(m.running_reqs, int(m.kv_usage * self.model.kv_capacity_tokens))
         return step * self.config.typical_output_tokens
+
+
+def _capacity(fleet: Sequence[InstanceState], role: Role) -> int:
+    """Instances serving `role` and not leaving it, plus those on their way to it."""
+    return sum(
+        1
+        for s in fleet
+        if (s.role == role and s.phase == "serving") or (s.phase in ("draining", "switching") and s.target_role == role)
+    )

@@ -32,17 +32,7 @@ class PolicyController:
     memory: PolicyMemory = field(default_factory=PolicyMemory)
 
     def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list[Decision]:
-        decisions: list[Decision] = []
-        fleet = list(fleet)
-        for _ in range(self.policy.config.max_concurrent):
-            decision, self.memory = self.policy.decide(now, fleet, metrics, self.memory)
-            if decision is None:
-                break
-            decisions.append(decision)
-            fleet = [
-                replace(s, phase="draining", target_role=decision.to_role) if s.name == decision.instance else s
-                for s in fleet
-            ]
+        decisions, self.memory = self.policy.decide_all(now, fleet, metrics, self.memory)
         return decisions
 
 

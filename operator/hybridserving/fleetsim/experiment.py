@@ -1,9 +1,12 @@
 """Workloads, policies by name, and the goodput comparison the benchmark and the CLI share.
 
-Every policy runs on the same trace, fleet and performance model. Tunable policies are swept
-(the grid is part of the report) and the setting with the best SLO attainment at the reference
-rate — the rate where the best static split just reaches 90 % — goes on to the goodput search.
-Dynamic policies start from the split that is best statically at that rate.
+Every policy runs on the same trace, fleet and performance model, and every policy's goodput is
+found by the same search (`goodput.search_goodput`, scan-then-bisect on one geometric lattice
+anchored at the reference rate — where the best static split just reaches 90 % — so that probes
+of different policies land on the same rates). At every probed rate a dynamic policy starts
+from the split that is best statically at that rate. Tunable policies are swept (the grid is
+part of the report) and the setting with the best mean SLO attainment at the reference rate and
+one grid step above it goes on to the goodput search.
 """
 
 from __future__ import annotations
@@ -81,29 +84,32 @@ class Sweep:
 
 
 def policy_sweeps(model: PerformanceModel, slo: Slo, quick: bool) -> dict[str, Sweep]:
+    """Each tunable policy's grid. The same grids in quick and full runs (a sweep is cheap next
+    to the goodput search; quick runs bisect less)."""
     base = PolicyConfig(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s)
 
     def ours(cooldown_s: float, sustain_s: float, max_concurrent: int = 1):
         cfg = replace(base, cooldown_s=cooldown_s, sustain_s=sustain_s, max_concurrent=max_concurrent)
         return PolicyController(RoleSwitchPolicy(cfg, model))
 
-    def first(grid: list[dict]) -> list[dict]:
-        return grid[:1] if quick else grid
-
+    ours_grid = [
+        {"cooldown_s": c, "sustain_s": s, "max_concurrent": m}
+        for c, s, m in ((300, 20, 1), (120, 10, 2), (300, 10, 2), (120, 20, 1), (60, 10, 3), (600, 30, 1))
+    ]
     return {
-        "ours": Sweep(first([{"cooldown_s": 300, "sustain_s": 20}, {"cooldown_s": 120, "sustain_s": 10}, {"cooldown_s": 600, "sustain_s": 30}]), ours),
-        "ours-relaunch": Sweep(first([{"cooldown_s": 1800, "sustain_s": 60}, {"cooldown_s": 3600, "sustain_s": 120}]), ours),
+        "ours": Sweep(ours_grid, ours),
+        "ours-relaunch": Sweep([{"cooldown_s": 1800, "sustain_s": 60}, {"cooldown_s": 3600, "sustain_s": 120}], ours),
         "restart-based": Sweep(
-            first([{"interval_s": 300}, {"interval_s": 60}, {"interval_s": 900}]),
+            [{"interval_s": 300}, {"interval_s": 60}, {"interval_s": 900}, {"interval_s": 1800}],
             lambda interval_s: RestartRebalancer(base, model, interval_s=interval_s),
         ),
         "splitwise": Sweep(
-            first([{"queue_threshold_tokens": 8192}, {"queue_threshold_tokens": 32768}, {"queue_threshold_tokens": 131072}]),
+            [{"queue_threshold_tokens": 8192}, {"queue_threshold_tokens": 32768}, {"queue_threshold_tokens": 131072}],
             lambda queue_threshold_tokens: SplitwiseMixedPool(base, queue_threshold_tokens=queue_threshold_tokens),
         ),
         "zero-cost": Sweep(
-            first([{"cooldown_s": 60}, {"cooldown_s": 300}]),
-            lambda cooldown_s: zero_cost_relabel(model, replace(base, cooldown_s=cooldown_s)),
+            [{"cooldown_s": 60, "max_concurrent": 4}, {"cooldown_s": 300, "max_concurrent": 4}, {"cooldown_s": 60, "max_concurrent": 1}],
+            lambda cooldown_s, max_concurrent: zero_cost_relabel(model, replace(base, cooldown_s=cooldown_s, max_concurrent=max_concurrent)),
         ),
     }
 
@@ -117,6 +123,10 @@ class Comparison:
     reference_scale: float = 0.0
     best_static_split: int = 0
     plotted: list[SimResult] = field(default_factory=list)
+
+
+SEARCH_STEP = 1.08
+"""Grid step of the goodput scan around the reference rate (bisection then halves it)."""
 
 
 class Runner:
@@ -134,9 +144,10 @@ class Runner:
         return FleetSimulator(cfg, controller).run(self.w.trace.scaled(scale), name)
 
     def statics(self, scale: float) -> list[SimResult]:
-        if scale not in self._static:
-            self._static[scale] = [self.simulate(scale, k, name=f"static {k}:{self.n - k}") for k in range(1, self.n)]
-        return self._static[scale]
+        key = round(scale, 9)
+        if key not in self._static:
+            self._static[key] = [self.simulate(scale, k, name=f"static {k}:{self.n - k}") for k in range(1, self.n)]
+        return self._static[key]
 
     def best_static(self, scale: float) -> tuple[int, float]:
         att = [r.attainment(self.w.slo.ttft_s, self.w.slo.tpot_s) for r in self.statics(scale)]
@@ -146,50 +157,68 @@ class Runner:
     def oracle(self, scale: float) -> float:
         return oracle_attainment(self.statics(scale), self.w.slo, 300.0 / scale)
 
-    def goodput(self, attainment_at: Callable[[float], float]) -> float:
-        return search_goodput(attainment_at, low=0.1, high=10.0, iterations=self.iterations)
+    def dynamic(self, scale: float, make, in_place: bool, name: str) -> SimResult:
+        """A dynamic policy at `scale`, starting from the best static split at that rate."""
+        k, _ = self.best_static(scale)
+        return self.simulate(scale, k, make(), in_place=in_place, name=name)
+
+    def locate(self) -> float:
+        """Coarse goodput of the best static split: the anchor of every policy's search."""
+        return search_goodput(lambda s: self.best_static(s)[1], low=0.1, high=10.0, iterations=2, start=1.0, step=1.25)
+
+    def goodput(self, attainment_at: Callable[[float], float], reference: float | None = None) -> float:
+        """The one search every policy gets: scan-then-bisect on the lattice around `reference`
+        (default: the best static split's coarse goodput, located first)."""
+        if reference is None:
+            reference = self.locate() or 1.0
+        return search_goodput(
+            attainment_at, low=0.05, high=20.0, iterations=self.iterations, start=reference, step=SEARCH_STEP, lookahead=1
+        )
 
 
 def compare(workload: Workload, instances: int = 8, quick: bool = False, policies=POLICIES, log=print) -> Comparison:
     model = fleet_model()
     gpus = instances * 8
-    runner = Runner(workload, instances, model, iterations=5 if quick else 7)
+    runner = Runner(workload, instances, model, iterations=2 if quick else 3)
     slo = workload.slo
     out = Comparison(workload, instances, gpus)
+    att = lambda r: r.attainment(slo.ttft_s, slo.tpot_s)  # noqa: E731
 
-    static_scale = runner.goodput(lambda s: runner.best_static(s)[1])
-    ref = static_scale if static_scale > 0 else 1.0
+    anchor = runner.locate() or 1.0
+    static_scale = runner.goodput(lambda s: runner.best_static(s)[1], anchor)
+    ref = static_scale if static_scale > 0 else anchor
     k_ref, _ = runner.best_static(ref)
     out.reference_scale, out.best_static_split = ref, k_ref
     k1, _ = runner.best_static(1.0)
     at_rate = runner.statics(1.0)[k1 - 1]
     out.reports["static"] = report(f"best static {k_ref}:{instances - k_ref}", workload.trace, gpus, static_scale, at_rate, slo, f"split {k1}:{instances - k1} at trace rate")
-    log(f"  static: goodput ×{static_scale:.2f}, split {k_ref}:{instances - k_ref}")
+    log(f"  static: goodput ×{static_scale:.3f}, split {k_ref}:{instances - k_ref}")
     if "oracle" in policies:
-        scale = runner.goodput(runner.oracle)
+        scale = runner.goodput(runner.oracle, anchor)
         out.reports["oracle"] = report("oracle (per-window best split, free)", workload.trace, gpus, scale, None, slo)
         out.reports["oracle"] = replace(out.reports["oracle"], attainment_at_trace_rate=runner.oracle(1.0))
-        log(f"  oracle: goodput ×{scale:.2f}")
+        log(f"  oracle: goodput ×{scale:.3f}")
 
     sweeps = policy_sweeps(model, slo, quick)
     for name in policies:
         if name not in sweeps:
             continue
         sweep = sweeps[name]
-        in_place = name != "ours-relaunch"
+        # Restart-based rebalancing relaunches the engine (the model's restart time), as planners do today.
+        in_place = name not in ("ours-relaunch", "restart-based")
         tried = []
         for setting in sweep.grid:
-            r = runner.simulate(ref, k_ref, sweep.make(**setting), in_place=in_place, name=name)
-            tried.append((r.attainment(slo.ttft_s, slo.tpot_s), setting))
+            make = lambda setting=setting: sweep.make(**setting)  # noqa: E731
+            a = [att(runner.dynamic(s, make, in_place, name)) for s in (ref, ref * SEARCH_STEP)]
+            tried.append((sum(a) / len(a), setting))
         best_att, best = max(tried, key=lambda x: x[0])
-        scale = runner.goodput(
-            lambda s: runner.simulate(s, k_ref, sweep.make(**best), in_place=in_place, name=name).attainment(slo.ttft_s, slo.tpot_s)
-        )
-        at_rate = runner.simulate(1.0, k1, sweep.make(**best), in_place=in_place, name=name)
+        make = lambda: sweep.make(**best)  # noqa: E731
+        scale = runner.goodput(lambda s: att(runner.dynamic(s, make, in_place, name)), anchor)
+        at_rate = runner.dynamic(1.0, make, in_place, name)
         detail = ", ".join(f"{k}={v}" for k, v in best.items()) + f" (swept {len(tried)}: " + ", ".join(f"{a:.3f}" for a, _ in tried) + ")"
         out.reports[name] = report(name, workload.trace, gpus, scale, at_rate, slo, detail)
-        log(f"  {name}: goodput ×{scale:.2f} [{detail}]")
+        log(f"  {name}: goodput ×{scale:.3f} [{detail}]")
         if name in ("ours", "ours-relaunch", "restart-based", "splitwise"):
-            out.plotted.append(runner.simulate(ref, k_ref, sweep.make(**best), in_place=in_place, name=name))
+            out.plotted.append(runner.dynamic(ref, make, in_place, name))
     out.plotted.insert(0, runner.statics(ref)[k_ref - 1])
     return out

@@ -1,8 +1,11 @@
 """Goodput as DistServe defines it, and the hindsight references (best static split, oracle).
 
 Goodput is the highest request rate at which at least 90 % of requests meet both their TTFT and
-TPOT limits. The rate is varied by scaling the trace's timestamps and found by bisection, since
-attainment falls (close to monotonically) as the rate rises.
+TPOT limits. The rate is varied by scaling the trace's timestamps. Attainment falls as the rate
+rises, but not strictly monotonically (a dynamic policy's moves, a burst landing differently),
+so plain bisection can stop at a dip: `search_goodput` scans a geometric grid first (looking one
+step past the first failure), then bisects the gap above the highest passing grid point, and
+reports the highest rate that passed among everything it probed.
 """
 
 from __future__ import annotations
@@ -30,19 +33,63 @@ def search_goodput(
     high: float = 8.0,
     iterations: int = 9,
     target: float = TARGET_ATTAINMENT,
+    start: float | None = None,
+    step: float = 1.25,
+    lookahead: int = 1,
 ) -> float:
-    """Largest rate scale in [low, high] whose attainment meets `target` (0 if even `low` fails)."""
-    if attainment_at(low) < target:
-        return 0.0
-    if attainment_at(high) >= target:
-        return high
+    """Largest rate scale in [low, high] whose attainment meets `target` (0 if even `low` fails).
+
+    Scan-then-bisect: from `start` (default: the geometric middle of the range) probe up by
+    `step` until a failure, then `lookahead` more steps (a pass there restarts the climb), or
+    down until a pass; then `iterations` geometric bisections between the highest passing grid
+    point and the failure just above it. Returns the highest passing scale probed, so a dip in
+    attainment below the goodput cannot hide a higher passing rate found by the scan.
+    """
+    memo: dict[float, bool] = {}
+
+    def ok(s: float) -> bool:
+        if s not in memo:
+            memo[s] = attainment_at(s) >= target
+        return memo[s]
+
+    s = min(high, max(low, start if start is not None else (low * high) ** 0.5))
+    if ok(s):
+        best = s
+        fail = None
+        while fail is None and s < high:
+            s = min(high, s * step)
+            if ok(s):
+                best = s
+                continue
+            fail = s
+            probe = s
+            for _ in range(lookahead):
+                if probe >= high:
+                    break
+                probe = min(high, probe * step)
+                if ok(probe):
+                    best, s, fail = probe, probe, None
+                    break
+        if fail is None:
+            return best
+    else:
+        fail = s
+        while True:
+            if s <= low:
+                return 0.0
+            s = max(low, s / step)
+            if ok(s):
+                best = s
+                break
+            fail = s
+    lo, hi = best, fail
     for _ in range(iterations):
-        mid = (low * high) ** 0.5
-        if attainment_at(mid) >= target:
-            low = mid
+        mid = (lo * hi) ** 0.5
+        if ok(mid):
+            lo = best = max(best, mid)
         else:
-            high = mid
-    return low
+            hi = mid
+    return max(s for s, passed in memo.items() if passed)
 
 
 def windowed_good(result: SimResult, slo: Slo, window_s: float) -> tuple[np.ndarray, np.ndarray]:
