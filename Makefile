@@ -50,8 +50,10 @@ test: setup tools lint-tools sglang-parser verify
 bench: setup
 	$(VPY) benchmarks/bench_transfer_plan.py
 
-demo: setup
-	$(VPY) -m hybridserving.cli plan -f examples/kimi-k3.yaml
+# The README's main job: local control plane, operator, a fleet on the SGLang simulator, the real
+# router, traffic whose mix shifts, and a role switch.
+demo: setup tools
+	$(VPY) -m hybridserving.demo
 
 clean-cluster:
 	-$(VPY) -m hybridserving.devcluster down --all

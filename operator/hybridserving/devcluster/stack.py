@@ -1,0 +1,141 @@
+"""The processes that make a local cluster serve: operator, pod runner, router.
+
+On kwok's fake nodes nothing runs a pod, so the demo and the end-to-end tests start the
+same three processes around a `Cluster`: the operator (as it would run in its Deployment),
+the pod runner (standing in for the kubelet: it runs each leader pod's launcher with the
+SGLang simulator at the pod's loopback IP) and the real `smg` router with the arguments the
+operator rendered into the router Deployment, bound to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+from .cluster import Cluster
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM, then SIGKILL after `timeout`: the operator and the pod runner drain on SIGTERM."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_operator(cluster: Cluster, log: pathlib.Path, *extra: str) -> subprocess.Popen:
+    """`python -m hybridserving.controller` out of cluster, metrics off (nothing binds a wildcard)."""
+    return _start_logged(
+        [sys.executable, "-m", "hybridserving.controller", "--kubeconfig", str(cluster.kubeconfig),
+         "--metrics-port", "0", *extra],
+        log, cluster.env(),
+    )
+
+
+def start_pod_runner(cluster: Cluster, state_dir: pathlib.Path) -> subprocess.Popen:
+    """The pod runner with probes, restarts and volume refreshes at one-second periods."""
+    return _start_logged(
+        [sys.executable, "-m", "hybridserving_engine.podrunner", "--kubeconfig", str(cluster.kubeconfig),
+         "--state-dir", str(state_dir), "--probe-period-seconds", "1", "--restart-backoff-seconds", "1",
+         "--volume-refresh-seconds", "1"],
+        state_dir / "runner.log",
+    )
+
+
+def router_binary() -> str:
+    binary = shutil.which("smg", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("smg")
+    if binary is None:
+        raise FileNotFoundError("the router binary `smg` is missing: pip install smg==1.13.0")
+    return binary
+
+
+def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    if flag in argv:
+        i = argv.index(flag)
+        return [*argv[: i + 1], value, *argv[i + 2:]]
+    return [*argv, flag, value]
+
+
+@dataclass
+class Router:
+    proc: subprocess.Popen
+    url: str
+    log: pathlib.Path
+
+    def workers(self) -> list[dict]:
+        with urllib.request.urlopen(self.url + "/workers", timeout=5) as resp:
+            return json.load(resp).get("workers", [])
+
+
+def start_router(cluster: Cluster, namespace: str, deployment: str, log: pathlib.Path,
+                 timeout: float = 60) -> Router:
+    """Run the router exactly as the operator rendered it, on 127.0.0.1 and free ports."""
+    out = cluster.kubectl("-n", namespace, "get", "deployment", deployment, "-o", "json")
+    container = json.loads(out.stdout)["spec"]["template"]["spec"]["containers"][0]
+    if container.get("command") != ["smg"]:
+        raise ValueError(f"deployment {deployment} does not run smg: {container.get('command')}")
+    port, metrics_port = free_port(), free_port()
+    args = list(container["args"])
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)),
+                        ("--prometheus-host", "127.0.0.1"), ("--prometheus-port", str(metrics_port))):
+        args = _replace_flag(args, flag, value)
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["KUBECONFIG"] = str(cluster.kubeconfig)
+    router = Router(_start_logged([router_binary(), *args], log, env), f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if router.proc.poll() is not None:
+            raise RuntimeError(f"the router exited ({router.proc.returncode}); see {log}")
+        try:
+            router.workers()
+            return router
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"the router did not answer within {timeout:.0f} s; see {log}")
+
+
+@dataclass
+class Stack:
+    """Operator + pod runner on one cluster, stopped together."""
+
+    cluster: Cluster
+    workdir: pathlib.Path
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def start(self, *operator_args: str) -> Stack:
+        self.procs.append(start_operator(self.cluster, self.workdir / "operator.log", *operator_args))
+        self.procs.append(start_pod_runner(self.cluster, self.workdir / "pods"))
+        return self
+
+    def router(self, namespace: str, deployment: str) -> Router:
+        router = start_router(self.cluster, namespace, deployment, self.workdir / f"router-{deployment}.log")
+        self.procs.append(router.proc)
+        return router
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            stop(proc, 30)
+        self.procs.clear()
