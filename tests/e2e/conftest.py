@@ -177,82 +177,42 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):
         cluster.down(purge=os.environ.get("HYBRIDSERVING_KEEP_CLUSTER") != "1")
 
 
-def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 60) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="session")
 def fleet_operator(local_cluster, tmp_path_factory: pytest.TempPathFactory):
-    """`python -m hybridserving.controller` on the local cluster (metrics off: nothing binds a wildcard).
+    """`python -m hybridserving.controller` on the local cluster (metrics off: nothing binds a wildcard)."""
+    from hybridserving.devcluster import stack
 
-    KUBECONFIG is set as well as `--kubeconfig`: kopf logs in from the environment."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = _start_logged([sys.executable, "-m", "hybridserving.controller", "--kubeconfig",
-                          str(local_cluster.kubeconfig), "--metrics-port", "0"], log, local_cluster.env())
+    proc = stack.start_operator(local_cluster, log)
     yield log
-    _stop(proc)
+    stack.stop(proc)
 
 
 @pytest.fixture(scope="session")
 def pod_runner(local_cluster, tmp_path_factory: pytest.TempPathFactory):
     """The pod runner on the local cluster, with probes, restarts and volume refreshes sped up."""
+    from hybridserving.devcluster import stack
+
     state = tmp_path_factory.mktemp("pods")
-    proc = _start_logged([
-        sys.executable, "-m", "hybridserving_engine.podrunner", "--kubeconfig", str(local_cluster.kubeconfig),
-        "--state-dir", str(state), "--probe-period-seconds", "1", "--restart-backoff-seconds", "1",
-        "--volume-refresh-seconds", "1",
-    ], state / "runner.log")
+    proc = stack.start_pod_runner(local_cluster, state)
     yield state
-    _stop(proc)
-
-
-def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
-    """`argv` with the value after `flag` replaced, or the flag appended."""
-    if flag in argv:
-        i = argv.index(flag)
-        return [*argv[: i + 1], value, *argv[i + 2:]]
-    return [*argv, flag, value]
+    stack.stop(proc)
 
 
 @pytest.fixture
 def discovering_router(local_cluster, tmp_path: pathlib.Path):
-    """Run the router the operator rendered: `discovering_router(namespace, deployment)` reads the
-    Deployment's `smg` arguments, binds them to 127.0.0.1 on free ports, points the router's Kubernetes
-    client at the local cluster (KUBECONFIG) and returns its URL once it answers."""
-    import os
+    """Run the router the operator rendered: `discovering_router(namespace, deployment)` binds the
+    Deployment's `smg` arguments to 127.0.0.1 on free ports, points the router's Kubernetes client at
+    the local cluster and returns its URL once it answers."""
+    from hybridserving.devcluster import stack
 
-    binary = shutil.which("smg", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("smg")
-    if binary is None:
-        pytest.fail("the router binary `smg` is missing: run `.venv/bin/pip install smg==1.13.0`")
-    procs: list[subprocess.Popen] = []
+    routers: list[stack.Router] = []
 
     def start(namespace: str, deployment: str) -> str:
-        out = local_cluster.kubectl("-n", namespace, "get", "deployment", deployment, "-o", "json")
-        container = json.loads(out.stdout)["spec"]["template"]["spec"]["containers"][0]
-        assert container["command"] == ["smg"], container
-        port, metrics_port = free_port(), free_port()
-        args = list(container["args"])
-        for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)),
-                            ("--prometheus-host", "127.0.0.1"), ("--prometheus-port", str(metrics_port))):
-            args = _replace_flag(args, flag, value)
-        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-        env["KUBECONFIG"] = str(local_cluster.kubeconfig)
-        procs.append(_start_logged([binary, *args], tmp_path / f"router{len(procs)}.log", env))
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/workers", timeout=60)
-        return url
+        routers.append(stack.start_router(local_cluster, namespace, deployment,
+                                          tmp_path / f"router{len(routers)}.log"))
+        return routers[-1].url
 
     yield start
-    for proc in procs:
-        _stop(proc, 10)
+    for router in routers:
+        stack.stop(router.proc, 10)
