@@ -47,8 +47,12 @@ e2e: setup tools
 test: setup tools lint-tools sglang-parser verify
 	$(VPY) -m pytest tests -q
 
-bench: setup
+# Every benchmark prints its figures; CI runs them after the tests.
+bench: setup tools
 	$(VPY) benchmarks/bench_transfer_plan.py
+	$(VPY) benchmarks/bench_engine_simulator.py
+	$(VPY) benchmarks/bench_operator.py
+	$(VPY) benchmarks/bench_role_switch.py --out out/bench
 
 # The README's main job: local control plane, operator, a fleet on the SGLang simulator, the real
 # router, traffic whose mix shifts, and a role switch.
