@@ -19,6 +19,7 @@ import kopf
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
 from hybridserving.controller import metrics
+from hybridserving.controller import switching as role_switching
 from hybridserving.controller.kube import Kube
 from hybridserving.controller.queue import Key, WorkQueue
 from hybridserving.controller.reconcile import reconcile
@@ -37,6 +38,7 @@ class Options:
     resync_seconds: float = 60.0
     engine_policy: EnginePolicy = field(default_factory=EnginePolicy)
     kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks
+    switch_interval_seconds: float = role_switching.TICK_SECONDS  # role-switch controller tick
 
 
 OPTIONS = Options()
@@ -47,6 +49,7 @@ class Runtime:
     kube: Kube
     queue: WorkQueue
     resync: asyncio.Task[None]
+    switcher: asyncio.Task[None] | None = None  # the role-switch controller (controller/switching.py)
 
 
 _runtime: Runtime | None = None
@@ -99,6 +102,10 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
                 queue.add(key)
 
     _runtime = Runtime(kube=kube, queue=queue, resync=asyncio.create_task(resync(), name="resync"))
+    # Role switches: every fleet the queue knows, ticked every few seconds.
+    _runtime.switcher = asyncio.create_task(
+        role_switching.run(kube, lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds),
+        name="role-switch")
 
 
 @kopf.on.cleanup()
@@ -106,6 +113,8 @@ async def stop(**_: Any) -> None:
     global _runtime
     if _runtime is not None:
         _runtime.resync.cancel()
+        if _runtime.switcher is not None:
+            _runtime.switcher.cancel()
         await _runtime.queue.stop()
         _runtime = None
 

@@ -17,3 +17,24 @@ ROLE_SWITCHES = Counter(
     ["from_role", "to_role"],
 )
 QUEUE_DEPTH = Gauge("hybridserving_queue_depth", "HybridServings waiting for a reconcile.")
+
+# Role-switch controller (controller/switching.py). `reason` is policy or on-call.
+ROLE_SWITCHES_STARTED = Counter(
+    "hybridserving_role_switches_started_total", "Role switches the controller started, by reason and mode.",
+    ["reason", "mode"],
+)
+ROLE_SWITCH_OUTCOMES = Counter(
+    "hybridserving_role_switch_outcomes_total",
+    "Role switches finished, by reason, outcome (Succeeded, Aborted, Refused, Failed) and mode.",
+    ["reason", "outcome", "mode"],
+)
+ROLE_SWITCH_PHASE_SECONDS = Histogram(
+    "hybridserving_role_switch_phase_seconds",
+    "Time an instance spent in each step of a role switch (Unroute, Drain, Switch, Verify, Route, Restore, Restart).",
+    ["phase", "mode"],
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600),
+)
+ROLE_SWITCH_DURATION = Histogram(
+    "hybridserving_role_switch_duration_seconds", "Start to routed-in-the-new-role of successful switches.",
+    ["mode"], buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600),
+)

@@ -1,0 +1,211 @@
+"""The operator's only door to engines and launchers: short-timeout HTTP reads (and nothing else).
+
+The role-switch controller reads, on each instance's leader pod:
+
+* the engine (SGLang or its simulator, `http://<podIP>:<spec.ports.http>`): `/v1/loads` (is it
+  drained?), `/health`, `/server_info` (`disaggregation_mode`, and the simulator's time scale),
+  `/metrics` (the `sglang:` series the policy reads);
+* the launcher (`http://<podIP>:<launcher port>`): `/status` (the step and outcome of a switch).
+
+Every call has a short timeout and returns None instead of raising: an engine that does not answer
+is an observation, not an error. `instance_metrics` turns two scrapes into the policy's
+`InstanceMetrics` (utilisation and latency percentiles from counter and histogram deltas).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from hybridserving.core.policy import InstanceMetrics
+
+TIMEOUT_S = 2.0
+LAUNCHER_PORT = 8080  # the launcher's default (HYBRIDSERVING_LAUNCHER_PORT)
+
+
+def inflight_requests(loads: Mapping[str, Any]) -> int:
+    """Requests an engine still holds, from `/v1/loads` (every queue, every DP rank)."""
+    total = 0
+    for load in loads.get("loads") or []:
+        total += int(load.get("num_running_reqs") or 0) + int(load.get("num_waiting_reqs") or 0)
+        disagg = load.get("disaggregation") or {}
+        total += sum(int(v or 0) for k, v in disagg.items() if k.endswith("_queue_reqs"))
+        total += int((load.get("queues") or {}).get("paused") or 0)
+    return total
+
+
+@dataclass
+class Scrape:
+    """One `/metrics` read: gauge and counter sums by name, histogram buckets by name."""
+
+    at: float
+    values: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str, at: float) -> Scrape:
+        out = cls(at)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name
+                if name.endswith("_bucket") and "le" in sample.labels:
+                    le = float(sample.labels["le"])
+                    hist = out.buckets.setdefault(name[: -len("_bucket")], {})
+                    hist[le] = hist.get(le, 0.0) + sample.value
+                    continue
+                key = name
+                if name == "sglang:forward_execution_seconds_total":
+                    key = f"{name}:{sample.labels.get('category', '')}"
+                out.values[key] = out.values.get(key, 0.0) + sample.value
+        return out
+
+    def get(self, name: str, default: float = 0.0) -> float:
+        return self.values.get(name, default)
+
+
+def histogram_quantile(q: float, now: Mapping[float, float], before: Mapping[float, float] | None) -> float | None:
+    """The q-quantile of the observations between two reads of a cumulative histogram (None: none)."""
+    delta = {le: v - (before or {}).get(le, 0.0) for le, v in now.items()}
+    total = delta.get(math.inf, max(delta.values(), default=0.0))
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le in sorted(delta):
+        count = delta[le]
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            width = count - below
+            return lower + (le - lower) * ((rank - below) / width if width > 0 else 1.0)
+        lower, below = le, count
+    return lower
+
+
+def instance_metrics(role: str, loads: Mapping[str, Any] | None, scrape: Scrape | None,
+                     previous: Scrape | None) -> InstanceMetrics:
+    """The policy's view of one engine from `/v1/loads` and two consecutive `/metrics` reads."""
+    load = ((loads or {}).get("loads") or [{}])[0]
+    m = scrape or Scrape(time.time())
+    utilization = m.get("sglang:utilization")
+    if scrape is not None and previous is not None and scrape.at > previous.at:
+        key = "sglang:forward_execution_seconds_total:" + ("extend" if role == "prefill" else "decode")
+        if key in scrape.values and key in previous.values:
+            utilization = (scrape.values[key] - previous.values[key]) / (scrape.at - previous.at)
+    utilization = max(0.0, min(1.0, utilization))
+
+    def p90(name: str) -> float | None:
+        if scrape is None or name not in scrape.buckets:
+            return None
+        return histogram_quantile(0.9, scrape.buckets[name], previous.buckets.get(name) if previous else None)
+
+    disagg = load.get("disaggregation") or {}
+    return InstanceMetrics(
+        role=role,  # type: ignore[arg-type]
+        prefill_queue_reqs=int(load.get("num_waiting_reqs", m.get("sglang:num_queue_reqs")) or 0),
+        prefill_queue_tokens=int(load.get("num_waiting_uncached_tokens") or 0),
+        utilization=utilization,
+        kv_usage=float(load.get("token_usage", m.get("sglang:token_usage")) or 0.0),
+        prealloc_queue_reqs=int(disagg.get("decode_prealloc_queue_reqs",
+                                           m.get("sglang:num_decode_prealloc_queue_reqs")) or 0),
+        running_reqs=int(load.get("num_running_reqs", m.get("sglang:num_running_reqs")) or 0),
+        ttft_p90_s=p90("sglang:time_to_first_token_seconds"),
+        tpot_p90_s=p90("sglang:request_time_per_output_token_seconds"),
+    )
+
+
+@dataclass
+class EngineSample:
+    """What one leader's engine and launcher said this tick (None where they did not answer)."""
+
+    loads: dict[str, Any] | None = None
+    healthy: bool | None = None
+    server_info: dict[str, Any] | None = None
+    launcher: dict[str, Any] | None = None
+    scrape: Scrape | None = None
+
+    @property
+    def inflight(self) -> int | None:
+        return None if self.loads is None else inflight_requests(self.loads)
+
+    @property
+    def role(self) -> str | None:
+        return (self.server_info or {}).get("disaggregation_mode")
+
+
+class Engines:
+    """HTTP reads of engines and launchers, a few at a time, each bounded by `timeout`."""
+
+    def __init__(self, timeout: float = TIMEOUT_S, parallel: int = 8) -> None:
+        self.client = httpx.Client(timeout=timeout, trust_env=False)
+        self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="engines")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+        self.client.close()
+
+    def _get(self, url: str, params: Mapping[str, str] | None = None) -> httpx.Response | None:
+        try:
+            return self.client.get(url, params=params)
+        except httpx.HTTPError:
+            return None
+
+    def _json(self, url: str, params: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+        resp = self._get(url, params)
+        if resp is None or resp.status_code != 200:
+            return None
+        try:
+            data = resp.json()
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def loads(self, engine: str) -> dict[str, Any] | None:
+        return self._json(engine + "/v1/loads", {"include": "core,disagg,queues"})
+
+    def health(self, engine: str) -> bool | None:
+        resp = self._get(engine + "/health")
+        return None if resp is None else resp.status_code == 200
+
+    def server_info(self, engine: str) -> dict[str, Any] | None:
+        return self._json(engine + "/server_info")
+
+    def metrics(self, engine: str) -> Scrape | None:
+        resp = self._get(engine + "/metrics")
+        if resp is None or resp.status_code != 200:
+            return None
+        try:
+            return Scrape.parse(resp.text, time.time())
+        except ValueError:
+            return None
+
+    def launcher_status(self, launcher: str) -> dict[str, Any] | None:
+        return self._json(launcher + "/status")
+
+    def sample(self, engine: str, launcher: str | None, *, switching: bool, scrape: bool) -> EngineSample:
+        """The reads a tick needs: loads always; health, server_info and launcher status while
+        switching; `/metrics` when the policy runs."""
+        sample = EngineSample(loads=self.loads(engine))
+        if switching:
+            sample.healthy = self.health(engine)
+            sample.server_info = self.server_info(engine)
+            if launcher:
+                sample.launcher = self.launcher_status(launcher)
+        if scrape:
+            sample.scrape = self.metrics(engine)
+            if sample.server_info is None:
+                sample.server_info = self.server_info(engine)
+        return sample
+
+    def sample_many(self, targets: Mapping[str, tuple[str, str | None, bool, bool]]) -> dict[str, EngineSample]:
+        """`sample` for several instances in parallel: name → (engine, launcher, switching, scrape)."""
+        futures = {name: self.pool.submit(lambda t=t: self.sample(t[0], t[1], switching=t[2], scrape=t[3]))
+                   for name, t in targets.items()}
+        return {name: f.result() for name, f in futures.items()}

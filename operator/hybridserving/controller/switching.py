@@ -1,0 +1,586 @@
+"""The role-switch controller: observe the fleet, ask the policy, drive each switch, report.
+
+Every few seconds, for each HybridServing, one `tick`:
+
+1. observe: the HybridServing, its instances and their leader pods (through `kube.py`), and each
+   leader's engine and launcher (through `engines.py`: `/v1/loads`, `/metrics`, `/health`,
+   `/server_info`, launcher `/status`);
+2. drive every switch in flight one step (`core.switching.step`, pure) and write what the step
+   wants, only where the objects differ: the record annotation and `spec.role` /
+   `spec.restartGeneration` in one conditional patch, `status.phase` on the status subresource;
+3. start switches: an on-call request (annotation `hybridserving.io/switch-to`) or the policy's
+   decisions (`core.policy.RoleSwitchPolicy.decide_all`, which applies paused, pins, floors,
+   maxConcurrent and cooldown);
+4. report: the history in the HybridServing's `status.switches` (only that field is patched; the
+   last `HISTORY_LIMIT`, newest last), an Event per step, metrics.
+
+No state is kept here that a restart would need: the record of each switch lives on its instance,
+so a new operator resumes every switch where it stopped. The policy's smoothing memory and the
+previous `/metrics` reads are kept in memory; after a restart they start afresh (the policy then
+waits its sustain window again before deciding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing, HybridServingSpec
+from hybridserving.controller import metrics
+from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engines, Scrape, instance_metrics
+from hybridserving.controller.kube import KubeError
+from hybridserving.core import flags, switching
+from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.core.planner import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK, LABEL_ROLE, ANNOTATION_ROLE
+from hybridserving.core.policy import InstanceMetrics, InstanceState, PolicyConfig, PolicyMemory, RoleSwitchPolicy
+from hybridserving.core.switching import (
+    ANNOTATION_PINNED,
+    ANNOTATION_SWITCH,
+    ANNOTATION_SWITCH_TO,
+    Observation,
+    LauncherView,
+    SwitchConfig,
+    SwitchState,
+)
+
+log = logging.getLogger("hybridserving.switching")
+
+TICK_SECONDS = 2.0
+HISTORY_LIMIT = 20
+IDLE_FLEET_EVERY = 10
+"""A fleet with switching off and nothing in flight is looked at every this many ticks."""
+
+
+class KubeLike(Protocol):
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]: ...
+    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]: ...
+    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any], *,
+              resource_version: str | None = None, uid: str | None = None,
+              subresource: str | None = None) -> dict[str, Any]: ...
+
+
+class EnginesLike(Protocol):
+    def sample_many(self, targets: Mapping[str, tuple[str, str | None, bool, bool]]) -> dict[str, EngineSample]: ...
+
+
+def rfc3339(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def launcher_port(pod: Mapping[str, Any]) -> int:
+    """The launcher's port: a container port named `launcher`, else HYBRIDSERVING_LAUNCHER_PORT, else 8080."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == "launcher":
+                return int(port["containerPort"])
+        for env in container.get("env") or []:
+            if env.get("name") == "HYBRIDSERVING_LAUNCHER_PORT" and str(env.get("value", "")).isdigit():
+                return int(env["value"])
+    return LAUNCHER_PORT
+
+
+@dataclass
+class Instance:
+    """One instance as read this tick, with its leader pod and what its engine said."""
+
+    obj: dict[str, Any]
+    pods: list[dict[str, Any]]
+    sample: EngineSample | None = None
+
+    @property
+    def name(self) -> str:
+        return self.obj["metadata"]["name"]
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return self.obj["metadata"].get("annotations") or {}
+
+    @property
+    def role(self) -> str:
+        return self.obj["spec"]["role"]
+
+    @property
+    def phase(self) -> str | None:
+        return (self.obj.get("status") or {}).get("phase")
+
+    @property
+    def record(self) -> SwitchState | None:
+        return SwitchState.from_annotation(self.annotations.get(ANNOTATION_SWITCH))
+
+    @property
+    def leader(self) -> dict[str, Any] | None:
+        return next((p for p in self.pods if (p["metadata"].get("labels") or {}).get(LABEL_NODE_RANK) == "0"), None)
+
+    def urls(self) -> tuple[str, str] | None:
+        leader = self.leader
+        ip = ((leader or {}).get("status") or {}).get("podIP")
+        if not ip:
+            return None
+        http = self.obj["spec"]["ports"]["http"]
+        return f"http://{ip}:{http}", f"http://{ip}:{launcher_port(leader or {})}"
+
+    def refresh(self, written: Mapping[str, Any]) -> None:
+        """Take the object a status write returned (its resourceVersion moved on)."""
+        if written.get("metadata", {}).get("resourceVersion"):
+            self.obj = dict(written)
+
+    def observation(self) -> Observation:
+        leader = self.leader
+        labels = ((leader or {}).get("metadata") or {}).get("labels") or {}
+        roles = {(p["metadata"].get("annotations") or {}).get(ANNOTATION_ROLE) for p in self.pods}
+        s = self.sample or EngineSample()
+        return Observation(
+            phase=self.phase,
+            spec_role=self.role,  # type: ignore[arg-type]
+            restart_generation=int(self.obj["spec"].get("restartGeneration") or 0),
+            leader_label=labels.get(LABEL_ROLE),
+            pods_role=next(iter(roles)) if len(roles) == 1 else None,
+            inflight=s.inflight,
+            engine_healthy=s.healthy,
+            engine_role=s.role,
+            launcher=LauncherView.from_status(s.launcher) if s.launcher is not None else None,
+        )
+
+
+@dataclass
+class FleetMemory:
+    policy: PolicyMemory = field(default_factory=PolicyMemory)
+    scrapes: dict[str, Scrape] = field(default_factory=dict)
+    ticks: int = 0
+
+
+@dataclass
+class TickReport:
+    """What one tick did (for tests and logs)."""
+
+    transitions: list[tuple[str, str, str]] = field(default_factory=list)  # (instance, from step, to step)
+    started: list[str] = field(default_factory=list)
+    finished: list[tuple[str, str]] = field(default_factory=list)  # (instance, outcome)
+    skipped: bool = False
+
+
+class SwitchController:
+    """Drives the role switches of every fleet it is ticked for."""
+
+    def __init__(self, kube: KubeLike, engines: EnginesLike, clock: Callable[[], float] = time.time,
+                 step_bounds: Mapping[str, float] | None = None,
+                 policy_tuning: Mapping[str, Any] | None = None) -> None:
+        self.kube = kube
+        self.engines = engines
+        self.clock = clock
+        self.step_bounds = dict(step_bounds or {})
+        self.policy_tuning = dict(policy_tuning or {})
+        self.memory: dict[tuple[str, str], FleetMemory] = {}
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.memory.pop((namespace, name), None)
+
+    # ------------------------------------------------------------------ one pass
+
+    def tick(self, namespace: str, name: str) -> TickReport:
+        report = TickReport()
+        mem = self.memory.setdefault((namespace, name), FleetMemory())
+        mem.ticks += 1
+        try:
+            body = self.kube.get(KIND, namespace, name)
+        except KubeError as exc:
+            if exc.status == 404:
+                self.forget(namespace, name)
+                report.skipped = True
+                return report
+            raise
+        meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            report.skipped = True
+            return report
+        try:
+            hs = HybridServing.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
+        except ValidationError:
+            report.skipped = True  # the reconcile reports it; an invalid spec starts nothing
+            return report
+        spec = hs.spec
+        enabled = spec.role_switch.enabled
+        instances_raw = [
+            i for i in self.kube.list(INSTANCE_KIND, namespace, {LABEL_NAME: name})
+            if meta.get("uid") in {r.get("uid") for r in i["metadata"].get("ownerReferences") or []}
+            and not i["metadata"].get("deletionTimestamp")
+        ]
+        in_flight = any(ANNOTATION_SWITCH in (i["metadata"].get("annotations") or {}) for i in instances_raw)
+        if not enabled and not in_flight:
+            report.skipped = True
+            return report
+        pods = [p for p in self.kube.list("Pod", namespace, {LABEL_NAME: name})
+                if not p["metadata"].get("deletionTimestamp")]
+        instances = {
+            i["metadata"]["name"]: Instance(i, sorted(
+                (p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_INSTANCE) == i["metadata"]["name"]),
+                key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_NODE_RANK, "0"))))
+            for i in instances_raw
+        }
+        policy_on = enabled and not spec.rollout.paused
+        targets: dict[str, tuple[str, str | None, bool, bool]] = {}
+        for inst in instances.values():
+            urls = inst.urls()
+            if urls is None:
+                continue
+            busy = inst.record is not None or ANNOTATION_SWITCH_TO in inst.annotations
+            if busy or policy_on:
+                targets[inst.name] = (urls[0], urls[1], busy, policy_on)
+        samples = self.engines.sample_many(targets) if targets else {}
+        for n, s in samples.items():
+            instances[n].sample = s
+
+        now = self.clock()
+        config = SwitchConfig.from_spec(spec.role_switch, **self.step_bounds)
+        history = list((body.get("status") or {}).get("switches") or [])
+        original_history = list(history)
+
+        for inst in instances.values():
+            if inst.record is not None:
+                self._drive(namespace, body, inst, config, now, history, report)
+
+        if enabled:
+            self._on_call(namespace, body, spec, instances, now, history, report)
+        if policy_on:
+            self._policy(namespace, body, spec, instances, mem, now, history, report)
+        elif enabled:
+            mem.scrapes.clear()
+
+        if history != original_history:
+            history = history[-HISTORY_LIMIT:]
+            try:
+                self.kube.patch(KIND, namespace, name, {"status": {"switches": history}}, subresource="status")
+            except KubeError as exc:
+                log.info("%s/%s: switch history not written (%s); next tick", namespace, name, exc)
+        return report
+
+    # ------------------------------------------------------------------ driving one switch
+
+    def _drive(self, namespace: str, hs_body: dict[str, Any], inst: Instance, config: SwitchConfig, now: float,
+               history: list[dict[str, Any]], report: TickReport) -> None:
+        state = inst.record
+        assert state is not None
+        obs = inst.observation()
+        new, want = state, None
+        moves: list[tuple[SwitchState, SwitchState]] = []
+        # Verify reads only the engine, already sampled this tick: it may follow Switch at once.
+        for _ in range(2):
+            before = new
+            new, want = switching.step(before, obs, now, config)
+            if new.step == before.step:
+                break
+            moves.append((before, new))
+            if new.step != "Verify":
+                break
+        assert want is not None
+        if new.finished:
+            if not self._finish(namespace, inst, new, now, history, report):
+                return
+        elif not self._write(namespace, inst, new, want):
+            return  # nothing landed: the same transitions are found again next tick
+        elif moves:
+            _upsert(history, _history_entry(inst.name, new))
+        for before, after in moves:  # reported once the writes landed
+            report.transitions.append((inst.name, before.step, after.step))
+            metrics.ROLE_SWITCH_PHASE_SECONDS.labels(before.step, before.mode).observe(
+                max(0.0, now - before.step_started))
+            self._event(namespace, hs_body, inst.name, after)
+
+    def _write(self, namespace: str, inst: Instance, state: SwitchState | None, want: switching.Desired | None,
+               extra_annotations: Mapping[str, str | None] | None = None) -> bool:
+        """The record, spec.role and restartGeneration in one conditional patch, then the phase."""
+        annotations: dict[str, str | None] = dict(extra_annotations or {})
+        record = None if state is None else state.to_annotation()
+        if inst.annotations.get(ANNOTATION_SWITCH) != record:
+            annotations[ANNOTATION_SWITCH] = record
+        spec_patch: dict[str, Any] = {}
+        if want is not None and inst.role != want.role:
+            spec_patch["role"] = want.role
+        if want is not None and want.restart_generation is not None and \
+                int(inst.obj["spec"].get("restartGeneration") or 0) < want.restart_generation:
+            spec_patch["restartGeneration"] = want.restart_generation
+        body: dict[str, Any] = {}
+        if annotations:
+            body["metadata"] = {"annotations": annotations}
+        if spec_patch:
+            body["spec"] = spec_patch
+        if body:
+            try:
+                inst.obj = self.kube.patch(INSTANCE_KIND, namespace, inst.name, body,
+                                           resource_version=inst.obj["metadata"].get("resourceVersion"))
+            except KubeError as exc:
+                if exc.conflict:
+                    log.info("%s/%s: %s; the switch resumes next tick", namespace, inst.name, exc)
+                    return False
+                raise
+        if want is not None and not switching.phase_applied(want.phase, inst.phase):
+            try:
+                out = self.kube.patch(INSTANCE_KIND, namespace, inst.name, {"status": {"phase": want.phase}},
+                                      subresource="status")
+                inst.refresh(out)
+            except KubeError as exc:
+                if not exc.conflict:
+                    raise
+                return False
+        return True
+
+    def _finish(self, namespace: str, inst: Instance, state: SwitchState, now: float,
+                history: list[dict[str, Any]], report: TickReport) -> bool:
+        """History first, then the instance's lastSwitch, then the record goes: each step repeatable."""
+        _upsert(history, _history_entry(inst.name, state, finished=now))
+        try:
+            out = self.kube.patch(INSTANCE_KIND, namespace, inst.name, {"status": {"lastSwitch": rfc3339(now)}},
+                                  subresource="status")
+            inst.refresh(out)
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+            return False
+        if not self._write(namespace, inst, None, None):
+            return False
+        outcome = state.outcome
+        metrics.ROLE_SWITCH_OUTCOMES.labels(_reason_kind(state.reason), outcome, state.mode).inc()
+        if outcome == "Succeeded":
+            metrics.ROLE_SWITCH_DURATION.labels(state.mode).observe(max(0.0, now - state.started))
+        report.finished.append((inst.name, outcome))
+        log.info("%s/%s: role switch %s -> %s (%s) %s: %s; %s", namespace, inst.name, state.from_role,
+                 state.to_role, state.mode, outcome, state.message, _phase_summary(state))
+        return True
+
+    def _start(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec, inst: Instance, to_role: str,
+               reason: str, now: float, history: list[dict[str, Any]], report: TickReport,
+               extra_annotations: Mapping[str, str | None] | None = None) -> bool:
+        mode = "in-place" if flags.in_place_role_switch(spec) else "relaunch"
+        state = SwitchState.start(inst.role, to_role, mode, reason, now)  # type: ignore[arg-type]
+        want = switching.desired(state, inst.observation())
+        if not self._write(namespace, inst, state, want, extra_annotations):
+            return False
+        report.started.append(inst.name)
+        _upsert(history, _history_entry(inst.name, state))
+        metrics.ROLE_SWITCHES_STARTED.labels(_reason_kind(reason), mode).inc()
+        self._event(namespace, hs_body, inst.name, state)
+        return True
+
+    # ------------------------------------------------------------------ starting switches
+
+    def _on_call(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec,
+                 instances: Mapping[str, Instance], now: float, history: list[dict[str, Any]],
+                 report: TickReport) -> None:
+        """`hybridserving.io/switch-to: prefill|decode` on an instance: the same safe sequence, on demand.
+
+        It bypasses the policy's judgement (pins, cooldown, pressure) but not its safety: the
+        floors, maxConcurrent and rollout.paused hold, and the instance must be serving.
+        """
+        for inst in instances.values():
+            target = inst.annotations.get(ANNOTATION_SWITCH_TO)
+            if target is None or inst.record is not None:
+                continue
+            remove = {ANNOTATION_SWITCH_TO: None}
+            if target not in ROLES or target == inst.role:
+                why = (f"already {inst.role}" if target == inst.role
+                       else f"{target!r} is not a role (prefill or decode)")
+                if self._write(namespace, inst, None, None, remove):
+                    self._post(namespace, hs_body, "Warning" if target not in ROLES else "Normal",
+                               "RoleSwitchRequestIgnored", f"{inst.name}: switch-to {target}: {why}")
+                continue
+            if spec.rollout.paused or inst.phase != "Ready":
+                continue  # honoured once unpaused and serving
+            if _in_flight(instances) >= spec.role_switch.max_concurrent:
+                continue
+            floor = spec.role_switch.min_prefill if inst.role == "prefill" else spec.role_switch.min_decode
+            serving = sum(1 for i in instances.values() if i.role == inst.role and i.record is None and i.phase == "Ready")
+            if serving - 1 < floor:
+                if self._write(namespace, inst, None, None, remove):
+                    self._post(namespace, hs_body, "Warning", "RoleSwitchRejected",
+                               f"{inst.name}: switch-to {target} would leave {serving - 1} serving {inst.role} "
+                               f"instance(s), below roleSwitch.min{inst.role.title()} = {floor}")
+                continue
+            self._start(namespace, hs_body, spec, inst, target, f"on-call request (annotation {ANNOTATION_SWITCH_TO})",
+                        now, history, report, remove)
+
+    def _policy(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec,
+                instances: Mapping[str, Instance], mem: FleetMemory, now: float,
+                history: list[dict[str, Any]], report: TickReport) -> None:
+        in_place = flags.in_place_role_switch(spec)
+        states: list[InstanceState] = []
+        observed: dict[str, InstanceMetrics] = {}
+        for inst in instances.values():
+            record = inst.record
+            last = parse_time((inst.obj.get("status") or {}).get("lastSwitch"))
+            pinned = inst.annotations.get(ANNOTATION_PINNED, "").lower() == "true"
+            if record is not None:
+                phase = ("draining" if record.step in ("Unroute", "Drain")
+                         else "switching" if record.step in ("Switch", "Verify", "Route") else "down")
+                target = record.to_role if phase != "down" else None
+                states.append(InstanceState(inst.name, record.from_role, phase, target, last, pinned, in_place))
+                continue
+            phase = "serving" if inst.phase == "Ready" else "down"
+            states.append(InstanceState(inst.name, inst.role, phase, None, last, pinned, in_place))  # type: ignore[arg-type]
+            s = inst.sample
+            if phase == "serving" and s is not None and s.loads is not None:
+                observed[inst.name] = instance_metrics(inst.role, s.loads, s.scrape, mem.scrapes.get(inst.name))
+                if s.scrape is not None:
+                    mem.scrapes[inst.name] = s.scrape
+        model = self._model(spec, instances)
+        config = PolicyConfig.from_spec(spec.role_switch, paused=spec.rollout.paused, **self.policy_tuning)
+        policy = RoleSwitchPolicy(config, model)
+        decisions, mem.policy = policy.decide_all(now, states, observed, mem.policy)
+        for d in decisions:
+            inst = instances.get(d.instance)
+            if inst is None or inst.record is not None or inst.role != d.from_role:
+                continue
+            self._start(namespace, hs_body, spec, inst, d.to_role, f"policy: {d.reason}", now, history, report)
+
+    def _model(self, spec: HybridServingSpec, instances: Mapping[str, Instance]) -> PerformanceModel:
+        """The performance model the policy projects with: the decode layout, at the engines' time scale."""
+        info: dict[str, Any] = {}
+        for inst in instances.values():
+            si = (inst.sample.server_info if inst.sample else None) or {}
+            if si and (not info or inst.role == "decode"):
+                info = si
+        kwargs: dict[str, Any] = {}
+        if info.get("max_running_requests"):
+            kwargs["max_running_requests"] = int(info["max_running_requests"])
+        layout = spec.decode.layout
+        return PerformanceModel.for_role(
+            spec.architecture(), tp=layout.tp, dcp=layout.dcp,
+            kv_tokens=int(info["max_total_num_tokens"]) if info.get("max_total_num_tokens") else None,
+            time_scale=float(info.get("simulator_time_scale") or 1.0), **kwargs,
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def _event(self, namespace: str, hs_body: dict[str, Any], instance: str, state: SwitchState) -> None:
+        s = state.step
+        what = f"{instance} {state.from_role} → {state.to_role} ({state.mode})"
+        if s == "Unroute":
+            self._post(namespace, hs_body, "Normal", "RoleSwitchStarted",
+                       f"{what}: removed from the router, draining; {state.reason}")
+        elif s == "Drain":
+            self._post(namespace, hs_body, "Normal", "RoleSwitchUnrouted", f"{what}: out of the router, draining")
+        elif s == "Switch":
+            self._post(namespace, hs_body, "Normal", "RoleSwitchDrained",
+                       f"{what}: drained in {state.phases.get('Drain', 0):.1f} s; switching")
+        elif s == "Verify":
+            self._post(namespace, hs_body, "Normal", "RoleSwitchSwitched",
+                       f"{what}: launcher runs {state.to_role} after {state.phases.get('Switch', 0):.1f} s; verifying")
+        elif s == "Route":
+            self._post(namespace, hs_body, "Normal", "RoleSwitchVerified", f"{what}: engine healthy as {state.to_role}; routing")
+        elif s == "Restore":
+            reason = "RoleSwitchRefused" if state.outcome == "Refused" else "RoleSwitchAborted"
+            self._post(namespace, hs_body, "Warning", reason, f"{what}: {state.message}; restoring {state.from_role}")
+        elif s == "Restart":
+            self._post(namespace, hs_body, "Warning", "RoleSwitchFailed",
+                       f"{what}: {state.message}; restarting the instance as {state.from_role}")
+        elif s == "Done":
+            reason = {"Succeeded": "RoleSwitchSucceeded", "Failed": "RoleSwitchRestarted"}.get(
+                state.outcome, "RoleSwitchRestored")
+            self._post(namespace, hs_body, "Normal" if state.outcome == "Succeeded" else "Warning", reason,
+                       f"{what}: {state.outcome}: {state.message}; {_phase_summary(state)}")
+
+    def _post(self, namespace: str, hs_body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = hs_body["metadata"]
+        stamp = rfc3339(self.clock())
+        try:
+            self.kube.create("Event", namespace, {
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+                "involvedObject": {"apiVersion": hs_body.get("apiVersion"), "kind": KIND, "name": meta["name"],
+                                   "namespace": namespace, "uid": meta.get("uid")},
+                "type": type_, "reason": reason, "message": message[:1000],
+                "source": {"component": "hybridserving-operator"},
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            })
+        except KubeError as exc:  # best effort
+            log.debug("event not posted: %s", exc)
+
+
+def _in_flight(instances: Mapping[str, Instance]) -> int:
+    return sum(1 for i in instances.values() if i.record is not None)
+
+
+def _reason_kind(reason: str) -> str:
+    return "on-call" if reason.startswith("on-call") else "policy"
+
+
+STEP_ORDER = ("Unroute", "Drain", "Switch", "Verify", "Route", "Restore", "Restart")
+
+
+def _phase_summary(state: SwitchState) -> str:
+    order = {s: i for i, s in enumerate(STEP_ORDER)}
+    steps = sorted(state.phases.items(), key=lambda kv: order.get(kv[0], len(order)))
+    return ", ".join(f"{k} {v:.1f} s" for k, v in steps)
+
+
+def _history_entry(instance: str, state: SwitchState, finished: float | None = None) -> dict[str, Any]:
+    """A `SwitchRecord` (api.v1alpha1) of `state`; a Refused switch is recorded as Aborted."""
+    outcome = {"Refused": "Aborted"}.get(state.outcome, state.outcome) if state.finished else "InProgress"
+    entry: dict[str, Any] = {
+        "instance": instance, "fromRole": state.from_role, "toRole": state.to_role, "mode": state.mode,
+        "reason": state.reason[:512], "outcome": outcome, "started": rfc3339(state.started),
+        "phase": state.step,
+    }
+    if state.finished:
+        entry["finished"] = rfc3339(finished if finished is not None else state.step_started)
+        detail = f"{state.outcome}: {state.message}" if state.message else state.outcome
+        entry["phase"] = f"{detail} ({_phase_summary(state)})"
+    return entry
+
+
+def _upsert(history: list[dict[str, Any]], entry: dict[str, Any]) -> None:
+    """Replace the entry of the same switch (instance and start), or append: repeatable."""
+    for i, old in enumerate(history):
+        if old.get("instance") == entry["instance"] and old.get("started") == entry["started"]:
+            if old != entry:
+                history[i] = entry
+            return
+    history.append(entry)
+
+
+# ---------------------------------------------------------------------- the loop
+
+
+async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *,
+              interval: float = TICK_SECONDS, engines: EnginesLike | None = None,
+              controller: SwitchController | None = None) -> None:
+    """Tick every known fleet every `interval` seconds until cancelled (one fleet at a time)."""
+    own = None
+    if controller is None:
+        own = Engines() if engines is None else None
+        controller = SwitchController(kube, engines or own)  # type: ignore[arg-type]
+    skip_until: dict[tuple[str, str], int] = {}
+    ticks = 0
+    try:
+        while True:
+            started = time.monotonic()
+            ticks += 1
+            for key in list(fleets()):
+                if skip_until.get(key, 0) > ticks:
+                    continue
+                try:
+                    report = await asyncio.to_thread(controller.tick, *key)
+                except Exception:  # noqa: BLE001 - one fleet's trouble never stops the others
+                    log.exception("%s/%s: role-switch tick failed", *key)
+                    continue
+                # A fleet with switching off and nothing in flight is looked at less often.
+                skip_until[key] = ticks + (IDLE_FLEET_EVERY if report.skipped else 0)
+            await asyncio.sleep(max(0.1, interval - (time.monotonic() - started)))
+    finally:
+        if own is not None:
+            own.close()

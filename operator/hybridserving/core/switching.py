@@ -1,0 +1,312 @@
+"""The role-switch state machine of one instance: pure, idempotent, resumable.
+
+A switch moves one running instance between prefill and decode without dropping a request:
+
+    Unroute → Drain → Switch → Verify → Route → Done
+                │        │        │
+                │        │        └─ engine unhealthy or in the wrong role ─→ Restart (Failed)
+                │        ├─ launcher Refused (safe_to_restore) / Aborted ──→ Restore
+                │        └─ launcher Failed, or no answer in time ─────────→ Restart (Failed)
+                └─ not idle within roleSwitch.drainTimeoutSeconds ────────→ Restore (Aborted)
+
+* **Unroute**: instance status.phase `Draining`; the planner drops the leader's router label
+  (`hybridserving.io/role`), so the router removes the worker. Done when the label is gone.
+* **Drain**: wait (at least `unroute_settle_s`, for the router to act on the relabel) until the
+  engine's `/v1/loads` shows nothing running, waiting or queued.
+* **Switch**: instance `spec.role` = the new role, phase `Switching` (in place) or `Relaunching`;
+  the planner rewrites the pods' role annotation, the launcher drains once more and switches
+  (`POST /pd_role_switch`) or relaunches. Done when the launcher runs the new role.
+* **Verify**: engine `/health` answers and `/server_info` reports `disaggregation_mode` = new role.
+* **Route**: phase `Ready`; the planner labels the leader with the new role. Done when labelled.
+* **Restore**: spec.role back to the old role, phase `Ready` (routed again in the old role).
+* **Restart**: spec.role back, `spec.restartGeneration` + 1 (the gang is recreated), phase `Starting`.
+
+Everything the machine needs lives on the instance: its phase, its spec, and a small JSON record in
+the annotation `hybridserving.io/switch`. `step(record, observation, now, config)` returns the next
+record and what the objects should look like (`Desired`); the driver writes only the differences,
+so applying a step twice, or resuming after an operator restart at any point, converges to the
+same end state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+Role = Literal["prefill", "decode"]
+Mode = Literal["in-place", "relaunch"]
+Step = Literal["Unroute", "Drain", "Switch", "Verify", "Route", "Restore", "Restart", "Done"]
+Outcome = Literal["InProgress", "Succeeded", "Aborted", "Refused", "Failed"]
+
+ANNOTATION_SWITCH = "hybridserving.io/switch"
+"""The in-flight switch record (JSON) on the instance."""
+ANNOTATION_SWITCH_TO = "hybridserving.io/switch-to"
+"""An on-call request on the instance: `prefill` or `decode`."""
+ANNOTATION_PINNED = "hybridserving.io/pinned"
+"""`"true"`: the policy never moves this instance."""
+
+ACTIVE_STEPS: tuple[Step, ...] = ("Unroute", "Drain", "Switch", "Verify", "Route")
+SWITCH_PHASES = frozenset({"Draining", "Switching", "Relaunching"})
+
+STEPS: tuple[Step, ...] = ("Unroute", "Drain", "Switch", "Verify", "Route", "Restore", "Restart", "Done")
+
+
+def other_role(role: str) -> Role:
+    return "decode" if role == "prefill" else "prefill"
+
+
+@dataclass(frozen=True)
+class SwitchConfig:
+    """Bounds of each step, in seconds."""
+
+    drain_timeout_s: float = 600.0
+    unroute_settle_s: float = 2.0
+    """After the router label is gone: time for the router to drop the worker before idle counts."""
+    in_place_timeout_s: float = 300.0
+    relaunch_timeout_s: float = 3600.0
+    verify_timeout_s: float = 120.0
+    route_timeout_s: float = 120.0
+    restore_timeout_s: float = 300.0
+
+    @classmethod
+    def from_spec(cls, role_switch: Any, **overrides: float) -> SwitchConfig:
+        """From the API's RoleSwitchSpec (duck-typed: the core does not import the API)."""
+        return cls(drain_timeout_s=float(role_switch.drain_timeout_seconds), **overrides)
+
+    def switch_timeout(self, mode: str) -> float:
+        return self.in_place_timeout_s if mode == "in-place" else self.relaunch_timeout_s
+
+
+@dataclass(frozen=True)
+class SwitchState:
+    """The record kept in the instance's `hybridserving.io/switch` annotation."""
+
+    from_role: Role
+    to_role: Role
+    mode: Mode
+    reason: str
+    started: float
+    step: Step = "Unroute"
+    step_started: float = 0.0
+    outcome: Outcome = "InProgress"
+    message: str = ""
+    restart_generation: int | None = None
+    """The generation a Restart asks for (the observed one + 1), fixed once so a resumed step does
+    not bump twice."""
+    launcher_switches: int | None = None
+    """The launcher's switchCount when the role was changed: a later count names our switch."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds spent in each finished step."""
+
+    @classmethod
+    def start(cls, from_role: Role, to_role: Role, mode: Mode, reason: str, now: float) -> SwitchState:
+        return cls(from_role, to_role, mode, reason[:500], now, "Unroute", now)
+
+    @property
+    def finished(self) -> bool:
+        return self.step == "Done"
+
+    def to_annotation(self) -> str:
+        data = asdict(self)
+        return json.dumps({_camel(k): v for k, v in data.items()}, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_annotation(cls, text: str | None) -> SwitchState | None:
+        """The record, or None when absent or unreadable (an unreadable one is dropped)."""
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            kwargs = {f: data[_camel(f)] for f in cls.__dataclass_fields__ if _camel(f) in data}
+            state = cls(**kwargs)
+        except (ValueError, TypeError, KeyError):
+            return None
+        if state.from_role not in ("prefill", "decode") or state.to_role not in ("prefill", "decode"):
+            return None
+        if state.step not in STEPS:
+            return None
+        return state
+
+    def advance(self, step: Step, now: float, **changes: Any) -> SwitchState:
+        phases = dict(self.phases)
+        phases[self.step] = round(phases.get(self.step, 0.0) + max(0.0, now - self.step_started), 3)
+        return replace(self, step=step, step_started=now, phases=phases, **changes)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+@dataclass(frozen=True)
+class LauncherView:
+    """What the launcher's `/status` says, reduced."""
+
+    role: str | None
+    phase: str
+    switch_count: int = 0
+    last_from: str | None = None
+    last_to: str | None = None
+    last_outcome: str | None = None
+    last_message: str = ""
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> LauncherView:
+        last = status.get("lastSwitch") or {}
+        return cls(
+            role=status.get("role"),
+            phase=str(status.get("phase") or ""),
+            switch_count=int(status.get("switchCount") or 0),
+            last_from=last.get("fromRole"),
+            last_to=last.get("toRole"),
+            last_outcome=last.get("outcome"),
+            last_message=str(last.get("message") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The instance as the driver read it this tick."""
+
+    phase: str | None
+    spec_role: Role
+    restart_generation: int
+    leader_label: str | None
+    """The leader pod's router label (`hybridserving.io/role`), None when absent or no leader."""
+    pods_role: str | None = None
+    """The role annotation all pods carry (None: no pods, or they disagree)."""
+    inflight: int | None = None
+    """Requests the engine holds (`/v1/loads`), None when it did not answer."""
+    engine_healthy: bool | None = None
+    engine_role: str | None = None
+    """`/server_info` disaggregation_mode."""
+    launcher: LauncherView | None = None
+
+
+@dataclass(frozen=True)
+class Desired:
+    """How the instance should look for the current step; the driver writes only what differs."""
+
+    phase: str
+    role: Role
+    restart_generation: int | None = None
+
+
+def desired(state: SwitchState, obs: Observation) -> Desired:
+    s = state.step
+    if s in ("Unroute", "Drain"):
+        return Desired("Draining", state.from_role)
+    if s in ("Switch", "Verify"):
+        return Desired("Switching" if state.mode == "in-place" else "Relaunching", state.to_role)
+    if s == "Route":
+        return Desired("Ready", state.to_role)
+    if s == "Restart":
+        return Desired("Starting", state.from_role, state.restart_generation)
+    if s == "Restore":
+        return Desired("Ready", state.from_role)
+    # Done: the end state of the outcome.
+    if state.outcome == "Succeeded":
+        return Desired("Ready", state.to_role)
+    if state.outcome == "Failed":
+        return Desired("Starting", state.from_role, state.restart_generation)
+    return Desired("Ready", state.from_role)
+
+
+def phase_applied(want: str, phase: str | None) -> bool:
+    """A switch phase must be exactly there; any other phase hands the instance back to the
+    reconcile, which then computes it (Ready, Starting, ...) itself."""
+    return phase == want if want in SWITCH_PHASES else phase not in SWITCH_PHASES
+
+
+def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig) -> tuple[SwitchState, Desired]:
+    """Advance at most one step; returns the (possibly unchanged) record and the desired objects.
+
+    A step advances only when the objects already show what it asked for (phase written, label
+    gone, role annotated), so a write that did not land is simply asked for again next time.
+    """
+    want = desired(state, obs)
+    applied = obs.spec_role == want.role and phase_applied(want.phase, obs.phase)
+    elapsed = now - state.step_started
+    s = state.step
+
+    def restore(outcome: Outcome, message: str) -> tuple[SwitchState, Desired]:
+        new = state.advance("Restore", now, outcome=outcome, message=message[:500])
+        return new, desired(new, obs)
+
+    def restart(message: str) -> tuple[SwitchState, Desired]:
+        new = state.advance("Restart", now, outcome="Failed", message=message[:500],
+                            restart_generation=obs.restart_generation + 1)
+        return new, desired(new, obs)
+
+    def go(next_step: Step, **changes: Any) -> tuple[SwitchState, Desired]:
+        new = state.advance(next_step, now, **changes)
+        return new, desired(new, obs)
+
+    if s == "Unroute":
+        if applied and obs.leader_label is None:
+            return go("Drain")
+        if now - state.started > config.drain_timeout_s:
+            return restore("Aborted", f"the router label was not removed within {config.drain_timeout_s:.0f} s")
+        return state, want
+
+    if s == "Drain":
+        if elapsed > config.drain_timeout_s:
+            held = "no answer from the engine" if obs.inflight is None else f"{obs.inflight} request(s) still held"
+            return restore("Aborted", f"not idle after {config.drain_timeout_s:.0f} s of draining ({held})")
+        if (applied and obs.leader_label is None and elapsed >= config.unroute_settle_s
+                and obs.inflight == 0 and obs.launcher is not None):
+            return go("Switch", launcher_switches=obs.launcher.switch_count)
+        return state, want
+
+    if s == "Switch":
+        launcher = obs.launcher
+        if launcher is not None and obs.spec_role == state.to_role and obs.pods_role == state.to_role:
+            ours = (launcher.switch_count > (state.launcher_switches or 0)
+                    and launcher.last_to == state.to_role and launcher.last_from == state.from_role)
+            if ours and launcher.last_outcome in ("Refused", "Aborted"):
+                return restore("Refused" if launcher.last_outcome == "Refused" else "Aborted",
+                               f"launcher: {launcher.last_outcome}: {launcher.last_message}")
+            if ours and launcher.last_outcome == "Failed":
+                return restart(f"launcher: Failed: {launcher.last_message}")
+            if launcher.role == state.to_role and launcher.phase == "Ready":
+                return go("Verify")
+        if elapsed > config.switch_timeout(state.mode):
+            return restart(f"the launcher did not finish the {state.mode} switch within "
+                           f"{config.switch_timeout(state.mode):.0f} s")
+        return state, want
+
+    if s == "Verify":
+        if obs.engine_healthy and obs.engine_role == state.to_role:
+            return go("Route")
+        if elapsed > config.verify_timeout_s:
+            what = ("unhealthy" if not obs.engine_healthy
+                    else f"reports disaggregation_mode {obs.engine_role!r}")
+            return restart(f"engine {what} {config.verify_timeout_s:.0f} s after the switch")
+        return state, want
+
+    if s == "Route":
+        if applied and obs.leader_label == state.to_role:
+            return go("Done", outcome="Succeeded", message=state.message or f"serving as {state.to_role}")
+        if elapsed > config.route_timeout_s and applied:
+            return go("Done", outcome="Succeeded",
+                      message=f"serving as {state.to_role}; router label not seen within {config.route_timeout_s:.0f} s")
+        return state, want
+
+    if s == "Restore":
+        launcher_back = obs.launcher is None or obs.launcher.role in (None, state.from_role)
+        if applied and launcher_back and obs.leader_label == state.from_role:
+            return go("Done")
+        if elapsed > config.restore_timeout_s:
+            return restart(f"could not restore {state.from_role} within {config.restore_timeout_s:.0f} s "
+                           f"(after: {state.message})")
+        return state, want
+
+    if s == "Restart":
+        if obs.restart_generation >= (state.restart_generation or 0) and obs.spec_role == state.from_role:
+            # The reconcile owns the phase from here (the gang is being recreated).
+            return go("Done")
+        return state, want
+
+    return state, want  # Done: the driver records it and clears the annotation

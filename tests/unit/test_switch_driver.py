@@ -1,0 +1,395 @@
+"""The role-switch controller (`controller.switching`) with an in-memory API, the real reconcile and fake engines.
+
+The API is `MemoryApi` from test_reconcile (merge patches, preconditions, status subresource). Each
+tick runs the switch controller, then a reconcile pass (the planner relabels pods from the instance's
+phase and role), then the fake "kubelet" and engines: each leader's launcher follows its pod's role
+annotation the way the real one follows the downward-API file (drain, then switch in place or
+relaunch, or refuse), and each engine reports `/v1/loads`, `/health`, `/server_info` and `/metrics`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from test_reconcile import NS, SPEC, MemoryApi
+
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
+from hybridserving.controller import reconcile as rec
+from hybridserving.controller.engines import EngineSample, Scrape
+from hybridserving.controller.kube import KubeError
+from hybridserving.controller.switching import SwitchController
+from hybridserving.core.planner import ANNOTATION_ROLE, LABEL_ROLE
+from hybridserving.core.switching import ANNOTATION_PINNED, ANNOTATION_SWITCH, ANNOTATION_SWITCH_TO
+
+FLEET_SPEC: dict[str, Any] = {
+    **copy.deepcopy(SPEC),
+    "roleSwitch": {"enabled": True, "minPrefill": 1, "minDecode": 1, "cooldownSeconds": 60,
+                   "drainTimeoutSeconds": 20, "maxConcurrent": 1},
+}
+STEP_BOUNDS = {"unroute_settle_s": 2.0}
+
+
+@dataclass
+class FakeEngine:
+    """One leader's engine and launcher."""
+
+    role: str
+    launcher_role: str
+    inflight: int = 0
+    healthy: bool = True
+    refuse: bool = False
+    switch_ticks: int = 2
+    switch_count: int = 0
+    last: dict[str, Any] | None = None
+    pending: tuple[str, int] | None = None  # (target role, ticks left)
+    handled: str = ""
+    utilization: float = 0.1
+    queue_tokens: int = 0
+    kv_usage: float = 0.1
+    running: int = 1
+    stuck: bool = False
+    log: list[str] = field(default_factory=list)
+
+    def follow(self, annotated: str) -> None:
+        """The launcher: act once on each change of the role file."""
+        if annotated != self.handled:
+            self.handled = annotated
+            if annotated != self.launcher_role:
+                self.pending = (annotated, self.switch_ticks)
+        if self.pending is None:
+            return
+        target, left = self.pending
+        if self.inflight:  # the launcher drains first
+            self.inflight -= 1
+            return
+        if left > 0:
+            self.pending = (target, left - 1)
+            return
+        self.pending = None
+        self.switch_count += 1
+        outcome = "Refused" if self.refuse else "Succeeded"
+        self.last = {"fromRole": self.launcher_role, "toRole": target, "outcome": outcome, "message": "fake"}
+        self.log.append(f"{self.launcher_role}->{target}:{outcome}")
+        if outcome == "Succeeded":
+            self.launcher_role = self.role = target
+
+    def sample(self, switching: bool, scrape: bool) -> EngineSample:
+        loads = {"loads": [{"num_running_reqs": self.inflight or (self.running if self.role == "decode" else 0),
+                            "num_waiting_reqs": 0, "num_waiting_uncached_tokens": self.queue_tokens,
+                            "token_usage": self.kv_usage, "disaggregation": {}, "queues": {"paused": 0}}]}
+        if not self.inflight and self.role == "decode" and switching:
+            loads["loads"][0]["num_running_reqs"] = 0
+        s = EngineSample(loads=loads)
+        if switching:
+            s.healthy = self.healthy
+            s.server_info = {"disaggregation_mode": self.role, "simulator_time_scale": 1.0}
+            s.launcher = {"role": self.launcher_role, "phase": "Ready" if self.pending is None else "Draining",
+                          "switchCount": self.switch_count, "lastSwitch": self.last}
+        if scrape:
+            s.scrape = Scrape(0.0, values={"sglang:utilization": self.utilization})
+            s.server_info = s.server_info or {"disaggregation_mode": self.role}
+        return s
+
+
+class FakeEngines:
+    def __init__(self) -> None:
+        self.by_ip: dict[str, FakeEngine] = {}
+        self.calls = 0
+
+    def sample_many(self, targets):
+        self.calls += 1
+        out = {}
+        for name, (engine_url, launcher_url, switching, scrape) in targets.items():
+            ip = engine_url.split("//")[1].split(":")[0]
+            if ip in self.by_ip:
+                out[name] = self.by_ip[ip].sample(switching, scrape)
+        return out
+
+
+class Harness:
+    def __init__(self, spec: dict[str, Any] | None = None) -> None:
+        self.api = MemoryApi()
+        self.api.user_apply(copy.deepcopy(spec or FLEET_SPEC))
+        self.engines = FakeEngines()
+        self.now = 10_000.0
+        self.ctl = self.controller()
+        for _ in range(10):
+            outcome = rec.reconcile(self.api, NS, "fleet")
+            self.kubelet()
+            if not outcome.actions:
+                break
+
+    def controller(self) -> SwitchController:
+        return SwitchController(self.api, self.engines, clock=lambda: self.now, step_bounds=STEP_BOUNDS)
+
+    def kubelet(self) -> None:
+        """Pods run and are ready with an IP; each leader gets an engine following its role annotation."""
+        for (kind, name), obj in self.api.store.items():
+            if kind != "Pod":
+                continue
+            ip = "10.0.0." + name.split("-")[1]
+            obj["spec"]["nodeName"] = "node-0"
+            obj["status"] = {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}
+            if obj["metadata"]["labels"].get("hybridserving.io/node-rank") == "0":
+                role = obj["metadata"]["annotations"][ANNOTATION_ROLE]
+                engine = self.engines.by_ip.setdefault(ip, FakeEngine(role, role, handled=role))
+                if LABEL_ROLE not in obj["metadata"]["labels"] and engine.inflight and not engine.stuck:
+                    engine.inflight -= 1  # out of the router: what it holds finishes, nothing new comes
+                engine.follow(role)
+
+    def tick(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.now += 2.0
+            self.ctl.tick(NS, "fleet")
+            rec.reconcile(self.api, NS, "fleet")
+            self.kubelet()
+
+    def instance(self, name: str) -> dict[str, Any]:
+        return self.api.store[(INSTANCE_KIND, name)]
+
+    def leader(self, name: str) -> dict[str, Any]:
+        return self.api.store[("Pod", f"{name}-0")]
+
+    def engine(self, name: str) -> FakeEngine:
+        return self.engines.by_ip["10.0.0." + name.split("-")[1]]
+
+    def annotate(self, name: str, key: str, value: str | None) -> None:
+        anns = self.instance(name)["metadata"].setdefault("annotations", {})
+        if value is None:
+            anns.pop(key, None)
+        else:
+            anns[key] = value
+        self.instance(name)["metadata"]["resourceVersion"] = str(next(self.api.counter))
+
+    def history(self) -> list[dict[str, Any]]:
+        return self.api.status().get("switches") or []
+
+    def events(self) -> list[tuple[str, str]]:
+        return [(o["reason"], o["message"]) for (k, _), o in self.api.store.items() if k == "Event"]
+
+    def reasons(self) -> list[str]:
+        return [r for r, _ in self.events() if r.startswith("RoleSwitch") and r != "RoleSwitch"]  # not the reconcile's
+
+    def run_until(self, done, limit: int = 60) -> None:
+        for _ in range(limit):
+            self.tick()
+            if done():
+                return
+        raise AssertionError(f"not done; events {self.reasons()}; history {self.history()}")
+
+
+def prefill_instances(h: Harness) -> list[str]:
+    return sorted(n for (k, n), o in h.api.store.items() if k == INSTANCE_KIND and o["spec"]["role"] == "prefill")
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_on_call_request_switches_in_place_and_records_everything(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).inflight = 3
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    seen_unrouted_while_busy = False
+    for _ in range(40):
+        h.tick()
+        if h.engine(name).inflight and LABEL_ROLE not in h.leader(name)["metadata"]["labels"]:
+            seen_unrouted_while_busy = True
+        if not h.instance(name)["metadata"].get("annotations", {}).get(ANNOTATION_SWITCH):
+            break
+    inst = h.instance(name)
+    assert inst["spec"]["role"] == "decode"
+    assert ANNOTATION_SWITCH_TO not in inst["metadata"]["annotations"]
+    assert ANNOTATION_SWITCH not in inst["metadata"]["annotations"]
+    assert inst["status"]["phase"] == "Ready" and inst["status"].get("lastSwitch")
+    assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "decode"
+    assert h.leader(name)["metadata"]["annotations"][ANNOTATION_ROLE] == "decode"
+    assert h.engine(name).log == ["prefill->decode:Succeeded"]
+    assert seen_unrouted_while_busy, "the leader left the router before its requests were done"
+    [entry] = h.history()
+    assert entry["instance"] == name and entry["outcome"] == "Succeeded" and entry["mode"] == "in-place"
+    assert entry["fromRole"] == "prefill" and entry["toRole"] == "decode" and entry["finished"]
+    assert "Drain" in entry["phase"] and entry["reason"].startswith("on-call")
+    assert h.reasons() == ["RoleSwitchStarted", "RoleSwitchUnrouted", "RoleSwitchDrained", "RoleSwitchSwitched",
+                           "RoleSwitchVerified", "RoleSwitchSucceeded"]
+    # The reconcile's own status fields are untouched by the history patch.
+    status = h.api.status()
+    assert {c["type"] for c in status["conditions"]} >= {"Ready", "RoleSwitching"}
+    assert status["decode"]["summary"] == "3/3" and status["prefill"]["summary"] == "1/1"
+
+
+def test_relaunch_mode_when_the_layout_forbids_in_place() -> None:
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["transfer"] = {"backend": "nixl"}
+    h = Harness(spec)
+    name = prefill_instances(h)[0]
+    h.engine(name).switch_ticks = 5
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    phases = []
+    for _ in range(40):
+        h.tick()
+        phases.append(h.instance(name)["status"].get("phase"))
+        if h.history() and h.history()[-1]["outcome"] != "InProgress":
+            break
+    assert "Relaunching" in phases and "Switching" not in phases
+    assert h.history()[-1]["mode"] == "relaunch" and h.history()[-1]["outcome"] == "Succeeded"
+
+
+def test_refusal_restores_the_old_role_and_records_aborted(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).refuse = True
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: h.history() and h.history()[-1]["outcome"] != "InProgress")
+    assert h.instance(name)["spec"]["role"] == "prefill"
+    h.tick(2)
+    assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "prefill"
+    entry = h.history()[-1]
+    assert entry["outcome"] == "Aborted" and entry["phase"].startswith("Refused")
+    assert "RoleSwitchRefused" in h.reasons() and "RoleSwitchRestored" in h.reasons()
+    assert h.instance(name)["spec"]["restartGeneration"] == 0
+
+
+def test_drain_timeout_aborts(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).inflight = 10_000
+    h.engine(name).stuck = True  # requests never finish
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: h.history() and h.history()[-1]["outcome"] != "InProgress")
+    assert h.history()[-1]["outcome"] == "Aborted" and "not idle" in h.history()[-1]["phase"]
+    assert h.instance(name)["spec"]["role"] == "prefill"
+    h.tick()
+    assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "prefill"
+
+
+def test_operator_restarted_mid_switch_resumes_to_the_same_end(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).inflight = 2
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    steps = set()
+    for _ in range(40):
+        h.tick()
+        h.ctl = h.controller()  # a new operator process every tick: nothing in memory survives
+        record = h.instance(name)["metadata"].get("annotations", {}).get(ANNOTATION_SWITCH)
+        if record:
+            steps.add(record.split('"step":"')[1].split('"')[0])
+        if h.history() and h.history()[-1]["outcome"] != "InProgress":
+            break
+    assert steps >= {"Unroute", "Drain", "Switch", "Route"}  # Verify may pass in the tick Switch ends
+    assert h.history()[-1]["outcome"] == "Succeeded" and len(h.history()) == 1
+    assert h.instance(name)["spec"]["role"] == "decode"
+
+
+def test_conflicts_are_retried_without_duplicates(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    calls = {"n": 0}
+
+    def fail(verb: str, kind: str, obj: str) -> int | None:
+        if kind == INSTANCE_KIND and obj == name and verb == "patch":
+            calls["n"] += 1
+            return 409 if calls["n"] % 3 == 1 else None
+        return None
+
+    h.api.fail = fail
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: h.history() and h.history()[-1]["outcome"] != "InProgress")
+    assert h.history()[-1]["outcome"] == "Succeeded" and len(h.history()) == 1
+    assert h.engine(name).log == ["prefill->decode:Succeeded"]
+
+
+def test_on_call_below_the_floor_is_rejected(h: Harness) -> None:
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["roleSwitch"]["minPrefill"] = 2
+    h = Harness(spec)
+    name = prefill_instances(h)[0]
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.tick(3)
+    assert "RoleSwitchRejected" in h.reasons()
+    assert h.instance(name)["spec"]["role"] == "prefill" and not h.history()
+    assert ANNOTATION_SWITCH_TO not in h.instance(name)["metadata"]["annotations"]
+
+
+def test_paused_fleet_holds_on_call_requests_until_unpaused() -> None:
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["rollout"] = {"paused": True}
+    h = Harness(spec)
+    name = prefill_instances(h)[0]
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.tick(5)
+    assert not h.history() and h.instance(name)["metadata"]["annotations"][ANNOTATION_SWITCH_TO] == "decode"
+    spec["rollout"]["paused"] = False
+    h.api.user_apply(spec)
+    h.run_until(lambda: h.history() and h.history()[-1]["outcome"] == "Succeeded")
+
+
+def overload_prefill(h: Harness) -> None:
+    for (kind, name), obj in h.api.store.items():
+        if kind == INSTANCE_KIND:
+            e = h.engine(name)
+            if obj["spec"]["role"] == "prefill":
+                e.utilization, e.queue_tokens = 1.0, 400_000
+            else:
+                e.utilization, e.kv_usage, e.running = 0.05, 0.01, 1
+
+
+def test_the_policy_moves_an_idle_decode_instance_to_an_overloaded_prefill(h: Harness) -> None:
+    overload_prefill(h)
+    h.run_until(lambda: h.history() and h.history()[-1]["outcome"] == "Succeeded", limit=80)
+    entry = h.history()[0]
+    assert entry["fromRole"] == "decode" and entry["toRole"] == "prefill" and entry["reason"].startswith("policy:")
+    assert len(prefill_instances(h)) == 3
+
+
+def test_pinned_instances_are_never_moved_by_the_policy(h: Harness) -> None:
+    decode = sorted(n for (k, n), o in h.api.store.items() if k == INSTANCE_KIND and o["spec"]["role"] == "decode")
+    for name in decode:
+        h.annotate(name, ANNOTATION_PINNED, "true")
+    overload_prefill(h)
+    h.tick(40)
+    assert not h.history()
+
+
+def test_disabled_switching_starts_nothing_and_writes_nothing() -> None:
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["roleSwitch"]["enabled"] = False
+    h = Harness(spec)
+    overload_prefill(h)
+    before = sum(h.api.writes.values())
+    for _ in range(5):
+        h.now += 2
+        h.ctl.tick(NS, "fleet")
+    assert sum(h.api.writes.values()) == before and h.engines.calls == 0
+
+
+def test_a_settled_fleet_costs_no_writes(h: Harness) -> None:
+    before = sum(h.api.writes.values())
+    for _ in range(5):
+        h.now += 2
+        h.ctl.tick(NS, "fleet")
+    assert sum(h.api.writes.values()) == before
+
+
+def test_a_missing_fleet_is_forgotten(h: Harness) -> None:
+    del h.api.store[(KIND, "fleet")]
+    assert h.ctl.tick(NS, "fleet").skipped and (NS, "fleet") not in h.ctl.memory
+
+
+def test_history_is_bounded(h: Harness) -> None:
+    h.api.store[(KIND, "fleet")].setdefault("status", {})["switches"] = [
+        {"instance": f"old-{i}", "fromRole": "prefill", "toRole": "decode", "mode": "in-place", "reason": "r",
+         "outcome": "Succeeded", "started": f"2020-01-01T00:00:{i:02d}Z"} for i in range(20)]
+    name = prefill_instances(h)[0]
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: h.history()[-1].get("instance") == name and h.history()[-1]["outcome"] == "Succeeded")
+    assert len(h.history()) == 20 and h.history()[0]["instance"] == "old-1"
+
+
+def test_api_errors_other_than_conflicts_surface(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.api.fail = lambda verb, kind, obj: 500 if kind == INSTANCE_KIND and verb == "patch" else None
+    with pytest.raises(KubeError):
+        h.ctl.tick(NS, "fleet")

@@ -1,0 +1,284 @@
+"""The role-switch state machine (`core.switching`) over whole scenarios, against a scripted world.
+
+`World` plays everything around the machine: it applies what a step wants (spec.role, phase,
+restartGeneration), the planner (the router label follows the phase; pods' role annotation follows
+spec.role), the router (requests in flight drain at a given pace) and the launcher (on a role change
+it switches in place or relaunches, or refuses, aborts, fails, as scripted). Each scenario runs the
+machine to its end state; the same scenarios are replayed with the record thrown through its
+annotation at every tick (an operator restart anywhere) and with every step applied twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from hybridserving.core.switching import (
+    Desired,
+    LauncherView,
+    Observation,
+    SwitchConfig,
+    SwitchState,
+    desired,
+    phase_applied,
+    step,
+)
+
+CONFIG = SwitchConfig(drain_timeout_s=30, unroute_settle_s=2, in_place_timeout_s=60, relaunch_timeout_s=300,
+                      verify_timeout_s=20, route_timeout_s=20, restore_timeout_s=60)
+TICK = 1.0
+
+
+@dataclass
+class World:
+    role: str = "prefill"  # spec.role
+    phase: str = "Ready"
+    generation: int = 0
+    label: str | None = "prefill"
+    pods_role: str = "prefill"
+    inflight: int = 3
+    drain_per_tick: int = 1
+    engine_role: str = "prefill"
+    healthy: bool = True
+    launcher_role: str = "prefill"
+    launcher_phase: str = "Ready"
+    switch_count: int = 2  # earlier switches happened; the last one is below
+    last: tuple[str, str, str] | None = ("decode", "prefill", "Refused")
+    # scripted behaviour
+    mode: str = "in-place"
+    launcher_outcome: str = "Succeeded"  # Succeeded | Refused | Aborted | Failed | Silent
+    switch_ticks: int = 2
+    unhealthy_after: bool = False
+    _switch_at: int | None = None
+    _target: str | None = None
+    restarts: int = 0
+    ticks: int = 0
+
+    def apply(self, want: Desired) -> None:
+        self.role = want.role
+        if not phase_applied(want.phase, self.phase):
+            self.phase = want.phase
+        if want.restart_generation is not None and want.restart_generation > self.generation:
+            self.generation = want.restart_generation
+
+    def advance(self) -> None:
+        """One tick of the planner, router, engine and launcher."""
+        self.ticks += 1
+        routed = self.phase not in ("Draining", "Switching", "Relaunching")
+        self.label = self.role if routed and self.healthy_for_label() else None
+        if self.pods_role != self.role:
+            self.pods_role = self.role
+            if self.generation > self.restarts:
+                pass
+            elif self.launcher_role != self.role:
+                self._target, self._switch_at = self.role, self.ticks + self.switch_ticks
+        if self.generation > self.restarts:  # gang recreated in the instance's role
+            self.restarts = self.generation
+            self.launcher_role = self.engine_role = self.role
+            self.pods_role = self.role
+            self.healthy, self.launcher_phase, self.switch_count, self.last = True, "Ready", 0, None
+            self._switch_at = None
+        if self.label is None and self.inflight > 0:
+            self.inflight = max(0, self.inflight - self.drain_per_tick)
+        if self._switch_at is not None and self.ticks >= self._switch_at:
+            self._finish_switch()
+
+    def healthy_for_label(self) -> bool:
+        return True
+
+    def _finish_switch(self) -> None:
+        target, source = self._target, self.launcher_role
+        self._switch_at = None
+        if target == source:
+            return
+        outcome = self.launcher_outcome
+        if outcome == "Silent":
+            self.launcher_phase = "Draining"
+            return
+        self.switch_count += 1
+        self.last = (source, target, outcome)
+        if outcome == "Succeeded":
+            self.launcher_role = self.engine_role = target
+            self.healthy = not self.unhealthy_after
+        elif outcome == "Failed":
+            self.healthy = False
+            self.launcher_phase = "Restarting"
+
+    def observe(self) -> Observation:
+        last = self.last
+        return Observation(
+            phase=self.phase, spec_role=self.role, restart_generation=self.generation, leader_label=self.label,
+            pods_role=self.pods_role, inflight=self.inflight, engine_healthy=self.healthy,
+            engine_role=self.engine_role,
+            launcher=LauncherView(self.launcher_role, self.launcher_phase, self.switch_count,
+                                  last[0] if last else None, last[1] if last else None, last[2] if last else None,
+                                  "scripted"),
+        )
+
+
+def run(world: World, *, to: str = "decode", restart_every_tick: bool = False, apply_twice: bool = False,
+        max_ticks: int = 400) -> tuple[SwitchState, list[str]]:
+    now = 1000.0
+    state = SwitchState.start(world.role, to, world.mode, "test", now)  # type: ignore[arg-type]
+    world.apply(desired(state, world.observe()))
+    steps = [state.step]
+    for _ in range(max_ticks):
+        world.advance()
+        now += TICK
+        if restart_every_tick:  # a new operator: only what the annotation holds survives
+            state = SwitchState.from_annotation(state.to_annotation())
+            assert state is not None
+        new, want = step(state, world.observe(), now, CONFIG)
+        if apply_twice:
+            again, want2 = step(new, world.observe(), now, CONFIG) if new.step == state.step else (new, want)
+            assert want2 == want
+            if new.step == state.step:
+                assert again == new, "the same step applied twice changes nothing"
+        world.apply(want)
+        if new.step != state.step:
+            steps.append(new.step)
+        state = new
+        if state.finished:
+            return state, steps
+    raise AssertionError(f"did not finish: {steps}, {state}")
+
+
+VARIANTS = [
+    pytest.param({}, id="plain"),
+    pytest.param({"restart_every_tick": True}, id="operator-restarted-every-tick"),
+    pytest.param({"apply_twice": True}, id="every-step-applied-twice"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("mode", ["in-place", "relaunch"])
+def test_happy_path_routes_the_instance_in_its_new_role(mode: str, variant: dict) -> None:
+    world = World(mode=mode, switch_ticks=2 if mode == "in-place" else 10)
+    state, steps = run(world, **variant)
+    assert steps == ["Unroute", "Drain", "Switch", "Verify", "Route", "Done"]
+    assert state.outcome == "Succeeded"
+    assert (world.role, world.label, world.engine_role, world.phase) == ("decode", "decode", "decode", "Ready")
+    assert world.generation == 0, "no restart"
+    assert set(state.phases) == {"Unroute", "Drain", "Switch", "Verify", "Route"}
+    assert state.phases["Drain"] >= CONFIG.unroute_settle_s
+
+
+def test_the_role_changes_only_once_the_engine_is_idle_and_out_of_the_router() -> None:
+    world = World(inflight=5)
+    now = 0.0
+    state = SwitchState.start("prefill", "decode", "in-place", "test", now)
+    world.apply(desired(state, world.observe()))
+    while not state.finished:
+        world.advance()
+        now += TICK
+        state, want = step(state, world.observe(), now, CONFIG)
+        if want.role == "decode" and world.role == "prefill":
+            assert world.inflight == 0 and world.label is None
+        world.apply(want)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_drain_timeout_aborts_and_restores_routing(variant: dict) -> None:
+    world = World(inflight=10_000)
+    state, steps = run(world, **variant)
+    assert steps == ["Unroute", "Drain", "Restore", "Done"]
+    assert state.outcome == "Aborted" and "not idle" in state.message
+    assert (world.role, world.label, world.phase, world.launcher_role) == ("prefill", "prefill", "Ready", "prefill")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_refusal_restores_the_old_role(variant: dict) -> None:
+    world = World(launcher_outcome="Refused", last=("decode", "prefill", "Succeeded"))
+    state, steps = run(world, **variant)
+    assert steps == ["Unroute", "Drain", "Switch", "Restore", "Done"]
+    assert state.outcome == "Refused"
+    assert (world.role, world.label, world.phase, world.engine_role) == ("prefill", "prefill", "Ready", "prefill")
+    assert world.generation == 0
+
+
+def test_an_old_refusal_on_the_launcher_is_not_taken_for_this_switch() -> None:
+    # The launcher's last switch (before this one) was a refused prefill -> decode.
+    world = World(last=("prefill", "decode", "Refused"), switch_ticks=4)
+    state, steps = run(world)
+    assert state.outcome == "Succeeded", steps
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_launcher_abort_restores(variant: dict) -> None:
+    state, steps = run(World(launcher_outcome="Aborted"), **variant)
+    assert steps[-2:] == ["Restore", "Done"] and state.outcome == "Aborted"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_failed_rebuild_restarts_the_instance(variant: dict) -> None:
+    world = World(launcher_outcome="Failed")
+    state, steps = run(world, **variant)
+    assert steps == ["Unroute", "Drain", "Switch", "Restart", "Done"]
+    assert state.outcome == "Failed"
+    assert world.generation == 1, "restartGeneration bumped exactly once"
+    assert world.role == "prefill"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_unhealthy_after_switch_restarts_once(variant: dict) -> None:
+    world = World(unhealthy_after=True)
+    state, steps = run(world, **variant)
+    assert steps == ["Unroute", "Drain", "Switch", "Verify", "Restart", "Done"]
+    assert state.outcome == "Failed" and "unhealthy" in state.message
+    assert world.generation == 1
+
+
+def test_a_launcher_that_never_answers_times_out_into_a_restart() -> None:
+    state, steps = run(World(launcher_outcome="Silent"))
+    assert steps[-2:] == ["Restart", "Done"] and "did not finish" in state.message
+
+
+def test_phase_and_role_asked_for_at_each_step() -> None:
+    s = SwitchState.start("decode", "prefill", "relaunch", "r", 0.0)
+    obs = World().observe()
+    assert desired(s, obs) == Desired("Draining", "decode")
+    assert desired(s.advance("Switch", 1), obs) == Desired("Relaunching", "prefill")
+    assert desired(replace(s, mode="in-place").advance("Verify", 1), obs) == Desired("Switching", "prefill")
+    assert desired(s.advance("Route", 1), obs) == Desired("Ready", "prefill")
+    assert desired(s.advance("Restore", 1), obs) == Desired("Ready", "decode")
+
+
+def test_record_round_trips_and_bad_records_are_dropped() -> None:
+    s = SwitchState.start("prefill", "decode", "in-place", "why", 5.0).advance("Drain", 7.0)
+    assert SwitchState.from_annotation(s.to_annotation()) == s
+    assert '"fromRole":"prefill"' in s.to_annotation()
+    for bad in (None, "", "{", '{"fromRole": "x", "toRole": "decode"}', "[]", '{"step": "Nope"}'):
+        assert SwitchState.from_annotation(bad) is None
+
+
+def test_resuming_from_any_recorded_step_reaches_the_same_end_state() -> None:
+    """An operator that stops after each number of ticks and a new one that picks the record up."""
+    reference_world = World()
+    reference, _ = run(reference_world)
+    for cut in range(1, 25):
+        world = World()
+        now = 1000.0
+        state = SwitchState.start("prefill", "decode", "in-place", "test", now)
+        world.apply(desired(state, world.observe()))
+        for _ in range(cut):
+            world.advance()
+            now += TICK
+            state, want = step(state, world.observe(), now, CONFIG)
+            world.apply(want)
+            if state.finished:
+                break
+        # The operator is down for a while; the world goes on without it.
+        for _ in range(5):
+            world.advance()
+            now += TICK
+        resumed = SwitchState.from_annotation(state.to_annotation())
+        assert resumed is not None
+        while not resumed.finished:
+            world.advance()
+            now += TICK
+            resumed, want = step(resumed, world.observe(), now, CONFIG)
+            world.apply(want)
+        assert resumed.outcome == reference.outcome
+        assert (world.role, world.label, world.engine_role) == (
+            reference_world.role, reference_world.label, reference_world.engine_role)
