@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.devcluster.stack import launcher_url
 from hybridserving.core.profiles import PROFILES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -258,7 +259,7 @@ def test_killed_launcher_is_restarted_and_counted(serving_fleet: Fleet):
     f = serving_fleet
     pod = f.pods("decode")[-1]
     name, url = pod["metadata"]["name"], f.engine_url(pod)
-    engine_pid = get_json(f"http://{pod['status']['podIP']}:8080/status")["engine"]["pid"]
+    engine_pid = get_json(launcher_url(pod) + "/status")["engine"]["pid"]
     with open(f"/proc/{engine_pid}/stat") as fh:
         launcher_pid = int(fh.read().rpartition(")")[2].split()[1])
     os.kill(launcher_pid, signal.SIGKILL)

@@ -25,6 +25,8 @@ from collections import Counter
 import httpx
 import yaml
 
+from hybridserving.devcluster.stack import launcher_url
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = "deepseek-ai/DeepSeek-V3"
 SHORT_PROMPT = "The quick brown fox jumps over the lazy dog. " * 90  # ~1,000 simulated tokens
@@ -201,7 +203,7 @@ def test_policy_switches_a_decode_instance_to_prefill_in_place_under_load(
         # In place: the pod and its engine process were never restarted.
         leader = f.leaders()[switch["instance"]]
         assert leader["status"]["containerStatuses"][0]["restartCount"] == 0
-        launcher = httpx.get(f"http://{leader['status']['podIP']}:8080/status", timeout=5, trust_env=False).json()
+        launcher = httpx.get(launcher_url(leader) + "/status", timeout=5, trust_env=False).json()
         assert launcher["lastSwitch"]["mode"] == "in-place" and launcher["lastSwitch"]["outcome"] == "Succeeded"
         assert launcher["engine"]["restarts"] == 0
     finally:
@@ -234,7 +236,7 @@ def test_on_call_request_relaunches_a_decode_instance_as_prefill_under_load(
         reasons = [e["reason"] for e in f.events()]
         assert all(r in reasons for r in SWITCH_EVENTS), reasons
         leader = f.leaders()[victim]
-        launcher = httpx.get(f"http://{leader['status']['podIP']}:8080/status", timeout=5, trust_env=False).json()
+        launcher = httpx.get(launcher_url(leader) + "/status", timeout=5, trust_env=False).json()
         assert launcher["lastSwitch"]["mode"] == "relaunch" and launcher["lastSwitch"]["outcome"] == "Succeeded"
         assert leader["status"]["containerStatuses"][0]["restartCount"] == 0, "same pod, engine relaunched inside"
     finally:

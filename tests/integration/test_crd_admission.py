@@ -245,7 +245,7 @@ def test_unknown_fields_are_refused_not_silently_dropped(objects, namespace):
 def test_instance_ports_must_be_distinct(objects, namespace):
     body = with_changes(INSTANCE, _set("spec.ports.distInit", 30000))
     message, fields = rejection(lambda: create(objects, namespace, body))
-    assert "four distinct ports" in message and "spec.ports" in fields
+    assert "five distinct ports" in message and "spec.ports" in fields
 
 
 def test_instance_identity_is_immutable_and_restarts_only_move_forward(objects, namespace):

@@ -274,7 +274,7 @@ def test_instance_rules_guard_identity_and_ports():
     }
     assert "self >= oldSelf" in rules_at(HSI_FILE, ".spec.restartGeneration")
     (ports_rule,) = rules_at(HSI_FILE, ".spec.ports")
-    assert ports_rule.count("!=") == 6  # every pair of the four ports
+    assert ports_rule.count("!=") == 10  # every pair of the five ports
 
 
 @pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
@@ -456,5 +456,5 @@ def test_wrong_types_and_out_of_range_values_fail_the_schema():
 
 
 def test_instance_ports_must_be_distinct_in_the_model_too():
-    with pytest.raises(ValueError, match="four distinct ports"):
+    with pytest.raises(ValueError, match="five distinct ports"):
         InstancePorts(http=30000, bootstrap=30000, dist_init=20000, engine_info_bootstrap=6789)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.policy import PolicyConfig, RoleSwitchPolicy
+from hybridserving.core.policy import InstanceMetrics, InstanceState, PolicyConfig, RoleSwitchPolicy
 from hybridserving.core.profiles import PROFILES
 from hybridserving.fleetsim import traces
-from hybridserving.fleetsim.baselines import PolicyController, RestartRebalancer, SplitwiseMixedPool
+from hybridserving.fleetsim.baselines import PolicyController, RestartRebalancer, SplitwiseMixedPool, zero_cost_relabel
 from hybridserving.fleetsim.goodput import Slo, oracle_attainment, search_goodput
 from hybridserving.fleetsim.simulator import FleetConfig, FleetSimulator
 
@@ -156,6 +157,89 @@ def test_policy_follows_a_mix_shift_within_its_invariants():
     assert "i005" not in {d.instance for _, d in r.decisions}
     first_half = r.timeline_prefill[r.timeline_t < 600].max()
     assert first_half > 3  # moved towards prefill while prompts were long
+
+
+class PlannerProbe:
+    """Wraps the restart-based planner; at each of its decisions records and checks its own plan."""
+
+    def __init__(self, inner: RestartRebalancer):
+        self.inner, self.name = inner, inner.name
+        self.moves: list[tuple[float, str, int, int | None, int | None]] = []
+
+    def tick(self, now, fleet, metrics):
+        decisions = self.inner.tick(now, fleet, metrics)
+        if decisions:
+            assert len(decisions) == 1  # one instance per interval
+            assert all(s.phase == "serving" for s in fleet)  # blocks while a change is in flight
+            d = decisions[0]
+            assert d.mode == "relaunch"
+            need_p, need_d = self.inner.needs(self.inner.predicted_demand(), len(fleet))
+            left = sum(1 for s in fleet if s.role == d.from_role) - 1
+            need = need_p if d.from_role == "prefill" else need_d
+            if need_p is not None and need_d is not None and need_p + need_d <= len(fleet):
+                assert left >= need, f"{d.from_role} thinned to {left} below its projected need {need}"
+            self.moves.append((now, d.to_role, left, need_p, need_d))
+        return decisions
+
+
+def test_restart_based_leaves_a_fleet_alone_at_low_steady_load():
+    # The rule sizes each role from its projected need: at low load no role is short, so nothing
+    # moves (a split proportional to the two roles' pressures would thin decode to one instance).
+    cfg = PolicyConfig(min_prefill=1, min_decode=1)
+    probe = PlannerProbe(RestartRebalancer(cfg, MODEL, interval_s=60))
+    r = FleetSimulator(FleetConfig(6, 3, MODEL, in_place=False), probe).run(poisson(2.0, 1800, 2000, 300), "restart-based")
+    assert r.switches == 0 and r.timeline_decode.min() == 3
+    need_p, need_d = probe.inner.needs(probe.inner.predicted_demand(), 6)
+    assert need_p is not None and need_d is not None and need_p <= 3 and need_d <= 3
+
+
+def test_restart_based_moves_to_a_short_role_one_relaunch_at_a_time_never_below_the_donors_need():
+    # Prompt-heavy steady load on a 1:5 fleet: prefill is short, decode has instances to spare.
+    cfg = PolicyConfig(min_prefill=1, min_decode=1)
+    probe = PlannerProbe(RestartRebalancer(cfg, MODEL, interval_s=60))
+    r = FleetSimulator(FleetConfig(6, 1, MODEL, in_place=False), probe).run(poisson(3.0, 3600, 8000, 50), "restart-based")
+    assert r.switches >= 1 and all(to == "prefill" for _, to, *_ in probe.moves)
+    # Every move pays the model's restart time, and the receiver gets nothing before it has passed.
+    assert r.switch_s == pytest.approx(r.switches * MODEL.relaunch_switch_s)
+    first = probe.moves[0][0]
+    before = (r.timeline_t > first) & (r.timeline_t < first + MODEL.relaunch_switch_s)
+    assert r.timeline_prefill[before].max() == 1
+    assert r.timeline_prefill[r.timeline_t >= first + MODEL.relaunch_switch_s + 60].max() == 2
+    # Blocking: the next move starts only after the last one has landed.
+    gaps = np.diff([t for t, *_ in probe.moves])
+    assert np.all(gaps >= MODEL.relaunch_switch_s)
+    # Decode keeps what its own projection says it needs at the end, as at every move.
+    need_p, need_d = probe.inner.needs(probe.inner.predicted_demand(), 6)
+    assert need_d is not None and r.timeline_decode[-1] >= need_d
+
+
+def test_splitwise_triggers_on_the_least_loaded_prefill_queue_and_borrows_one_at_a_time():
+    cfg = PolicyConfig(min_prefill=1, min_decode=1)
+    sw = SplitwiseMixedPool(cfg, queue_threshold_tokens=8192)
+    fleet = [InstanceState("p0", "prefill"), InstanceState("p1", "prefill"), InstanceState("d0", "decode"), InstanceState("d1", "decode"), InstanceState("d2", "decode")]
+    m = {
+        "p0": InstanceMetrics("prefill", prefill_queue_tokens=20000),
+        "p1": InstanceMetrics("prefill", prefill_queue_tokens=1000),
+        "d0": InstanceMetrics("decode", kv_usage=0.2), "d1": InstanceMetrics("decode", kv_usage=0.1), "d2": InstanceMetrics("decode", kv_usage=0.3),
+    }
+    assert sw.tick(0.0, fleet, m) == []  # the best prefill instance still has room
+    m["p1"] = InstanceMetrics("prefill", prefill_queue_tokens=9000)
+    [d] = sw.tick(5.0, fleet, m)
+    assert (d.instance, d.to_role) == ("d1", "prefill")
+    moving = [replace(s, phase="draining", target_role="prefill") if s.name == "d1" else s for s in fleet]
+    assert sw.tick(10.0, moving, m) == []  # wait for the borrowed instance to land
+
+
+def test_zero_cost_relabel_pays_no_switch_time():
+    from hybridserving.fleetsim.experiment import DEFAULT_SLO, Runner, Workload
+
+    w = Workload("shift", "shift", shifting_trace(), DEFAULT_SLO)
+    runner = Runner(w, 6, MODEL, iterations=1)
+    cfg = PolicyConfig(cooldown_s=60, sustain_s=0, max_concurrent=4)
+    r = runner.simulate(1.0, 3, zero_cost_relabel(MODEL, cfg), name="zero-cost", free=True)
+    assert r.switches >= 1 and r.switch_s == 0.0
+    paid = runner.simulate(1.0, 3, zero_cost_relabel(MODEL, cfg), name="in-place")
+    assert paid.switch_s == pytest.approx(paid.switches * MODEL.in_place_switch_s)
 
 
 def test_restart_based_and_splitwise_run_and_respect_floors():

@@ -239,7 +239,7 @@ def test_relaunch_mode_when_the_layout_forbids_in_place() -> None:
     assert h.history()[-1]["mode"] == "relaunch" and h.history()[-1]["outcome"] == "Succeeded"
 
 
-def test_refusal_restores_the_old_role_and_records_aborted(h: Harness) -> None:
+def test_refusal_restores_the_old_role_and_records_refused(h: Harness) -> None:
     name = prefill_instances(h)[0]
     h.engine(name).refuse = True
     h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
@@ -248,7 +248,7 @@ def test_refusal_restores_the_old_role_and_records_aborted(h: Harness) -> None:
     h.tick(2)
     assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "prefill"
     entry = h.history()[-1]
-    assert entry["outcome"] == "Aborted" and entry["phase"].startswith("Refused")
+    assert entry["outcome"] == "Refused" and entry["phase"].startswith("Refused")
     assert "RoleSwitchRefused" in h.reasons() and "RoleSwitchRestored" in h.reasons()
     assert h.instance(name)["spec"]["restartGeneration"] == 0
 

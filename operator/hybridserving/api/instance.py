@@ -32,9 +32,9 @@ class InstancePorts(ApiModel):
                 cel(
                     " && ".join(
                         f"self.{a} != self.{b}"
-                        for a, b in combinations(("http", "bootstrap", "distInit", "engineInfoBootstrap"), 2)
+                        for a, b in combinations(("http", "bootstrap", "distInit", "engineInfoBootstrap", "launcher"), 2)
                     ),
-                    "http, bootstrap, distInit and engineInfoBootstrap must be four distinct ports",
+                    "http, bootstrap, distInit, engineInfoBootstrap and launcher must be five distinct ports",
                 )
             ]
         }
@@ -51,13 +51,18 @@ class InstancePorts(ApiModel):
     engine_info_bootstrap: Port = Field(
         description="Port on which the leader publishes the engine's rank layout to its workers."
     )
+    launcher: Port = Field(
+        default=8080,
+        description="The launcher's own endpoint (health, metrics, switch steps); the role-switch "
+        "controller follows a switch there.",
+    )
 
     @model_validator(mode="after")
     def _ports_are_distinct(self) -> InstancePorts:
         # The same rule as the CEL above, so the operator never writes what admission rejects.
-        ports = (self.http, self.bootstrap, self.dist_init, self.engine_info_bootstrap)
+        ports = (self.http, self.bootstrap, self.dist_init, self.engine_info_bootstrap, self.launcher)
         if len(set(ports)) != len(ports):
-            raise ValueError("http, bootstrap, distInit and engineInfoBootstrap must be four distinct ports")
+            raise ValueError("http, bootstrap, distInit, engineInfoBootstrap and launcher must be five distinct ports")
         return self
 
 

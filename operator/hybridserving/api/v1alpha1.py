@@ -419,7 +419,9 @@ class SwitchRecord(ApiModel):
     to_role: Role
     mode: Literal["in-place", "relaunch"]
     reason: str = Field(max_length=512)
-    outcome: Literal["Succeeded", "Aborted", "Failed", "InProgress"]
+    outcome: Literal["Succeeded", "Aborted", "Refused", "Failed", "InProgress"] = Field(
+        description="Refused: the engine declined the switch (safe to restore) and the instance kept its role."
+    )
     started: str
     finished: str | None = None
     phase: str | None = None

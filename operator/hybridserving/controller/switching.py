@@ -529,8 +529,8 @@ def _phase_summary(state: SwitchState) -> str:
 
 
 def _history_entry(instance: str, state: SwitchState, finished: float | None = None) -> dict[str, Any]:
-    """A `SwitchRecord` (api.v1alpha1) of `state`; a Refused switch is recorded as Aborted."""
-    outcome = {"Refused": "Aborted"}.get(state.outcome, state.outcome) if state.finished else "InProgress"
+    """A `SwitchRecord` (api.v1alpha1) of `state`."""
+    outcome = state.outcome if state.finished else "InProgress"
     entry: dict[str, Any] = {
         "instance": instance, "fromRole": state.from_role, "toRole": state.to_role, "mode": state.mode,
         "reason": state.reason[:512], "outcome": outcome, "started": rfc3339(state.started),

@@ -566,6 +566,7 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
         {"name": "HYBRIDSERVING_PORT", "value": str(p.http)},
         {"name": "HYBRIDSERVING_BOOTSTRAP_PORT", "value": str(p.bootstrap)},
         {"name": "HYBRIDSERVING_ENGINE_INFO_BOOTSTRAP_PORT", "value": str(p.engine_info_bootstrap)},
+        {"name": "HYBRIDSERVING_LAUNCHER_PORT", "value": str(p.launcher)},
         {"name": "HYBRIDSERVING_DIST_INIT_ADDR", "value": f"{instance}.{ns}.svc:{p.dist_init}"},
         *({"name": e.name, "value": e.value} for e in spec.engine.env),
     ]
@@ -575,6 +576,7 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
         ("bootstrap", p.bootstrap),
         ("dist-init", p.dist_init),
         ("engine-info", p.engine_info_bootstrap),
+        ("launcher", p.launcher),
     ):
         entry: dict[str, Any] = {"name": port_name, "containerPort": number, "protocol": "TCP"}
         if host_network:

@@ -20,6 +20,7 @@ from hybridserving.api.instance import InstancePorts
 HTTP_BASE = 30000
 DIST_INIT_BASE = 20000
 ENGINE_INFO_BOOTSTRAP_BASE = 6789
+LAUNCHER_BASE = 28000
 MAX_BLOCKS = 1024
 
 
@@ -30,6 +31,7 @@ def block_ports(block: int, bootstrap_base: int) -> InstancePorts:
         bootstrap=bootstrap_base + block,
         dist_init=DIST_INIT_BASE + block,
         engine_info_bootstrap=ENGINE_INFO_BOOTSTRAP_BASE + block,
+        launcher=LAUNCHER_BASE + block,
     )
 
 

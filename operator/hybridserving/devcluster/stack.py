@@ -139,3 +139,12 @@ class Stack:
         for proc in reversed(self.procs):
             stop(proc, 30)
         self.procs.clear()
+
+
+def launcher_url(pod: dict) -> str:
+    """The launcher of a running pod, at its pod IP and the port the operator named `launcher`."""
+    for container in pod["spec"]["containers"]:
+        for port in container.get("ports") or []:
+            if port.get("name") == "launcher":
+                return f"http://{pod['status']['podIP']}:{port['containerPort']}"
+    raise KeyError(f"pod {pod['metadata']['name']} declares no launcher port")

@@ -77,10 +77,15 @@ def fleet_model(profile: str = "glm-5.2", tp: int = 8) -> PerformanceModel:
 
 @dataclass
 class Sweep:
-    """Settings tried for one tunable policy."""
+    """Settings tried for one tunable policy, and the switch costs its fleet pays."""
 
     grid: list[dict]
     make: Callable[..., object]
+    in_place: bool = True
+    """Switches are in place (the engine's role switch, seconds) or relaunches (the model's
+    restart time, as planners that scale roles up and down pay today)."""
+    free_switches: bool = False
+    """The fleet pays no switch time at all (the zero-cost relabel: an upper reference on cost)."""
 
 
 def policy_sweeps(model: PerformanceModel, slo: Slo, quick: bool) -> dict[str, Sweep]:
@@ -96,20 +101,41 @@ def policy_sweeps(model: PerformanceModel, slo: Slo, quick: bool) -> dict[str, S
         {"cooldown_s": c, "sustain_s": s, "max_concurrent": m}
         for c, s, m in ((300, 20, 1), (120, 10, 2), (300, 10, 2), (120, 20, 1), (60, 10, 3), (600, 30, 1))
     ]
+    # A planner sizing each role from its load (Dynamo's throughput mode): adjustment interval
+    # (Dynamo's default is 180 s) × the projected pressure each role is sized to.
+    restart_grid = [{"interval_s": i, "headroom": h} for i in (60, 180, 300, 900, 1800) for h in (1.0, 0.8)]
+    # Splitwise: the per-instance queue threshold (8,192 in the paper) × how long the trigger must
+    # stay clear before a borrowed instance goes home (0: the paper's rule).
+    splitwise_grid = [
+        {"queue_threshold_tokens": q, "return_hold_s": h} for q in (8192, 32768, 131072) for h in (0.0, 300.0)
+    ]
+    # Zero-cost relabel: Arrow's immediate reaction (no sustain, several at once), and, so that it
+    # is an upper reference on cost for ours, every setting ours is swept over.
+    zero_grid = [
+        {"cooldown_s": c, "sustain_s": 0.0, "max_concurrent": m} for c, m in ((60, 4), (300, 4), (60, 1))
+    ] + ours_grid
     return {
         "ours": Sweep(ours_grid, ours),
-        "ours-relaunch": Sweep([{"cooldown_s": 1800, "sustain_s": 60}, {"cooldown_s": 3600, "sustain_s": 120}], ours),
+        "ours-relaunch": Sweep(
+            [{"cooldown_s": 1800, "sustain_s": 60}, {"cooldown_s": 3600, "sustain_s": 120}], ours, in_place=False
+        ),
         "restart-based": Sweep(
-            [{"interval_s": 300}, {"interval_s": 60}, {"interval_s": 900}, {"interval_s": 1800}],
-            lambda interval_s: RestartRebalancer(base, model, interval_s=interval_s),
+            restart_grid,
+            lambda interval_s, headroom: RestartRebalancer(base, model, interval_s=interval_s, headroom=headroom),
+            in_place=False,
         ),
         "splitwise": Sweep(
-            [{"queue_threshold_tokens": 8192}, {"queue_threshold_tokens": 32768}, {"queue_threshold_tokens": 131072}],
-            lambda queue_threshold_tokens: SplitwiseMixedPool(base, queue_threshold_tokens=queue_threshold_tokens),
+            splitwise_grid,
+            lambda queue_threshold_tokens, return_hold_s: SplitwiseMixedPool(
+                base, queue_threshold_tokens=queue_threshold_tokens, return_hold_s=return_hold_s
+            ),
         ),
         "zero-cost": Sweep(
-            [{"cooldown_s": 60, "max_concurrent": 4}, {"cooldown_s": 300, "max_concurrent": 4}, {"cooldown_s": 60, "max_concurrent": 1}],
-            lambda cooldown_s, max_concurrent: zero_cost_relabel(model, replace(base, cooldown_s=cooldown_s, max_concurrent=max_concurrent)),
+            zero_grid,
+            lambda cooldown_s, sustain_s, max_concurrent: zero_cost_relabel(
+                model, replace(base, cooldown_s=cooldown_s, sustain_s=sustain_s, max_concurrent=max_concurrent)
+            ),
+            free_switches=True,
         ),
     }
 
@@ -139,8 +165,12 @@ class Runner:
         self.iterations = iterations
         self._static: dict[float, list[SimResult]] = {}
 
-    def simulate(self, scale: float, initial_prefill: int, controller=None, in_place: bool = True, name: str = "static") -> SimResult:
-        cfg = FleetConfig(self.n, initial_prefill, self.model, in_place=in_place)
+    def simulate(
+        self, scale: float, initial_prefill: int, controller=None, in_place: bool = True, name: str = "static", free: bool = False
+    ) -> SimResult:
+        """One run; `free`: the fleet's switches take no time (drains still happen)."""
+        model = replace(self.model, in_place_switch_s=0.0, relaunch_switch_s=0.0) if free else self.model
+        cfg = FleetConfig(self.n, initial_prefill, model, in_place=in_place)
         return FleetSimulator(cfg, controller).run(self.w.trace.scaled(scale), name)
 
     def statics(self, scale: float) -> list[SimResult]:
@@ -157,10 +187,10 @@ class Runner:
     def oracle(self, scale: float) -> float:
         return oracle_attainment(self.statics(scale), self.w.slo, 300.0 / scale)
 
-    def dynamic(self, scale: float, make, in_place: bool, name: str) -> SimResult:
+    def dynamic(self, scale: float, make, in_place: bool, name: str, free: bool = False) -> SimResult:
         """A dynamic policy at `scale`, starting from the best static split at that rate."""
         k, _ = self.best_static(scale)
-        return self.simulate(scale, k, make(), in_place=in_place, name=name)
+        return self.simulate(scale, k, make(), in_place=in_place, name=name, free=free)
 
     def locate(self) -> float:
         """Coarse goodput of the best static split: the anchor of every policy's search."""
@@ -204,21 +234,23 @@ def compare(workload: Workload, instances: int = 8, quick: bool = False, policie
         if name not in sweeps:
             continue
         sweep = sweeps[name]
-        # Restart-based rebalancing relaunches the engine (the model's restart time), as planners do today.
-        in_place = name not in ("ours-relaunch", "restart-based")
+        # Restart-based rebalancing relaunches the engine (the model's restart time), as planners do
+        # today; the zero-cost relabel pays no switch time at all.
+        in_place, free = sweep.in_place, sweep.free_switches
+        run = lambda s, make: runner.dynamic(s, make, in_place, name, free=free)  # noqa: E731
         tried = []
         for setting in sweep.grid:
             make = lambda setting=setting: sweep.make(**setting)  # noqa: E731
-            a = [att(runner.dynamic(s, make, in_place, name)) for s in (ref, ref * SEARCH_STEP)]
+            a = [att(run(s, make)) for s in (ref, ref * SEARCH_STEP)]
             tried.append((sum(a) / len(a), setting))
         best_att, best = max(tried, key=lambda x: x[0])
         make = lambda: sweep.make(**best)  # noqa: E731
-        scale = runner.goodput(lambda s: att(runner.dynamic(s, make, in_place, name)), anchor)
-        at_rate = runner.dynamic(1.0, make, in_place, name)
+        scale = runner.goodput(lambda s: att(run(s, make)), anchor)
+        at_rate = run(1.0, make)
         detail = ", ".join(f"{k}={v}" for k, v in best.items()) + f" (swept {len(tried)}: " + ", ".join(f"{a:.3f}" for a, _ in tried) + ")"
         out.reports[name] = report(name, workload.trace, gpus, scale, at_rate, slo, detail)
         log(f"  {name}: goodput ×{scale:.3f} [{detail}]")
         if name in ("ours", "ours-relaunch", "restart-based", "splitwise"):
-            out.plotted.append(runner.dynamic(ref, make, in_place, name))
+            out.plotted.append(run(ref, make))
     out.plotted.insert(0, runner.statics(ref)[k_ref - 1])
     return out
