@@ -51,8 +51,8 @@ def _wait(what: str, check, timeout: float, interval: float = 1.0) -> Any:
 class Fleet:
     """Reads of one HybridServing and its instances through kubectl (the user's own view)."""
 
-    def __init__(self, cluster: Cluster, namespace: str, name: str):
-        self.cluster, self.namespace, self.name = cluster, namespace, name
+    def __init__(self, cluster: Cluster, namespace: str, name: str, model: str):
+        self.cluster, self.namespace, self.name, self.model = cluster, namespace, name, model
 
     def _get(self, resource: str, name: str | None = None) -> Any:
         args = ["-n", self.namespace, "get", f"{resource}.{GROUP}", *([name] if name else []), "-o", "json"]
@@ -75,10 +75,10 @@ class Fleet:
         return (self.hs().get("status") or {}).get("switches") or []
 
 
-def _phase(router_url: str, name: str, fleet: Fleet, seconds: float, **shape: int) -> PhaseResult:
+def _phase(router_url: str, name: str, fleet: Fleet, seconds: float, **shape: Any) -> PhaseResult:
     say(f"traffic: {name} for {seconds:.0f} s ({shape['concurrency']} streams of "
         f"{shape['prompt_tokens']}-token prompts, {shape['output_tokens']} tokens out)")
-    result = asyncio.run(run_phase(router_url, name, seconds=seconds, **shape))
+    result = asyncio.run(run_phase(router_url, name, seconds=seconds, model=fleet.model, **shape))
     say(result.summary())
     for error in sorted(set(result.errors))[:5]:
         say(f"  client error: {error}")
@@ -107,19 +107,19 @@ def run(args: argparse.Namespace) -> int:
         stack.start()
         say(f"kubectl apply -f {name}.yaml  (the embedded example fleet, engines on the SGLang simulator)")
         cluster.kubectl("apply", "--server-side", "--field-manager=demo-user", "-f", "-", input=yaml.safe_dump(manifest))
-        fleet = Fleet(cluster, namespace, name)
+        fleet = Fleet(cluster, namespace, name, manifest["spec"]["model"]["path"])
         _wait("the fleet to be Ready", lambda: (fleet.hs().get("status") or {}).get("ready") == "True", 180)
         say("fleet Ready:\n" + fleet.view())
         router = stack.router(namespace, router_name(name))
-        _wait("the router to discover 4 workers",
-              lambda: sum(1 for w in router.workers() if w.get("is_healthy", True)) >= 4, 120)
+        _wait("the router to discover 4 healthy workers",
+              lambda: sum(1 for w in router.workers() if w.get("is_healthy")) >= 4, 120)
         say(f"router at {router.url} discovered the leaders by label (Kubernetes service discovery)")
 
         results.append(_phase(router.url, "decode-heavy", fleet, args.phase_seconds,
                               prompt_tokens=256, output_tokens=256, concurrency=16))
         before = len(fleet.switches())
-        results.append(_phase(router.url, "prefill-heavy", fleet, args.phase_seconds * 1.5,
-                              prompt_tokens=24_000, output_tokens=4, concurrency=12))
+        results.append(_phase(router.url, "prefill-heavy", fleet, args.phase_seconds * 2,
+                              prompt_tokens=24_000, output_tokens=4, concurrency=28))
         if len(fleet.switches()) == before:
             target = next(i for i in fleet.instances() if i["spec"]["role"] == "decode")
             inst = target["metadata"]["name"]
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         _wait("a role switch to finish",
               lambda: any(s.get("outcome") != "InProgress" for s in fleet.switches()[before:]), 180, 2.0)
         results.append(_phase(router.url, "after the switch", fleet, args.phase_seconds / 2,
-                              prompt_tokens=24_000, output_tokens=4, concurrency=12))
+                              prompt_tokens=24_000, output_tokens=4, concurrency=28))
         say("the fleet now:\n" + fleet.view())
         events = cluster.kubectl("-n", namespace, "get", "events", "--field-selector",
                                  f"involvedObject.name={name}", "--sort-by=.lastTimestamp",

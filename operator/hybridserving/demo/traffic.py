@@ -33,9 +33,9 @@ class PhaseResult:
         return f"{self.name}: {self.completed}/{self.sent} completed, {self.failed} failed, TTFT p50 {p50}"
 
 
-async def _one(session: aiohttp.ClientSession, url: str, prompt_tokens: int, output_tokens: int,
+async def _one(session: aiohttp.ClientSession, url: str, model: str, prompt_tokens: int, output_tokens: int,
                result: PhaseResult) -> None:
-    body = {"model": "default", "prompt": "x" * (prompt_tokens * BYTES_PER_TOKEN),
+    body = {"model": model, "prompt": "x" * (prompt_tokens * BYTES_PER_TOKEN),
             "max_tokens": output_tokens, "stream": True, "ignore_eos": True}
     result.sent += 1
     started = time.monotonic()
@@ -60,10 +60,11 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt_tokens: int, out
     except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError) as exc:
         result.failed += 1
         result.errors.append(str(exc) or type(exc).__name__)
+        await asyncio.sleep(0.5)  # a client that backs off, not a hot loop against a failing router
 
 
-async def run_phase(url: str, name: str, *, prompt_tokens: int, output_tokens: int, concurrency: int,
-                    seconds: float) -> PhaseResult:
+async def run_phase(url: str, name: str, *, model: str, prompt_tokens: int, output_tokens: int,
+                    concurrency: int, seconds: float) -> PhaseResult:
     """Keep `concurrency` requests in flight for `seconds`, then let the last ones finish."""
     result = PhaseResult(name)
     deadline = time.monotonic() + seconds
@@ -71,7 +72,7 @@ async def run_phase(url: str, name: str, *, prompt_tokens: int, output_tokens: i
 
     async def stream(session: aiohttp.ClientSession) -> None:
         while time.monotonic() < deadline:
-            await _one(session, url, prompt_tokens, output_tokens, result)
+            await _one(session, url, model, prompt_tokens, output_tokens, result)
 
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await asyncio.gather(*(stream(session) for _ in range(concurrency)))
