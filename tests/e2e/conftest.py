@@ -196,7 +196,7 @@ def pod_runner(local_cluster, tmp_path_factory: pytest.TempPathFactory):
     state = tmp_path_factory.mktemp("pods")
     proc = stack.start_pod_runner(local_cluster, state)
     yield state
-    stack.stop(proc)
+    stack.stop(proc, 3 * stack.POD_SHUTDOWN_GRACE_SECONDS)
 
 
 @pytest.fixture

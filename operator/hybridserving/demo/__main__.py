@@ -15,6 +15,7 @@ import io
 import json
 import pathlib
 import signal
+import sys
 import tempfile
 import time
 from importlib import resources
@@ -97,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
     cluster = Cluster(args.cluster, FleetSpec(nodes=args.nodes), progress=say)
     stack = Stack(cluster, workdir)
     results: list[PhaseResult] = []
+    # SIGTERM tears down like Ctrl-C does; a cluster left by an earlier demo starts afresh.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if cluster.is_running():
+        say(f"stopping the cluster '{args.cluster}' left by an earlier run")
+        cluster.down(quiet=True)
     try:
         say(f"local control plane '{args.cluster}': {args.nodes} fake GPU nodes x 8 GPUs")
         cluster.up()

@@ -55,12 +55,17 @@ def start_operator(cluster: Cluster, log: pathlib.Path, *extra: str) -> subproce
     )
 
 
+# The pod runner gives its containers this long to stop when it stops; it is stopped with
+# room to spare, since a runner killed early leaves its containers running.
+POD_SHUTDOWN_GRACE_SECONDS = 10
+
+
 def start_pod_runner(cluster: Cluster, state_dir: pathlib.Path) -> subprocess.Popen:
     """The pod runner with probes, restarts and volume refreshes at one-second periods."""
     return _start_logged(
         [sys.executable, "-m", "hybridserving_engine.podrunner", "--kubeconfig", str(cluster.kubeconfig),
          "--state-dir", str(state_dir), "--probe-period-seconds", "1", "--restart-backoff-seconds", "1",
-         "--volume-refresh-seconds", "1"],
+         "--volume-refresh-seconds", "1", "--shutdown-grace-seconds", str(POD_SHUTDOWN_GRACE_SECONDS)],
         state_dir / "runner.log",
     )
 
@@ -137,7 +142,7 @@ class Stack:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            stop(proc, 30)
+            stop(proc, 3 * POD_SHUTDOWN_GRACE_SECONDS)
         self.procs.clear()
 
 
