@@ -68,13 +68,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     else:
         sweep = policy_sweeps(model, slo, quick=True)[args.policy]
         setting = sweep.grid[0]
-        in_place = args.policy != "ours-relaunch"
-        result = runner.simulate(args.rate_scale, split, sweep.make(**setting), in_place=in_place, name=args.policy)
+        costs = {"in_place": sweep.in_place, "free": sweep.free_switches}
+        result = runner.simulate(args.rate_scale, split, sweep.make(**setting), name=args.policy, **costs)
         attainment = result.attainment(slo.ttft_s, slo.tpot_s)
 
         def at(s: float) -> float:
             k, _ = runner.best_static(s)
-            return runner.simulate(s, k, sweep.make(**setting), in_place=in_place, name=args.policy).attainment(slo.ttft_s, slo.tpot_s)
+            return runner.simulate(s, k, sweep.make(**setting), name=args.policy, **costs).attainment(slo.ttft_s, slo.tpot_s)
 
     summary = {
         "trace": w.key,

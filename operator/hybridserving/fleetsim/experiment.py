@@ -149,6 +149,9 @@ class Comparison:
     reference_scale: float = 0.0
     best_static_split: int = 0
     plotted: list[SimResult] = field(default_factory=list)
+    at_reference: dict[str, SimResult] = field(default_factory=dict)
+    """Each policy's run at the reference rate (the best static split's goodput), where the
+    dynamic policies switch; at the trace's own rate most of them have nothing to do."""
 
 
 SEARCH_STEP = 1.08
@@ -250,7 +253,9 @@ def compare(workload: Workload, instances: int = 8, quick: bool = False, policie
         detail = ", ".join(f"{k}={v}" for k, v in best.items()) + f" (swept {len(tried)}: " + ", ".join(f"{a:.3f}" for a, _ in tried) + ")"
         out.reports[name] = report(name, workload.trace, gpus, scale, at_rate, slo, detail)
         log(f"  {name}: goodput ×{scale:.3f} [{detail}]")
+        out.at_reference[name] = run(ref, make)
         if name in ("ours", "ours-relaunch", "restart-based", "splitwise"):
-            out.plotted.append(run(ref, make))
-    out.plotted.insert(0, runner.statics(ref)[k_ref - 1])
+            out.plotted.append(out.at_reference[name])
+    out.at_reference["static"] = runner.statics(ref)[k_ref - 1]
+    out.plotted.insert(0, out.at_reference["static"])
     return out
