@@ -390,3 +390,39 @@ def test_an_operator_killed_at_random_points_converges_without_duplicates_or_orp
         assert len(indexes) == len(set(indexes))
         assert all(n == f"{fleet.name}-{i['spec']['index']}" for n, i in instances.items())
     print(f"\noperator killed {len(kills)} times (after {kills} s); converged every time")
+
+
+# --------------------------------------------------------------------------- GitOps
+
+
+def test_gitops_reapplying_changes_nothing_and_the_operator_never_owns_spec(fleet: Fleet, tmp_path) -> None:
+    """What Argo CD and Flux rely on: a second apply is a no-op, `kubectl diff` is clean after the
+    reconcile, the operator's field manager owns no spec field, and health reads standard conditions."""
+    manifest = example("role-switch")
+    manifest["metadata"]["namespace"] = fleet.ns
+    fleet.name = manifest["metadata"]["name"]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    apply = ("apply", "--server-side", "--field-manager=gitops", "-f", str(path))
+    fleet.cluster.kubectl(*apply)
+    fleet.wait_settled()
+    before = fleet.get()
+
+    out = fleet.cluster.kubectl(*apply).stdout
+    after = fleet.get()
+    assert "serverside-applied" in out
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["spec"] == before["spec"]
+
+    diff = fleet.cluster.kubectl("diff", "--server-side", "--field-manager=gitops", "-f", str(path), check=False)
+    assert diff.returncode == 0, f"kubectl diff is not clean:\n{diff.stdout}{diff.stderr}"
+
+    managers = {m["manager"]: m for m in after["metadata"]["managedFields"]}
+    assert "gitops" in managers
+    for entry in after["metadata"]["managedFields"]:
+        if entry["manager"] == "hybridserving-operator":
+            assert "f:spec" not in (entry.get("fieldsV1") or {}), entry
+    conditions = {c["type"]: c for c in after["status"]["conditions"]}
+    assert {"Ready", "Progressing", "Degraded", "LayoutValid", "RoleSwitching"} <= set(conditions)
+    for c in conditions.values():
+        assert c["observedGeneration"] == after["metadata"]["generation"] and c["lastTransitionTime"]
