@@ -247,3 +247,73 @@ def test_memory_round_trips_through_a_dict():
     assert PolicyMemory.from_dict(memory.to_dict()) == memory
     assert PolicyMemory.from_dict({"prefill_pressure_since": 5, "unknown": 1}) == PolicyMemory(prefill_pressure_since=5.0)
     assert PolicyMemory.from_dict(None) == PolicyMemory()
+
+
+def test_a_clear_large_overload_moves_after_the_acute_sustain_not_the_full_one():
+    """Every prefill instance's queue alone exceeds the TTFT limit: the fast path needs only
+    `acute_sustain_s`; a mild overload (queues within the limit) still waits for `sustain_s`."""
+    cfg = PolicyConfig(sustain_s=60, acute_sustain_s=10)
+    policy = RoleSwitchPolicy(cfg, MODEL)
+    states = fleet(2, 6)
+    hot = metrics_for(states, 1.0, 0.1, 200_000, 6.0)  # ~5.8 s of work queued on each
+    memory, first = PolicyMemory(), None
+    for t in range(0, 60, 5):
+        decision, memory = policy.decide(float(t), states, hot, memory)
+        if decision:
+            first = t
+            break
+    assert first is not None and 10 <= first < 60
+    assert "acute" in decision.reason and decision.to_role == "prefill"
+    # Queues that clear within the limit are not acute: the full sustain applies.
+    mild = metrics_for(states, 1.0, 0.1, 30_000, 1.0)
+    memory, first = PolicyMemory(), None
+    for t in range(0, 120, 5):
+        decision, memory = policy.decide(float(t), states, mild, memory)
+        if decision:
+            first = t
+            break
+    assert first is None or first >= 60
+    assert memory.prefill_acute_since is None
+
+
+def test_the_fast_path_can_be_turned_off():
+    policy = RoleSwitchPolicy(PolicyConfig(sustain_s=60, acute_sustain_s=0), MODEL)
+    states = fleet(2, 6)
+    hot = metrics_for(states, 1.0, 0.1, 200_000, 6.0)
+    memory = PolicyMemory()
+    for t in range(0, 60, 5):
+        decision, memory = policy.decide(float(t), states, hot, memory)
+        assert decision is None
+
+
+def test_after_an_instance_lands_the_pressure_must_be_sustained_anew():
+    """Feedback: the next instance follows only once the overload has outlasted the sustain
+    since the last one landed (a backlog that the new instance is draining is not new demand)."""
+    cfg = PolicyConfig(sustain_s=30, acute_sustain_s=10, cooldown_s=600, max_concurrent=1)
+    f = Fleet(2, 6, cfg)
+    for t in range(0, 300, 5):
+        f.step(float(t), 1.0, 0.05, 200_000, 6.0)
+    assert len(f.switches) >= 2
+    for (t0, _, _), (t1, _, _) in zip(f.switches, f.switches[1:]):
+        assert t1 - (t0 + 15) >= cfg.acute_sustain_s  # landed 15 s after the start
+
+
+def test_memory_with_acute_clocks_round_trips_and_old_status_loads():
+    policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
+    states = fleet(2, 6)
+    memory = policy.observe(10.0, states, metrics_for(states, 1.0, 0.1, 200_000, 6.0), PolicyMemory())
+    assert memory.prefill_acute_since == 10.0
+    assert PolicyMemory.from_dict(memory.to_dict()) == memory
+    old = {k: v for k, v in memory.to_dict().items() if not k.endswith("acute_since")}
+    assert PolicyMemory.from_dict(old).prefill_acute_since is None
+
+
+def test_the_fast_path_does_not_start_a_relaunch():
+    cfg = PolicyConfig(sustain_s=60, acute_sustain_s=10, cooldown_s=3600)
+    policy = RoleSwitchPolicy(cfg, MODEL)
+    states = fleet(2, 6, in_place=False)
+    hot = metrics_for(states, 1.0, 0.1, 200_000, 6.0)
+    memory = PolicyMemory()
+    for t in range(0, 60, 5):
+        decision, memory = policy.decide(float(t), states, hot, memory)
+        assert decision is None

@@ -109,6 +109,15 @@ class PolicyConfig:
     sustained this many times longer..."""
     reversal_margin: float = 0.10
     """...and the donor projected this far below `donor_ceiling` (a clear reversal, not noise)."""
+    settle_after_landing: bool = True
+    """The receiver's pressure must be sustained anew after an instance lands in it."""
+    overload_split_in_reversal: bool = False
+    """Whether a reversal may take the donor past its ceiling when both roles are overloaded."""
+    acute_sustain_s: float = 10.0
+    """A clear, large overload needs to hold only this long (0: no fast path): every prefill
+    instance's queue alone takes longer than `acute_queue_factor` × the TTFT limit (new prompts
+    go to the least-loaded one, so its queue bounds TTFT), or requests wait for decode KV slots."""
+    acute_queue_factor: float = 1.0
 
     @classmethod
     def from_spec(cls, role_switch, paused: bool = False, **tuning) -> PolicyConfig:
@@ -150,6 +159,10 @@ class PolicyMemory:
     """Smoothed TPOT p90 / limit."""
     prefill_backlog_factor: float = 1.0
     """Smoothed prefill demand over what prefill delivers."""
+    prefill_acute_since: float | None = None
+    """Since when the least-loaded prefill queue alone exceeds the TTFT limit (None: it does not)."""
+    decode_acute_since: float | None = None
+    """Since when requests wait for decode KV slots (None: none wait)."""
 
     def since(self, role: Role) -> float | None:
         return self.prefill_pressure_since if role == "prefill" else self.decode_pressure_since
@@ -505,7 +518,27 @@ class RoleSwitchPolicy:
             demand = self.demand_of(memory)
             for role in ("prefill", "decode"):
                 memory = self._remember(memory, role, now, self.current_pressure(role, demand, fleet))
+        if now != memory.smoothed_at:
+            return memory
+        acute = self.acute(fleet, metrics)
+        for role, field in (("prefill", "prefill_acute_since"), ("decode", "decode_acute_since")):
+            was = getattr(memory, field)
+            memory = replace(memory, **{field: (was if was is not None else now) if acute[role] else None})
         return memory
+
+    def acute(self, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics]) -> dict[Role, bool]:
+        """Clear, large overload this tick: even the least-loaded prefill instance's queue takes
+        longer than the TTFT limit to clear, or requests wait for decode KV slots."""
+        ms = {
+            role: [metrics[s.name] for s in fleet if s.role == role and s.phase == "serving" and s.name in metrics]
+            for role in ("prefill", "decode")
+        }
+        per_token = self.model.prefill_per_token_s * self.model.time_scale
+        queue = min((m.prefill_queue_tokens for m in ms["prefill"]), default=0) * per_token
+        return {
+            "prefill": bool(ms["prefill"]) and queue > self.config.acute_queue_factor * self.config.ttft_slo_s,
+            "decode": any(m.prealloc_queue_reqs > 0 for m in ms["decode"]),
+        }
 
     @staticmethod
     def demand_of(memory: PolicyMemory) -> RoleDemand:
@@ -554,7 +587,8 @@ class RoleSwitchPolicy:
         cfg = self.config
         donor = other_role(receiver)
         since = memory.since(receiver)
-        if since is None:
+        acute_since = memory.prefill_acute_since if receiver == "prefill" else memory.decode_acute_since
+        if since is None and (acute_since is None or cfg.acute_sustain_s <= 0):
             return None
         # Wait for feedback: instances already on their way to the receiver (other than those
         # started this very tick, as part of one sized move) must land before more follow.
@@ -569,8 +603,33 @@ class RoleSwitchPolicy:
         ) or any(s.phase in ("draining", "switching") and s.target_role == donor for s in fleet)
         sustain = cfg.sustain_s * (cfg.reversal_sustain_factor if reversal else 1.0)
         ceiling = cfg.donor_ceiling - (cfg.reversal_margin if reversal else 0.0)
-        if now - since < sustain:
+        landed = max(
+            (s.last_switch_at for s in fleet if s.role == receiver and s.phase == "serving" and s.last_switch_at is not None),
+            default=None,
+        )
+        if cfg.settle_after_landing and landed is not None:
+            since = None if since is None else max(since, landed)
+            acute_since = None if acute_since is None else max(acute_since, landed)
+        fast = (
+            cfg.acute_sustain_s > 0
+            and acute_since is not None
+            and now - acute_since >= cfg.acute_sustain_s * (cfg.reversal_sustain_factor if reversal else 1.0)
+        )
+        if not fast and (since is None or now - since < sustain):
             return None
+        if fast:
+            # The smoothed demand lags a sudden overload: project the receiver with this tick's
+            # demand as well, whichever is worse.
+            now_demand = measure_demand(fleet, metrics, cfg, self.model)
+            demand = replace(
+                demand,
+                prefill_load=max(demand.prefill_load, now_demand.prefill_load) if receiver == "prefill" else demand.prefill_load,
+                decode_tokens_per_s=(
+                    max(demand.decode_tokens_per_s, now_demand.decode_tokens_per_s)
+                    if receiver == "decode"
+                    else demand.decode_tokens_per_s
+                ),
+            )
         n_recv, n_give = _capacity(fleet, receiver), _capacity(fleet, donor)
         floor = cfg.min_prefill if donor == "prefill" else cfg.min_decode
         serving_donors = sum(1 for s in fleet if s.role == donor and s.phase == "serving")
@@ -589,7 +648,8 @@ class RoleSwitchPolicy:
         give_after = self.projected(donor, donor_demand, n_give - 1)
         # The donor stays within its ceiling; past it only when both roles are overloaded and the
         # donor's overload after the move is at most half the receiver's now (toward the minimax split).
-        if give_after > max(ceiling, 1.0 + (recv_now - 1.0) / 2):
+        relief = 1.0 + (recv_now - 1.0) / 2 if (cfg.overload_split_in_reversal or not reversal) else ceiling
+        if give_after > max(ceiling, relief):
             return None
         if max(recv_after, give_after) > max(recv_now, give_now) - cfg.min_improvement:
             return None
@@ -597,6 +657,8 @@ class RoleSwitchPolicy:
         if instance is None:
             return None
         mode: SwitchMode = "in-place" if instance.in_place else "relaunch"
+        if fast and mode == "relaunch" and (since is None or now - since < sustain):
+            return None  # the fast path is for switches that land in seconds, not a restart
         busy = self._drain_estimate(metrics.get(instance.name), donor) + self.model.switch_seconds(mode)
         horizon = cfg.cooldown_s
         # The receiver gets its instance only after drain + switch; the donor loses it at once,
@@ -612,7 +674,9 @@ class RoleSwitchPolicy:
             to_role=receiver,
             mode=mode,
             reason=(
-                f"{receiver} pressure {recv_now:.2f} for {now - since:.0f}s → {recv_after:.2f} with one more; "
+                f"{receiver} pressure {recv_now:.2f} for {now - (since if since is not None and not fast else acute_since):.0f}s"
+                + (" (acute)" if fast else "")
+                + f" → {recv_after:.2f} with one more; "
                 f"{donor} projected {give_now:.2f} → {give_after:.2f} (≤{ceiling:.2f})"
                 + ("; reversal" if reversal else "")
             ),
