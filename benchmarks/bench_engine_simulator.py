@@ -14,14 +14,16 @@ import argparse
 import asyncio
 import json
 import os
+import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 import aiohttp
 
 from hybridserving_engine.simulator.args import SimulatorOptions, parse_server_args
-from hybridserving_engine.simulator.process import free_port, wait_http
+from hybridserving_engine.simulator.process import free_ports, wait_http
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -52,11 +54,16 @@ async def host(ports: list[int], time_scale: float) -> None:
 
 
 def start_host(n: int, time_scale: float) -> tuple[subprocess.Popen, list[int]]:
-    ports = [free_port() for _ in range(n)]
+    ports = free_ports(n)
+    log = tempfile.NamedTemporaryFile(prefix="bench-sim-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, __file__, "--host-ports", json.dumps(ports), "--time-scale",
-                             str(time_scale)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for port in ports:
-        wait_http(f"http://127.0.0.1:{port}/health", timeout=60)
+                             str(time_scale)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for port in ports:
+            wait_http(f"http://127.0.0.1:{port}/health", timeout=120)
+    except TimeoutError:
+        proc.kill()
+        raise RuntimeError(f"simulator host did not start; its log:\n{pathlib.Path(log.name).read_text()[-3000:]}")
     return proc, ports
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from hybridserving_engine.simulator.process import free_port, simulator_env, wait_http
+from hybridserving_engine.simulator.process import free_ports, simulator_env, wait_http
 
 @dataclass
 class EnginePod:
@@ -67,7 +67,7 @@ def engine_pod(tmp_path: pathlib.Path):
               startup_seconds: float = 0.0, faults: str = "") -> EnginePod:
         home = tmp_path / f"pod{len(pods)}"
         (home / "config").mkdir(parents=True)
-        port, bootstrap_port, launcher_port = free_port(), free_port(), free_port()
+        port, bootstrap_port, launcher_port = free_ports(3)
         for r in ("prefill", "decode"):
             config = {"nnodes": 1, "argv": role_argv(r, port, bootstrap_port, extra or []),
                       "decode_cuda_graph_memory_gb": 2.0}
@@ -108,7 +108,7 @@ def smg_router(tmp_path: pathlib.Path):
     procs: list[subprocess.Popen] = []
 
     def start(prefill: EnginePod, decode: EnginePod) -> str:
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port = free_ports(2)
         cmd = [
             binary, "launch", "--pd-disaggregation",
             "--prefill", prefill.engine_url, str(prefill.bootstrap_port),

@@ -23,10 +23,18 @@ from dataclasses import dataclass, field
 from .cluster import Cluster
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports (each held until all are chosen)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -102,7 +110,7 @@ def start_router(cluster: Cluster, namespace: str, deployment: str, log: pathlib
     container = json.loads(out.stdout)["spec"]["template"]["spec"]["containers"][0]
     if container.get("command") != ["smg"]:
         raise ValueError(f"deployment {deployment} does not run smg: {container.get('command')}")
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)
     args = list(container["args"])
     for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)),
                         ("--prometheus-host", "127.0.0.1"), ("--prometheus-port", str(metrics_port))):
