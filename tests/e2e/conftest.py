@@ -153,7 +153,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A local control plane with four fake GPU nodes and the CRDs applied; one per session."""
+    """A local control plane with eight fake GPU nodes (room for one fleet while the previous one is
+    still being torn down) and the CRDs applied; one per session."""
     import os
     import uuid
 
@@ -164,7 +165,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):
     except MissingBinaries as exc:
         pytest.fail(str(exc), pytrace=False)
     reap_orphans(E2E_CLUSTER_PREFIX)  # left by a session killed before its teardown
-    cluster = Cluster(f"{E2E_CLUSTER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}", FleetSpec(nodes=4))
+    cluster = Cluster(f"{E2E_CLUSTER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}", FleetSpec(nodes=8))
     try:
         cluster.up(timeout=120)
     except DevClusterError as exc:

@@ -179,6 +179,9 @@ def test_policy_switches_a_decode_instance_to_prefill_in_place_under_load(
     try:
         steady = Load(f.router, 2, SHORT_PROMPT, 32, "steady load (1K-token prompts, 32 tokens out)")
         time.sleep(5)
+        # Restarts before this point (a launcher that lost a port race at start-up) are not the switch's.
+        restarts_before = {n: p["status"]["containerStatuses"][0]["restartCount"] for n, p in f.leaders().items()}
+        uids_before = {n: p["metadata"]["uid"] for n, p in f.leaders().items()}
         # The mix shifts: long prompts, short answers. Prefill saturates, decode idles.
         heavy = Load(f.router, 12, LONG_PROMPT, 4, "prefill-heavy load (16K-token prompts, 4 tokens out)")
         started = time.monotonic()
@@ -202,7 +205,8 @@ def test_policy_switches_a_decode_instance_to_prefill_in_place_under_load(
         assert "hybridserving.io/switch" not in (inst["metadata"].get("annotations") or {})
         # In place: the pod and its engine process were never restarted.
         leader = f.leaders()[switch["instance"]]
-        assert leader["status"]["containerStatuses"][0]["restartCount"] == 0
+        assert leader["metadata"]["uid"] == uids_before[switch["instance"]]
+        assert leader["status"]["containerStatuses"][0]["restartCount"] == restarts_before[switch["instance"]]
         launcher = httpx.get(launcher_url(leader) + "/status", timeout=5, trust_env=False).json()
         assert launcher["lastSwitch"]["mode"] == "in-place" and launcher["lastSwitch"]["outcome"] == "Succeeded"
         assert launcher["engine"]["restarts"] == 0
@@ -221,6 +225,7 @@ def test_on_call_request_relaunches_a_decode_instance_as_prefill_under_load(
         time.sleep(5)
         instances = f.kubectl_json("get", "hybridservinginstances")["items"]
         victim = sorted(i["metadata"]["name"] for i in instances if i["spec"]["role"] == "decode")[-1]
+        before = f.leaders()[victim]
         f.cluster.kubectl("-n", namespace, "annotate", "hybridservinginstance", victim,
                           "hybridserving.io/switch-to=prefill")
         switch = wait_for(f.finished_switch, 180, "the on-call switch to finish", interval=1)
@@ -238,6 +243,8 @@ def test_on_call_request_relaunches_a_decode_instance_as_prefill_under_load(
         leader = f.leaders()[victim]
         launcher = httpx.get(launcher_url(leader) + "/status", timeout=5, trust_env=False).json()
         assert launcher["lastSwitch"]["mode"] == "relaunch" and launcher["lastSwitch"]["outcome"] == "Succeeded"
-        assert leader["status"]["containerStatuses"][0]["restartCount"] == 0, "same pod, engine relaunched inside"
+        assert leader["metadata"]["uid"] == before["metadata"]["uid"], "same pod"
+        assert (leader["status"]["containerStatuses"][0]["restartCount"]
+                == before["status"]["containerStatuses"][0]["restartCount"]), "engine relaunched inside the container"
     finally:
         tear_down(local_cluster, namespace)
