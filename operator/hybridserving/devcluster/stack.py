@@ -13,28 +13,15 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from hybridserving_engine.simulator.process import free_ports
+
 from .cluster import Cluster
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct free loopback ports (each held until all are chosen)."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            sockets.append(s)
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen:
