@@ -44,6 +44,9 @@ TPOT_TOLERANCE = 0.25
 # The pod runner probes every second; the pod's probe turns unready after 3 failures, the router
 # reconciles on watch events within about a second.
 UNREADY_WITHIN_S = 15
+# The launcher waits this long before restarting a crashed engine, so an outage always outlasts the
+# three failed probes (an engine back within three periods never leaves the router, as with a kubelet).
+RESTART_BACKOFF_S = 5.0
 # The router re-adds a worker it dropped on a later pass of its discovery (events, or every 60 s).
 ROUTER_RESYNC_S = 75
 
@@ -57,7 +60,7 @@ def fleet_manifest() -> dict:
         {"name": "HYBRIDSERVING_SIM_TIME_SCALE", "value": str(TIME_SCALE)},
         {"name": "HYBRIDSERVING_SIM_STARTUP_SECONDS", "value": str(STARTUP_SECONDS)},
         {"name": "HYBRIDSERVING_POLL_INTERVAL_S", "value": "0.2"},
-        {"name": "HYBRIDSERVING_RESTART_BACKOFF_S", "value": "0.5"},
+        {"name": "HYBRIDSERVING_RESTART_BACKOFF_S", "value": str(RESTART_BACKOFF_S)},
     ]}
     return doc
 
