@@ -218,6 +218,11 @@ BAD_FLEETS = {
         "spec.transfer.rdmaResourceName",
         "rdmaResourceName is required",
     ),
+    "rdma devices that do not split per GPU": (
+        _both(_set("spec.transfer.ibDevices", ["mlx5_0", "mlx5_1", "mlx5_2"]), _set("spec.transfer.ibDevicesPerGpu", 2)),
+        "spec.transfer.ibDevices",
+        "ibDevicesPerGpu splits ibDevices",
+    ),
     "role floors above the fleet": (
         _both(_set("spec.roleSwitch.enabled", True), _set("spec.roleSwitch.minPrefill", 4)),
         "spec.roleSwitch.minPrefill",

@@ -144,6 +144,15 @@ def test_transfer_flags() -> None:
     assert _value(argv, "--disaggregation-ib-device") == "mlx5_0,mlx5_1"
 
 
+def test_ib_devices_per_gpu_render_sglangs_per_gpu_map() -> None:
+    devices = [f"mlx5_{i}" for i in range(16)]
+    spec = make({"transfer": {"ibDevices": devices, "ibDevicesPerGpu": 2}})
+    value = _value(render_argv(spec, "decode"), "--disaggregation-ib-device")
+    assert json.loads(value) == {str(gpu): f"mlx5_{2 * gpu},mlx5_{2 * gpu + 1}" for gpu in range(8)}
+    assert " " not in value  # one argv token, as the ConfigMap carries it
+    assert "--disaggregation-ib-device" not in render_argv(make({"transfer": {"ibDevicesPerGpu": 2}}), "decode")
+
+
 def test_role_switch_flag_only_in_place_and_enabled() -> None:
     assert "--enable-pd-role-switch" in render_argv(_load("role-switch.yaml"), "decode")
     assert "--enable-pd-role-switch" not in render_argv(make(), "decode")

@@ -182,6 +182,9 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "multi-node-needs-rdma": ({"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}},
                               _merge(RDMA, {"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
                               "spec.transfer.rdmaResourceCount"),
+    "ib-devices-per-gpu": ({"transfer": {"ibDevices": [f"mlx5_{i}" for i in range(8)], "ibDevicesPerGpu": 2}},
+                           {"transfer": {"ibDevices": [f"mlx5_{i}" for i in range(16)], "ibDevicesPerGpu": 2}},
+                           "spec.transfer.ibDevices"),
     "role-switch-relaunch-compatible": (
         _merge(SWITCH, {"decode": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
         _merge(SWITCH, {"decode": {"layout": {"attnDp": 8}}}),
@@ -234,6 +237,14 @@ def test_rule_fires_with_path_and_fix(rule: str) -> None:
 def test_rule_quiet_on_nearest_good_spec(rule: str) -> None:
     _, good, _ = CASES[rule]
     assert _with_rule(validate(make(good)), rule) == []
+
+
+def test_ib_devices_per_gpu_waits_for_a_device_list() -> None:
+    """The old default (1 per GPU, no devices: the engine detects them) stays valid."""
+    assert _with_rule(validate(make({"transfer": {"ibDevicesPerGpu": 1}})), "ib-devices-per-gpu") == []
+    (issue,) = _with_rule(validate(make({"transfer": {"ibDevices": ["mlx5_0", "mlx5_1", "mlx5_2"],
+                                                      "ibDevicesPerGpu": 2}})), "ib-devices-per-gpu")
+    assert "give 16 devices" in issue.fix
 
 
 def test_dcp_fix_lists_divisors() -> None:

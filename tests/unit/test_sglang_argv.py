@@ -53,6 +53,7 @@ TYPICAL: dict[str, dict[str, Any]] = {
                                                                      "moeA2aBackend": "deepep"}},
                       "decode": {"nodesPerInstance": 4, "layout": {"tp": 32, "attnDp": 32, "ep": 32,
                                                                     "moeA2aBackend": "mooncake"}}},
+    "nic-per-gpu": {"transfer": {"ibDevices": [f"mlx5_{i}" for i in range(8)], "ibDevicesPerGpu": 1}},
     "role-switch": {"roleSwitch": {"enabled": True}, "prefill": {"replicas": 2}},
     "speculative": {"prefill": {"speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1,
                                                 "numDraftTokens": 4}},
@@ -153,7 +154,6 @@ def _expected(spec: HybridServingSpec, role: Role, rank: int) -> dict[str, Any]:
         "disaggregation_mode": role,
         "disaggregation_transfer_backend": spec.transfer.backend,
         "disaggregation_bootstrap_port": PORTS.bootstrap,
-        "disaggregation_ib_device": ",".join(spec.transfer.ib_devices) or None,
         "engine_info_bootstrap_port": PORTS.engine_info_bootstrap,
         "enable_pd_role_switch": in_place_role_switch(spec),
         "enable_metrics": True,
@@ -182,6 +182,23 @@ def test_rendered_argv_parses_to_the_spec(parsed: dict, name: str, role: Role, r
     expected = _expected(SPECS[name], role, rank)
     got = {key: result.get(key, "<missing>") for key in expected}
     assert got == expected
+    assert result.ib_devices == _expected_ib_devices(SPECS[name], role)
+
+
+def _expected_ib_devices(spec: HybridServingSpec, role: Role) -> str | dict[str, str] | None:
+    """What SGLang's connectors must read from the flag: every GPU of the pod gets its devices."""
+    devices, per_gpu = spec.transfer.ib_devices, spec.transfer.ib_devices_per_gpu
+    if not devices:
+        return None
+    if per_gpu is None:
+        return ",".join(devices)
+    return {str(gpu): ",".join(devices[gpu * per_gpu:(gpu + 1) * per_gpu])
+            for gpu in range(spec.role(role).gpus_per_pod)}
+
+
+def test_cases_include_shared_and_per_gpu_devices() -> None:
+    assert any(s.transfer.ib_devices and s.transfer.ib_devices_per_gpu is None for s in SPECS.values())
+    assert any(s.transfer.ib_devices_per_gpu for s in SPECS.values())
 
 
 def test_extra_args_reach_the_parser() -> None:

@@ -31,6 +31,9 @@ CASES = {
     "bad_int": BASE + ["--tp-size", "eight"],
     "alias": BASE + ["--tensor-parallel-size", "4", "--decode-context-parallel-size", "2"],
     "deprecated": BASE + ["--dp-size", "8", "--enable-dp-attention"],
+    "ib_shared": BASE + ["--disaggregation-ib-device", "mlx5_0,mlx5_1"],
+    "ib_per_gpu": BASE + ["--disaggregation-ib-device", '{"0":"mlx5_0,mlx5_1","1":"mlx5_2"}'],
+    "ib_bad_map": BASE + ["--disaggregation-ib-device", '{"gpu0":"mlx5_0"}'],
     "prefill_cp": BASE
     + ["--disaggregation-mode", "prefill", "--enable-prefill-cp", "--cp-strategy", "zigzag", "--attn-cp-size", "4"],
 }
@@ -91,6 +94,13 @@ def test_value_outside_choices_is_rejected(results):
 
 def test_value_of_wrong_type_is_rejected(results):
     assert "invalid int value: 'eight'" in _error(results, "bad_int").message
+
+
+def test_ib_devices_are_read_by_sglangs_connector_code(results):
+    assert _ok(results, "ib_shared").ib_devices == "mlx5_0,mlx5_1"
+    assert _ok(results, "ib_per_gpu").ib_devices == {"0": "mlx5_0,mlx5_1", "1": "mlx5_2"}
+    assert _ok(results, "decode_dcp").ib_devices is None
+    assert _error(results, "ib_bad_map").message.startswith("parse_ib_device_config: Invalid format")
 
 
 def test_nixl_transfer_backend_parses(results):

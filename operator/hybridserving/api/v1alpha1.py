@@ -238,6 +238,11 @@ class RoleSpec(ApiModel):
         description="Keep the radix prefix cache on (prefill); off silently loses shared-prefix hits.",
     )
 
+    @property
+    def gpus_per_pod(self) -> int:
+        """GPUs one pod requests: an instance's GPUs spread evenly over its nodes, one pod each."""
+        return max(1, self.layout.world_size // self.nodes_per_instance)
+
 
 # --------------------------------------------------------------------------- fleet-wide
 
@@ -250,7 +255,13 @@ class TransferSpec(ApiModel):
                     "self.rdmaResourceCount == 0 || size(self.rdmaResourceName) > 0",
                     "rdmaResourceName is required when rdmaResourceCount > 0",
                     "rdmaResourceName",
-                )
+                ),
+                cel(
+                    "!has(self.ibDevicesPerGpu) || size(self.ibDevices) % self.ibDevicesPerGpu == 0",
+                    "ibDevicesPerGpu splits ibDevices into equal per-GPU groups: list ibDevicesPerGpu "
+                    "devices for every GPU, in GPU order",
+                    "ibDevices",
+                ),
             ]
         }
     )
@@ -263,7 +274,14 @@ class TransferSpec(ApiModel):
         max_length=64,
         description="RDMA devices in GPU order (--disaggregation-ib-device); empty lets the engine detect them.",
     )
-    ib_devices_per_gpu: int = Field(default=1, ge=0, le=8, description="RDMA devices each GPU uses.")
+    ib_devices_per_gpu: int | None = Field(
+        default=None,
+        ge=1,
+        le=8,
+        description="Give each GPU its own RDMA devices: GPU g of a pod uses ibDevices[g*n .. g*n+n-1] "
+        "(rendered as SGLang's per-GPU map). Unset: every GPU may use every listed device; "
+        "ignored while ibDevices is empty (the engine detects devices).",
+    )
     rdma_resource_name: str = Field(
         default="rdma/ib", max_length=253, description="Extended resource for RDMA devices; empty for none."
     )

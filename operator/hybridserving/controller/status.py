@@ -56,7 +56,7 @@ def unschedulable_message(desired: DesiredState, v: InstanceView) -> str:
     """Why an instance cannot be placed, in the terms of its spec and the scheduler's words."""
     spec = desired.spec
     rs = spec.role(v.plan.role)
-    gpus = max(1, rs.layout.world_size // rs.nodes_per_instance)
+    gpus = rs.gpus_per_pod
     needs = (
         f"needs {rs.nodes_per_instance} node(s) with {gpus} free {spec.hardware.gpu_resource_name} "
         f"in one {spec.network.nvlink_domain_key} value"

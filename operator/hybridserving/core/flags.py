@@ -14,6 +14,7 @@ pod; `render_argv` is that template filled, so both paths render the same argv.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,24 @@ def in_place_role_switch(spec: HybridServingSpec) -> bool:
     return spec.role_switch.enabled and role_switch_capability(spec)[0]
 
 
+def render_ib_device(spec: HybridServingSpec) -> str | None:
+    """The value of --disaggregation-ib-device, or None to let the engine detect devices.
+
+    A plain list lets every GPU's transfer engine open every device, so traffic of a GPU can
+    cross the PCIe switch to a NIC under another GPU; with ibDevicesPerGpu each GPU gets the
+    devices next to it, in the JSON map SGLang's Mooncake and NIXL backends read per GPU id.
+    """
+    devices = spec.transfer.ib_devices
+    if not devices:
+        return None
+    per_gpu = spec.transfer.ib_devices_per_gpu
+    if per_gpu is None:
+        return ",".join(devices)
+    groups = {str(gpu): ",".join(devices[gpu * per_gpu:(gpu + 1) * per_gpu])
+              for gpu in range(len(devices) // per_gpu)}
+    return json.dumps(groups, separators=(",", ":"))
+
+
 def render_template(spec: HybridServingSpec, role: Role) -> list[str]:
     """The argv of one role with PLACEHOLDERS for the per-instance and per-pod values."""
     rs = spec.role(role)
@@ -107,8 +126,9 @@ def render_template(spec: HybridServingSpec, role: Role) -> list[str]:
         "--disaggregation-transfer-backend", spec.transfer.backend,
         "--disaggregation-bootstrap-port", PLACEHOLDERS["bootstrap_port"],
     ]
-    if spec.transfer.ib_devices:
-        argv += ["--disaggregation-ib-device", ",".join(spec.transfer.ib_devices)]
+    ib_device = render_ib_device(spec)
+    if ib_device is not None:
+        argv += ["--disaggregation-ib-device", ib_device]
     argv += ["--engine-info-bootstrap-port", PLACEHOLDERS["engine_info_bootstrap_port"]]
     if in_place_role_switch(spec):
         argv += ["--enable-pd-role-switch"]
@@ -226,7 +246,7 @@ def render_role_config(spec: HybridServingSpec) -> dict[str, Any]:
         "roles": {
             role: {
                 "nnodes": spec.role(role).nodes_per_instance,
-                "gpusPerNode": spec.role(role).layout.world_size // spec.role(role).nodes_per_instance,
+                "gpusPerNode": spec.role(role).gpus_per_pod,
                 "inPlaceRoleSwitch": in_place_role_switch(spec),
                 "argv": render_template(spec, role),
             }

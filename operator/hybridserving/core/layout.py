@@ -147,6 +147,8 @@ _RULES: tuple[Rule, ...] = (
     Rule("role-switch-in-place", "warning", "with role switch on, instances switch in place",
          "rejects --enable-pd-role-switch with EP, PP, DCP, speculative decoding; every switch relaunches",
          _FROM_VERIFIED),
+    Rule("ib-devices-per-gpu", "error", "with ibDevicesPerGpu, ibDevices hold that many devices for every GPU "
+         "of a pod", "late: the transfer engine raises for a GPU the map leaves out"),
     Rule("role-switch-floors-fit", "error", "roleSwitch.minPrefill + minDecode fit in the fleet",
          "n/a: the controller's floors"),
     Rule("role-switch-floor-above-replicas", "warning", "a role starts at or above its role-switch floor",
@@ -279,6 +281,7 @@ def validate(spec: HybridServingSpec) -> list[LayoutIssue]:
             issues.extend(_check_model_split(spec, role, arch))
     issues.extend(_check_reshard(spec, arch))
     issues.extend(_check_fleet(spec))
+    issues.extend(_check_transfer(spec))
     issues.extend(_check_role_switch(spec))
     issues.extend(_check_extra_args(spec))
     return [issue for issue in issues if applies(issue, version)]
@@ -625,6 +628,20 @@ def _check_fleet(spec: HybridServingSpec) -> Issues:
                      "host network: tensor/expert collectives between nodes fall back to TCP",
                      "set spec.transfer.rdmaResourceCount (with rdmaResourceName) to the RDMA devices per node, "
                      "or spec.network.hostNetwork: true on RDMA-capable nodes")
+
+
+def _check_transfer(spec: HybridServingSpec) -> Issues:
+    transfer = spec.transfer
+    per_gpu = transfer.ib_devices_per_gpu
+    if per_gpu is None or not transfer.ib_devices:
+        return
+    devices = len(transfer.ib_devices)
+    gpus = max(spec.role(role).gpus_per_pod for role in ROLES)
+    if devices % per_gpu or devices < gpus * per_gpu:
+        yield _issue("ib-devices-per-gpu", "spec.transfer.ibDevices",
+                     f"{devices} device(s) do not split into {per_gpu} per GPU for the {gpus} GPUs of a pod",
+                     f"give {gpus * per_gpu} devices in GPU order ({per_gpu} for GPU 0, then GPU 1, ...), "
+                     "or unset spec.transfer.ibDevicesPerGpu to let every GPU use every device")
 
 
 def _check_role_switch(spec: HybridServingSpec) -> Issues:

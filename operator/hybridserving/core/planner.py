@@ -335,11 +335,6 @@ def role_config(spec: HybridServingSpec, role: Role) -> dict[str, Any]:
     return {"nnodes": spec.role(role).nodes_per_instance, "argv": flags.render_template(spec, role)}
 
 
-def gpus_per_pod(spec: HybridServingSpec, role: Role) -> int:
-    rs = spec.role(role)
-    return max(1, rs.layout.world_size // rs.nodes_per_instance)
-
-
 # --------------------------------------------------------------------------- roles and indexes
 
 
@@ -554,7 +549,7 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
     ns = hs.metadata.namespace
     host_network = spec.network.host_network
     leader = rank == 0
-    gpu = gpus_per_pod(spec, role)
+    gpu = spec.role(role).gpus_per_pod
     limits: dict[str, str] = {spec.hardware.gpu_resource_name: str(gpu)}
     if spec.transfer.rdma_resource_count > 0 and spec.transfer.rdma_resource_name:
         limits[spec.transfer.rdma_resource_name] = str(spec.transfer.rdma_resource_count)

@@ -101,11 +101,17 @@ class SGLangArgs(dict):
 
     Deprecated flags still parse but log a warning (``--enable-dp-attention``);
     keeping those lines lets a test insist that rendered argv are warning-free.
+    ``ib_devices`` is what SGLang's transfer engines make of ``--disaggregation-ib-device``
+    (its own ``parse_ib_device_config``): one device string for every GPU, a map from
+    GPU id (as a string) to device string, or None. The parser keeps the flag as an
+    opaque string, so a malformed per-GPU map would otherwise pass unnoticed.
     """
 
-    def __init__(self, values: Mapping[str, Any], warnings: Sequence[str] = ()) -> None:
+    def __init__(self, values: Mapping[str, Any], warnings: Sequence[str] = (),
+                 ib_devices: str | dict[str, str] | None = None) -> None:
         super().__init__(values)
         self.warnings = list(warnings)
+        self.ib_devices = ib_devices
 
 
 def cache_dir() -> Path:
@@ -195,7 +201,7 @@ def parse_many(
     results: list[SGLangArgs | SGLangArgvError] = []
     for argv, item in zip(batch, payload["results"], strict=True):
         if item["ok"]:
-            results.append(SGLangArgs(item["args"], item["warnings"]))
+            results.append(SGLangArgs(item["args"], item["warnings"], item.get("ib_devices")))
         else:
             results.append(SGLangArgvError(argv, item["error"], item["stderr"]))
     return results
@@ -461,11 +467,29 @@ def _parse_one(server_args: Any, argv: list[str]) -> dict[str, Any]:
         }
     finally:
         root.removeHandler(collect)
+    try:
+        ib_devices = _read_ib_devices(getattr(namespace, "disaggregation_ib_device", None))
+    except (ValueError, RuntimeError) as exc:
+        return {"ok": False, "error": f"parse_ib_device_config: {exc}", "stderr": ""}
     return {
         "ok": True,
         "args": _jsonable(vars(namespace)),
         "warnings": collect.lines,
+        "ib_devices": _jsonable(ib_devices),
     }
+
+
+def _read_ib_devices(value: str | None) -> Any:
+    """The device assignment SGLang's Mooncake and NIXL connectors derive from the flag.
+
+    Loaded by server_args' own import graph; a per-GPU map it cannot read raises here as
+    it would when the first transfer engine starts.
+    """
+    if value is None:
+        return None
+    from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import parse_ib_device_config
+
+    return parse_ib_device_config(value)
 
 
 _SELF_CHECK: list[tuple[list[str], str | None]] = [
