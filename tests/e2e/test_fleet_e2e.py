@@ -11,10 +11,10 @@ killed outright is restarted and counted; a pod deleted under load finishes what
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
-import re
 import signal
 import time
 import urllib.request
@@ -25,8 +25,11 @@ import pytest
 import yaml
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.devcluster.stack import launcher_url
 from hybridserving.core.profiles import PROFILES
+from hybridserving.devcluster.stack import launcher_url
+from hybridserving.testing.completions import complete, stream_completion
+from hybridserving.testing.polling import wait_for
+from hybridserving.testing.scrape import metric_sum
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAME = "dsv3-flex"
@@ -50,6 +53,9 @@ RESTART_BACKOFF_S = 5.0
 # The router re-adds a worker it dropped on a later pass of its discovery (events, or every 60 s).
 ROUTER_RESYNC_S = 75
 
+stream = functools.partial(stream_completion, model=MODEL, prompt=PROMPT, max_tokens=OUTPUT_TOKENS)
+ask = functools.partial(complete, model=MODEL, prompt=PROMPT, max_tokens=OUTPUT_TOKENS)
+
 
 def fleet_manifest() -> dict:
     doc = yaml.safe_load((ROOT / "examples" / "role-switch.yaml").read_text())
@@ -63,29 +69,6 @@ def fleet_manifest() -> dict:
         {"name": "HYBRIDSERVING_RESTART_BACKOFF_S", "value": str(RESTART_BACKOFF_S)},
     ]}
     return doc
-
-
-def wait_for(check, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as e:  # noqa: BLE001 - keep polling until the deadline
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
-
-
-def counter(metrics: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in metrics.splitlines():
-        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def get_json(url: str) -> dict:
@@ -156,40 +139,6 @@ def serving_fleet(local_cluster, fleet, discovering_router) -> Fleet:
     return f
 
 
-def stream_completion(router: str, chat: bool = False, max_tokens: int = OUTPUT_TOKENS) -> tuple[float, list[float], str]:
-    """One streaming request; (TTFT, arrival time of each token, text)."""
-    if chat:
-        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]}
-    else:
-        path, body = "/v1/completions", {"prompt": PROMPT}
-    body.update(model=MODEL, max_tokens=max_tokens, stream=True)
-    start = time.monotonic()
-    arrivals: list[float] = []
-    text = ""
-    with httpx.stream("POST", router + path, json=body, timeout=120) as resp:
-        assert resp.status_code == 200, resp.read()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            for choice in chunk["choices"]:
-                piece = choice["delta"].get("content") if chat else choice["text"]
-                if piece:
-                    arrivals.append(time.monotonic())
-                    text += piece
-    return arrivals[0] - start, arrivals, text
-
-
-def complete(router: str, i: int) -> dict:
-    path = "/v1/chat/completions" if i % 2 else "/v1/completions"
-    body: dict = {"model": MODEL, "max_tokens": OUTPUT_TOKENS}
-    body.update({"messages": [{"role": "user", "content": PROMPT}]} if i % 2 else {"prompt": PROMPT})
-    resp = httpx.post(router + path, json=body, timeout=120)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
 def test_requests_split_between_prefill_and_decode_pods_with_model_latencies(serving_fleet: Fleet):
     f = serving_fleet
     prefill_urls = [f.engine_url(p) for p in f.pods("prefill")]
@@ -201,7 +150,7 @@ def test_requests_split_between_prefill_and_decode_pods_with_model_latencies(ser
         OUTPUT_TOKENS - 1)
 
     for chat in (False, True):
-        ttft, arrivals, text = stream_completion(f.router, chat=chat)
+        ttft, arrivals, text = stream(f.router, chat=chat)
         assert text.split() == [f"tok{i}" for i in range(OUTPUT_TOKENS)]
         assert expected_ttft * 0.95 <= ttft <= expected_ttft * (1 + TTFT_TOLERANCE) + TTFT_SLACK_S, (
             f"TTFT {ttft:.3f} s, model {expected_ttft:.3f} s")
@@ -212,13 +161,13 @@ def test_requests_split_between_prefill_and_decode_pods_with_model_latencies(ser
               f"TPOT {tpot * 1000:.1f} ms (model {expected_tpot * 1000:.1f})")
 
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda i: complete(f.router, i), range(8)))
+        answers = list(pool.map(lambda i: ask(f.router, chat=i % 2 == 1), range(8)))
     assert all(a["usage"]["completion_tokens"] == OUTPUT_TOKENS for a in answers)
 
     requests = 10
 
     def delta(urls: list[str], name: str, **labels: str) -> float:
-        return sum(counter(metrics_of(u), name, **labels) - counter(before[u], name, **labels) for u in urls)
+        return sum(metric_sum(metrics_of(u), name, **labels) - metric_sum(before[u], name, **labels) for u in urls)
 
     realtime = "sglang:realtime_tokens_total"
     # Every prompt was computed on the prefill pod (chat templates add a few tokens) and nothing decoded
@@ -247,7 +196,7 @@ def test_crashed_engine_leaves_the_router_and_comes_back(serving_fleet: Fleet):
     wait_for(lambda: url not in f.router_workers(), UNREADY_WITHIN_S, f"the router to drop {url}")
     dropped = time.monotonic() - crashed
     # Meanwhile the other decode pod serves.
-    assert complete(f.router, 0)["usage"]["completion_tokens"] == OUTPUT_TOKENS
+    assert ask(f.router)["usage"]["completion_tokens"] == OUTPUT_TOKENS
     wait_for(lambda: f.ready(f.pod(name)), 30, f"{name} to be ready again")
     ready_again = time.monotonic() - crashed
     wait_for(lambda: f.router_workers().get(url) == "decode", ROUTER_RESYNC_S, f"the router to take {url} back")
@@ -255,7 +204,7 @@ def test_crashed_engine_leaves_the_router_and_comes_back(serving_fleet: Fleet):
           f"ready again after {ready_again:.1f} s, back in the router after {time.monotonic() - crashed:.1f} s")
     # The launcher restarted its engine; the container itself never exited.
     assert f.pod(name)["status"]["containerStatuses"][0]["restartCount"] == 0
-    assert complete(f.router, 1)["usage"]["completion_tokens"] == OUTPUT_TOKENS
+    assert ask(f.router, chat=True)["usage"]["completion_tokens"] == OUTPUT_TOKENS
 
 
 def test_killed_launcher_is_restarted_and_counted(serving_fleet: Fleet):
@@ -282,10 +231,10 @@ def test_pod_deleted_under_load_finishes_its_requests(serving_fleet: Fleet):
     name, url, uid = victim["metadata"]["name"], f.engine_url(victim), victim["metadata"]["uid"]
     long_output = 256
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(stream_completion, f.router, i % 2 == 1, long_output) for i in range(8)]
-        wait_for(lambda: counter(metrics_of(url), "sglang:num_running_reqs") > 0, 10,
+        futures = [pool.submit(stream, f.router, chat=i % 2 == 1, max_tokens=long_output) for i in range(8)]
+        wait_for(lambda: metric_sum(metrics_of(url), "sglang:num_running_reqs") > 0, 10,
                  f"requests running on {name}")
-        held = counter(metrics_of(url), "sglang:num_running_reqs")
+        held = metric_sum(metrics_of(url), "sglang:num_running_reqs")
         f.cluster.kubectl("-n", f.namespace, "delete", "pod", name, "--wait=false")
         results = [fut.result() for fut in futures]
     for _, arrivals, text in results:

@@ -26,6 +26,7 @@ import httpx
 import yaml
 
 from hybridserving.devcluster.stack import launcher_url
+from hybridserving.testing.polling import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = "deepseek-ai/DeepSeek-V3"
@@ -53,20 +54,6 @@ def manifest(name: str, *, backend: str, time_scale: float, startup_seconds: flo
         env.append({"name": "HYBRIDSERVING_SIM_STARTUP_SECONDS", "value": str(startup_seconds)})
     spec["engine"] = {"env": env}
     return doc
-
-
-def wait_for(check, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as e:  # noqa: BLE001 - keep polling until the deadline
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
 
 
 class Load:

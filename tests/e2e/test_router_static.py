@@ -8,15 +8,15 @@ the performance model.
 
 from __future__ import annotations
 
-import json
-import re
-import time
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.profiles import PROFILES
+from hybridserving.testing.completions import stream_completion
+from hybridserving.testing.scrape import metric_sum
 
 TIME_SCALE = 1.0
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 90  # 4,050 bytes: 1,013 simulated tokens
@@ -29,40 +29,7 @@ ENGINE_TTFT_TOLERANCE, ENGINE_TTFT_SLACK_S = 0.10, 0.02
 CLIENT_TTFT_TOLERANCE, CLIENT_TTFT_SLACK_S = 0.20, 0.25
 TPOT_TOLERANCE = 0.25
 
-
-def counter(metrics: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in metrics.splitlines():
-        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
-def stream_completion(router: str, chat: bool = False) -> tuple[float, list[float], str]:
-    """Send one streaming request; return (TTFT, arrival times of each token, text)."""
-    if chat:
-        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]}
-    else:
-        path, body = "/v1/completions", {"prompt": PROMPT}
-    body.update(model="glm-5.2", max_tokens=OUTPUT_TOKENS, stream=True)
-    start = time.monotonic()
-    arrivals: list[float] = []
-    text = ""
-    with httpx.stream("POST", router + path, json=body, timeout=60) as resp:
-        assert resp.status_code == 200, resp.read()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            for choice in chunk["choices"]:
-                piece = choice["delta"].get("content") if chat else choice["text"]
-                if piece:
-                    arrivals.append(time.monotonic())
-                    text += piece
-    return arrivals[0] - start, arrivals, text
+stream = functools.partial(stream_completion, model="glm-5.2", prompt=PROMPT, max_tokens=OUTPUT_TOKENS, timeout=60)
 
 
 def test_requests_through_smg_split_prefill_and_decode_work_with_model_latencies(engine_pod, smg_router):
@@ -76,7 +43,7 @@ def test_requests_through_smg_split_prefill_and_decode_work_with_model_latencies
     expected_tpot = sum(model.decode_step_seconds(1, PROMPT_TOKENS + k) for k in range(1, OUTPUT_TOKENS)) / (
         OUTPUT_TOKENS - 1)
     for chat in (False, True):
-        ttft, arrivals, text = stream_completion(router, chat=chat)
+        ttft, arrivals, text = stream(router, chat=chat)
         assert len(arrivals) == OUTPUT_TOKENS
         assert text.split() == [f"tok{i}" for i in range(OUTPUT_TOKENS)]
         assert expected_ttft * 0.95 <= ttft <= expected_ttft * (1 + CLIENT_TTFT_TOLERANCE) + CLIENT_TTFT_SLACK_S, (
@@ -87,7 +54,7 @@ def test_requests_through_smg_split_prefill_and_decode_work_with_model_latencies
 
     d_metrics = decode.metrics()
     hist = "sglang:time_to_first_token_seconds"
-    engine_ttft = counter(d_metrics, hist + "_sum", is_streaming="true") / counter(
+    engine_ttft = metric_sum(d_metrics, hist + "_sum", is_streaming="true") / metric_sum(
         d_metrics, hist + "_count", is_streaming="true")
     assert abs(engine_ttft - expected_ttft) <= expected_ttft * ENGINE_TTFT_TOLERANCE + ENGINE_TTFT_SLACK_S, (
         f"engine TTFT {engine_ttft:.3f} s, model {expected_ttft:.3f} s")
@@ -110,15 +77,15 @@ def test_requests_through_smg_split_prefill_and_decode_work_with_model_latencies
     p_metrics, d_metrics = prefill.metrics(), decode.metrics()
     realtime = "sglang:realtime_tokens_total"
     # Prefill computed every prompt and decoded nothing; decode the reverse.
-    assert counter(p_metrics, realtime, mode="prefill_compute") >= requests * PROMPT_TOKENS * 0.9
-    assert counter(p_metrics, realtime, mode="decode") == 0
-    assert counter(d_metrics, realtime, mode="prefill_compute") == 0
+    assert metric_sum(p_metrics, realtime, mode="prefill_compute") >= requests * PROMPT_TOKENS * 0.9
+    assert metric_sum(p_metrics, realtime, mode="decode") == 0
+    assert metric_sum(d_metrics, realtime, mode="prefill_compute") == 0
     # Decode steps produce all but the first token, which travels with the KV.
-    assert counter(d_metrics, realtime, mode="decode") == requests * (OUTPUT_TOKENS - 1)
-    assert counter(d_metrics, "sglang:generation_tokens_total") == requests * OUTPUT_TOKENS
-    assert counter(p_metrics, "sglang:num_requests_total") == requests
-    assert counter(d_metrics, "sglang:num_requests_total") == requests
+    assert metric_sum(d_metrics, realtime, mode="decode") == requests * (OUTPUT_TOKENS - 1)
+    assert metric_sum(d_metrics, "sglang:generation_tokens_total") == requests * OUTPUT_TOKENS
+    assert metric_sum(p_metrics, "sglang:num_requests_total") == requests
+    assert metric_sum(d_metrics, "sglang:num_requests_total") == requests
     # Each pair met through a bootstrap room the router injected; none failed to meet.
-    assert counter(d_metrics, "sglang:kv_transfer_latency_ms") > 0
-    assert counter(p_metrics, "sglang:num_bootstrap_failed_reqs_total") == 0
-    assert counter(d_metrics, "sglang:num_transfer_failed_reqs_total") == 0
+    assert metric_sum(d_metrics, "sglang:kv_transfer_latency_ms") > 0
+    assert metric_sum(p_metrics, "sglang:num_bootstrap_failed_reqs_total") == 0
+    assert metric_sum(d_metrics, "sglang:num_transfer_failed_reqs_total") == 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
-import time
 import uuid
 from typing import Any, Callable
 
@@ -31,6 +30,7 @@ from hybridserving.devcluster import (  # noqa: E402
     find_binaries,
     reap_orphans,
 )
+from hybridserving.testing.polling import wait_for as wait_for_condition  # noqa: E402
 
 UP_TIMEOUT = float(os.environ.get("HYBRIDSERVING_UP_TIMEOUT", "120"))
 
@@ -124,26 +124,10 @@ def kubectl(cluster: Cluster) -> Callable[..., Any]:
     return cluster.kubectl
 
 
-def _wait_for(check: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns a truthy value; fail with the last value/error."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:  # noqa: BLE001
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
-        time.sleep(interval)
-
-
 @pytest.fixture(scope="session")
 def wait_for() -> Callable[..., Any]:
     """``wait_for(check, timeout=60, interval=0.5, what=...)``: poll until truthy."""
-    return _wait_for
+    return wait_for_condition
 
 
 @pytest.fixture(scope="session")

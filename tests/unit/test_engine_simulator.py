@@ -14,6 +14,8 @@ from hybridserving_engine.simulator.engine import count_tokens
 from hybridserving_engine.simulator.process import free_port
 from hybridserving_engine.simulator.server import SimulatorServer
 
+from hybridserving.testing.scrape import metric_sum
+
 
 def options(time_scale: float = 0.01, faults: str = "") -> SimulatorOptions:
     return SimulatorOptions(profile="glm-5.2", time_scale=time_scale, startup_seconds=0.0, faults=faults)
@@ -44,15 +46,6 @@ def run(coro_fn, *servers: SimulatorServer):
                 await s.stop()
 
     return asyncio.run(main())
-
-
-def sample(metrics: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in metrics.splitlines():
-        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 # ------------------------------------------------------------------ flags
@@ -251,10 +244,10 @@ def test_prefill_and_decode_instances_hand_over_kv_by_bootstrap_room():
         async with session.get(d_url + "/metrics") as r:
             d_metrics = await r.text()
         realtime = "sglang:realtime_tokens_total"
-        assert sample(p_metrics, realtime, mode="prefill_compute") == 500
-        assert sample(p_metrics, realtime, mode="decode") == 0
-        assert sample(d_metrics, realtime, mode="prefill_compute") == 0
-        assert sample(d_metrics, realtime, mode="decode") == 14
+        assert metric_sum(p_metrics, realtime, mode="prefill_compute") == 500
+        assert metric_sum(p_metrics, realtime, mode="decode") == 0
+        assert metric_sum(d_metrics, realtime, mode="prefill_compute") == 0
+        assert metric_sum(d_metrics, realtime, mode="decode") == 14
         async with session.get(f"http://127.0.0.1:{bootstrap}/route", params={
                 "prefill_dp_rank": "-1", "prefill_cp_rank": "-1", "target_tp_rank": "-1",
                 "target_pp_rank": "-1"}) as r:
