@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 the input is invalid (every error printed with its fiel
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -15,6 +14,7 @@ from typing import Any, TextIO
 
 from hybridserving.api.v1alpha1 import HardwareSpec
 from hybridserving.commands import simulate, status
+from hybridserving.commands.output import write_json, write_table
 from hybridserving.core import capacity, transfer
 from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
 from hybridserving.core.profiles import PROFILES
@@ -39,12 +39,6 @@ def _human_tokens(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _table(rows: list[list[str]], out: TextIO) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
-
-
 def _print_manifest_errors(err: ManifestInvalid, out: TextIO) -> None:
     out.write(f"{err.source}: invalid\n")
     for e in err.errors:
@@ -56,13 +50,12 @@ def _load(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
         return load_file(path)
     except ManifestInvalid as err:
         if as_json:
-            json.dump(
+            write_json(
                 {"source": err.source, "valid": False,
                  "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
                              "severity": "error"} for e in err.errors]},
-                out, indent=2,
+                out,
             )
-            out.write("\n")
         else:
             _print_manifest_errors(err, out)
         return None
@@ -74,12 +67,11 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_INVALID
     results = [(hs, assess(hs.spec)) for hs in docs]
     if args.output == "json":
-        json.dump(
+        write_json(
             [{"name": hs.metadata.name, "valid": a.valid, "issues": [issue_to_dict(i) for i in a.issues]}
              for hs, a in results],
-            out, indent=2,
+            out,
         )
-        out.write("\n")
     else:
         for hs, a in results:
             out.write(f"{hs.metadata.name}: {'valid' if a.valid else 'invalid'}\n")
@@ -99,7 +91,7 @@ def _print_plan(name: str, a: FleetAssessment, out: TextIO) -> None:
             str(plan.gpus), str(plan.world_size),
             _human_tokens(cap.tokens) if cap else "-", _human_bytes(cap.pool_bytes) if cap else "-",
         ])
-    _table(rows, out)
+    write_table(rows, out)
     out.write(f"decode KV capacity, whole fleet: {_human_tokens(a.decode_tokens_total)} tokens\n")
     if a.in_place_switch:
         out.write("role switch: in place (POST /pd_role_switch)\n")
@@ -120,8 +112,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_INVALID
     results = [(hs, assess(hs.spec)) for hs in docs]
     if args.output == "json":
-        json.dump([{"name": hs.metadata.name, **a.to_dict()} for hs, a in results], out, indent=2)
-        out.write("\n")
+        write_json([{"name": hs.metadata.name, **a.to_dict()} for hs, a in results], out)
     else:
         for hs, a in results:
             if a.valid:
@@ -150,8 +141,7 @@ def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_INVALID
     data = report.to_dict()
     if args.output == "json":
-        json.dump({"model": args.model, **data}, out, indent=2)
-        out.write("\n")
+        write_json({"model": args.model, **data}, out)
         return EXIT_OK
     per_rank = data["bytesPerRank"]
     rows = [["MODEL", "DCP", "INDEX", "KV B/TOK", "INDEX B/TOK", "DRAFT B/TOK", "TOTAL B/TOK", "GAIN VS DCP1"]]
@@ -159,7 +149,7 @@ def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
         args.model, str(args.dcp), args.index, f"{per_rank['kv']:,.1f}", f"{per_rank['index']:,.1f}",
         f"{per_rank['draft']:,.1f}", f"{per_rank['perToken']:,.1f}", f"{data['gainOverDcp1']:.2f}x",
     ])
-    _table(rows, out)
+    write_table(rows, out)
     if per_rank["statePerRequest"]:
         out.write(f"recurrent state per request per rank: {_human_bytes(per_rank['statePerRequest'])}\n")
     if data["gainAtContext"] is not None:
@@ -184,8 +174,7 @@ def cmd_transfer_plan(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_INVALID
     summary = plan.summary()
     if args.output == "json":
-        json.dump({"model": args.model, **summary}, out, indent=2)
-        out.write("\n")
+        write_json({"model": args.model, **summary}, out)
         return EXIT_OK
     out.write(
         f"{args.model}: {args.tokens:,} tokens, {plan.total_pages:,} pages of {args.page_size} tokens, "
@@ -194,14 +183,14 @@ def cmd_transfer_plan(args: argparse.Namespace, out: TextIO) -> int:
     rows = [["PREFILL RANK", "LAYERS", "COUNT"]]
     for r, (start, stop) in enumerate(plan.layer_ranges()):
         rows.append([str(r), f"{start}-{stop - 1}", str(stop - start)])
-    _table(rows, out)
+    write_table(rows, out)
     rows = [["DECODE RANK", "PAGES", "TOKENS", "BYTES IN"]]
     for d in range(args.decode_dcp):
         rows.append([
             str(d), f"{len(plan.pages[d]):,}", f"{int(plan.rank_tokens[d]):,}",
             _human_bytes(float(plan.path_bytes[:, d].sum())),
         ])
-    _table(rows, out)
+    write_table(rows, out)
     out.write(f"bytes per path: {_human_bytes(float(plan.path_bytes.min()))} .. {_human_bytes(float(plan.path_bytes.max()))}\n")
     out.write(
         f"total: {_human_bytes(plan.total_bytes)}; naive send-all-then-reshard: {_human_bytes(plan.naive_bytes)} "

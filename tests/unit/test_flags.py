@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from hybridserving.core.flags import (
     render_role_config,
     render_template,
 )
+from hybridserving.testing.patches import overlaid
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -31,15 +31,8 @@ BASE: dict[str, Any] = {
 }
 
 
-def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def make(patch: dict[str, Any] | None = None) -> HybridServingSpec:
-    return HybridServingSpec.model_validate(_merge(BASE, patch or {}))
+    return HybridServingSpec.model_validate(overlaid(BASE, patch or {}))
 
 
 def _load(name: str) -> HybridServingSpec:

@@ -3,7 +3,6 @@ quiet on the nearest spec that keeps it."""
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from hybridserving.core.layout import (
     role_switch_capability,
     validate,
 )
+from hybridserving.testing.patches import overlaid
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -46,18 +46,8 @@ CUSTOM_ARCH = {
 }
 
 
-def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def make(patch: dict[str, Any] | None = None) -> HybridServingSpec:
-    return HybridServingSpec.model_validate(_merge(BASE, patch or {}))
+    return HybridServingSpec.model_validate(overlaid(BASE, patch or {}))
 
 
 def _model(profile: str) -> dict[str, Any]:
@@ -68,7 +58,7 @@ GLM = _model("glm-5.3")
 KIMI = _model("kimi-k3")
 V32 = _model("deepseek-v3.2")
 RDMA = {"transfer": {"rdmaResourceCount": 8}}
-DSA_SPLIT = _merge(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave", "layerSplit": True}}})
+DSA_SPLIT = overlaid(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave", "layerSplit": True}}})
 SWITCH = {"roleSwitch": {"enabled": True}}
 
 # rule id -> (spec that breaks it, nearest spec that keeps it, path of the issue)
@@ -114,23 +104,23 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "attn-cp-prefill-only": ({"decode": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
                              {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
                              "spec.decode.layout.attnCp"),
-    "kda-excludes-prefill-cp": (_merge(KIMI, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}}),
-                                _merge(KIMI, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}}}),
+    "kda-excludes-prefill-cp": (overlaid(KIMI, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}}),
+                                overlaid(KIMI, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}}}),
                                 "spec.prefill.layout.cpStrategy"),
-    "dsa-v32-zigzag": (_merge(V32, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}}),
-                       _merge(V32, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave"}}}),
+    "dsa-v32-zigzag": (overlaid(V32, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}}),
+                       overlaid(V32, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave"}}}),
                        "spec.prefill.layout.cpStrategy"),
     "dsa-prefill-cp-max-tp": (
-        _merge(GLM, {"prefill": {"nodesPerInstance": 2,
+        overlaid(GLM, {"prefill": {"nodesPerInstance": 2,
                                  "layout": {"tp": 16, "attnCp": 8, "cpStrategy": "interleave"}}}),
-        _merge(GLM, {"prefill": {"layout": {"tp": 8, "attnCp": 8, "cpStrategy": "interleave"}}}),
+        overlaid(GLM, {"prefill": {"layout": {"tp": 8, "attnCp": 8, "cpStrategy": "interleave"}}}),
         "spec.prefill.layout.tp"),
     "dsa-prefill-cp-single-node": (
-        _merge(GLM, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2, "attnCp": 8, "cpStrategy": "interleave"}}}),
-        _merge(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave"}}}),
+        overlaid(GLM, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2, "attnCp": 8, "cpStrategy": "interleave"}}}),
+        overlaid(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave"}}}),
         "spec.prefill.nodesPerInstance"),
-    "dsa-dcp-in-pd": (_merge(GLM, {"decode": {"layout": {"dcp": 4}}}),
-                      _merge(GLM, {"decode": {"layout": {"dcp": 4}}, "engine": {"capabilities": ["dsa-dcp-pd"]}}),
+    "dsa-dcp-in-pd": (overlaid(GLM, {"decode": {"layout": {"dcp": 4}}}),
+                      overlaid(GLM, {"decode": {"layout": {"dcp": 4}}, "engine": {"capabilities": ["dsa-dcp-pd"]}}),
                       "spec.decode.layout.dcp"),
     "prefill-cp-forces-ep": ({"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}},
                              {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag", "ep": 8,
@@ -143,17 +133,17 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
                           {"decode": {"layout": {"ep": 8, "moeA2aBackend": "deepep"}}}, "spec.decode.layout.ep"),
     "layer-split-needs-dsa": ({"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave", "layerSplit": True}}},
                               DSA_SPLIT, "spec.prefill.layout.layerSplit"),
-    "layer-split-prefill-only": (_merge(GLM, {"decode": {"layout": {"layerSplit": True}}}), DSA_SPLIT,
+    "layer-split-prefill-only": (overlaid(GLM, {"decode": {"layout": {"layerSplit": True}}}), DSA_SPLIT,
                                  "spec.decode.layout.layerSplit"),
-    "layer-split-needs-interleave": (_merge(DSA_SPLIT, {"prefill": {"layout": {"cpStrategy": "zigzag"}}}), DSA_SPLIT,
+    "layer-split-needs-interleave": (overlaid(DSA_SPLIT, {"prefill": {"layout": {"cpStrategy": "zigzag"}}}), DSA_SPLIT,
                                      "spec.prefill.layout.cpStrategy"),
-    "layer-split-needs-mooncake": (_merge(DSA_SPLIT, {"transfer": {"backend": "nixl"}}), DSA_SPLIT,
+    "layer-split-needs-mooncake": (overlaid(DSA_SPLIT, {"transfer": {"backend": "nixl"}}), DSA_SPLIT,
                                    "spec.transfer.backend"),
-    "layer-split-excludes-pp": (_merge(DSA_SPLIT, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}}}),
+    "layer-split-excludes-pp": (overlaid(DSA_SPLIT, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}}}),
                                 DSA_SPLIT, "spec.prefill.layout.pp"),
     "prefill-cp-dcp-reshard": (
-        _merge(DSA_SPLIT, {"decode": {"layout": {"dcp": 4}}, "engine": {"capabilities": ["dsa-dcp-pd"]}}),
-        _merge(DSA_SPLIT, {"decode": {"layout": {"dcp": 4}},
+        overlaid(DSA_SPLIT, {"decode": {"layout": {"dcp": 4}}, "engine": {"capabilities": ["dsa-dcp-pd"]}}),
+        overlaid(DSA_SPLIT, {"decode": {"layout": {"dcp": 4}},
                            "engine": {"capabilities": ["dsa-dcp-pd", "prefill-cp-dcp-reshard"]}}),
         "spec.prefill.layout.layerSplit"),
     "dcp-backend-needs-dcp": ({"decode": {"layout": {"dcpCommBackend": "a2a"}}},
@@ -171,30 +161,30 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}, "speculative": {"algorithm": "EAGLE"}}},
         "spec.decode.speculative"),
     "speculative-needs-draft": (
-        _merge(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE"}}}),
-        _merge(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE", "draftModelPath": "org/k3-draft"}}}),
+        overlaid(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE"}}}),
+        overlaid(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE", "draftModelPath": "org/k3-draft"}}}),
         "spec.decode.speculative.draftModelPath"),
-    "vision-encoder-heads-tp": (KIMI, _merge(KIMI, {"prefill": {"layout": {"tp": 4}}, "decode": {"layout": {"tp": 4}}}),
+    "vision-encoder-heads-tp": (KIMI, overlaid(KIMI, {"prefill": {"layout": {"tp": 4}}, "decode": {"layout": {"tp": 4}}}),
                                 "spec.prefill.layout.tp"),
     "prefill-prefix-caching": ({"prefill": {"prefixCaching": False}}, {"decode": {"prefixCaching": False}},
                                "spec.prefill.prefixCaching"),
     "role-has-instances": ({"decode": {"replicas": 0}}, {"decode": {"replicas": 1}}, "spec.decode.replicas"),
     "multi-node-needs-rdma": ({"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}},
-                              _merge(RDMA, {"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
+                              overlaid(RDMA, {"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
                               "spec.transfer.rdmaResourceCount"),
     "ib-devices-per-gpu": ({"transfer": {"ibDevices": [f"mlx5_{i}" for i in range(8)], "ibDevicesPerGpu": 2}},
                            {"transfer": {"ibDevices": [f"mlx5_{i}" for i in range(16)], "ibDevicesPerGpu": 2}},
                            "spec.transfer.ibDevices"),
     "role-switch-relaunch-compatible": (
-        _merge(SWITCH, {"decode": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
-        _merge(SWITCH, {"decode": {"layout": {"attnDp": 8}}}),
+        overlaid(SWITCH, {"decode": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
+        overlaid(SWITCH, {"decode": {"layout": {"attnDp": 8}}}),
         "spec.roleSwitch.enabled"),
-    "role-switch-in-place": (_merge(SWITCH, {"decode": {"layout": {"dcp": 2}}}), SWITCH, "spec.roleSwitch.enabled"),
-    "role-switch-floors-fit": (_merge(SWITCH, {"roleSwitch": {"minPrefill": 2}}), SWITCH,
+    "role-switch-in-place": (overlaid(SWITCH, {"decode": {"layout": {"dcp": 2}}}), SWITCH, "spec.roleSwitch.enabled"),
+    "role-switch-floors-fit": (overlaid(SWITCH, {"roleSwitch": {"minPrefill": 2}}), SWITCH,
                                "spec.roleSwitch.minPrefill"),
     "role-switch-floor-above-replicas": (
-        _merge(SWITCH, {"roleSwitch": {"minPrefill": 2}, "decode": {"replicas": 3}}),
-        _merge(SWITCH, {"roleSwitch": {"minPrefill": 2}, "prefill": {"replicas": 2}, "decode": {"replicas": 2}}),
+        overlaid(SWITCH, {"roleSwitch": {"minPrefill": 2}, "decode": {"replicas": 3}}),
+        overlaid(SWITCH, {"roleSwitch": {"minPrefill": 2}, "prefill": {"replicas": 2}, "decode": {"replicas": 2}}),
         "spec.roleSwitch.minPrefill"),
     "extra-args-owned-flag": ({"engine": {"extraArgs": ["--trust-remote-code", "--dcp-size=2"]}},
                               {"engine": {"extraArgs": ["--trust-remote-code"]}}, "spec.engine.extraArgs[1]"),
@@ -270,7 +260,7 @@ def test_combined_cp_and_dcp_reports_the_engine_rule_once() -> None:
 
 
 def test_glm_zigzag_prefill_cp_is_rewritten_but_v32_zigzag_is_rejected() -> None:
-    glm = validate(make(_merge(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}})))
+    glm = validate(make(overlaid(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag"}}})))
     assert _with_rule(glm, "prefill-cp-forces-ep") and not _with_rule(glm, "dsa-v32-zigzag")
     v32 = validate(make(CASES["dsa-v32-zigzag"][0]))
     assert _with_rule(v32, "dsa-v32-zigzag") and not _with_rule(v32, "prefill-cp-forces-ep")

@@ -29,6 +29,7 @@ from hybridserving.core.planner import (
     Action,
     Observed,
 )
+from hybridserving.testing.patches import apply_merge_patch
 
 GPUS = 8
 NODES_PER_DOMAIN = 2
@@ -45,17 +46,6 @@ def fleet(**spec: Any) -> HybridServing:
     return HybridServing.model_validate(
         {"metadata": {"name": "hs", "namespace": "ns", "uid": "hs-uid", "generation": 1}, "spec": body}
     )
-
-
-def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
-    """RFC 7386 JSON merge patch."""
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
-            merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
 
 
 class Conflict(Exception):
@@ -98,7 +88,7 @@ class FakeCluster:
                 raise Conflict(f"{key} changed")
             if action.uid and obj["metadata"]["uid"] != action.uid:
                 raise Conflict(f"{key} replaced")
-            merge(obj, action.body or {})
+            apply_merge_patch(obj, action.body or {})
             obj["metadata"]["resourceVersion"] = str(next(self.version))
         else:
             obj = self.store.get(key)

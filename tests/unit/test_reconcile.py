@@ -20,18 +20,9 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
 from hybridserving.core.planner import LABEL_NAME
+from hybridserving.testing.patches import apply_merge_patch
 
 NS = "serving"
-
-
-def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
-            merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
 
 
 class MemoryApi:
@@ -87,12 +78,12 @@ class MemoryApi:
         if uid and obj["metadata"]["uid"] != uid:
             raise KubeError(409, "uid precondition failed")
         if subresource == "status":
-            merge(obj, {"status": body["status"]})
+            apply_merge_patch(obj, {"status": body["status"]})
         else:
             body = {k: v for k, v in body.items() if k != "status"}
             if "spec" in body:
                 obj["metadata"]["generation"] += 1
-            merge(obj, body)
+            apply_merge_patch(obj, body)
         obj["metadata"]["resourceVersion"] = str(next(self.counter))
         return copy.deepcopy(obj)
 

@@ -9,7 +9,6 @@ tools/sglang-parser.sh.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from hybridserving.api.v1alpha1 import ROLES, HybridServing, HybridServingSpec, 
 from hybridserving.core.flags import EnginePorts, in_place_role_switch, render_argv
 from hybridserving.core.layout import errors, validate
 from hybridserving.core.profiles import PROFILES
+from hybridserving.testing.patches import overlaid
 from hybridserving.testing.sglang_parser import (
     SGLangArgs,
     SGLangArgvError,
@@ -67,13 +67,6 @@ TYPICAL: dict[str, dict[str, Any]] = {
 }
 
 
-def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def _profile_specs() -> dict[str, HybridServingSpec]:
     specs = {}
     for profile in sorted(PROFILES):
@@ -83,7 +76,7 @@ def _profile_specs() -> dict[str, HybridServingSpec]:
             "decode": {"replicas": 1, "layout": {"tp": 8}},
         }
         for name, patch in TYPICAL.items():
-            spec = HybridServingSpec.model_validate(_merge(base, patch))
+            spec = HybridServingSpec.model_validate(overlaid(base, patch))
             if not errors(validate(spec)):
                 specs[f"{profile}/{name}"] = spec
     return specs

@@ -11,10 +11,10 @@ the first setting of their benchmark sweep.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TextIO
 
+from hybridserving.commands.output import write_json
 from hybridserving.fleetsim import traces
 from hybridserving.fleetsim.experiment import (
     DEFAULT_SLO,
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         plot_runs(args.plot, w.trace.scaled(args.rate_scale), [result], slo)
         summary["plot"] = str(args.plot)
     if args.output == "json":
-        out.write(json.dumps(summary, indent=2) + "\n")
+        write_json(summary, out)
     else:
         for key, value in summary.items():
             out.write(f"{key}: {value}\n")

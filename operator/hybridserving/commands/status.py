@@ -12,6 +12,7 @@ import argparse
 from typing import Any, TextIO
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
+from hybridserving.commands.output import write_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,12 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--switches", type=int, default=5, help="recent switches to show per fleet")
     p.set_defaults(func=run)
-
-
-def _table(rows: list[list[str]], out: TextIO, indent: str = "  ") -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
 
 
 def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, switches: int = 5) -> None:
@@ -53,14 +48,14 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
             inst["metadata"]["name"], inst["spec"].get("role", "-"), st.get("role", "-"), st.get("phase", "-"),
             f"{st.get('readyPods', 0)}/{inst['spec'].get('nodes', 1)}", ",".join(n for n in st.get("nodeNames") or [] if n) or "-",
         ])
-    _table(rows, out)
+    write_table(rows, out, indent="  ")
     recent = (status.get("switches") or [])[-switches:]
     if recent:
         out.write("  recent role switches:\n")
         rows = [["INSTANCE", "FROM", "TO", "MODE", "OUTCOME", "STARTED", "REASON"]]
         for s in recent:
             rows.append([s["instance"], s["fromRole"], s["toRole"], s["mode"], s["outcome"], s["started"], s["reason"]])
-        _table(rows, out, indent="    ")
+        write_table(rows, out, indent="    ")
     else:
         out.write("  no role switches yet\n")
 

@@ -331,27 +331,25 @@ class SwitchController:
                     return False
                 raise
         if want is not None and not switching.phase_applied(want.phase, inst.phase):
-            try:
-                out = self.kube.patch(INSTANCE_KIND, namespace, inst.name, {"status": {"phase": want.phase}},
-                                      subresource="status")
-                inst.refresh(out)
-            except KubeError as exc:
-                if not exc.conflict:
-                    raise
-                return False
+            return self._patch_status(namespace, inst, {"phase": want.phase})
+        return True
+
+    def _patch_status(self, namespace: str, inst: Instance, status: dict[str, Any]) -> bool:
+        """Write part of the instance's status; False on a conflict (the next tick retries)."""
+        try:
+            inst.refresh(self.kube.patch(INSTANCE_KIND, namespace, inst.name, {"status": status},
+                                         subresource="status"))
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+            return False
         return True
 
     def _finish(self, namespace: str, inst: Instance, state: SwitchState, now: float,
                 history: list[dict[str, Any]], report: TickReport) -> bool:
         """History first, then the instance's lastSwitch, then the record goes: each step repeatable."""
         _upsert(history, _history_entry(inst.name, state, finished=now))
-        try:
-            out = self.kube.patch(INSTANCE_KIND, namespace, inst.name, {"status": {"lastSwitch": rfc3339(now)}},
-                                  subresource="status")
-            inst.refresh(out)
-        except KubeError as exc:
-            if not exc.conflict:
-                raise
+        if not self._patch_status(namespace, inst, {"lastSwitch": rfc3339(now)}):
             return False
         if not self._write(namespace, inst, None, None):
             return False

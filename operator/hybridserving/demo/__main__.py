@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from hybridserving.api.crd import dump, render_all
-from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
+from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL
 from hybridserving.commands.status import render
 from hybridserving.core.planner import router_name
 from hybridserving.demo.traffic import PhaseResult, run_phase
