@@ -250,7 +250,7 @@ EOF
     -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
     -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
   rm -rf "$ETCD_DIR"; mv "$tmp" "$ETCD_DIR"
-  "$ETCD_DIR/etcd" --version | head -1
+  "$ETCD_DIR/etcd" --version | sed -n 1p
 }
 
 # --- kwok / helm (plain go install, no replace directives upstream) -----------------
