@@ -158,6 +158,7 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 8080
     drain_timeout_s: float = 600.0
+    idle_window_s: float = 3.0
     stop_grace_s: float = 30.0
     startup_timeout_s: float = 3600.0
     poll_interval_s: float = 1.0
@@ -181,6 +182,7 @@ class Settings:
             host=e.get("HYBRIDSERVING_LAUNCHER_HOST", "0.0.0.0"),
             port=int(e.get("HYBRIDSERVING_LAUNCHER_PORT", "8080")),
             drain_timeout_s=num("HYBRIDSERVING_DRAIN_TIMEOUT_S", 600),
+            idle_window_s=num("HYBRIDSERVING_IDLE_WINDOW_S", 3.0),
             stop_grace_s=num("HYBRIDSERVING_STOP_GRACE_S", 30),
             startup_timeout_s=num("HYBRIDSERVING_STARTUP_TIMEOUT_S", 3600),
             poll_interval_s=num("HYBRIDSERVING_POLL_INTERVAL_S", 1.0),
@@ -421,13 +423,15 @@ class Launcher:
         self.last_exit_code = proc.returncode
 
     async def probe_engine(self) -> bool:
-        """Whether the engine serves: `/health` on the leader; a live process on worker ranks."""
+        """Whether the engine serves: `/ready` on the leader (200 once warmed up, while healthy and
+        not paused: `managers/tokenizer_manager.py:728-734`; `/health` would run a generation and
+        answer after a second at the earliest); a live process on worker ranks."""
         if self.proc is None or self.proc.returncode is not None:
             return False
         if self.settings.node_rank > 0:
             return True
         try:
-            async with self._client().get(engine_url(self.argv, 0) + "/health") as resp:
+            async with self._client().get(engine_url(self.argv, 0) + "/ready") as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
@@ -443,20 +447,30 @@ class Launcher:
             return None
 
     async def drain(self) -> bool:
-        """Wait until the engine holds no request (seen twice in a row, so a request in transit
-        between the HTTP front end and the scheduler is not missed). False on timeout."""
+        """Wait until the engine has held no request for `idle_window_s` without a break.
+
+        The caller has already stopped new traffic at its source (the controller unroutes the
+        leader before a switch; on SIGTERM the pod is terminating, which the router watches), but
+        the router learns that a moment later and requests already on their way still land. A
+        window of idleness, not two polls, is what shows nothing more is coming. False on timeout.
+        """
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        idle_polls = 0
+        idle_since: float | None = None
         while True:
             loads = await self.engine_loads()
             if loads is None and (self.proc is None or self.proc.returncode is not None):
                 return True  # nothing left that could hold a request
             if loads is not None:
                 busy = inflight_requests(loads)
-                idle_polls = idle_polls + 1 if busy == 0 else 0
-                if idle_polls >= 2:
-                    return True
-                self.message = f"{busy} request(s) in flight"
+                now = time.monotonic()
+                if busy:
+                    idle_since = None
+                    self.message = f"{busy} request(s) in flight"
+                else:
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= self.settings.idle_window_s:
+                        return True
+                    self.message = f"idle for {now - idle_since:.1f} s of {self.settings.idle_window_s:.1f} s"
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(min(self.settings.poll_interval_s, 0.5))
@@ -632,8 +646,8 @@ class Launcher:
                           "message": f"engine reports role {mode!r} after switching to {to_role!r}"}
         if answer.get("success"):
             self.role = to_role
-            # A later restart must start in the new role with its own flags.
-            self.argv = self._config(to_role).argv_for(0)
+            # A later restart must start in the new role with its own flags, filled for this pod.
+            self.argv = fill_pod_values(self._config(to_role).argv_for(0), os.environ, 0)
             record.finish("Succeeded", answer.get("message", "ok"))
             self.set_phase("Ready")
         elif answer.get("safe_to_restore"):
@@ -644,8 +658,10 @@ class Launcher:
             await self._relaunch(record, to_role)
 
     async def _engine_role(self) -> str | None:
+        """The live role: `/model_info` (`entrypoints/http_server.py:834-836`). `/server_info`'s top
+        level is the start-up configuration and keeps the old role after a switch (lines 863-892)."""
         try:
-            async with self._client().get(engine_url(self.argv, 0) + "/server_info") as resp:
+            async with self._client().get(engine_url(self.argv, 0) + "/model_info") as resp:
                 return (await resp.json()).get("disaggregation_mode")
         except (aiohttp.ClientError, json.JSONDecodeError):
             return None
@@ -687,8 +703,30 @@ class Launcher:
                 log.warning("drain timed out after %.0f s; stopping the engine with requests in flight",
                             self.settings.drain_timeout_s)
         self.set_phase("Stopping")
+        if self.settings.node_rank > 0:
+            await self._wait_for_leader_to_stop()
         await self.stop_engine()
         self.set_phase("Stopped")
+
+    async def _wait_for_leader_to_stop(self) -> None:
+        """A worker rank's engine ignores SIGTERM and stops when rank 0 broadcasts its shutdown
+        (`entrypoints/engine.py:1261-1272`); killing it first would break the leader's collective
+        calls mid-request. So a worker waits until the leader's HTTP server is gone (bounded by
+        the drain timeout) before signalling, and its stop grace then covers the broadcast."""
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while time.monotonic() < deadline and self.proc is not None and self.proc.returncode is None:
+            if not await self._leader_answers():
+                return
+            self.message = "waiting for the leader rank to stop"
+            await asyncio.sleep(min(self.settings.poll_interval_s, 0.5))
+
+    async def _leader_answers(self) -> bool:
+        """Whether the leader's HTTP server still answers at all (a 503 while it shuts down counts)."""
+        try:
+            async with self._client().get(engine_url(self.argv, self.settings.node_rank) + "/ready"):
+                return True
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
 
 
 def main(argv: list[str] | None = None) -> int:

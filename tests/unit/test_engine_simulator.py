@@ -289,7 +289,8 @@ def test_role_switch_refusals_carry_safe_to_restore():
     run(check, no_flag, nixl, busy)
 
 
-def test_role_switch_in_progress_unhealthy_and_success():
+def test_role_switch_in_progress_unhealthy_and_success(monkeypatch):
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "2")  # an unhealthy engine's /health gives up after it
     flaky = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"), faults="fail_rebuild")
     good = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
 
@@ -303,12 +304,20 @@ def test_role_switch_in_progress_unhealthy_and_success():
         status, body = await first
         assert status == 200 and body == {"success": True, "message": "ok", "old_role": "prefill",
                                           "new_role": "decode", "safe_to_restore": False}
+        # The live role is in /model_info and internal_states; /server_info's top level is the
+        # start-up configuration (sglang/srt/entrypoints/http_server.py:834-836, 863-892).
         async with session.get(good_url + "/server_info") as r:
+            info = await r.json()
+            assert info["disaggregation_mode"] == "prefill"
+            assert info["internal_states"][0]["disaggregation_mode"] == "decode"
+        async with session.get(good_url + "/model_info") as r:
             assert (await r.json())["disaggregation_mode"] == "decode"
 
         status, body = await _switch(session, flaky_url, "decode", decode_cuda_graph_memory_gb=1.0)
         assert status == 400 and body["safe_to_restore"] is False and "restart required" in body["message"]
         async with session.get(flaky_url + "/health") as r:
+            assert r.status == 503
+        async with session.get(flaky_url + "/ready") as r:
             assert r.status == 503
         status, body = await _switch(session, flaky_url, "decode", decode_cuda_graph_memory_gb=1.0)
         assert body["safe_to_restore"] is False and "unhealthy" in body["message"]
