@@ -157,6 +157,12 @@ def render_template(spec: HybridServingSpec, role: Role) -> list[str]:
     # Decode servers run without a radix cache whatever the flag says; only prefill has one to turn off.
     if role == "prefill" and not rs.prefix_caching:
         argv += ["--disable-radix-cache"]
+    # An engine keeps the radix-cache setting of the role it was born with across in-place switches
+    # (managers/scheduler.py:614 reads it once; disaggregation/role_switch.py:282-294 only resets
+    # the tree). A decode-born instance would serve prefill without a prefix cache, so switching
+    # fleets start decode with it (arg_groups/pd_disaggregation_hook.py:98-119).
+    if role == "decode" and in_place_role_switch(spec) and spec.prefill.prefix_caching:
+        argv += ["--disaggregation-decode-enable-radix-cache"]
 
     return argv + list(spec.engine.extra_args)
 

@@ -37,7 +37,7 @@ from hybridserving.api.v1alpha1 import (
     HybridServingSpec,
     Role,
 )
-from hybridserving.core import flags, ports, privileges
+from hybridserving.core import flags, ports, privileges, resolution
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -332,7 +332,14 @@ def role_config(spec: HybridServingSpec, role: Role) -> dict[str, Any]:
     means a layout change of one role changes that role's hash only, so only its instances
     roll; the role itself stays out of the pod template.
     """
-    return {"nnodes": spec.role(role).nodes_per_instance, "argv": flags.render_template(spec, role)}
+    config: dict[str, Any] = {"nnodes": spec.role(role).nodes_per_instance, "argv": flags.render_template(spec, role)}
+    if role == "decode" and flags.in_place_role_switch(spec):
+        # A prefill-born engine has no decode CUDA graphs; SGLang switches it to decode only when
+        # told how much memory to capture them in (disaggregation/role_switch.py:79-89).
+        resolved = resolution.resolve(spec, "decode")
+        config["decode_cuda_graph_memory_gb"] = resolution.decode_cuda_graph_memory_gb(
+            resolved.decode_cuda_graph_max_bs, spec.decode.layout.attn_dp)
+    return config
 
 
 # --------------------------------------------------------------------------- roles and indexes
@@ -563,6 +570,9 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
         {"name": "HYBRIDSERVING_ENGINE_INFO_BOOTSTRAP_PORT", "value": str(p.engine_info_bootstrap)},
         {"name": "HYBRIDSERVING_LAUNCHER_PORT", "value": str(p.launcher)},
         {"name": "HYBRIDSERVING_DIST_INIT_ADDR", "value": f"{instance}.{ns}.svc:{p.dist_init}"},
+        # Forward-pass timing, which the role-switch policy reads, is off by default
+        # (environ.py:479; managers/scheduler_components/metrics_reporter.py:325-341).
+        {"name": "SGLANG_ENABLE_METRICS_DEVICE_TIMER", "value": "1"},
         *({"name": e.name, "value": e.value} for e in spec.engine.env),
     ]
     container_ports = []
@@ -593,11 +603,22 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
     if privileges.needs_ipc_lock(spec):
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if leader:
+        # /ready reads the engine's status (managers/tokenizer_manager.py:728-734); /health would run
+        # a generation answered after a second at the earliest (entrypoints/http_server.py:720-797).
         container["readinessProbe"] = {
-            "httpGet": {"path": "/health", "port": "http"},
+            "httpGet": {"path": "/ready", "port": "http"},
             "periodSeconds": 10,
+            "timeoutSeconds": 2,
             "failureThreshold": 3,
         }
+    # Liveness is the launcher's, which supervises the engine (restarts it when it exits) and
+    # answers whatever the engine is busy with; an engine probe would restart busy engines.
+    container["livenessProbe"] = {
+        "httpGet": {"path": "/healthz", "port": "launcher"},
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
     pod: dict[str, Any] = {
         "containers": [container],
         "volumes": [
