@@ -36,6 +36,7 @@ from hybridserving_engine.simulator.args import (
     FlagError,
     SimulatorOptions,
     parse_server_args,
+    resolve_server_args,
 )
 from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
 from hybridserving_engine.simulator.engine import RequestError, SimRequest, SimulatedEngine, count_tokens
@@ -78,6 +79,7 @@ class SimulatorServer:
         self.argv = argv
         self.faults = Faults.parse(options.faults)
         self.arch = resolve_profile(options.profile)
+        self.resolved = resolve_server_args(args, options)
         self.perf = self._performance_model()
         self.role = args.disaggregation_mode
         self.metrics = EngineMetrics(args.served_model_name, self.role, args.enable_pd_role_switch)
@@ -86,7 +88,7 @@ class SimulatorServer:
             BootstrapServer(args.host, args.disaggregation_bootstrap_port, BOOTSTRAP_TIMEOUT_S)
             if runs_bootstrap else None
         )
-        self.receiver = KvReceiver(BOOTSTRAP_TIMEOUT_S)
+        self.receiver = KvReceiver(BOOTSTRAP_TIMEOUT_S, self.resolved.page_size, self.resolved.kv_cache_dtype)
         self.engine = SimulatedEngine(
             role=self.role,
             perf=self.perf,
@@ -106,8 +108,8 @@ class SimulatorServer:
 
     def _performance_model(self) -> PerformanceModel:
         kwargs = {}
-        if self.args.max_running_requests:
-            kwargs["max_running_requests"] = self.args.max_running_requests
+        if self.resolved.max_running_requests:
+            kwargs["max_running_requests"] = self.resolved.max_running_requests
         return PerformanceModel.for_role(
             self.arch,
             tp=self.args.tp_size,
@@ -173,8 +175,8 @@ class SimulatorServer:
                             "system_dp_size": 1, "system_dp_rank": 0,
                             "rank_ip": _advertised_ip(a.host),
                             "rank_port": a.disaggregation_bootstrap_port,
-                            "page_size": a.page_size or 1,
-                            "kv_cache_dtype": a.kv_cache_dtype,
+                            "page_size": self.resolved.page_size,
+                            "kv_cache_dtype": self.resolved.kv_cache_dtype,
                             "prefill_http_port": a.port,
                             "load_balance_method": self._load_balance_method(),
                             "decode_allocation_policy": a.disaggregation_decode_allocation_policy,
@@ -248,8 +250,11 @@ class SimulatorServer:
             max_running_requests=self.perf.max_running_requests,
             max_total_tokens=self.perf.kv_capacity_tokens,
             context_length=self.engine.context_length,
-            chunked_prefill_size=a.chunked_prefill_size or 8192,
-            page_size=a.page_size or 1,
+            chunked_prefill_size=self.resolved.chunked_prefill_size,
+            page_size=self.resolved.page_size,
+            mem_fraction_static=self.resolved.mem_fraction_static,
+            prefill_attention_backend=self.resolved.prefill_attention_backend,
+            decode_attention_backend=self.resolved.decode_attention_backend,
             dcp_comm_backend=a.dcp_comm_backend or "ag_rs",
             tokenizer_path=a.tokenizer_path or a.model_path,
             is_embedding=False,
@@ -656,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         args = parse_server_args(argv)
+        resolve_server_args(args, options)
     except FlagError as e:
         log.error("simulator refuses these SGLang flags: %s", e)
         return 1

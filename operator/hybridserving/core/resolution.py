@@ -93,7 +93,7 @@ def decode_cuda_graph_memory_gb(decode_max_bs: int, attn_dp: int) -> float:
     return round(decode_graph_reserve_mb(decode_max_bs, attn_dp) / MIB_PER_GIB, 3)
 
 
-def _mem_fraction_static(*, role: Role, gpu_mem_mib: float, tp: int, pp: int, attn_dp: int,
+def _mem_fraction_static(*, role: str, gpu_mem_mib: float, tp: int, pp: int, attn_dp: int,
                          chunked_prefill_size: int, decode_max_bs: int, max_running_requests: int | None,
                          num_draft_tokens: int | None, deepep: bool) -> float:
     """`arg_groups/memory_hook.py:281-343` for an MLA model on CUDA (post-capture KV sizing is
@@ -147,37 +147,62 @@ def resolve(spec: HybridServingSpec, role: Role) -> ResolvedArgs:
 def resolve_role(arch: ModelArchitecture, rs: RoleSpec, hardware: HardwareSpec, role: Role) -> ResolvedArgs:
     """`resolve` for one role's spec, model and hardware."""
     layout = rs.layout
-    gpu_mem_mib = hardware_memory_mib(hardware)
-    chunked, decode_max_bs = gpu_memory_defaults(gpu_mem_mib, layout.tp)
-    if rs.max_running_requests is not None and decode_max_bs > rs.max_running_requests:
-        decode_max_bs = rs.max_running_requests  # memory_hook.py:182-188
     speculative = rs.speculative
-    cap = rs.max_running_requests
-    if cap is None and speculative is not None and speculative.algorithm in EAGLE_FAMILY:
+    return resolve_values(
+        arch, role=role, gpu_mem_mib=hardware_memory_mib(hardware), tp=layout.tp, pp=layout.pp,
+        attn_dp=layout.attn_dp, dcp=layout.dcp, max_running_requests=rs.max_running_requests,
+        page_size_flag=rs.page_size, kv_cache_dtype=rs.kv_cache_dtype,
+        mem_fraction_static=rs.mem_fraction_static,
+        speculative_algorithm=speculative.algorithm if speculative else None,
+        num_draft_tokens=speculative.num_draft_tokens if speculative else None,
+        moe_a2a_backend=layout.moe_a2a_backend,
+    )
+
+
+def resolve_values(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp: int, pp: int, attn_dp: int,
+                   dcp: int, max_running_requests: int | None, page_size_flag: int | None, kv_cache_dtype: str,
+                   mem_fraction_static: float | None, speculative_algorithm: str | None,
+                   num_draft_tokens: int | None, moe_a2a_backend: str | None,
+                   chunked_prefill_size: int | None = None) -> ResolvedArgs:
+    """The resolution from the flag values themselves (what the SGLang simulator starts from)."""
+    chunked, decode_max_bs = gpu_memory_defaults(gpu_mem_mib, tp)
+    if chunked_prefill_size is not None:
+        chunked = chunked_prefill_size
+    if max_running_requests is not None and decode_max_bs > max_running_requests:
+        decode_max_bs = max_running_requests  # memory_hook.py:182-188
+    cap = max_running_requests
+    if cap is None and speculative_algorithm in EAGLE_FAMILY:
         cap = EAGLE_DEFAULT_MAX_RUNNING_REQUESTS
-    backends = attention_backends(arch, layout.dcp)
-    fraction = rs.mem_fraction_static
+    backends = attention_backends(arch, dcp)
+    fraction = mem_fraction_static
     if fraction is None:
         # The memory hook runs before the attention-DP split of chunked prefill and before the
         # EAGLE cap (arg_groups/pipeline.py:218, 274, 306), so it sees neither.
         fraction = _mem_fraction_static(
-            role=role, gpu_mem_mib=gpu_mem_mib, tp=layout.tp, pp=layout.pp, attn_dp=layout.attn_dp,
+            role=role, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, attn_dp=attn_dp,
             chunked_prefill_size=chunked, decode_max_bs=decode_max_bs,
-            max_running_requests=rs.max_running_requests,
-            num_draft_tokens=speculative.num_draft_tokens if speculative else None,
-            deepep=layout.moe_a2a_backend == "deepep",
+            max_running_requests=max_running_requests, num_draft_tokens=num_draft_tokens,
+            deepep=moe_a2a_backend == "deepep",
         )
     return ResolvedArgs(
-        chunked_prefill_size=chunked // layout.attn_dp,
+        chunked_prefill_size=chunked // attn_dp,
         decode_cuda_graph_max_bs=decode_max_bs,
         mem_fraction_static=fraction,
         max_running_requests=cap,
-        page_size=page_size(arch, rs.page_size, backends),
-        kv_cache_dtype=rs.kv_cache_dtype,
+        page_size=page_size(arch, page_size_flag, backends),
+        kv_cache_dtype=kv_cache_dtype,
         prefill_attention_backend=backends[0],
         decode_attention_backend=backends[1],
-        attn_dp=layout.attn_dp,
+        attn_dp=attn_dp,
     )
+
+
+def required_compute_capability(resolved: ResolvedArgs) -> int | None:
+    """The CUDA compute capability major the resolved attention backends need: trtllm_mla and
+    cutedsl_mla raise off SM100 (`arg_groups/overrides.py:1210-1213, 1243-1246`)."""
+    if {resolved.prefill_attention_backend, resolved.decode_attention_backend} & {"trtllm_mla", "cutedsl_mla"}:
+        return 10
+    return None
 
 
 def hardware_memory_mib(hardware: HardwareSpec) -> float:
