@@ -96,10 +96,11 @@ class EnvVar(ApiModel):
 
 class EngineSpec(ApiModel):
     image: str = Field(
-        default="lmsysorg/sglang:v0.5.23",
+        default="hybridserving/engine:0.1.0-sglang0.5.23",
         min_length=1,
         max_length=512,
-        description="Engine image (SGLang plus the launcher); pin it by tag or digest.",
+        description="Engine image: SGLang plus the hybridserving-engine launcher (images/engine/Dockerfile); "
+        "pin it by tag or digest.",
     )
     sglang_version: str = Field(
         default="0.5.23",
