@@ -34,14 +34,27 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from hybridserving.core.flags import PLACEHOLDERS, fill_placeholders
+from hybridserving.contract import (
+    CONFIG_DIR,
+    ENV_CONFIG_DIR,
+    ENV_DRAIN_TIMEOUT_S,
+    ENV_LAUNCHER_PORT,
+    ENV_NODE_RANK,
+    ENV_ROLE_FILE,
+    LABEL_ROLE,
+    PLACEHOLDERS,
+    ROLE_CONFIG_KEYS,
+    ROLE_FILE,
+    ROLES,
+    fill_placeholders,
+    inflight_requests,
+    placeholder_env,
+)
 from hybridserving_engine import preflight
 from hybridserving_engine.argv import flag_value, has_flag
 
 log = logging.getLogger("hybridserving.launcher")
 
-ROLE_LABEL = "hybridserving.io/role"
-ROLES = ("prefill", "decode")
 PHASES = (
     "WaitingForRole", "PreflightFailed", "Starting", "Ready", "Restarting", "CrashLoop",
     "Draining", "Switching", "Relaunching", "Stopping", "Stopped",
@@ -89,7 +102,7 @@ def fill_pod_values(argv: list[str], env: Mapping[str, str], node_rank: int) -> 
     """
     values: dict[str, str | int] = {"node_rank": node_rank}
     for name in PLACEHOLDERS:
-        value = env.get(f"HYBRIDSERVING_{name.upper()}")
+        value = env.get(placeholder_env(name))
         if value is not None and name != "node_rank":
             values[name] = value
     try:
@@ -109,7 +122,7 @@ def load_role_config(config_dir: Path, role: str) -> RoleConfig:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object")
-    unknown = set(data) - {"nnodes", "argv", "ranks", "decode_cuda_graph_memory_gb"}
+    unknown = set(data) - ROLE_CONFIG_KEYS
     if unknown:
         raise ConfigError(f"{path} has unknown keys {sorted(unknown)}")
     argv, ranks = data.get("argv"), data.get("ranks")
@@ -141,7 +154,7 @@ def read_role(path: Path) -> str | None:
     value = text.strip()
     for line in text.splitlines():
         key, sep, raw = line.partition("=")
-        if sep and key.strip() == ROLE_LABEL:
+        if sep and key.strip() == LABEL_ROLE:
             value = raw.strip().strip('"')
             break
     return value if value in ROLES else None
@@ -175,13 +188,13 @@ class Settings:
             return float(e.get(name, default))
 
         values = dict(
-            config_dir=Path(e.get("HYBRIDSERVING_CONFIG_DIR", "/etc/hybridserving/engine")),
-            role_file=Path(e.get("HYBRIDSERVING_ROLE_FILE", "/etc/hybridserving/podinfo/role")),
-            node_rank=int(e.get("HYBRIDSERVING_NODE_RANK", "0")),
+            config_dir=Path(e.get(ENV_CONFIG_DIR, CONFIG_DIR)),
+            role_file=Path(e.get(ENV_ROLE_FILE, ROLE_FILE)),
+            node_rank=int(e.get(ENV_NODE_RANK, "0")),
             backend=e.get("HYBRIDSERVING_ENGINE_BACKEND", "sglang"),
             host=e.get("HYBRIDSERVING_LAUNCHER_HOST", "0.0.0.0"),
-            port=int(e.get("HYBRIDSERVING_LAUNCHER_PORT", "8080")),
-            drain_timeout_s=num("HYBRIDSERVING_DRAIN_TIMEOUT_S", 600),
+            port=int(e.get(ENV_LAUNCHER_PORT, "8080")),
+            drain_timeout_s=num(ENV_DRAIN_TIMEOUT_S, 600),
             idle_window_s=num("HYBRIDSERVING_IDLE_WINDOW_S", 3.0),
             stop_grace_s=num("HYBRIDSERVING_STOP_GRACE_S", 30),
             startup_timeout_s=num("HYBRIDSERVING_STARTUP_TIMEOUT_S", 3600),
@@ -215,17 +228,6 @@ def engine_url(argv: list[str], node_rank: int) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     return f"http://{host}:{port}"
-
-
-def inflight_requests(loads: dict) -> int:
-    """Requests an engine still holds, from its `/v1/loads` answer (every queue, every DP rank)."""
-    total = 0
-    for load in loads.get("loads", []):
-        total += load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0)
-        disagg = load.get("disaggregation") or {}
-        total += sum(v for k, v in disagg.items() if k.endswith("_queue_reqs"))
-        total += (load.get("queues") or {}).get("paused", 0)
-    return total
 
 
 # ---------------------------------------------------------------------------------- status

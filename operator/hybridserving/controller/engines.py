@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hybridserving.contract import inflight_requests
 from hybridserving.core.policy import InstanceMetrics
 
 TIMEOUT_S = 2.0
@@ -34,17 +35,6 @@ FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
 # (`model_executor/runner/eager_runner.py:460`: DP-attention ranks run "idle" passes).
 IDLE_CATEGORIES = frozenset({"idle"})
 LAUNCHER_PORT = 8080  # the launcher's default (HYBRIDSERVING_LAUNCHER_PORT)
-
-
-def inflight_requests(loads: Mapping[str, Any]) -> int:
-    """Requests an engine still holds, from `/v1/loads` (every queue, every DP rank)."""
-    total = 0
-    for load in loads.get("loads") or []:
-        total += int(load.get("num_running_reqs") or 0) + int(load.get("num_waiting_reqs") or 0)
-        disagg = load.get("disaggregation") or {}
-        total += sum(int(v or 0) for k, v in disagg.items() if k.endswith("_queue_reqs"))
-        total += int((load.get("queues") or {}).get("paused") or 0)
-    return total
 
 
 @dataclass

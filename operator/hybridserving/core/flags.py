@@ -19,21 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hybridserving.contract import PLACEHOLDERS, fill_placeholders
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.core.layout import role_switch_capability
 
 # The launcher module of the engine image; argv from `render_argv` follows it.
 LAUNCH_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
-
-# Whole-token placeholders of the per-role template, by the value that fills them.
-PLACEHOLDERS: dict[str, str] = {
-    "port": "{port}",
-    "bootstrap_port": "{bootstrap_port}",
-    "engine_info_bootstrap_port": "{engine_info_bootstrap_port}",
-    "node_rank": "{node_rank}",
-    "dist_init_addr": "{dist_init_addr}",
-}
-
 
 @dataclass(frozen=True)
 class EnginePorts:
@@ -165,26 +156,6 @@ def render_template(spec: HybridServingSpec, role: Role) -> list[str]:
         argv += ["--disaggregation-decode-enable-radix-cache"]
 
     return argv + list(spec.engine.extra_args)
-
-
-def fill_placeholders(template: Sequence[str], values: Mapping[str, str | int]) -> list[str]:
-    """Replace every whole-token placeholder of `template` by its value.
-
-    Whole tokens only, so a value containing braces (a JSON argument in extraArgs) is
-    never touched; a placeholder without a value is an error rather than a literal
-    `{port}` handed to the engine.
-    """
-    by_token = {token: name for name, token in PLACEHOLDERS.items()}
-    argv: list[str] = []
-    for token in template:
-        name = by_token.get(token)
-        if name is None:
-            argv.append(token)
-        elif name in values:
-            argv.append(str(values[name]))
-        else:
-            raise ValueError(f"no value for placeholder {token} (give {name!r})")
-    return argv
 
 
 def render_argv(
