@@ -15,12 +15,11 @@ pod; `render_argv` is that template filled, so both paths render the same argv.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hybridserving.contract import PLACEHOLDERS, fill_placeholders
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
+from hybridserving.contract import PLACEHOLDERS, fill_placeholders
 from hybridserving.core.layout import role_switch_capability
 
 # The launcher module of the engine image; argv from `render_argv` follows it.
