@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -210,26 +211,29 @@ class KvReceiver:
         base = f"http://{host}:{port}/route"
         deadline = time.monotonic() + self.timeout_s
         layout_params = dict.fromkeys(("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"), "-1")
+        rank_params = {"prefill_dp_rank": "0", "prefill_cp_rank": "0", "target_tp_rank": "0", "target_pp_rank": "0"}
         while True:
             try:
-                async with self._client().get(base, params=layout_params) as resp:
-                    if resp.status == 200:
-                        self._check_layout(await resp.json())
-                async with self._client().get(
-                    base, params={"prefill_dp_rank": "0", "prefill_cp_rank": "0",
-                                  "target_tp_rank": "0", "target_pp_rank": "0"}
-                ) as resp:
-                    if resp.status == 200:
-                        info = await resp.json()
-                        addr = (info["rank_ip"], int(info["rank_port"]))
-                        self._rank_addr[(host, port)] = addr
-                        return addr
-                    detail = await resp.text()
+                (layout_status, layout), (status, info) = await asyncio.gather(
+                    self._get_json(base, layout_params), self._get_json(base, rank_params))
+                if layout_status == 200:
+                    self._check_layout(layout)
+                if status == 200:
+                    addr = (info["rank_ip"], int(info["rank_port"]))
+                    self._rank_addr[(host, port)] = addr
+                    return addr
+                detail = str(info)
             except aiohttp.ClientError as e:
                 detail = str(e)
             if time.monotonic() > deadline:
                 raise HandoffError(f"bootstrap server {host}:{port} not ready: {detail}")
             await asyncio.sleep(0.2)
+
+    async def _get_json(self, url: str, params: dict[str, str]) -> tuple[int, Any]:
+        async with self._client().get(url, params=params) as resp:
+            if resp.status == 200:
+                return resp.status, await resp.json()
+            return resp.status, await resp.text()
 
     def _check_layout(self, info: dict) -> None:
         """The decode side's sanity checks on the prefill it pairs with
