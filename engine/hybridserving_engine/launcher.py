@@ -34,14 +34,27 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from hybridserving.core.flags import PLACEHOLDERS, fill_placeholders
+from hybridserving.contract import (
+    CONFIG_DIR,
+    ENV_CONFIG_DIR,
+    ENV_DRAIN_TIMEOUT_S,
+    ENV_LAUNCHER_PORT,
+    ENV_NODE_RANK,
+    ENV_ROLE_FILE,
+    LABEL_ROLE,
+    PLACEHOLDERS,
+    ROLE_CONFIG_KEYS,
+    ROLE_FILE,
+    ROLES,
+    fill_placeholders,
+    inflight_requests,
+    placeholder_env,
+)
 from hybridserving_engine import preflight
 from hybridserving_engine.argv import flag_value, has_flag
 
 log = logging.getLogger("hybridserving.launcher")
 
-ROLE_LABEL = "hybridserving.io/role"
-ROLES = ("prefill", "decode")
 PHASES = (
     "WaitingForRole", "PreflightFailed", "Starting", "Ready", "Restarting", "CrashLoop",
     "Draining", "Switching", "Relaunching", "Stopping", "Stopped",
@@ -89,7 +102,7 @@ def fill_pod_values(argv: list[str], env: Mapping[str, str], node_rank: int) -> 
     """
     values: dict[str, str | int] = {"node_rank": node_rank}
     for name in PLACEHOLDERS:
-        value = env.get(f"HYBRIDSERVING_{name.upper()}")
+        value = env.get(placeholder_env(name))
         if value is not None and name != "node_rank":
             values[name] = value
     try:
@@ -109,7 +122,7 @@ def load_role_config(config_dir: Path, role: str) -> RoleConfig:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object")
-    unknown = set(data) - {"nnodes", "argv", "ranks", "decode_cuda_graph_memory_gb"}
+    unknown = set(data) - ROLE_CONFIG_KEYS
     if unknown:
         raise ConfigError(f"{path} has unknown keys {sorted(unknown)}")
     argv, ranks = data.get("argv"), data.get("ranks")
@@ -141,7 +154,7 @@ def read_role(path: Path) -> str | None:
     value = text.strip()
     for line in text.splitlines():
         key, sep, raw = line.partition("=")
-        if sep and key.strip() == ROLE_LABEL:
+        if sep and key.strip() == LABEL_ROLE:
             value = raw.strip().strip('"')
             break
     return value if value in ROLES else None
@@ -158,6 +171,7 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 8080
     drain_timeout_s: float = 600.0
+    idle_window_s: float = 3.0
     stop_grace_s: float = 30.0
     startup_timeout_s: float = 3600.0
     poll_interval_s: float = 1.0
@@ -174,13 +188,14 @@ class Settings:
             return float(e.get(name, default))
 
         values = dict(
-            config_dir=Path(e.get("HYBRIDSERVING_CONFIG_DIR", "/etc/hybridserving/engine")),
-            role_file=Path(e.get("HYBRIDSERVING_ROLE_FILE", "/etc/hybridserving/podinfo/role")),
-            node_rank=int(e.get("HYBRIDSERVING_NODE_RANK", "0")),
+            config_dir=Path(e.get(ENV_CONFIG_DIR, CONFIG_DIR)),
+            role_file=Path(e.get(ENV_ROLE_FILE, ROLE_FILE)),
+            node_rank=int(e.get(ENV_NODE_RANK, "0")),
             backend=e.get("HYBRIDSERVING_ENGINE_BACKEND", "sglang"),
             host=e.get("HYBRIDSERVING_LAUNCHER_HOST", "0.0.0.0"),
-            port=int(e.get("HYBRIDSERVING_LAUNCHER_PORT", "8080")),
-            drain_timeout_s=num("HYBRIDSERVING_DRAIN_TIMEOUT_S", 600),
+            port=int(e.get(ENV_LAUNCHER_PORT, "8080")),
+            drain_timeout_s=num(ENV_DRAIN_TIMEOUT_S, 600),
+            idle_window_s=num("HYBRIDSERVING_IDLE_WINDOW_S", 3.0),
             stop_grace_s=num("HYBRIDSERVING_STOP_GRACE_S", 30),
             startup_timeout_s=num("HYBRIDSERVING_STARTUP_TIMEOUT_S", 3600),
             poll_interval_s=num("HYBRIDSERVING_POLL_INTERVAL_S", 1.0),
@@ -213,17 +228,6 @@ def engine_url(argv: list[str], node_rank: int) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     return f"http://{host}:{port}"
-
-
-def inflight_requests(loads: dict) -> int:
-    """Requests an engine still holds, from its `/v1/loads` answer (every queue, every DP rank)."""
-    total = 0
-    for load in loads.get("loads", []):
-        total += load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0)
-        disagg = load.get("disaggregation") or {}
-        total += sum(v for k, v in disagg.items() if k.endswith("_queue_reqs"))
-        total += (load.get("queues") or {}).get("paused", 0)
-    return total
 
 
 # ---------------------------------------------------------------------------------- status
@@ -421,13 +425,15 @@ class Launcher:
         self.last_exit_code = proc.returncode
 
     async def probe_engine(self) -> bool:
-        """Whether the engine serves: `/health` on the leader; a live process on worker ranks."""
+        """Whether the engine serves: `/ready` on the leader (200 once warmed up, while healthy and
+        not paused: `managers/tokenizer_manager.py:728-734`; `/health` would run a generation and
+        answer after a second at the earliest); a live process on worker ranks."""
         if self.proc is None or self.proc.returncode is not None:
             return False
         if self.settings.node_rank > 0:
             return True
         try:
-            async with self._client().get(engine_url(self.argv, 0) + "/health") as resp:
+            async with self._client().get(engine_url(self.argv, 0) + "/ready") as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
@@ -443,20 +449,30 @@ class Launcher:
             return None
 
     async def drain(self) -> bool:
-        """Wait until the engine holds no request (seen twice in a row, so a request in transit
-        between the HTTP front end and the scheduler is not missed). False on timeout."""
+        """Wait until the engine has held no request for `idle_window_s` without a break.
+
+        The caller has already stopped new traffic at its source (the controller unroutes the
+        leader before a switch; on SIGTERM the pod is terminating, which the router watches), but
+        the router learns that a moment later and requests already on their way still land. A
+        window of idleness, not two polls, is what shows nothing more is coming. False on timeout.
+        """
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        idle_polls = 0
+        idle_since: float | None = None
         while True:
             loads = await self.engine_loads()
             if loads is None and (self.proc is None or self.proc.returncode is not None):
                 return True  # nothing left that could hold a request
             if loads is not None:
                 busy = inflight_requests(loads)
-                idle_polls = idle_polls + 1 if busy == 0 else 0
-                if idle_polls >= 2:
-                    return True
-                self.message = f"{busy} request(s) in flight"
+                now = time.monotonic()
+                if busy:
+                    idle_since = None
+                    self.message = f"{busy} request(s) in flight"
+                else:
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= self.settings.idle_window_s:
+                        return True
+                    self.message = f"idle for {now - idle_since:.1f} s of {self.settings.idle_window_s:.1f} s"
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(min(self.settings.poll_interval_s, 0.5))
@@ -632,8 +648,8 @@ class Launcher:
                           "message": f"engine reports role {mode!r} after switching to {to_role!r}"}
         if answer.get("success"):
             self.role = to_role
-            # A later restart must start in the new role with its own flags.
-            self.argv = self._config(to_role).argv_for(0)
+            # A later restart must start in the new role with its own flags, filled for this pod.
+            self.argv = fill_pod_values(self._config(to_role).argv_for(0), os.environ, 0)
             record.finish("Succeeded", answer.get("message", "ok"))
             self.set_phase("Ready")
         elif answer.get("safe_to_restore"):
@@ -644,8 +660,10 @@ class Launcher:
             await self._relaunch(record, to_role)
 
     async def _engine_role(self) -> str | None:
+        """The live role: `/model_info` (`entrypoints/http_server.py:834-836`). `/server_info`'s top
+        level is the start-up configuration and keeps the old role after a switch (lines 863-892)."""
         try:
-            async with self._client().get(engine_url(self.argv, 0) + "/server_info") as resp:
+            async with self._client().get(engine_url(self.argv, 0) + "/model_info") as resp:
                 return (await resp.json()).get("disaggregation_mode")
         except (aiohttp.ClientError, json.JSONDecodeError):
             return None
@@ -687,8 +705,30 @@ class Launcher:
                 log.warning("drain timed out after %.0f s; stopping the engine with requests in flight",
                             self.settings.drain_timeout_s)
         self.set_phase("Stopping")
+        if self.settings.node_rank > 0:
+            await self._wait_for_leader_to_stop()
         await self.stop_engine()
         self.set_phase("Stopped")
+
+    async def _wait_for_leader_to_stop(self) -> None:
+        """A worker rank's engine ignores SIGTERM and stops when rank 0 broadcasts its shutdown
+        (`entrypoints/engine.py:1261-1272`); killing it first would break the leader's collective
+        calls mid-request. So a worker waits until the leader's HTTP server is gone (bounded by
+        the drain timeout) before signalling, and its stop grace then covers the broadcast."""
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while time.monotonic() < deadline and self.proc is not None and self.proc.returncode is None:
+            if not await self._leader_answers():
+                return
+            self.message = "waiting for the leader rank to stop"
+            await asyncio.sleep(min(self.settings.poll_interval_s, 0.5))
+
+    async def _leader_answers(self) -> bool:
+        """Whether the leader's HTTP server still answers at all (a 503 while it shuts down counts)."""
+        try:
+            async with self._client().get(engine_url(self.argv, self.settings.node_rank) + "/ready"):
+                return True
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from hybridserving.api.v1alpha1 import HardwareSpec
-from hybridserving.commands import simulate, status
+from hybridserving.commands import render, simulate, status
 from hybridserving.commands.output import write_json, write_table
 from hybridserving.core import capacity, transfer
 from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
@@ -228,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=transfer.DEFAULT_PAGE_SIZE)
     simulate.register(sub)
     status.register(sub)
+    render.register(sub)
     return parser
 
 

@@ -197,6 +197,30 @@ def test_policy_switches_a_decode_instance_to_prefill_in_place_under_load(
         launcher = httpx.get(launcher_url(leader) + "/status", timeout=5, trust_env=False).json()
         assert launcher["lastSwitch"]["mode"] == "in-place" and launcher["lastSwitch"]["outcome"] == "Succeeded"
         assert launcher["engine"]["restarts"] == 0
+
+        # The other way: a prefill-born engine has no decode CUDA graphs, so SGLang switches it to
+        # decode in place only given decode_cuda_graph_memory_gb (disaggregation/role_switch.py:79-89).
+        born_prefill = sorted(n for n, pod in f.leaders().items()
+                              if n != switch["instance"] and f.kubectl_json("get", "hybridservinginstance", n)
+                              ["spec"]["role"] == "prefill")[0]
+        victim_uid = f.leaders()[born_prefill]["metadata"]["uid"]
+        f.cluster.kubectl("-n", namespace, "annotate", "hybridservinginstance", born_prefill,
+                          "hybridserving.io/switch-to=decode")
+
+        def back_to_decode() -> dict | None:
+            return next((s for s in f.status().get("switches", [])
+                         if s["instance"] == born_prefill and s["outcome"] != "InProgress"), None)
+
+        p2d = wait_for(back_to_decode, 180, "the on-call prefill -> decode switch to finish", interval=1)
+        assert (p2d["fromRole"], p2d["toRole"], p2d["mode"], p2d["outcome"]) == (
+            "prefill", "decode", "in-place", "Succeeded"), p2d
+        leader = f.leaders()[born_prefill]
+        assert leader["metadata"]["uid"] == victim_uid
+        launcher = httpx.get(launcher_url(leader) + "/status", timeout=5, trust_env=False).json()
+        assert (launcher["role"], launcher["lastSwitch"]["mode"], launcher["engine"]["restarts"]) == (
+            "decode", "in-place", 0)
+        engine = f"http://{leader['status']['podIP']}:{launcher['engine']['url'].rsplit(':', 1)[1]}"
+        assert httpx.get(engine + "/model_info", timeout=5, trust_env=False).json()["disaggregation_mode"] == "decode"
     finally:
         tear_down(local_cluster, namespace)
 

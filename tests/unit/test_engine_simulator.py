@@ -51,6 +51,64 @@ def run(coro_fn, *servers: SimulatorServer):
 # ------------------------------------------------------------------ flags
 
 
+def test_flags_sglang_does_not_know_exit_2_as_sglang_serve_does():
+    # argparse in `sglang serve` (server_args.py prepare_server_args): unknown and ambiguous flags exit 2.
+    for bad in (["--no-such-flag", "1"], ["--cuda-graph-max-bs", "8"], ["--prefill-round-robin-balance"]):
+        with pytest.raises(SystemExit) as exited:
+            parse_server_args(["--model-path", "m", *bad])
+        assert exited.value.code == 2, bad
+
+
+def resolved_info(*flags: str, gpu: str = "H200", profile: str = "glm-5.2") -> dict:
+    argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), *flags]
+    opts = SimulatorOptions(profile=profile, time_scale=0.01, startup_seconds=0.0, faults="", gpu_type=gpu)
+    return SimulatorServer(parse_server_args(argv), opts, argv).server_info_dict()
+
+
+def test_simulator_serves_sglangs_resolved_values():
+    # EAGLE without --max-running-requests: 48 (arg_groups/speculative_hook.py:1086-1094).
+    eagle = resolved_info("--disaggregation-mode", "decode", "--tp-size", "8", "--attn-dp-size", "8",
+                          "--speculative-algorithm", "EAGLE")
+    assert eagle["max_running_requests"] == 48
+    # DSA forces page size 64 whatever --page-size says (arg_groups/model_overrides/deepseek_v2.py:162-173);
+    # chunked prefill is divided by attention DP (arg_groups/parallel_hook.py:331) after the 8192 an
+    # H200 gets (arg_groups/memory_hook.py:146-157).
+    assert eagle["page_size"] == 64 and eagle["chunked_prefill_size"] == 8192 // 8
+    assert resolved_info("--page-size", "1")["page_size"] == 64
+    # The static memory fraction is computed per role (arg_groups/memory_hook.py:281-343).
+    assert resolved_info("--disaggregation-mode", "decode", "--tp-size", "8")["mem_fraction_static"] == 0.929
+    # Kimi K3 with DCP: cutedsl_mla decode, trtllm_mla prefill, page size 64 (model_overrides/kimi_k3.py:84-94).
+    k3 = resolved_info("--disaggregation-mode", "decode", "--tp-size", "8", "--dcp-size", "8", gpu="B300",
+                       profile="kimi-k3")
+    assert (k3["decode_attention_backend"], k3["prefill_attention_backend"], k3["page_size"]) == (
+        "cutedsl_mla", "trtllm_mla", 64)
+
+
+def test_simulator_refuses_blackwell_backends_on_hopper():
+    # arg_groups/overrides.py:1210-1213, 1243-1246: trtllm_mla / cutedsl_mla raise off SM100.
+    with pytest.raises(FlagError, match="Blackwell"):
+        resolved_info("--disaggregation-mode", "decode", "--tp-size", "8", "--dcp-size", "8", gpu="H200",
+                      profile="kimi-k3")
+
+
+def test_decode_refuses_a_prefill_with_another_kv_cache_dtype():
+    # disaggregation/common/conn.py:1320-1334: checked when decode first asks the prefill's bootstrap server.
+    bootstrap = free_port()
+    # GLM-5.2 is a DSA model: both page sizes resolve to 64 and agree; the KV dtypes do not.
+    prefill = make_server(*pd_flags("prefill", bootstrap), "--page-size", "1", "--kv-cache-dtype", "fp8_e4m3")
+    decode = make_server(*pd_flags("decode", bootstrap), "--page-size", "16", "--kv-cache-dtype", "bf16")
+
+    async def check(session, prefill_url, decode_url):
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": bootstrap, "bootstrap_room": 7}
+        async with session.post(decode_url + "/generate", json=body) as r:
+            answer = await r.text()
+        return r.status, answer
+
+    status, answer = run(check, prefill, decode)
+    assert status != 200 and "KV cache dtype mismatch" in answer
+
+
 def test_unknown_sglang_flags_are_ignored_with_a_note(caplog):
     with caplog.at_level(logging.INFO, logger="hybridserving.simulator"):
         args = parse_server_args(["--model-path", "m", "--tp-size", "8", "--cuda-graph-max-bs-decode", "64",
@@ -289,7 +347,8 @@ def test_role_switch_refusals_carry_safe_to_restore():
     run(check, no_flag, nixl, busy)
 
 
-def test_role_switch_in_progress_unhealthy_and_success():
+def test_role_switch_in_progress_unhealthy_and_success(monkeypatch):
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "2")  # an unhealthy engine's /health gives up after it
     flaky = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"), faults="fail_rebuild")
     good = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
 
@@ -303,12 +362,20 @@ def test_role_switch_in_progress_unhealthy_and_success():
         status, body = await first
         assert status == 200 and body == {"success": True, "message": "ok", "old_role": "prefill",
                                           "new_role": "decode", "safe_to_restore": False}
+        # The live role is in /model_info and internal_states; /server_info's top level is the
+        # start-up configuration (sglang/srt/entrypoints/http_server.py:834-836, 863-892).
         async with session.get(good_url + "/server_info") as r:
+            info = await r.json()
+            assert info["disaggregation_mode"] == "prefill"
+            assert info["internal_states"][0]["disaggregation_mode"] == "decode"
+        async with session.get(good_url + "/model_info") as r:
             assert (await r.json())["disaggregation_mode"] == "decode"
 
         status, body = await _switch(session, flaky_url, "decode", decode_cuda_graph_memory_gb=1.0)
         assert status == 400 and body["safe_to_restore"] is False and "restart required" in body["message"]
         async with session.get(flaky_url + "/health") as r:
+            assert r.status == 503
+        async with session.get(flaky_url + "/ready") as r:
             assert r.status == 503
         status, body = await _switch(session, flaky_url, "decode", decode_cuda_graph_memory_gb=1.0)
         assert body["safe_to_restore"] is False and "unhealthy" in body["message"]
@@ -329,3 +396,32 @@ def test_fault_endpoint_slows_forward_passes_and_refuses_switches():
             assert r.status == 400
 
     run(check, server)
+
+
+def test_worker_rank_ignores_sigterm_until_rank_0_stops():
+    # entrypoints/engine.py:1261-1272: non-zero ranks log SIGTERM and wait for rank 0's shutdown.
+    import signal
+    import subprocess
+    import time
+
+    from hybridserving_engine.simulator.process import SimulatorProcess, simulator_env
+
+    port = free_port()
+    common = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(port), "--tp-size", "16", "--nnodes", "2",
+              "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    leader = SimulatorProcess([*common, "--node-rank", "0"], env=simulator_env(time_scale=0.01)).wait_ready()
+    worker = subprocess.Popen([*leader.proc.args[:3], *common, "--node-rank", "1"], env=simulator_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while "no HTTP server on worker ranks" not in worker.stderr.readline():  # joined the instance
+            assert worker.poll() is None
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(1.5)
+        assert worker.poll() is None, "the worker rank stopped before rank 0"
+        leader.stop()
+        assert worker.wait(15) == 0
+    finally:
+        leader.stop()
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hybridserving.cli import main
 
@@ -104,3 +105,26 @@ def test_transfer_plan_command_reproduces_domain_figures() -> None:
 def test_missing_file_is_a_clear_error() -> None:
     code, out = run("validate", "-f", "/nonexistent/fleet.yaml")
     assert code == 1 and "check the path" in out
+
+
+@pytest.mark.parametrize("name", ["role-switch.yaml", "kimi-k3.yaml", "glm-5.3.yaml"])
+def test_render_prints_every_object_the_operator_creates(name: str) -> None:
+    code, out = run("render", "-f", str(ROOT / "examples" / name))
+    assert code == 0, out
+    objects = list(yaml.safe_load_all(out))
+    kinds = {o["kind"] for o in objects}
+    assert {"ConfigMap", "PodDisruptionBudget", "HybridServingInstance", "Service", "Pod"} <= kinds
+    spec = yaml.safe_load((ROOT / "examples" / name).read_text())["spec"]
+    instances = spec["prefill"].get("replicas", 1) + spec["decode"].get("replicas", 1)
+    assert sum(o["kind"] == "HybridServingInstance" for o in objects) == instances
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    leaders = [p for p in pods if p["metadata"]["labels"]["hybridserving.io/leader"] == "true"]
+    assert len(leaders) == instances
+    assert all(p["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/ready" for p in leaders)
+    assert all(o["metadata"].get("uid") in (None, "") for o in objects)
+
+
+def test_render_refuses_an_invalid_fleet() -> None:
+    code, out = run("render", "-f", str(ROOT / "examples" / "invalid" / sorted(
+        p.name for p in (ROOT / "examples" / "invalid").glob("*.yaml"))[0]))
+    assert code != 0

@@ -151,10 +151,12 @@ def test_operator_entrypoint_module_exists() -> None:
 def test_engine_image_pins_sglang_and_the_transfer_engines() -> None:
     (stage,) = stages(ENGINE)
     base = dict(stage)["FROM"]
-    assert re.fullmatch(r"lmsysorg/sglang:v0\.5\.23-cu\d+(@sha256:[0-9a-f]{64})?", base), base
+    # The sglang 0.5.23 wheel requires CUDA 13 builds (flashinfer_python[cu13], cuda-python>=13):
+    # a CUDA 12 base or transfer engine would not load beside it.
+    assert re.fullmatch(r"lmsysorg/sglang:v0\.5\.23-cu13\d(@sha256:[0-9a-f]{64})?", base), base
     pinned = {Requirement(r).name: str(Requirement(r).specifier)
               for r in pip_requirements(ENGINE) if not r.startswith(".")}
-    assert pinned == {"mooncake-transfer-engine": "==0.3.13.post1", "nixl": "==1.5.1"}
+    assert pinned == {"mooncake-transfer-engine-cuda13": "==0.3.14", "nixl": "==1.5.1"}
 
 
 def test_engine_image_installs_the_engine_extra_and_runs_the_launcher() -> None:
@@ -179,3 +181,12 @@ def test_dockerignore_admits_only_what_pip_needs() -> None:
             if ins == "COPY" and not rest.startswith("--from"):
                 copied |= {w.rstrip("/") for w in shlex.split(rest)[:-1]}
     assert copied == admitted
+
+
+def test_default_engine_image_is_the_one_with_the_launcher() -> None:
+    """Pods run `hybridserving-engine`; SGLang's own image lacks it, so the default must be ours."""
+    from hybridserving.api.v1alpha1 import EngineSpec
+
+    default = EngineSpec().image
+    assert not default.startswith("lmsysorg/")
+    assert f"-t {default} ." in ENGINE.read_text()

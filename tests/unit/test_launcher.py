@@ -193,10 +193,11 @@ class Pod:
     """A launcher process running the simulator, configured as the operator would."""
 
     def __init__(self, tmp_path: Path, role: str, switch_flag: bool = True, faults: str = "",
-                 extra: list[str] | None = None, time_scale: float = 0.01) -> None:
+                 extra: list[str] | None = None, time_scale: float = 0.01, idle_window_s: float = 1.0) -> None:
         self.port, self.bootstrap, self.launcher_port = free_port(), free_port(), free_port()
         for r in ("prefill", "decode"):
-            argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(self.port),
+            # Like the operator's ConfigMap: per-pod values are placeholders the launcher fills from env.
+            argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", "{port}",
                     "--disaggregation-mode", r, "--disaggregation-bootstrap-port", str(self.bootstrap),
                     *(["--enable-pd-role-switch"] if switch_flag else []), *(extra or [])]
             write_config(tmp_path / "cfg", r, {"argv": argv, "decode_cuda_graph_memory_gb": 1.0})
@@ -205,7 +206,8 @@ class Pod:
         env = simulator_env(time_scale=time_scale, faults=faults)
         env.update(HYBRIDSERVING_CONFIG_DIR=str(tmp_path / "cfg"), HYBRIDSERVING_ROLE_FILE=str(self.role_file),
                    HYBRIDSERVING_LAUNCHER_HOST="127.0.0.1", HYBRIDSERVING_LAUNCHER_PORT=str(self.launcher_port),
-                   HYBRIDSERVING_POLL_INTERVAL_S="0.1", HYBRIDSERVING_DRAIN_TIMEOUT_S="30")
+                   HYBRIDSERVING_POLL_INTERVAL_S="0.1", HYBRIDSERVING_DRAIN_TIMEOUT_S="30",
+                   HYBRIDSERVING_IDLE_WINDOW_S=str(idle_window_s), HYBRIDSERVING_PORT=str(self.port))
         self.log = tmp_path / "launcher.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "hybridserving_engine.launcher", "--backend",
@@ -218,12 +220,13 @@ class Pod:
         with urllib.request.urlopen(self.url + "/status", timeout=5) as resp:
             return json.load(resp)
 
-    def wait_switch(self, timeout: float = 20) -> dict:
+    def wait_switch(self, timeout: float = 20, count: int = 1) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = self.status()
             last = status["lastSwitch"]
-            if last and last["outcome"] != "InProgress" and status["phase"] not in ("Draining", "Switching"):
+            if (last and status["switchCount"] >= count and last["outcome"] != "InProgress"
+                    and status["phase"] not in ("Draining", "Switching")):
                 return status
             time.sleep(0.05)
         raise TimeoutError(self.log.read_text())
@@ -249,7 +252,8 @@ def pod(tmp_path):
 
 def test_sigterm_drains_in_flight_requests_before_stopping_the_engine(pod):
     # Unified engine: each request prefills and decodes 150 tokens, about 1 s at time scale 0.1.
-    p = pod("prefill", switch_flag=False, extra=["--disaggregation-mode", "null"], time_scale=0.1)
+    p = pod("prefill", switch_flag=False, extra=["--disaggregation-mode", "null"], time_scale=0.1,
+            idle_window_s=2.0)
 
     def complete(_: int) -> dict:
         resp = httpx.post(p.engine + "/v1/completions", json={"prompt": "hello " * 50, "max_tokens": 150},
@@ -281,8 +285,11 @@ def test_in_place_switch_drains_then_posts_pd_role_switch(pod):
                                                                                  "Ready")
     assert [s["step"] for s in last["steps"]] == ["Draining", "Switching", "Verifying", "Succeeded"]
     assert status["engine"]["pid"] == pid
-    info = httpx.get(p.engine + "/server_info").json()
-    assert info["disaggregation_mode"] == "decode"
+    # Verified by the live role (/model_info); /server_info's top level stays the start-up role.
+    assert httpx.get(p.engine + "/model_info").json()["disaggregation_mode"] == "decode"
+    assert httpx.get(p.engine + "/server_info").json()["disaggregation_mode"] == "prefill"
+    # The launcher keeps reaching its engine on the filled-in port after the switch.
+    assert status["engine"]["url"] == p.engine and status["ready"] is True
     metrics = httpx.get(p.url + "/metrics").text
     assert ('hybridserving_launcher_role_switches_total{from_role="prefill",mode="in-place",outcome="Succeeded",'
             'to_role="decode"} 1.0') in metrics
@@ -295,7 +302,29 @@ def test_refused_switch_keeps_the_old_role_and_reports_it(pod):
     status = p.wait_switch()
     assert status["lastSwitch"]["outcome"] == "Refused" and "still prefill" in status["lastSwitch"]["message"]
     assert (status["role"], status["phase"], status["ready"]) == ("prefill", "Ready", True)
-    assert httpx.get(p.engine + "/server_info").json()["disaggregation_mode"] == "prefill"
+    assert httpx.get(p.engine + "/model_info").json()["disaggregation_mode"] == "prefill"
+
+
+def test_prefill_born_instance_switches_to_decode_and_back_in_place(pod):
+    p = pod("prefill")
+    pid = p.status()["engine"]["pid"]
+    for count, role in enumerate(("decode", "prefill", "decode"), start=1):
+        p.role_file.write_text(role)
+        status = p.wait_switch(count=count)
+        assert (status["lastSwitch"]["outcome"], status["lastSwitch"]["mode"], status["role"]) == (
+            "Succeeded", "in-place", role), status
+        assert httpx.get(p.engine + "/model_info").json()["disaggregation_mode"] == role
+    assert p.status()["engine"]["pid"] == pid
+
+
+def test_sigterm_waits_for_an_idle_window_so_late_routed_requests_are_served(pod):
+    # The router notices a terminating pod a moment later; a request it sends meanwhile must be served.
+    p = pod("prefill", switch_flag=False, extra=["--disaggregation-mode", "null"], idle_window_s=2.0)
+    p.proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    resp = httpx.post(p.engine + "/v1/completions", json={"prompt": "hello", "max_tokens": 8}, timeout=30)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 8
+    assert p.proc.wait(30) == 0
 
 
 def test_relaunch_switch_restarts_the_engine_with_the_other_roles_flags(pod):
@@ -307,7 +336,7 @@ def test_relaunch_switch_restarts_the_engine_with_the_other_roles_flags(pod):
     assert (last["outcome"], last["mode"], status["role"]) == ("Succeeded", "relaunch", "prefill")
     assert [s["step"] for s in last["steps"]] == ["Draining", "Stopping", "Starting", "Succeeded"]
     assert status["engine"]["pid"] != pid
-    assert httpx.get(p.engine + "/server_info").json()["disaggregation_mode"] == "prefill"
+    assert httpx.get(p.engine + "/model_info").json()["disaggregation_mode"] == "prefill"
 
 
 def test_failed_in_place_rebuild_falls_back_to_a_relaunch(pod):

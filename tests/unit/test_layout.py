@@ -160,6 +160,30 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"decode": {"nodesPerInstance": 2, "layout": {"pp": 2}, "speculative": {"algorithm": "EAGLE"}}},
         {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}, "speculative": {"algorithm": "EAGLE"}}},
         "spec.decode.speculative"),
+    "speculative-pp-eagle-only": (
+        {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}, "speculative": {"algorithm": "NGRAM"}}},
+        {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}, "speculative": {"algorithm": "NEXTN"}}},
+        "spec.prefill.speculative.algorithm"),
+    "eagle-running-request-cap": (
+        {"decode": {"layout": {"attnDp": 8}, "speculative": {"algorithm": "NEXTN"}}},
+        {"decode": {"layout": {"attnDp": 8}, "speculative": {"algorithm": "NEXTN"}, "maxRunningRequests": 256}},
+        "spec.decode.maxRunningRequests"),
+    "gpu-architecture-supported": (
+        overlaid(KIMI, {"hardware": {"gpuType": "H200"}, "decode": {"layout": {"dcp": 8}}}),
+        overlaid(KIMI, {"hardware": {"gpuType": "B300"}, "decode": {"layout": {"dcp": 8}}}),
+        "spec.decode.layout.dcp"),
+    "gpu-type-declared": (overlaid(KIMI, {"decode": {"layout": {"dcp": 8}}}),
+                          overlaid(KIMI, {"hardware": {"gpuType": "GB300"}, "decode": {"layout": {"dcp": 8}}}),
+                          "spec.hardware.gpuType"),
+    "roles-page-size-agree": (
+        # Kimi K3's DCP backends turn decode's page size into 64 behind the user's back.
+        overlaid(KIMI, {"hardware": {"gpuType": "B300"}, "decode": {"layout": {"dcp": 8}}}),
+        overlaid(KIMI, {"hardware": {"gpuType": "B300"}, "decode": {"layout": {"dcp": 8}},
+                        "prefill": {"pageSize": 64}}),
+        "spec.prefill.pageSize"),
+    "roles-kv-dtype-agree": ({"decode": {"kvCacheDtype": "bf16"}},
+                             {"prefill": {"kvCacheDtype": "bf16"}, "decode": {"kvCacheDtype": "bf16"}},
+                             "spec.prefill.kvCacheDtype"),
     "speculative-needs-draft": (
         overlaid(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE"}}}),
         overlaid(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE", "draftModelPath": "org/k3-draft"}}}),

@@ -296,7 +296,28 @@ def test_multi_node_instances_keep_their_gang_in_one_nvlink_domain() -> None:
     assert worker["metadata"]["labels"][LABEL_LEADER] == "false"
     assert LABEL_ROLE not in worker["metadata"]["labels"]
     assert "readinessProbe" not in worker["spec"]["containers"][0]
-    assert "readinessProbe" in pods["hs-0-0"]["spec"]["containers"][0]
+    leader = pods["hs-0-0"]["spec"]["containers"][0]
+    # Readiness on /ready: SGLang's /health runs a generation and answers after >= 1 s
+    # (entrypoints/http_server.py:720-797), past the probe's timeout.
+    assert leader["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert leader["readinessProbe"]["timeoutSeconds"] >= 1
+    # Liveness asks the launcher, never the (possibly busy) engine; every rank has it.
+    for container in (leader, worker["spec"]["containers"][0]):
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "launcher"}
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"
+
+
+def test_switching_fleets_tell_the_launcher_the_decode_graph_memory_and_keep_a_decode_radix_cache() -> None:
+    hs = fleet(roleSwitch={"enabled": True})
+    decode = planner.role_config(hs.spec, "decode")
+    # SGLang's own decode-graph reserve (arg_groups/memory_hook.py:357-377): 512 x 2 MiB at tp 8 on 141 GiB.
+    assert decode["decode_cuda_graph_memory_gb"] == 1.0
+    assert "--disaggregation-decode-enable-radix-cache" in decode["argv"]
+    assert "decode_cuda_graph_memory_gb" not in planner.role_config(hs.spec, "prefill")
+    static = fleet()
+    assert "decode_cuda_graph_memory_gb" not in planner.role_config(static.spec, "decode")
+    assert "--disaggregation-decode-enable-radix-cache" not in planner.role_config(static.spec, "decode")["argv"]
 
 
 def test_host_network_fleets_get_distinct_port_blocks_and_node_level_isolation() -> None:
@@ -305,7 +326,7 @@ def test_host_network_fleets_get_distinct_port_blocks_and_node_level_isolation()
     cluster = FakeCluster(nodes=4)  # 8 instances of 4 GPUs on 4 nodes: two per node
     converge(cluster, hs)
     http = sorted(i["spec"]["ports"]["http"] for i in cluster.instances().values())
-    assert http == [ports.HTTP_BASE + b for b in range(8)]
+    assert http == [ports.HTTP_BASE + ports.STRIDE * b for b in range(8)]
     pod = cluster.pods()["hs-0-0"]
     assert pod["spec"]["hostNetwork"] is True
     assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
@@ -499,7 +520,7 @@ def test_scaling_keeps_names_and_reuses_the_lowest_free_index_and_port_block() -
     assert sorted(cluster.instances()) == [f"hs-{i}" for i in range(6)]
     assert {n: u for n, u in uids(cluster).items() if n in before} == before, "scale-up leaves others alone"
     http = {n: i["spec"]["ports"]["http"] for n, i in cluster.instances().items()}
-    assert http["hs-1"] == ports.HTTP_BASE + 1 and http["hs-2"] == ports.HTTP_BASE + 2
+    assert http["hs-1"] == ports.HTTP_BASE + ports.STRIDE and http["hs-2"] == ports.HTTP_BASE + 2 * ports.STRIDE
 
 
 def test_scale_down_deletes_surplus_instances_highest_index_first() -> None:
@@ -606,3 +627,20 @@ def test_the_router_discovers_leaders_by_role_in_the_fleet_namespace() -> None:
     assert "--decode-selector hybridserving.io/name=hs hybridserving.io/role=decode" in joined
     assert "--service-discovery-namespace ns" in joined
     assert "--service-discovery-port 30000" in joined
+
+
+@pytest.mark.parametrize("multi_node", [False, True])
+def test_attention_dp_derived_ports_never_land_on_another_blocks_ports(multi_node: bool) -> None:
+    """SGLang's attention DP binds 6 ports above the dist-init port (or --port + 233 on one node:
+    server_args.py:818-874); with blocks one port apart two instances on a node collided."""
+    blocks = [ports.block_ports(b, 8998) for b in range(ports.MAX_BLOCKS)]
+    declared = {}
+    for b, p in enumerate(blocks):
+        for number in (p.http, p.bootstrap, p.dist_init, p.engine_info_bootstrap, p.launcher):
+            declared[number] = b
+    for b, p in enumerate(blocks):
+        derived = ports.attention_dp_ports(p, multi_node=multi_node)
+        clashes = {n: declared[n] for n in derived if n in declared and declared[n] != b}
+        assert not clashes, f"block {b} derives ports of blocks {clashes}"
+        others = [ports.attention_dp_ports(q, multi_node=multi_node) for q in blocks[b + 1:b + 40]]
+        assert all(not derived & o for o in others)

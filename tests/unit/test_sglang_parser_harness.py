@@ -169,3 +169,16 @@ def test_stubbed_torch_cannot_decide_a_parse():
     finally:
         sglang_parser._STATE.clear()
         sglang_parser._STATE.update(saved)
+
+
+def test_the_simulators_flag_table_is_the_wheels_parser():
+    """The SGLang simulator accepts exactly these flags (and exits 2 on any other), so the table
+    must be what `sglang serve`'s parser holds; regenerate it with
+    `python -m hybridserving.testing.sglang_parser --dump-flags` from the cache venv."""
+    from hybridserving_engine.simulator.args import sglang_flags
+
+    try:
+        table = sglang_parser.dump_flags()
+    except SGLangParserUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    assert table["flags"] == sglang_flags()

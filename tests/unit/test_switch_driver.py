@@ -4,7 +4,7 @@ The API is `MemoryApi` from test_reconcile (merge patches, preconditions, status
 tick runs the switch controller, then a reconcile pass (the planner relabels pods from the instance's
 phase and role), then the fake "kubelet" and engines: each leader's launcher follows its pod's role
 annotation the way the real one follows the downward-API file (drain, then switch in place or
-relaunch, or refuse), and each engine reports `/v1/loads`, `/health`, `/server_info` and `/metrics`.
+relaunch, or refuse), and each engine reports `/v1/loads`, `/ready`, `/model_info`, `/server_info` and `/metrics`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ class FakeEngine:
     pending: tuple[str, int] | None = None  # (target role, ticks left)
     handled: str = ""
     utilization: float = 0.1
+    scrapes: int = 0
+    busy_seconds: float = 0.0
     queue_tokens: int = 0
     kv_usage: float = 0.1
     running: int = 1
@@ -85,12 +87,17 @@ class FakeEngine:
         s = EngineSample(loads=loads)
         if switching:
             s.healthy = self.healthy
-            s.server_info = {"disaggregation_mode": self.role, "simulator_time_scale": 1.0}
+            s.model_info = {"disaggregation_mode": self.role}
             s.launcher = {"role": self.launcher_role, "phase": "Ready" if self.pending is None else "Draining",
                           "switchCount": self.switch_count, "lastSwitch": self.last}
         if scrape:
-            s.scrape = Scrape(0.0, values={"sglang:utilization": self.utilization})
-            s.server_info = s.server_info or {"disaggregation_mode": self.role}
+            # One scrape a second; the GPU was busy `utilization` of it (the device-timer counter).
+            self.scrapes += 1
+            self.busy_seconds += self.utilization
+            category = "extend" if self.role == "prefill" else "decode"
+            s.scrape = Scrape(float(self.scrapes),
+                              values={f"sglang:forward_execution_seconds_total:{category}": self.busy_seconds})
+            s.server_info = {"disaggregation_mode": self.role, "simulator_time_scale": 1.0}
         return s
 
 

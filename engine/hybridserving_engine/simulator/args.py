@@ -1,17 +1,28 @@
 """SGLang 0.5.23 `launch_server` flags as the simulator reads them, plus its own environment knobs.
 
-The operator renders one argv per role for SGLang; the simulator must accept that same argv, so
-it parses SGLang's flag names (with their aliases and defaults) and notes, rather than rejects,
-the many flags that change nothing in a simulation. A few of SGLang's own start-up rejections are
-repeated here, so that a layout SGLang would refuse does not start as a simulator either.
+The operator renders one argv per role for SGLang; the simulator must accept exactly what SGLang
+accepts. It parses the flags that change what it serves with SGLang's names, aliases and
+defaults, and accepts every other flag of the 0.5.23 parser with its arity from
+`sglang_flags.json` (dumped from the wheel's own parser by
+`python -m hybridserving.testing.sglang_parser --dump-flags`; a test keeps it in step), so an
+unknown or ambiguous flag exits with status 2 as `sglang serve` does. A few of SGLang's own
+start-up rejections are repeated here, so that a layout SGLang would refuse does not start as a
+simulator either.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from dataclasses import dataclass
+from importlib import resources
+
+from hybridserving.api.v1alpha1 import GPU_TYPES
+from hybridserving.core import resolution
+from hybridserving.core.profiles import resolve_profile
+from hybridserving.core.resolution import ResolvedArgs
 
 log = logging.getLogger("hybridserving.simulator")
 
@@ -65,11 +76,30 @@ def build_parser() -> argparse.ArgumentParser:
     a("--page-size", type=int, default=None)
     a("--kv-cache-dtype", default="auto")
     a("--speculative-algorithm", default=None)
+    a("--speculative-num-draft-tokens", type=int, default=None)
     a("--disable-radix-cache", action="store_true")
     a("--trust-remote-code", action="store_true")
     a("--api-key", default=None)
     a("--log-level", default="info")
+    known = set(p._option_string_actions)
+    for option, nargs in sglang_flags().items():
+        if option not in known:
+            # Accepted as SGLang accepts it, with no effect on a simulation.
+            dest = f"unmodelled_{option.lstrip('-').replace('-', '_')}"
+            if nargs == 0:
+                p.add_argument(option, action="store_const", const=True, dest=dest, default=None,
+                               help=argparse.SUPPRESS)
+            else:
+                p.add_argument(option, nargs=nargs, dest=dest, default=None, help=argparse.SUPPRESS)
     return p
+
+
+def sglang_flags() -> dict[str, int | str | None]:
+    """Every option of SGLang 0.5.23's `sglang serve` parser and its argparse nargs."""
+    text = resources.files("hybridserving_engine.simulator").joinpath("sglang_flags.json").read_text()
+    table = json.loads(text)
+    assert table["sglang_version"] == SGLANG_VERSION, "sglang_flags.json is for another SGLang release"
+    return table["flags"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +110,9 @@ class SimulatorOptions:
     time_scale: float
     startup_seconds: float | None
     faults: str
+    gpu_type: str = "H200"
+    """The device SGLang would query (its memory and compute capability), by `spec.hardware.gpuType` name."""
+    gpu_memory_gib: float | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> SimulatorOptions:
@@ -90,6 +123,9 @@ class SimulatorOptions:
             time_scale=float(env.get("HYBRIDSERVING_SIM_TIME_SCALE", "1.0")),
             startup_seconds=float(startup) if startup else None,
             faults=env.get("HYBRIDSERVING_SIM_FAULTS", ""),
+            gpu_type=env.get("HYBRIDSERVING_SIM_GPU_TYPE", "H200"),
+            gpu_memory_gib=float(env["HYBRIDSERVING_SIM_GPU_MEMORY_GIB"]) if env.get("HYBRIDSERVING_SIM_GPU_MEMORY_GIB")
+            else None,
         )
 
 
@@ -99,10 +135,11 @@ class FlagError(ValueError):
 
 def parse_server_args(argv: list[str]) -> argparse.Namespace:
     """Parse SGLang flags; log each flag the simulator does not model, and refuse what SGLang refuses."""
-    args, unknown = build_parser().parse_known_args(argv)
-    flags = [u for u in unknown if u.startswith("--")]
-    if flags:
-        log.info("simulator ignores SGLang flags it does not model: %s", " ".join(flags))
+    args = build_parser().parse_args(argv)  # exits 2 on a flag SGLang would not parse
+    unmodelled = sorted("--" + k[len("unmodelled_"):].replace("_", "-")
+                        for k, v in vars(args).items() if k.startswith("unmodelled_") and v is not None)
+    if unmodelled:
+        log.info("simulator ignores SGLang flags it does not model: %s", " ".join(unmodelled))
     if args.served_model_name is None:
         args.served_model_name = args.model_path
     if args.enable_dp_attention and args.dp_size > 1:
@@ -136,3 +173,26 @@ def check_server_args(args: argparse.Namespace) -> None:
         bad = [name for name, hit in blockers.items() if hit]
         if bad:
             raise FlagError(f"--enable-pd-role-switch is not supported with {', '.join(bad)}")
+
+
+def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> ResolvedArgs:
+    """SGLang's start-up resolution of `args` on the declared device (`core.resolution`, each
+    rewrite with the source line it mirrors); refuses what SGLang refuses on that device."""
+    gpu = GPU_TYPES.get(options.gpu_type)
+    if gpu is None:
+        raise FlagError(f"unknown simulated GPU type {options.gpu_type!r}; use one of {', '.join(GPU_TYPES)}")
+    memory_gib = options.gpu_memory_gib or gpu.memory_gib
+    resolved = resolution.resolve_values(
+        resolve_profile(options.profile), role=args.disaggregation_mode, gpu_mem_mib=memory_gib * 1024,
+        tp=args.tp_size, pp=args.pp_size, attn_dp=args.attn_dp_size, dcp=args.dcp_size,
+        max_running_requests=args.max_running_requests, page_size_flag=args.page_size,
+        kv_cache_dtype=args.kv_cache_dtype, mem_fraction_static=args.mem_fraction_static,
+        speculative_algorithm=args.speculative_algorithm, num_draft_tokens=args.speculative_num_draft_tokens,
+        moe_a2a_backend=args.moe_a2a_backend, chunked_prefill_size=args.chunked_prefill_size,
+    )
+    needed = resolution.required_compute_capability(resolved)
+    if needed is not None and gpu.compute_capability_major != needed:
+        backends = sorted({b for b in (resolved.prefill_attention_backend, resolved.decode_attention_backend) if b})
+        raise FlagError(f"{' and '.join(backends)} attention is only supported on Blackwell GPUs (SM100); "
+                        f"the simulated GPU is {options.gpu_type} (arg_groups/overrides.py:1210-1213, 1243-1246)")
+    return resolved

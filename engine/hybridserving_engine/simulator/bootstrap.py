@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -184,8 +185,10 @@ class BootstrapServer:
 class KvReceiver:
     """Decode side: find the prefill rank through its bootstrap server, then wait for the KV."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, page_size: int = 1, kv_cache_dtype: str = "auto") -> None:
         self.timeout_s = timeout_s
+        self.page_size = page_size
+        self.kv_cache_dtype = kv_cache_dtype
         self._rank_addr: dict[tuple[str, int], tuple[str, int]] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -207,23 +210,43 @@ class KvReceiver:
             return cached
         base = f"http://{host}:{port}/route"
         deadline = time.monotonic() + self.timeout_s
+        layout_params = dict.fromkeys(("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"), "-1")
+        rank_params = {"prefill_dp_rank": "0", "prefill_cp_rank": "0", "target_tp_rank": "0", "target_pp_rank": "0"}
         while True:
             try:
-                async with self._client().get(
-                    base, params={"prefill_dp_rank": "0", "prefill_cp_rank": "0",
-                                  "target_tp_rank": "0", "target_pp_rank": "0"}
-                ) as resp:
-                    if resp.status == 200:
-                        info = await resp.json()
-                        addr = (info["rank_ip"], int(info["rank_port"]))
-                        self._rank_addr[(host, port)] = addr
-                        return addr
-                    detail = await resp.text()
+                (layout_status, layout), (status, info) = await asyncio.gather(
+                    self._get_json(base, layout_params), self._get_json(base, rank_params))
+                if layout_status == 200:
+                    self._check_layout(layout)
+                if status == 200:
+                    addr = (info["rank_ip"], int(info["rank_port"]))
+                    self._rank_addr[(host, port)] = addr
+                    return addr
+                detail = str(info)
             except aiohttp.ClientError as e:
                 detail = str(e)
             if time.monotonic() > deadline:
                 raise HandoffError(f"bootstrap server {host}:{port} not ready: {detail}")
             await asyncio.sleep(0.2)
+
+    async def _get_json(self, url: str, params: dict[str, str]) -> tuple[int, Any]:
+        async with self._client().get(url, params=params) as resp:
+            if resp.status == 200:
+                return resp.status, await resp.json()
+            return resp.status, await resp.text()
+
+    def _check_layout(self, info: dict) -> None:
+        """The decode side's sanity checks on the prefill it pairs with
+        (`disaggregation/common/conn.py:1320-1334`)."""
+        if info.get("page_size") is not None and info["page_size"] != self.page_size:
+            raise HandoffError(
+                f"Page size mismatch: prefill server has page_size={info['page_size']}, but decode server has "
+                f"page_size={self.page_size}. Both servers must use the same --page-size value.")
+        if info.get("kv_cache_dtype") is not None and info["kv_cache_dtype"] != self.kv_cache_dtype:
+            raise HandoffError(
+                f"KV cache dtype mismatch: prefill server has kv_cache_dtype={info['kv_cache_dtype']}, but decode "
+                f"server has kv_cache_dtype={self.kv_cache_dtype}. Both servers must use the same --kv-cache-dtype "
+                "value.")
 
     async def receive(self, host: str, port: int, room_id: int, prompt_tokens: int) -> dict:
         """Announce the reserved slots for `room_id` and return once the prefill has sent the KV."""

@@ -120,7 +120,6 @@ class SimulatedEngine:
         self.bootstrap_queue: set[SimRequest] = set()
         self.inflight: set[SimRequest] = set()
         self.transfer: set[SimRequest] = set()
-        self.busy_seconds = 0.0
         self.started_at = time.monotonic()
         self.generated_window: deque[tuple[float, int]] = deque()
         self.last_transfer_ms = 0.0
@@ -339,7 +338,6 @@ class SimulatedEngine:
         now = loop.time()
         start = self._clock if continuing and now - self._clock < _MAX_LAG_S else now
         self._clock = start + seconds
-        self.busy_seconds += seconds
         await asyncio.sleep(max(0.0, self._clock - loop.time()))
 
     async def _run_prefill(self, batch: list[SimRequest], continuing: bool) -> None:
@@ -349,7 +347,7 @@ class SimulatedEngine:
             self.metrics.s(self.metrics.queue_time).observe(now - req.arrival)
         await self._advance(seconds, continuing)
         m = self.metrics
-        m.forward_execution_seconds_total.labels(**m.scheduler_labels, category="extend").inc(seconds)
+        m.record_forward("extend", seconds)
         m.realtime_tokens_total.labels(**m.scheduler_labels, mode="prefill_compute").inc(
             sum(r.prompt_tokens for r in batch))
         for req in batch:
@@ -370,7 +368,7 @@ class SimulatedEngine:
         seconds = self.perf.decode_step_seconds(batch, resident) * self.faults.slow_factor
         await self._advance(seconds, continuing)
         m = self.metrics
-        m.forward_execution_seconds_total.labels(**m.scheduler_labels, category="decode").inc(seconds)
+        m.record_forward("decode", seconds)
         m.realtime_tokens_total.labels(**m.scheduler_labels, mode="decode").inc(len(self.running))
         for req in list(self.running):
             self._emit_token(req)
@@ -426,10 +424,15 @@ class SimulatedEngine:
             self.generated_window.popleft()
         return sum(n for _, n in self.generated_window) / 5.0
 
+    def utilization(self) -> float:
+        """`sglang:utilization` as 0.5.23 sets it: -1 on prefill; on other roles it would be running
+        requests over `max_running_requests_under_SLO`, which nothing sets, so it stays 0
+        (`managers/scheduler_components/metrics_reporter.py:1303-1315`). It is no measure of load."""
+        return -1.0 if self.role == "prefill" else 0.0
+
     def load(self) -> dict:
         """One DP rank's entry of `/v1/loads` (SGLang's LoadSnapshot, all sections)."""
         cap = self.perf.kv_capacity_tokens
-        uptime = max(time.monotonic() - self.started_at, 1e-9)
         num_total = sum(r.prompt_tokens + r.generated for r in self.running)
         pending = sum(r.prompt_tokens for r in self.transfer)
         return {
@@ -447,7 +450,7 @@ class SimulatedEngine:
             "token_usage": round(self.kv_used / cap, 6),
             "gen_throughput": self.gen_throughput(),
             "cache_hit_rate": 0.0,
-            "utilization": min(1.0, self.busy_seconds / uptime),
+            "utilization": self.utilization(),
             "total_prefill_uncached_tokens": 0,
             "total_prefill_busy_us": 0,
             "decode_moments": None,
@@ -484,7 +487,7 @@ class SimulatedEngine:
         m.s(m.kv_used_tokens).set(self.kv_used)
         m.s(m.kv_available_tokens).set(cap - self.kv_used)
         m.s(m.max_total_num_tokens).set(cap)
-        m.s(m.utilization).set(min(1.0, self.busy_seconds / max(time.monotonic() - self.started_at, 1e-9)))
+        m.s(m.utilization).set(self.utilization())
         m.s(m.num_prefill_bootstrap_queue_reqs).set(len(self.bootstrap_queue))
         m.s(m.num_prefill_inflight_queue_reqs).set(len(self.inflight))
         m.s(m.num_decode_prealloc_queue_reqs).set(len(self.prealloc))

@@ -7,6 +7,8 @@ registry so that several can share one process (tests, benchmarks).
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 # SGLang exports from a multiprocess registry, which has no `*_created` series; match it.
@@ -19,6 +21,26 @@ ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.
 E2E_BUCKETS = TTFT_BUCKETS + (800,)
 
 
+def env_bool(name: str, default: bool, env: dict[str, str] | None = None) -> bool:
+    """An SGLang boolean environment variable, parsed as `environ.py:143-150` (EnvBool) parses it."""
+    raw = (os.environ if env is None else env).get(name)
+    if raw is None:
+        return default
+    value = raw.lower()
+    if value in ("true", "1", "yes", "y"):
+        return True
+    if value in ("false", "0", "no", "n"):
+        return False
+    raise ValueError(f'{name}: "{value}" is not a valid boolean value')
+
+
+def device_timer_enabled(env: dict[str, str] | None = None) -> bool:
+    """Whether forward passes are timed: `SGLANG_ENABLE_METRICS_DEVICE_TIMER`, default off
+    (`environ.py:479`); without it `sglang:forward_execution_seconds_total` has no sample
+    (`managers/scheduler_components/metrics_reporter.py:325-341`)."""
+    return env_bool("SGLANG_ENABLE_METRICS_DEVICE_TIMER", False, env)
+
+
 class EngineMetrics:
     """The scheduler gauges and the tokenizer counters/histograms of one engine.
 
@@ -27,7 +49,9 @@ class EngineMetrics:
     Tokenizer series carry `model_name, engine_type` with the start-up role.
     """
 
-    def __init__(self, model_name: str, startup_role: str, role_switch: bool) -> None:
+    def __init__(self, model_name: str, startup_role: str, role_switch: bool,
+                 device_timer: bool | None = None) -> None:
+        self.device_timer = device_timer_enabled() if device_timer is None else device_timer
         self.registry = CollectorRegistry(auto_describe=True)
         engine_type = {"prefill": "prefill", "decode": "decode"}.get(startup_role, "unified")
         self.scheduler_labels = {
@@ -114,6 +138,11 @@ class EngineMetrics:
         if streaming is None:
             return metric.labels(**self.tokenizer_labels)
         return metric.labels(**self.tokenizer_labels, is_streaming=str(streaming).lower())
+
+    def record_forward(self, category: str, seconds: float) -> None:
+        """One timed forward pass, recorded only when the device timer is on (as SGLang does)."""
+        if self.device_timer:
+            self.forward_execution_seconds_total.labels(**self.scheduler_labels, category=category).inc(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -79,7 +79,7 @@ class SimulatorProcess:
         )
 
     def wait_ready(self, timeout: float = 30.0) -> SimulatorProcess:
-        wait_http(self.url + "/health", timeout)
+        wait_http(self.url + "/ready", timeout)
         return self
 
     def stop(self) -> None:

@@ -19,6 +19,8 @@ import shlex
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 
@@ -34,11 +36,12 @@ from hybridserving_engine.simulator.args import (
     FlagError,
     SimulatorOptions,
     parse_server_args,
+    resolve_server_args,
 )
 from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
 from hybridserving_engine.simulator.engine import RequestError, SimRequest, SimulatedEngine, count_tokens
 from hybridserving_engine.simulator.faults import Faults
-from hybridserving_engine.simulator.metrics import EngineMetrics
+from hybridserving_engine.simulator.metrics import EngineMetrics, env_bool
 
 log = logging.getLogger("hybridserving.simulator")
 
@@ -76,6 +79,7 @@ class SimulatorServer:
         self.argv = argv
         self.faults = Faults.parse(options.faults)
         self.arch = resolve_profile(options.profile)
+        self.resolved = resolve_server_args(args, options)
         self.perf = self._performance_model()
         self.role = args.disaggregation_mode
         self.metrics = EngineMetrics(args.served_model_name, self.role, args.enable_pd_role_switch)
@@ -84,7 +88,7 @@ class SimulatorServer:
             BootstrapServer(args.host, args.disaggregation_bootstrap_port, BOOTSTRAP_TIMEOUT_S)
             if runs_bootstrap else None
         )
-        self.receiver = KvReceiver(BOOTSTRAP_TIMEOUT_S)
+        self.receiver = KvReceiver(BOOTSTRAP_TIMEOUT_S, self.resolved.page_size, self.resolved.kv_cache_dtype)
         self.engine = SimulatedEngine(
             role=self.role,
             perf=self.perf,
@@ -104,8 +108,8 @@ class SimulatorServer:
 
     def _performance_model(self) -> PerformanceModel:
         kwargs = {}
-        if self.args.max_running_requests:
-            kwargs["max_running_requests"] = self.args.max_running_requests
+        if self.resolved.max_running_requests:
+            kwargs["max_running_requests"] = self.resolved.max_running_requests
         return PerformanceModel.for_role(
             self.arch,
             tp=self.args.tp_size,
@@ -171,8 +175,8 @@ class SimulatorServer:
                             "system_dp_size": 1, "system_dp_rank": 0,
                             "rank_ip": _advertised_ip(a.host),
                             "rank_port": a.disaggregation_bootstrap_port,
-                            "page_size": a.page_size or 1,
-                            "kv_cache_dtype": a.kv_cache_dtype,
+                            "page_size": self.resolved.page_size,
+                            "kv_cache_dtype": self.resolved.kv_cache_dtype,
                             "prefill_http_port": a.port,
                             "load_balance_method": self._load_balance_method(),
                             "decode_allocation_policy": a.disaggregation_decode_allocation_policy,
@@ -213,8 +217,22 @@ class SimulatorServer:
         return app
 
     async def health(self, request: web.Request) -> web.Response:
-        ok = not self.shutting_down and self.engine.healthy
-        return web.Response(status=200 if ok else 503)
+        """`/health` and `/health_generate` as 0.5.23 answers them (`entrypoints/http_server.py:720-797`):
+        503 while shutting down; a plain 200 for `/health` only when
+        `SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION` is off (default on, `environ.py:344`); otherwise a
+        one-token generation whose answer is awaited in `asyncio.sleep(1)` steps, so the reply never
+        comes before one second, and 503 after `SGLANG_HEALTH_CHECK_TIMEOUT` (20 s, line 218)."""
+        if self.shutting_down:
+            return web.Response(status=503)
+        if request.path == "/health" and not env_bool("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", True):
+            return web.Response(status=200)
+        timeout = int(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+        tic = time.monotonic()
+        while time.monotonic() < tic + timeout:
+            await asyncio.sleep(1)
+            if self.engine.healthy and not self.shutting_down:
+                return web.Response(status=200)
+        return web.Response(status=503)
 
     async def ready(self, request: web.Request) -> web.Response:
         ok = not self.shutting_down and self.engine.healthy and not self.engine.paused
@@ -223,14 +241,20 @@ class SimulatorServer:
     def server_info_dict(self) -> dict:
         a = self.args
         resolved = {k: v for k, v in vars(a).items()}
+        # The top level is the start-up configuration (`build_server_info` over the resolved
+        # server args, `entrypoints/http_server.py:863-892`): a role switch does not change it.
+        # The live role is in `internal_states[i]` and in `/model_info` (line 834).
         resolved.update(
-            disaggregation_mode=self.engine.role,
+            disaggregation_mode=a.disaggregation_mode,
             load_balance_method=self._load_balance_method(),
             max_running_requests=self.perf.max_running_requests,
             max_total_tokens=self.perf.kv_capacity_tokens,
             context_length=self.engine.context_length,
-            chunked_prefill_size=a.chunked_prefill_size or 8192,
-            page_size=a.page_size or 1,
+            chunked_prefill_size=self.resolved.chunked_prefill_size,
+            page_size=self.resolved.page_size,
+            mem_fraction_static=self.resolved.mem_fraction_static,
+            prefill_attention_backend=self.resolved.prefill_attention_backend,
+            decode_attention_backend=self.resolved.decode_attention_backend,
             dcp_comm_backend=a.dcp_comm_backend or "ag_rs",
             tokenizer_path=a.tokenizer_path or a.model_path,
             is_embedding=False,
@@ -586,6 +610,23 @@ class SimulatorServer:
         return web.json_response({**self.faults.to_dict(), "simulator": True})
 
 
+async def _follow_leader_shutdown(args: argparse.Namespace) -> None:
+    """A worker rank ignores SIGTERM and stops with rank 0's shutdown broadcast
+    (`entrypoints/engine.py:1261-1272`): here, once the leader's HTTP server is gone."""
+    log.warning("SIGTERM received on node_rank %d; waiting for rank 0 to stop", args.node_rank)
+    host = (args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
+    url = f"http://{host}:{args.port}/ready"
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await loop.run_in_executor(None, lambda: urllib.request.urlopen(url, timeout=1).close())
+        except urllib.error.HTTPError:
+            pass  # still there (503 while it shuts down)
+        except (urllib.error.URLError, OSError):
+            return
+        await asyncio.sleep(0.2)
+
+
 async def _serve(args: argparse.Namespace, options: SimulatorOptions, argv: list[str]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -595,6 +636,7 @@ async def _serve(args: argparse.Namespace, options: SimulatorOptions, argv: list
         # SGLang's worker ranks serve no HTTP; they only join the leader's process group.
         log.info("simulator node rank %d of %d: no HTTP server on worker ranks", args.node_rank, args.nnodes)
         await stop.wait()
+        await _follow_leader_shutdown(args)
         return 0
     server = SimulatorServer(args, options, argv)
     starting = asyncio.create_task(server.start())
@@ -619,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         args = parse_server_args(argv)
+        resolve_server_args(args, options)
     except FlagError as e:
         log.error("simulator refuses these SGLang flags: %s", e)
         return 1

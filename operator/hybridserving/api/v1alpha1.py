@@ -7,6 +7,7 @@ apiserver rejects at admission what CEL can express and `core.layout` reports th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -95,10 +96,11 @@ class EnvVar(ApiModel):
 
 class EngineSpec(ApiModel):
     image: str = Field(
-        default="lmsysorg/sglang:v0.5.23",
+        default="hybridserving/engine:0.1.0-sglang0.5.23",
         min_length=1,
         max_length=512,
-        description="Engine image (SGLang plus the launcher); pin it by tag or digest.",
+        description="Engine image: SGLang plus the hybridserving-engine launcher (images/engine/Dockerfile); "
+        "pin it by tag or digest.",
     )
     sglang_version: str = Field(
         default="0.5.23",
@@ -123,10 +125,60 @@ class EngineSpec(ApiModel):
     env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment for the engine.")
 
 
+GpuTypeName = Literal["H100", "H200", "H20", "B200", "B300", "GB200", "GB300"]
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """What the operator knows of a GPU: its memory and the CUDA compute capability SGLang's
+    backend checks read (`utils/common.py:297-313`: Blackwell is major 10-12, SM100 is major 10)."""
+
+    memory_gib: float
+    compute_capability_major: int
+
+    @property
+    def architecture(self) -> str:
+        return {9: "hopper", 10: "blackwell", 11: "blackwell", 12: "blackwell"}.get(
+            self.compute_capability_major, "other")
+
+
+# Memory as the vendor lists it (the examples' convention); gpuMemoryGib overrides it.
+GPU_TYPES: dict[str, GpuType] = {
+    "H100": GpuType(80.0, 9),
+    "H200": GpuType(141.0, 9),
+    "H20": GpuType(96.0, 9),
+    "B200": GpuType(180.0, 10),
+    "B300": GpuType(288.0, 10),
+    "GB200": GpuType(186.0, 10),
+    "GB300": GpuType(288.0, 10),
+}
+DEFAULT_GPU_MEMORY_GIB = 141.0
+
+
 class HardwareSpec(ApiModel):
     gpus_per_node: int = Field(default=8, ge=1, le=72, description="GPUs on each node an instance uses.")
-    gpu_memory_gib: float = Field(default=141.0, gt=0, le=4096, description="Memory of one GPU in GiB (H200: 141).")
+    gpu_type: GpuTypeName | None = Field(
+        default=None,
+        description="The GPU model: gives the memory and the architecture the engine's backend checks need "
+        "(Kimi K3 decode context parallelism, for one, runs only on Blackwell).",
+    )
+    gpu_memory_gib: float | None = Field(
+        default=None, gt=0, le=4096,
+        description="Memory of one GPU in GiB; default: the gpuType's, else 141 (H200).",
+    )
     gpu_resource_name: str = Field(default="nvidia.com/gpu", max_length=253, description="Extended resource of GPUs.")
+
+    @model_validator(mode="after")
+    def _memory_from_type(self) -> HardwareSpec:
+        if self.gpu_memory_gib is None:
+            known = GPU_TYPES[self.gpu_type].memory_gib if self.gpu_type else DEFAULT_GPU_MEMORY_GIB
+            object.__setattr__(self, "gpu_memory_gib", known)
+        return self
+
+    @property
+    def gpu(self) -> GpuType | None:
+        """The declared GPU model, None when only its memory is given."""
+        return GPU_TYPES[self.gpu_type] if self.gpu_type else None
 
 
 # --------------------------------------------------------------------------- per-role layout

@@ -3,8 +3,10 @@
 The role-switch controller reads, on each instance's leader pod:
 
 * the engine (SGLang or its simulator, `http://<podIP>:<spec.ports.http>`): `/v1/loads` (is it
-  drained?), `/health`, `/server_info` (`disaggregation_mode`, and the simulator's time scale),
-  `/metrics` (the `sglang:` series the policy reads);
+  drained?), `/ready` (serving; `/health` would run a generation and take a second or more),
+  `/model_info` (the live `disaggregation_mode`: `/server_info`'s top level keeps the start-up
+  role after a switch), `/server_info` (the resolved running-request cap and KV pool, and the
+  simulator's time scale), `/metrics` (the `sglang:` series the policy reads);
 * the launcher (`http://<podIP>:<launcher port>`): `/status` (the step and outcome of a switch).
 
 Every call has a short timeout and returns None instead of raising: an engine that does not answer
@@ -24,21 +26,15 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hybridserving.contract import inflight_requests
 from hybridserving.core.policy import InstanceMetrics
 
 TIMEOUT_S = 2.0
+FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
+# Categories of `sglang:forward_execution_seconds_total` that are not work for a request
+# (`model_executor/runner/eager_runner.py:460`: DP-attention ranks run "idle" passes).
+IDLE_CATEGORIES = frozenset({"idle"})
 LAUNCHER_PORT = 8080  # the launcher's default (HYBRIDSERVING_LAUNCHER_PORT)
-
-
-def inflight_requests(loads: Mapping[str, Any]) -> int:
-    """Requests an engine still holds, from `/v1/loads` (every queue, every DP rank)."""
-    total = 0
-    for load in loads.get("loads") or []:
-        total += int(load.get("num_running_reqs") or 0) + int(load.get("num_waiting_reqs") or 0)
-        disagg = load.get("disaggregation") or {}
-        total += sum(int(v or 0) for k, v in disagg.items() if k.endswith("_queue_reqs"))
-        total += int((load.get("queues") or {}).get("paused") or 0)
-    return total
 
 
 @dataclass
@@ -61,7 +57,7 @@ class Scrape:
                     hist[le] = hist.get(le, 0.0) + sample.value
                     continue
                 key = name
-                if name == "sglang:forward_execution_seconds_total":
+                if name == FORWARD_SECONDS:
                     key = f"{name}:{sample.labels.get('category', '')}"
                 out.values[key] = out.values.get(key, 0.0) + sample.value
         return out
@@ -94,12 +90,7 @@ def instance_metrics(role: str, loads: Mapping[str, Any] | None, scrape: Scrape 
     """The policy's view of one engine from `/v1/loads` and two consecutive `/metrics` reads."""
     load = ((loads or {}).get("loads") or [{}])[0]
     m = scrape or Scrape(time.time())
-    utilization = m.get("sglang:utilization")
-    if scrape is not None and previous is not None and scrape.at > previous.at:
-        key = "sglang:forward_execution_seconds_total:" + ("extend" if role == "prefill" else "decode")
-        if key in scrape.values and key in previous.values:
-            utilization = (scrape.values[key] - previous.values[key]) / (scrape.at - previous.at)
-    utilization = max(0.0, min(1.0, utilization))
+    utilization = busy_fraction(scrape, previous)
 
     def p90(name: str) -> float | None:
         if scrape is None or name not in scrape.buckets:
@@ -121,6 +112,30 @@ def instance_metrics(role: str, loads: Mapping[str, Any] | None, scrape: Scrape 
     )
 
 
+def busy_fraction(scrape: Scrape | None, previous: Scrape | None) -> float:
+    """The share of the interval between two scrapes that the GPU spent in forward passes.
+
+    Read from `sglang:forward_execution_seconds_total`, summed over every category that does
+    work (extend, decode, and with speculative decoding target_verify and the draft passes:
+    `model_executor/runner/eager_runner.py:344-350`, `speculative/eagle_draft_cuda_graph_runner.py:748`).
+    SGLang records it only with `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`, which the operator sets on
+    engine pods; `sglang:utilization` is no substitute (-1 on prefill, 0 elsewhere:
+    `managers/scheduler_components/metrics_reporter.py:1303-1315`). 0 when either scrape lacks it.
+    """
+    if scrape is None or previous is None or scrape.at <= previous.at:
+        return 0.0
+    prefix = FORWARD_SECONDS + ":"
+
+    def busy(s: Scrape) -> float | None:
+        keys = [k for k in s.values if k.startswith(prefix) and k[len(prefix):] not in IDLE_CATEGORIES]
+        return sum(s.values[k] for k in keys) if keys else None
+
+    now, before = busy(scrape), busy(previous)
+    if now is None:
+        return 0.0
+    return max(0.0, min(1.0, (now - (before or 0.0)) / (scrape.at - previous.at)))
+
+
 @dataclass
 class EngineSample:
     """What one leader's engine and launcher said this tick (None where they did not answer)."""
@@ -128,6 +143,7 @@ class EngineSample:
     loads: dict[str, Any] | None = None
     healthy: bool | None = None
     server_info: dict[str, Any] | None = None
+    model_info: dict[str, Any] | None = None
     launcher: dict[str, Any] | None = None
     scrape: Scrape | None = None
 
@@ -137,7 +153,8 @@ class EngineSample:
 
     @property
     def role(self) -> str | None:
-        return (self.server_info or {}).get("disaggregation_mode")
+        """The live role, from `/model_info` (`entrypoints/http_server.py:834-836`)."""
+        return (self.model_info or {}).get("disaggregation_mode")
 
 
 class Engines:
@@ -171,8 +188,12 @@ class Engines:
         return self._json(engine + "/v1/loads", {"include": "core,disagg,queues"})
 
     def health(self, engine: str) -> bool | None:
-        resp = self._get(engine + "/health")
+        """`/ready`: 200 once warmed up, while healthy and not paused (`managers/tokenizer_manager.py:728-734`)."""
+        resp = self._get(engine + "/ready")
         return None if resp is None else resp.status_code == 200
+
+    def model_info(self, engine: str) -> dict[str, Any] | None:
+        return self._json(engine + "/model_info")
 
     def server_info(self, engine: str) -> dict[str, Any] | None:
         return self._json(engine + "/server_info")
@@ -190,12 +211,12 @@ class Engines:
         return self._json(launcher + "/status")
 
     def sample(self, engine: str, launcher: str | None, *, switching: bool, scrape: bool) -> EngineSample:
-        """The reads a tick needs: loads always; health, server_info and launcher status while
-        switching; `/metrics` when the policy runs."""
+        """The reads a tick needs: loads always; readiness, the live role and launcher status while
+        switching; `/metrics` and `/server_info` when the policy runs."""
         sample = EngineSample(loads=self.loads(engine))
         if switching:
             sample.healthy = self.health(engine)
-            sample.server_info = self.server_info(engine)
+            sample.model_info = self.model_info(engine)
             if launcher:
                 sample.launcher = self.launcher_status(launcher)
         if scrape:

@@ -3,8 +3,8 @@
 Every few seconds, for each HybridServing, one `tick`:
 
 1. observe: the HybridServing, its instances and their leader pods (through `kube.py`), and each
-   leader's engine and launcher (through `engines.py`: `/v1/loads`, `/metrics`, `/health`,
-   `/server_info`, launcher `/status`);
+   leader's engine and launcher (through `engines.py`: `/v1/loads`, `/metrics`, `/ready`,
+   `/model_info`, `/server_info`, launcher `/status`);
 2. drive every switch in flight one step (`core.switching.step`, pure) and write what the step
    wants, only where the objects differ: the record annotation and `spec.role` /
    `spec.restartGeneration` in one conditional patch, `status.phase` on the status subresource;

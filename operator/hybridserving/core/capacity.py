@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec, Role, RoleSpec
+from hybridserving.core import resolution
 from hybridserving.core.profiles import ModelArchitecture
 
 IndexPlacement = Literal["copied", "split"]
@@ -35,10 +36,10 @@ KvCacheDtype = Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"]
 
 GIB = 1 << 30
 
-# SGLang derives --mem-fraction-static from the GPU's size and the layout when it is unset
-# (its documentation: "around 0.8 - 0.9", higher on large GPUs). 0.88 is the upper part of that
-# range, where the large-memory GPUs these models need land; a role that sets
-# memFractionStatic gets exact figures instead.
+# The static fraction of `pool_bytes` when a caller gives none (capacity-gain figures, which have
+# no role). An instance's capacity uses SGLang's own per-role computation instead
+# (`core.resolution`, mirroring arg_groups/memory_hook.py:281-343) unless the role sets
+# memFractionStatic.
 DEFAULT_MEM_FRACTION_STATIC = 0.88
 
 # SGLang sizes the pool as `static fraction x GPU memory - memory in use after loading the
@@ -262,7 +263,8 @@ def instance_capacity(
         kv_cache_dtype=role.kv_cache_dtype,
         role_name=role_name,
     )
-    fraction = DEFAULT_MEM_FRACTION_STATIC if role.mem_fraction_static is None else role.mem_fraction_static
+    # Unset, SGLang computes the fraction per role from the GPU's memory (arg_groups/memory_hook.py:281-343).
+    fraction = resolution.resolve_role(arch, role, hardware, role_name).mem_fraction_static
     pool = pool_bytes(
         arch, layout, hardware, mem_fraction_static=fraction, reserve_bytes=reserve_bytes, role_name=role_name
     )

@@ -15,25 +15,15 @@ pod; `render_argv` is that template filled, so both paths render the same argv.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
+from hybridserving.contract import PLACEHOLDERS, fill_placeholders
 from hybridserving.core.layout import role_switch_capability
 
 # The launcher module of the engine image; argv from `render_argv` follows it.
 LAUNCH_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
-
-# Whole-token placeholders of the per-role template, by the value that fills them.
-PLACEHOLDERS: dict[str, str] = {
-    "port": "{port}",
-    "bootstrap_port": "{bootstrap_port}",
-    "engine_info_bootstrap_port": "{engine_info_bootstrap_port}",
-    "node_rank": "{node_rank}",
-    "dist_init_addr": "{dist_init_addr}",
-}
-
 
 @dataclass(frozen=True)
 class EnginePorts:
@@ -157,28 +147,14 @@ def render_template(spec: HybridServingSpec, role: Role) -> list[str]:
     # Decode servers run without a radix cache whatever the flag says; only prefill has one to turn off.
     if role == "prefill" and not rs.prefix_caching:
         argv += ["--disable-radix-cache"]
+    # An engine keeps the radix-cache setting of the role it was born with across in-place switches
+    # (managers/scheduler.py:614 reads it once; disaggregation/role_switch.py:282-294 only resets
+    # the tree). A decode-born instance would serve prefill without a prefix cache, so switching
+    # fleets start decode with it (arg_groups/pd_disaggregation_hook.py:98-119).
+    if role == "decode" and in_place_role_switch(spec) and spec.prefill.prefix_caching:
+        argv += ["--disaggregation-decode-enable-radix-cache"]
 
     return argv + list(spec.engine.extra_args)
-
-
-def fill_placeholders(template: Sequence[str], values: Mapping[str, str | int]) -> list[str]:
-    """Replace every whole-token placeholder of `template` by its value.
-
-    Whole tokens only, so a value containing braces (a JSON argument in extraArgs) is
-    never touched; a placeholder without a value is an error rather than a literal
-    `{port}` handed to the engine.
-    """
-    by_token = {token: name for name, token in PLACEHOLDERS.items()}
-    argv: list[str] = []
-    for token in template:
-        name = by_token.get(token)
-        if name is None:
-            argv.append(token)
-        elif name in values:
-            argv.append(str(values[name]))
-        else:
-            raise ValueError(f"no value for placeholder {token} (give {name!r})")
-    return argv
 
 
 def render_argv(

@@ -24,7 +24,9 @@ from packaging.version import InvalidVersion, Version
 from pydantic.alias_generators import to_camel
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, LayoutSpec, Role, RoleSpec
+from hybridserving.core import resolution
 from hybridserving.core.profiles import PROFILES, ModelArchitecture
+from hybridserving.core.resolution import EAGLE_DEFAULT_MAX_RUNNING_REQUESTS, EAGLE_FAMILY
 
 Severity = Literal["error", "warning"]
 
@@ -132,6 +134,20 @@ _RULES: tuple[Rule, ...] = (
          "late: rejected at startup", _FROM_VERIFIED),
     Rule("speculative-pp-prefill-only", "error", "speculative decoding with pp > 1 only on prefill",
          "late: asserted at startup", _FROM_VERIFIED),
+    Rule("speculative-pp-eagle-only", "error", "speculative decoding with pp > 1 uses EAGLE (or NEXTN)",
+         "late: asserted at startup", _FROM_VERIFIED),
+    Rule("eagle-running-request-cap", "warning",
+         "EAGLE-family speculative decoding sets maxRunningRequests (else the engine caps it at 48)",
+         "rewrites: sets max-running-requests 48, split over the attention-DP ranks", _FROM_VERIFIED),
+    Rule("gpu-architecture-supported", "error",
+         "layouts whose attention backends need Blackwell (SM100) run on a gpuType that has it",
+         "late: the backend check raises at startup", _FROM_VERIFIED),
+    Rule("gpu-type-declared", "warning",
+         "layouts whose attention backends need Blackwell declare hardware.gpuType", "n/a: cannot be checked"),
+    Rule("roles-page-size-agree", "error", "both roles run the same page size once the engine has resolved it",
+         "late: decode raises \"Page size mismatch\" at bootstrap", _FROM_VERIFIED),
+    Rule("roles-kv-dtype-agree", "error", "both roles run the same KV cache dtype",
+         "late: decode raises \"KV cache dtype mismatch\" at bootstrap", _FROM_VERIFIED),
     Rule("speculative-needs-draft", "error", "a speculative algorithm has a draft: the model's MTP layer or a "
          "draft model", "late: fails while loading the draft"),
     Rule("vision-encoder-heads-tp", "warning", "the vision encoder's heads split over tp",
@@ -279,6 +295,8 @@ def validate(spec: HybridServingSpec) -> list[LayoutIssue]:
         issues.extend(_check_speculative(spec, role, arch))
         if arch is not None:
             issues.extend(_check_model_split(spec, role, arch))
+    if arch is not None:
+        issues.extend(_check_resolved(spec, arch))
     issues.extend(_check_reshard(spec, arch))
     issues.extend(_check_fleet(spec))
     issues.extend(_check_transfer(spec))
@@ -537,6 +555,18 @@ def _check_speculative(spec: HybridServingSpec, role: Role, arch: ModelArchitect
         yield _issue("speculative-pp-prefill-only", path,
                      "SGLang runs speculative decoding with pipeline parallelism only on prefill servers",
                      "remove spec.decode.speculative or set spec.decode.layout.pp to 1")
+    if rs.layout.pp > 1 and speculative.algorithm not in ("EAGLE", "NEXTN"):
+        yield _issue("speculative-pp-eagle-only", f"{path}.algorithm",
+                     f"SGLang runs pipeline parallelism only with (single-layer) EAGLE speculative decoding, "
+                     f"not {speculative.algorithm}",
+                     f"use algorithm EAGLE or NEXTN, or set spec.{role}.layout.pp to 1")
+    if speculative.algorithm in EAGLE_FAMILY and rs.max_running_requests is None:
+        per_rank = EAGLE_DEFAULT_MAX_RUNNING_REQUESTS // rs.layout.attn_dp
+        yield _issue("eagle-running-request-cap", f"spec.{role}.maxRunningRequests",
+                     f"{speculative.algorithm} without maxRunningRequests: SGLang caps the server at "
+                     f"{EAGLE_DEFAULT_MAX_RUNNING_REQUESTS} running requests, {per_rank} per attention-DP rank "
+                     f"at attnDp {rs.layout.attn_dp}",
+                     f"set spec.{role}.maxRunningRequests to the batch the instance should run")
     if speculative.draft_model_path:
         return
     reuses_mtp = speculative.algorithm in ("EAGLE", "NEXTN")
@@ -561,6 +591,38 @@ def _check_model_split(spec: HybridServingSpec, role: Role, arch: ModelArchitect
                      f"the vision encoder's {arch.vision_encoder_heads} heads do not split over tp {layout.tp}; "
                      "the engine runs the encoder data-parallel instead (more memory per GPU, no TP speed-up)",
                      f"accept it, or use a tp that divides {arch.vision_encoder_heads} on this role")
+
+
+def _check_resolved(spec: HybridServingSpec, arch: ModelArchitecture) -> Issues:
+    """Rules on what the engine runs after its start-up rewrites (`core.resolution`)."""
+    resolved = {role: resolution.resolve(spec, role) for role in ROLES}
+    gpu = spec.hardware.gpu
+    for role in ROLES:
+        r = resolved[role]
+        needs = [b for b in (r.prefill_attention_backend, r.decode_attention_backend)
+                 if b in ("trtllm_mla", "cutedsl_mla")]
+        if not needs:
+            continue
+        why = (f"{arch.hf_architecture} with dcp {spec.role(role).layout.dcp} makes SGLang use "
+               f"{' and '.join(sorted(set(needs)))}, which run only on Blackwell (SM100) GPUs")
+        if gpu is None:
+            yield _issue("gpu-type-declared", "spec.hardware.gpuType", f"{role}: {why}; the GPU is not declared",
+                         "set spec.hardware.gpuType (B200, B300, GB200 or GB300 for this layout)")
+        elif gpu.compute_capability_major != 10:
+            yield _issue("gpu-architecture-supported", f"spec.{role}.layout.dcp",
+                         f"{why}, and {spec.hardware.gpu_type} is {gpu.architecture}",
+                         f"run this role on B200, B300, GB200 or GB300, or set spec.{role}.layout.dcp to 1")
+    prefill, decode = resolved["prefill"], resolved["decode"]
+    if prefill.page_size != decode.page_size:
+        yield _issue("roles-page-size-agree", "spec.prefill.pageSize",
+                     f"the engine resolves page size {prefill.page_size} on prefill and {decode.page_size} on "
+                     "decode, and decode refuses a prefill with another page size",
+                     f"set spec.prefill.pageSize and spec.decode.pageSize both to {max(prefill.page_size, decode.page_size)}")
+    if prefill.kv_cache_dtype != decode.kv_cache_dtype:
+        yield _issue("roles-kv-dtype-agree", "spec.prefill.kvCacheDtype",
+                     f"prefill stores KV as {prefill.kv_cache_dtype} and decode as {decode.kv_cache_dtype}; "
+                     "decode refuses a prefill with another KV cache dtype",
+                     "set spec.prefill.kvCacheDtype and spec.decode.kvCacheDtype to the same value")
 
 
 def _check_reshard(spec: HybridServingSpec, arch: ModelArchitecture | None) -> Issues:

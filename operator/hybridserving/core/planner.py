@@ -26,6 +26,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hybridserving.contract import (
+    ANNOTATION_ROLE,
+    CONFIG_DIR,
+    ENGINE_COMMAND,
+    ENV_CONFIG_DIR,
+    ENV_DRAIN_TIMEOUT_S,
+    ENV_LAUNCHER_PORT,
+    ENV_NODE_RANK,
+    ENV_ROLE_FILE,
+    LABEL_ROLE,
+    PODINFO_DIR,
+    ROLE_FILE,
+    placeholder_env,
+)
 from hybridserving.api.instance import HybridServingInstanceSpec, InstancePorts
 from hybridserving.api.v1alpha1 import (
     GROUP,
@@ -37,7 +51,7 @@ from hybridserving.api.v1alpha1 import (
     HybridServingSpec,
     Role,
 )
-from hybridserving.core import flags, ports, privileges
+from hybridserving.core import flags, ports, privileges, resolution
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -50,13 +64,11 @@ LABEL_NAME = "hybridserving.io/name"
 LABEL_INSTANCE = "hybridserving.io/instance"
 LABEL_NODE_RANK = "hybridserving.io/node-rank"
 LABEL_LEADER = "hybridserving.io/leader"
-LABEL_ROLE = "hybridserving.io/role"
 LABEL_INSTANCE_ROLE = "hybridserving.io/instance-role"
 LABEL_COMPONENT = "hybridserving.io/component"
 
 # The role annotation is what the engine launcher reads (downward API file); the hashes and
 # the restart generation say which configuration and which gang a pod belongs to.
-ANNOTATION_ROLE = "hybridserving.io/role"
 ANNOTATION_TEMPLATE_HASH = "hybridserving.io/template-hash"
 ANNOTATION_CONFIG_HASH = "hybridserving.io/config-hash"
 ANNOTATION_RESTART_GENERATION = "hybridserving.io/restart-generation"
@@ -66,10 +78,6 @@ ANNOTATION_SPEC_HASH = "hybridserving.io/spec-hash"
 ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
 ANNOTATION_WORKER_PORTS = "smg.ai/worker-ports"
 
-CONFIG_DIR = "/etc/hybridserving/engine"
-PODINFO_DIR = "/etc/hybridserving/podinfo"
-ROLE_FILE = f"{PODINFO_DIR}/role"
-ENGINE_COMMAND = ("hybridserving-engine",)
 ENGINE_CONTAINER = "engine"
 ROUTER_METRICS_PORT = 29000
 # Phases the role-switch controller writes while it moves an instance: the router must not
@@ -332,7 +340,14 @@ def role_config(spec: HybridServingSpec, role: Role) -> dict[str, Any]:
     means a layout change of one role changes that role's hash only, so only its instances
     roll; the role itself stays out of the pod template.
     """
-    return {"nnodes": spec.role(role).nodes_per_instance, "argv": flags.render_template(spec, role)}
+    config: dict[str, Any] = {"nnodes": spec.role(role).nodes_per_instance, "argv": flags.render_template(spec, role)}
+    if role == "decode" and flags.in_place_role_switch(spec):
+        # A prefill-born engine has no decode CUDA graphs; SGLang switches it to decode only when
+        # told how much memory to capture them in (disaggregation/role_switch.py:79-89).
+        resolved = resolution.resolve(spec, "decode")
+        config["decode_cuda_graph_memory_gb"] = resolution.decode_cuda_graph_memory_gb(
+            resolved.decode_cuda_graph_max_bs, spec.decode.layout.attn_dp)
+    return config
 
 
 # --------------------------------------------------------------------------- roles and indexes
@@ -554,15 +569,18 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
     if spec.transfer.rdma_resource_count > 0 and spec.transfer.rdma_resource_name:
         limits[spec.transfer.rdma_resource_name] = str(spec.transfer.rdma_resource_count)
     env = [
-        {"name": "HYBRIDSERVING_CONFIG_DIR", "value": CONFIG_DIR},
-        {"name": "HYBRIDSERVING_ROLE_FILE", "value": ROLE_FILE},
-        {"name": "HYBRIDSERVING_NODE_RANK", "value": str(rank)},
-        {"name": "HYBRIDSERVING_DRAIN_TIMEOUT_S", "value": str(spec.role_switch.drain_timeout_seconds)},
-        {"name": "HYBRIDSERVING_PORT", "value": str(p.http)},
-        {"name": "HYBRIDSERVING_BOOTSTRAP_PORT", "value": str(p.bootstrap)},
-        {"name": "HYBRIDSERVING_ENGINE_INFO_BOOTSTRAP_PORT", "value": str(p.engine_info_bootstrap)},
-        {"name": "HYBRIDSERVING_LAUNCHER_PORT", "value": str(p.launcher)},
-        {"name": "HYBRIDSERVING_DIST_INIT_ADDR", "value": f"{instance}.{ns}.svc:{p.dist_init}"},
+        {"name": ENV_CONFIG_DIR, "value": CONFIG_DIR},
+        {"name": ENV_ROLE_FILE, "value": ROLE_FILE},
+        {"name": ENV_NODE_RANK, "value": str(rank)},
+        {"name": ENV_DRAIN_TIMEOUT_S, "value": str(spec.role_switch.drain_timeout_seconds)},
+        {"name": placeholder_env("port"), "value": str(p.http)},
+        {"name": placeholder_env("bootstrap_port"), "value": str(p.bootstrap)},
+        {"name": placeholder_env("engine_info_bootstrap_port"), "value": str(p.engine_info_bootstrap)},
+        {"name": ENV_LAUNCHER_PORT, "value": str(p.launcher)},
+        {"name": placeholder_env("dist_init_addr"), "value": f"{instance}.{ns}.svc:{p.dist_init}"},
+        # Forward-pass timing, which the role-switch policy reads, is off by default
+        # (environ.py:479; managers/scheduler_components/metrics_reporter.py:325-341).
+        {"name": "SGLANG_ENABLE_METRICS_DEVICE_TIMER", "value": "1"},
         *({"name": e.name, "value": e.value} for e in spec.engine.env),
     ]
     container_ports = []
@@ -593,11 +611,22 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
     if privileges.needs_ipc_lock(spec):
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if leader:
+        # /ready reads the engine's status (managers/tokenizer_manager.py:728-734); /health would run
+        # a generation answered after a second at the earliest (entrypoints/http_server.py:720-797).
         container["readinessProbe"] = {
-            "httpGet": {"path": "/health", "port": "http"},
+            "httpGet": {"path": "/ready", "port": "http"},
             "periodSeconds": 10,
+            "timeoutSeconds": 2,
             "failureThreshold": 3,
         }
+    # Liveness is the launcher's, which supervises the engine (restarts it when it exits) and
+    # answers whatever the engine is busy with; an engine probe would restart busy engines.
+    container["livenessProbe"] = {
+        "httpGet": {"path": "/healthz", "port": "launcher"},
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
     pod: dict[str, Any] = {
         "containers": [container],
         "volumes": [

@@ -15,21 +15,29 @@ from collections.abc import Iterable, Mapping
 
 from hybridserving.api.instance import InstancePorts
 
-# First port of each series; block b adds b. The series are far enough apart that no two
-# overlap for the 1024 instances an index can name (8998 + 1023 < 20000 etc.).
-HTTP_BASE = 30000
-DIST_INIT_BASE = 20000
+# First port of each series; block b adds b, or b x STRIDE for the two series SGLang derives
+# more ports from. With attention DP, SGLang binds the 6 ports above the dist-init port, or
+# above --port + 233 when an instance has no --dist-init-addr (server_args.py:818-874,
+# ZMQ_TCP_PORT_DELTA at line 728). A stride of 8 keeps those inside their own block's gap
+# (offsets 1..7 modulo 8), never on another block's port. The series are far enough apart that
+# no two overlap for the 1024 instances an index can name.
+STRIDE = 8
+HTTP_BASE = 30000  # 30000 .. 38184 (+ derived up to 38429)
+DIST_INIT_BASE = 12000  # 12000 .. 20184 (+ derived up to 20190)
 ENGINE_INFO_BOOTSTRAP_BASE = 6789
 LAUNCHER_BASE = 28000
 MAX_BLOCKS = 1024
+# server_args.py:818-874: ports SGLang derives for attention DP, relative to the base it uses.
+ATTENTION_DP_DERIVED = range(1, 7)
+ZMQ_TCP_PORT_DELTA = 233
 
 
 def block_ports(block: int, bootstrap_base: int) -> InstancePorts:
     """The ports of block `block`; the bootstrap series starts at the fleet's bootstrap port."""
     return InstancePorts(
-        http=HTTP_BASE + block,
+        http=HTTP_BASE + STRIDE * block,
         bootstrap=bootstrap_base + block,
-        dist_init=DIST_INIT_BASE + block,
+        dist_init=DIST_INIT_BASE + STRIDE * block,
         engine_info_bootstrap=ENGINE_INFO_BOOTSTRAP_BASE + block,
         launcher=LAUNCHER_BASE + block,
     )
@@ -37,8 +45,8 @@ def block_ports(block: int, bootstrap_base: int) -> InstancePorts:
 
 def block_of(ports: InstancePorts, bootstrap_base: int) -> int | None:
     """The block `ports` form, or None when they are not one block of this fleet's series."""
-    block = ports.http - HTTP_BASE
-    if 0 <= block < MAX_BLOCKS and ports == block_ports(block, bootstrap_base):
+    block, rest = divmod(ports.http - HTTP_BASE, STRIDE)
+    if rest == 0 and 0 <= block < MAX_BLOCKS and ports == block_ports(block, bootstrap_base):
         return block
     return None
 
@@ -75,3 +83,10 @@ def allocate(
         block = kept[name] if name in kept else next(free)
         result[name] = block_ports(block, bootstrap_base)
     return result
+
+
+def attention_dp_ports(ports: InstancePorts, *, multi_node: bool) -> set[int]:
+    """The ports an attention-DP engine binds besides its declared ones: above the dist-init port
+    on multi-node instances, above --port + 233 on one node (server_args.py:818-874)."""
+    base = ports.dist_init if multi_node else ports.http + ZMQ_TCP_PORT_DELTA
+    return {base + offset for offset in ATTENTION_DP_DERIVED}

@@ -16,7 +16,8 @@ A switch moves one running instance between prefill and decode without dropping 
 * **Switch**: instance `spec.role` = the new role, phase `Switching` (in place) or `Relaunching`;
   the planner rewrites the pods' role annotation, the launcher drains once more and switches
   (`POST /pd_role_switch`) or relaunches. Done when the launcher runs the new role.
-* **Verify**: engine `/health` answers and `/server_info` reports `disaggregation_mode` = new role.
+* **Verify**: engine `/ready` answers and `/model_info` reports the live `disaggregation_mode` = new role
+  (`/server_info`'s top level is the start-up configuration and keeps the old role).
 * **Route**: phase `Ready`; the planner labels the leader with the new role. Done when labelled.
 * **Restore**: spec.role back to the old role, phase `Ready` (routed again in the old role).
 * **Restart**: spec.role back, `spec.restartGeneration` + 1 (the gang is recreated), phase `Starting`.
@@ -181,7 +182,7 @@ class Observation:
     """Requests the engine holds (`/v1/loads`), None when it did not answer."""
     engine_healthy: bool | None = None
     engine_role: str | None = None
-    """`/server_info` disaggregation_mode."""
+    """The live role: `/model_info` disaggregation_mode."""
     launcher: LauncherView | None = None
 
 
@@ -281,7 +282,7 @@ def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig)
         if obs.engine_healthy and obs.engine_role == state.to_role:
             return go("Route")
         if elapsed > config.verify_timeout_s:
-            what = ("unhealthy" if not obs.engine_healthy
+            what = ("unhealthy (not ready)" if not obs.engine_healthy
                     else f"reports disaggregation_mode {obs.engine_role!r}")
             return restart(f"engine {what} {config.verify_timeout_s:.0f} s after the switch")
         return state, want

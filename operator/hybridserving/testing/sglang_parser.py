@@ -139,6 +139,16 @@ def sglang_python() -> Path:
     return python
 
 
+def dump_flags() -> dict[str, Any]:
+    """Every option of the wheel's parser with its argparse nargs (what the simulator accepts)."""
+    proc = subprocess.run(
+        [str(sglang_python()), "-m", "hybridserving.testing.sglang_parser", "--dump-flags"],
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(_operator_root()), "PYTHONNOUSERSITE": "1"},
+    )
+    return json.loads(proc.stdout)
+
+
 def _operator_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
@@ -479,6 +489,21 @@ def _parse_one(server_args: Any, argv: list[str]) -> dict[str, Any]:
     }
 
 
+def _flag_table(server_args: Any) -> dict[str, Any]:
+    """Every option string of `sglang serve` and how many values it takes (argparse nargs: 0 for
+    switches, null for exactly one), so a simulator can accept exactly SGLang's flags."""
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    server_args.ServerArgs.add_cli_args(parser)
+    _check_parser(parser)
+    flags: dict[str, Any] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        for option in action.option_strings:
+            flags[option] = action.nargs
+    return {"sglang_version": SGLANG_VERSION, "flags": flags}
+
+
 def _read_ib_devices(value: str | None) -> Any:
     """The device assignment SGLang's Mooncake and NIXL connectors derive from the flag.
 
@@ -510,13 +535,19 @@ def main(args: Sequence[str] | None = None) -> int:
     cli.add_argument("--out", type=Path, help="write the JSON result here (default: stdout)")
     cli.add_argument("--self-check", action="store_true", help="run built-in cases; exit 1 on mismatch")
     cli.add_argument("--show-stub-uses", action="store_true", help="list stub uses made while importing")
+    cli.add_argument("--dump-flags", action="store_true",
+                     help="print every option of the parser with its arity, as JSON")
     opts = cli.parse_args(args)
-    if not opts.self_check and opts.argv_json is None:
-        cli.error("give --argv-json FILE or --self-check")
+    if not opts.self_check and not opts.dump_flags and opts.argv_json is None:
+        cli.error("give --argv-json FILE, --dump-flags or --self-check")
 
     started = time.monotonic()
     server_args = _load_server_args()
     imported = time.monotonic()
+
+    if opts.dump_flags:
+        sys.stdout.write(json.dumps(_flag_table(server_args), indent=1, sort_keys=True) + "\n")
+        return 0
 
     if opts.self_check:
         failures = 0

@@ -1,0 +1,87 @@
+"""What the operator and the engine pod's launcher agree on, in one place both sides import.
+
+The operator renders pods and role configs (`core.planner`, `core.flags`); the launcher in the
+engine image reads them (`hybridserving_engine.launcher`); the controller reads engines the way
+the launcher drains them. Names, paths, placeholders and the role-config keys live here so the two
+sides cannot drift. The standard library only: the engine image carries no pydantic models or
+operator code for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ROLES = ("prefill", "decode")
+
+# The router-facing role label of a leader pod, and the pod annotation the launcher reads (through a
+# downward-API file) for its role; same key.
+LABEL_ROLE = "hybridserving.io/role"
+ANNOTATION_ROLE = "hybridserving.io/role"
+
+CONFIG_DIR = "/etc/hybridserving/engine"
+PODINFO_DIR = "/etc/hybridserving/podinfo"
+ROLE_FILE = f"{PODINFO_DIR}/role"
+ENGINE_COMMAND = ("hybridserving-engine",)
+
+# Environment the operator sets on engine pods and the launcher reads.
+ENV_CONFIG_DIR = "HYBRIDSERVING_CONFIG_DIR"
+ENV_ROLE_FILE = "HYBRIDSERVING_ROLE_FILE"
+ENV_NODE_RANK = "HYBRIDSERVING_NODE_RANK"
+ENV_DRAIN_TIMEOUT_S = "HYBRIDSERVING_DRAIN_TIMEOUT_S"
+ENV_LAUNCHER_PORT = "HYBRIDSERVING_LAUNCHER_PORT"
+ENV_PREFIX = "HYBRIDSERVING_"
+"""`HYBRIDSERVING_<PLACEHOLDER>` carries the value of each placeholder below."""
+
+# Whole-token placeholders of the per-role argv template, by the value that fills them.
+PLACEHOLDERS: dict[str, str] = {
+    "port": "{port}",
+    "bootstrap_port": "{bootstrap_port}",
+    "engine_info_bootstrap_port": "{engine_info_bootstrap_port}",
+    "node_rank": "{node_rank}",
+    "dist_init_addr": "{dist_init_addr}",
+}
+
+# `<CONFIG_DIR>/<role>.json`: {"nnodes": N, "argv": [...]} or {"nnodes": N, "ranks": [[...], ...]},
+# optionally "decode_cuda_graph_memory_gb" (sent with `POST /pd_role_switch` to decode).
+ROLE_CONFIG_KEYS = frozenset({"nnodes", "argv", "ranks", "decode_cuda_graph_memory_gb"})
+
+
+def placeholder_env(name: str) -> str:
+    """The pod environment variable that fills placeholder `name`."""
+    return f"{ENV_PREFIX}{name.upper()}"
+
+
+def fill_placeholders(template: Sequence[str], values: Mapping[str, str | int]) -> list[str]:
+    """Replace every whole-token placeholder of `template` by its value.
+
+    Whole tokens only, so a value containing braces (a JSON argument in extraArgs) is
+    never touched; a placeholder without a value is an error rather than a literal
+    `{port}` handed to the engine.
+    """
+    by_token = {token: name for name, token in PLACEHOLDERS.items()}
+    argv: list[str] = []
+    for token in template:
+        name = by_token.get(token)
+        if name is None:
+            argv.append(token)
+        elif name in values:
+            argv.append(str(values[name]))
+        else:
+            raise ValueError(f"no value for placeholder {token} (give {name!r})")
+    return argv
+
+
+def inflight_requests(loads: Mapping[str, Any]) -> int:
+    """Requests an engine still holds, from its `/v1/loads` answer (every queue, every DP rank).
+
+    SGLang omits zero fields (`managers/load_snapshot.py:196`, `omit_defaults=True`), so every
+    field defaults to 0.
+    """
+    total = 0
+    for load in loads.get("loads") or []:
+        total += int(load.get("num_running_reqs") or 0) + int(load.get("num_waiting_reqs") or 0)
+        disagg = load.get("disaggregation") or {}
+        total += sum(int(v or 0) for k, v in disagg.items() if k.endswith("_queue_reqs"))
+        total += int((load.get("queues") or {}).get("paused") or 0)
+    return total

@@ -1,0 +1,132 @@
+"""The HTTP contract between the operator and an SGLang 0.5.23 engine, run against the simulator.
+
+Every behaviour the operator, the launcher or the policy relies on is asserted here with the
+SGLang source it mirrors (paths relative to `sglang/srt/` in the 0.5.23 wheel). The same tests
+run unchanged against a real server:
+
+    python -m sglang.launch_server --model-path MODEL --host 0.0.0.0 --port 30000 \\
+        --disaggregation-mode prefill --disaggregation-transfer-backend mooncake \\
+        --enable-pd-role-switch --enable-metrics
+    HYBRIDSERVING_ENGINE_URL=http://HOST:30000 .venv/bin/python -m pytest tests/unit/test_engine_contract.py
+
+(the engine must be idle and born prefill; the tests switch it to decode and back). Without
+`HYBRIDSERVING_ENGINE_URL` they start the SGLang simulator with those same flags.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hybridserving_engine.simulator.process import SimulatorProcess, free_port, simulator_env
+
+from hybridserving.controller.engines import inflight_requests
+
+ENGINE_URL = os.environ.get("HYBRIDSERVING_ENGINE_URL")
+ARGV = ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
+        "--enable-pd-role-switch", "--enable-metrics"]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[str]:
+    if ENGINE_URL:
+        yield ENGINE_URL.rstrip("/")
+        return
+    argv = ["--model-path", "zai-org/GLM-5.2-FP8", "--host", "127.0.0.1", "--port", str(free_port()),
+            "--disaggregation-bootstrap-port", str(free_port()), *ARGV]
+    with SimulatorProcess(argv, env=simulator_env(time_scale=0.01)) as sim:
+        sim.wait_ready()
+        yield sim.url
+
+
+def switch(engine: str, role: str, **extra: object) -> tuple[int, dict]:
+    resp = httpx.post(engine + "/pd_role_switch", json={"new_role": role, **extra}, timeout=600)
+    return resp.status_code, resp.json()
+
+
+def samples(engine: str) -> dict[str, list]:
+    text = httpx.get(engine + "/metrics", timeout=10).text
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+def test_ready_answers_at_once_without_generating(engine):
+    # entrypoints/http_server.py:714-718 and managers/tokenizer_manager.py:728-734: /ready reads
+    # the server status; the readiness probe and the controller use it.
+    start = time.monotonic()
+    assert httpx.get(engine + "/ready", timeout=5).status_code == 200
+    assert time.monotonic() - start < 0.9
+
+
+@pytest.mark.parametrize("path", ["/health", "/health_generate"])
+def test_health_runs_a_generation_and_answers_after_a_second_at_the_earliest(engine, path):
+    # entrypoints/http_server.py:720-797: a one-token generation, polled in asyncio.sleep(1) steps
+    # (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION defaults to true, environ.py:344), so a probe with
+    # the kubelet's default 1 s timeout never passes.
+    start = time.monotonic()
+    assert httpx.get(engine + path, timeout=30).status_code == 200
+    assert time.monotonic() - start >= 1.0
+    with pytest.raises(httpx.TimeoutException):
+        httpx.get(engine + path, timeout=0.9)
+
+
+def test_server_info_is_the_start_up_configuration_and_model_info_the_live_role(engine):
+    # entrypoints/http_server.py:863-892 (build_server_info over the resolved args) and 834-836.
+    info = httpx.get(engine + "/server_info", timeout=10).json()
+    assert info["disaggregation_mode"] == "prefill" and info["version"] == "0.5.23"
+    assert [s["disaggregation_mode"] for s in info["internal_states"]] == ["prefill"] * len(info["internal_states"])
+    assert httpx.get(engine + "/model_info", timeout=10).json()["disaggregation_mode"] == "prefill"
+
+
+def test_idle_loads_hold_no_request(engine):
+    # entrypoints/v1_loads.py:96-150 and managers/load_snapshot.py:196-215 (zero fields may be omitted).
+    loads = httpx.get(engine + "/v1/loads", params={"include": "core,disagg,queues"}, timeout=10).json()
+    assert loads["loads"] and inflight_requests(loads) == 0
+    assert httpx.get(engine + "/v1/loads", params={"include": "bogus"}, timeout=10).status_code == 400
+
+
+def test_default_metrics_have_no_forward_timer_and_no_prefill_utilization(engine):
+    # managers/scheduler_components/metrics_reporter.py:325-341 (forward timing only with
+    # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1, default off: environ.py:479) and 1303-1306
+    # (utilization is -1 on prefill).
+    found = samples(engine)
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                 "sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_decode_prealloc_queue_reqs"):
+        assert name in found, name
+    if os.environ.get("SGLANG_ENABLE_METRICS_DEVICE_TIMER", "0").lower() not in ("1", "true", "yes", "y"):
+        assert "sglang:forward_execution_seconds_total" not in found
+    assert {s.value for s in found["sglang:utilization"]} == {-1.0}
+
+
+def test_prefill_born_engine_needs_decode_graph_memory_to_become_decode_and_keeps_its_start_up_config(engine):
+    # disaggregation/role_switch.py:79-89: no decode CUDA graphs captured yet -> the request must
+    # carry decode_cuda_graph_memory_gb; refused with safe_to_restore (the engine keeps serving).
+    status, body = switch(engine, "decode")
+    assert status == 400 and body["success"] is False and body["safe_to_restore"] is True
+    assert "decode_cuda_graph_memory_gb is required" in body["message"]
+    status, body = switch(engine, "decode", decode_cuda_graph_memory_gb=-1.0)
+    assert status == 400 and "non-negative" in body["message"] and body["safe_to_restore"] is True
+    status, body = switch(engine, "decode", decode_cuda_graph_memory_gb=1.0)
+    assert status == 200 and body["success"] is True and (body["old_role"], body["new_role"]) == ("prefill", "decode")
+    try:
+        assert httpx.get(engine + "/model_info", timeout=10).json()["disaggregation_mode"] == "decode"
+        info = httpx.get(engine + "/server_info", timeout=10).json()
+        assert info["disaggregation_mode"] == "prefill"
+        assert {s["disaggregation_mode"] for s in info["internal_states"]} == {"decode"}
+        # metrics_reporter.py:1307-1315: off prefill, utilization is never set (stays 0).
+        assert {s.value for s in samples(engine)["sglang:utilization"]} == {0.0}
+        # role_switch.py:66-72: switching to the role it has is a success with nothing done.
+        status, body = switch(engine, "decode")
+        assert status == 200 and body["message"] == "already in target role"
+    finally:
+        status, body = switch(engine, "prefill")
+    assert status == 200 and body["success"] is True
+    assert httpx.get(engine + "/model_info", timeout=10).json()["disaggregation_mode"] == "prefill"
