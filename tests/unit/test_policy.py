@@ -51,7 +51,7 @@ def test_sustained_prefill_pressure_moves_the_least_loaded_decode_instance():
     memory = PolicyMemory()
     decision = None
     for t in range(0, 40, 5):
-        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0, 0.1, 50_000, 3.0), memory)
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0, 0.1, 40_000, 3.0), memory)
         if decision:
             break
     assert decision is not None and t >= 20
