@@ -336,7 +336,7 @@ class FleetSimulator:
 
     def _busy(self) -> bool:
         return bool(self.pending) or any(
-            i.queue or i.busy or i.batch or i.inbound or i.phase != "serving" for i in self.instances
+            i.queue or i.busy or i.batch or i.inbound or i.phase not in ("serving", "down") for i in self.instances
         )
 
     def _arrive(self, t: float, r: int) -> None:
