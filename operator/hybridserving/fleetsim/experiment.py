@@ -191,7 +191,8 @@ class Comparison:
     """Each policy's run at the reference rate (the best static split's goodput), where the
     dynamic policies switch; at the trace's own rate most of them have nothing to do."""
     overload: list[tuple[float, float, float]] = field(default_factory=list)
-    """(load / reference, static score, ours score) from 0.8× to 1.2× of the reference load."""
+    """(load / reference, static score, ours score) from 0.8× to 1.2× of the reference load, both
+    from the best static split at the reference load."""
     load_mode: str = "replicate"
 
 
@@ -400,10 +401,12 @@ def compare(
         if name in ("ours", "ours-relaunch", "restart-based", "splitwise"):
             out.plotted.append(out.at_reference[name])
         if name == "ours" and overload:
+            # The best static split at the reference load, held fixed, against ours started from it.
             for f in OVERLOAD_LOADS:
                 s = ref * f
-                k, static_att = runner.best_static(s)
-                out.overload.append((f, static_att, runner.score(run(s, make), s)))
+                static_run = runner.simulate(s, k_ref, name=f"static {k_ref}:{instances - k_ref}")
+                ours_run = runner.simulate(s, k_ref, make(), in_place=in_place, name=name)
+                out.overload.append((f, runner.score(static_run, s), runner.score(ours_run, s)))
     out.plotted.insert(0, out.at_reference["static"])
     return out
 
