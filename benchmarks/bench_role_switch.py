@@ -131,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot: {png}")
 
     failures = []
-    print("\n== hindsight oracle check (no policy may exceed it)")
+    print("\n== hindsight oracle check (no policy may exceed it; the per-window projection is not a policy)")
     for key, c in results.items():
         bound = c.reports["hindsight"].goodput_rps
         for name, r in c.reports.items():
-            if name != "hindsight" and r.goodput_rps > bound * (1 + 1e-9):
+            # The per-window projection is not a schedule (each window scored with the state its
+            # own split built), so it is reported beside the bound, not checked against it.
+            if name not in ("hindsight", "per-window") and r.goodput_rps > bound * (1 + 1e-9):
                 failures.append(f"{key}: {name} {r.goodput_rps:.2f} > hindsight {bound:.2f}")
         print(f"  {key}: hindsight {bound:.2f} req/s ≥ every policy: {'PASS' if not any(f.startswith(key + ':') for f in failures) else 'FAIL'}")
 

@@ -30,7 +30,7 @@ from hybridserving.fleetsim.baselines import (
     SplitwiseMixedPool,
     zero_cost_relabel,
 )
-from hybridserving.fleetsim.goodput import Slo, oracle_attainment, search_goodput
+from hybridserving.fleetsim.goodput import Slo, oracle_phase_score, phase_score, search_goodput
 from hybridserving.fleetsim.simulator import FleetConfig, FleetSimulator
 
 MODEL = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8)
@@ -271,12 +271,13 @@ def test_goodput_search_finds_the_threshold_of_a_monotone_curve():
     assert search_goodput(lambda s: 0.0) == 0.0
 
 
-def test_oracle_is_at_least_every_static_split():
+def test_per_window_projection_is_at_least_every_static_split_in_every_phase():
     trace = shifting_trace()
     slo = Slo(2.0, 0.05)
+    bounds = (0.0, 600.0, 1200.0)
     results = [FleetSimulator(FleetConfig(4, k, MODEL)).run(trace) for k in (1, 2, 3)]
-    oracle = oracle_attainment(results, slo, 120.0)
-    assert all(oracle >= r.attainment(slo.ttft_s, slo.tpot_s) - 1e-12 for r in results)
+    projection = oracle_phase_score(results, slo, 120.0, bounds)
+    assert all(projection >= phase_score(r, slo, bounds) - 1e-12 for r in results)
 
 
 def test_an_hour_of_a_small_fleet_simulates_quickly():

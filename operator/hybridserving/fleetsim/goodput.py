@@ -117,11 +117,22 @@ def windowed_good(result: SimResult, slo: Slo, window_s: float) -> tuple[np.ndar
     return good, total
 
 
-def oracle_attainment(static_results: list[SimResult], slo: Slo, window_s: float) -> float:
+def oracle_phase_score(static_results: list[SimResult], slo: Slo, window_s: float, bounds: Sequence[float]) -> float:
     """The per-window projection: each window's requests scored by the static split that served
-    them best, as if every split had built up its own state (a named baseline, not a bound:
-    a dynamic policy can beat it, because a split chosen per window inherits another's queues).
-    """
+    them best, as if every split had built up its own state (a named baseline, not a bound: a
+    split chosen per window would inherit another's queues). Judged like every policy: the
+    total and each phase (windows assigned to the phase their start falls in)."""
+    best, total = _per_window_best(static_results, slo, window_s)
+    scores = [best.sum() / total.sum() if total.sum() else 1.0]
+    starts = np.arange(len(best)) * window_s
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        mask = (starts >= lo) & (starts < hi)
+        if total[mask].sum():
+            scores.append(best[mask].sum() / total[mask].sum())
+    return float(min(scores))
+
+
+def _per_window_best(static_results: list[SimResult], slo: Slo, window_s: float) -> tuple[np.ndarray, np.ndarray]:
     per_split = [windowed_good(r, slo, window_s) for r in static_results]
     n = max(len(g) for g, _ in per_split)
     best = np.zeros(n)
@@ -129,7 +140,7 @@ def oracle_attainment(static_results: list[SimResult], slo: Slo, window_s: float
     for good, count in per_split:
         best[: len(good)] = np.maximum(best[: len(good)], good)
         total[: len(count)] = count
-    return float(best.sum() / total.sum()) if total.sum() else 1.0
+    return best, total
 
 
 @dataclass(frozen=True)
