@@ -64,12 +64,16 @@ def table(c: Comparison) -> str:
 
 
 def ratio(c: Comparison, a: str, b: str) -> float:
+    if a not in c.reports or b not in c.reports:
+        return float("nan")
     den = c.reports[b].goodput_rps
     return c.reports[a].goodput_rps / den if den else float("inf")
 
 
 def verdict(label: str, value: float, need: float, ceiling: float | None = None, ceiling_label: str = "") -> str:
     """MET/MISSED; when the target is above what any switching policy reached here, say so."""
+    if value != value:
+        return f"NOT RUN {label} (target ≥ {need:.2f})"
     line = f"{'MET   ' if value >= need else 'MISSED'} {label}: {value:.2f} (target ≥ {need:.2f})"
     if value < need and ceiling is not None and ceiling < need:
         line += f" — unreachable on this workload: {ceiling_label} = {ceiling:.2f} < {need:.2f}"
@@ -103,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", default="replicate", choices=("replicate", "compress"), help="how load is varied")
     ap.add_argument("--tuned", action="store_true", help="also sweep ours per workload ('ours, tuned')")
     ap.add_argument("--no-scaling", action="store_true", help="skip the scaling comparison")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset (static and hindsight always run)")
     args = ap.parse_args(argv)
     if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
         print(f"traces not found in {traces_dir()}; set HYBRIDSERVING_TRACES", file=sys.stderr)
@@ -111,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     model = fleet_model(gpu=args.gpu)
     print(f"mode: {'--quick' if args.quick else 'full'}; GPU {args.gpu}; load {args.load}")
-    policies = POLICIES + (("ours-tuned",) if args.tuned else ())
+    chosen = {"static", "hindsight", *args.policies.split(",")}
+    policies = tuple(p for p in POLICIES if p in chosen) + (("ours-tuned",) if args.tuned else ())
     results: dict[str, Comparison] = {}
     for key in args.workloads.split(","):
         w = load_workload(key)
