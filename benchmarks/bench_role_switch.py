@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="out", help="directory for the PNGs (default out/)")
     ap.add_argument("--workloads", default="mix-shift,diurnal,agentic,mooncake")
     ap.add_argument("--instances", type=int, default=8)
-    ap.add_argument("--gpu", default="h200", choices=("h200", "b300"))
+    ap.add_argument("--gpu", default="b300", choices=("b300", "h200"))
     ap.add_argument("--load", default="replicate", choices=("replicate", "compress"), help="how load is varied")
     ap.add_argument("--tuned", action="store_true", help="also sweep ours per workload ('ours, tuned')")
     ap.add_argument("--no-scaling", action="store_true", help="skip the scaling comparison")
