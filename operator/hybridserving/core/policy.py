@@ -832,10 +832,6 @@ class ScalingConfig:
     """Time constants of the two demand EWMAs whose gap gives the demand's trend; launches
     are sized for the demand one launch time ahead on that trend (never below today's)."""
 
-    @classmethod
-    def from_spec(cls, max_instances: int, role_switch, **tuning) -> ScalingConfig:
-        return cls(max_instances=max_instances, min_prefill=role_switch.min_prefill, min_decode=role_switch.min_decode, **tuning)
-
 
 @dataclass(frozen=True)
 class ScalerMemory:
