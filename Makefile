@@ -52,7 +52,7 @@ bench: setup tools
 	$(VPY) benchmarks/bench_transfer_plan.py
 	$(VPY) benchmarks/bench_engine_simulator.py
 	$(VPY) benchmarks/bench_operator.py
-	$(VPY) benchmarks/bench_role_switch.py --out out/bench
+	$(VPY) benchmarks/bench_role_switch.py --quick --workloads mix-shift,agentic,mooncake --policies ours,splitwise --out out/bench
 
 # The README's main job: local control plane, operator, a fleet on the SGLang simulator, the real
 # router, traffic whose mix shifts, and a role switch.

@@ -113,3 +113,34 @@ def test_invalid_layouts_are_rejected():
         PerformanceModel.for_role(GLM, tp=4, dcp=3)
     with pytest.raises(ValueError):
         PerformanceModel.for_role(GLM, tp=8, time_scale=0)
+
+
+def test_h200_kv_pool_follows_sglangs_memory_computation():
+    """0.88 × 141 GiB − 2 GiB reserve − 750 GB / 8 of weights, over 44,928 + 2,772 + 576 B a token:
+    about 773 K tokens per rank, not the 1.17 M measured on B300."""
+    from hybridserving.core.perfmodel import GPU_TYPES, pool_tokens_per_rank
+
+    arch = PROFILES["glm-5.2"]
+    h200 = PerformanceModel.for_role(arch, tp=8, gpu="h200")
+    expected = (0.88 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (44_928 + 2_772 + 576)
+    assert h200.kv_capacity_tokens == pytest.approx(expected, rel=1e-3)
+    assert 760_000 < h200.kv_capacity_tokens < 790_000
+    assert pool_tokens_per_rank(arch, 8, GPU_TYPES["h200"]) == h200.kv_capacity_tokens
+    assert PerformanceModel.for_role(arch, tp=8, gpu="b300").kv_capacity_tokens == 1_170_000
+
+
+def test_h200_prefill_scales_with_fp8_compute_and_decode_with_hbm_bandwidth():
+    arch = PROFILES["glm-5.2"]
+    b300 = PerformanceModel.for_role(arch, tp=8, gpu="b300")
+    h200 = PerformanceModel.for_role(arch, tp=8, gpu="h200")
+    compute = b300.prefill_chunk_compute_seconds(32768)
+    assert h200.prefill_chunk_compute_seconds(32768) == pytest.approx(compute * 4500 / 1979)
+    assert h200.decode_per_context_token_s == pytest.approx(b300.decode_per_context_token_s * 8.0 / 4.8)
+    assert h200.decode_base_s == b300.decode_base_s  # launch and collective latency do not scale
+    with pytest.raises(ValueError, match="unknown gpu"):
+        PerformanceModel.for_role(arch, tp=8, gpu="a100")
+
+
+def test_a_new_instance_pays_pod_start_and_weight_load():
+    m = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8)
+    assert m.launch_seconds() == pytest.approx(60.0 + 780.0)

@@ -51,7 +51,7 @@ def test_sustained_prefill_pressure_moves_the_least_loaded_decode_instance():
     memory = PolicyMemory()
     decision = None
     for t in range(0, 40, 5):
-        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0, 0.1, 50_000, 3.0), memory)
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0, 0.1, 40_000, 3.0), memory)
         if decision:
             break
     assert decision is not None and t >= 20
@@ -317,3 +317,32 @@ def test_the_fast_path_does_not_start_a_relaunch():
     for t in range(0, 60, 5):
         decision, memory = policy.decide(float(t), states, hot, memory)
         assert decision is None
+
+
+def test_queued_prompts_are_priced_with_the_models_compute_not_per_token():
+    from hybridserving.core.policy import queued_prefill_seconds
+
+    m = InstanceMetrics("prefill", prefill_queue_tokens=64_000, prefill_queue_reqs=1)
+    linear = 64_000 * MODEL.prefill_per_token_s
+    assert queued_prefill_seconds(m, MODEL) == pytest.approx(MODEL.prefill_chunk_compute_seconds(64_000))
+    assert queued_prefill_seconds(m, MODEL) > 1.5 * linear  # the attention pairs dominate long prompts
+    split = replace(m, prefill_queue_reqs=16)
+    assert queued_prefill_seconds(split, MODEL) < queued_prefill_seconds(m, MODEL)  # short prompts: few pairs
+
+
+def test_a_short_kv_wait_is_not_an_acute_decode_overload_but_a_long_one_is():
+    """Requests waiting a fraction of a second for KV cost little TTFT; the fast path ignores them."""
+    policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
+    states = fleet(2, 2)
+
+    def metrics(prealloc: int, running: int):
+        m = metrics_for(states, 0.5, 0.95)
+        for name in ("d0", "d1"):
+            m[name] = InstanceMetrics("decode", kv_usage=0.95, running_reqs=running, prealloc_queue_reqs=prealloc, output_tokens_per_request=20)
+        return m
+
+    assert not policy.acute(states, metrics(prealloc=2, running=200))["decode"]
+    memory = policy.observe(0.0, states, metrics(prealloc=2, running=200), PolicyMemory())
+    assert memory.output_tokens_per_request == pytest.approx(20)  # from the counters' ratio
+    long = PolicyMemory(output_tokens_per_request=2000)
+    assert policy.acute(states, metrics(prealloc=100, running=50), long)["decode"]

@@ -62,19 +62,25 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         def at(s: float) -> float:
             return runner.best_static(s)[1]
 
-    elif args.policy == "oracle":
-        attainment = runner.oracle(args.rate_scale)
-        at = runner.oracle
+    elif args.policy == "hindsight":
+        attainment, result = runner.hindsight(args.rate_scale)
+
+        def at(s: float) -> float:
+            return runner.hindsight(s)[0]
+
+    elif args.policy == "per-window":
+        attainment = runner.per_window(args.rate_scale)
+        at = runner.per_window
     else:
         sweep = policy_sweeps(model, slo, quick=True)[args.policy]
         setting = sweep.grid[0]
         costs = {"in_place": sweep.in_place, "free": sweep.free_switches}
         result = runner.simulate(args.rate_scale, split, sweep.make(**setting), name=args.policy, **costs)
-        attainment = result.attainment(slo.ttft_s, slo.tpot_s)
+        attainment = runner.score(result, args.rate_scale)
 
         def at(s: float) -> float:
             k, _ = runner.best_static(s)
-            return runner.simulate(s, k, sweep.make(**setting), name=args.policy, **costs).attainment(slo.ttft_s, slo.tpot_s)
+            return runner.score(runner.simulate(s, k, sweep.make(**setting), name=args.policy, **costs), s)
 
     summary = {
         "trace": w.key,
@@ -97,7 +103,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.plot and result is not None:
         from hybridserving.fleetsim.plot import plot_runs
 
-        plot_runs(args.plot, w.trace.scaled(args.rate_scale), [result], slo)
+        plot_runs(args.plot, runner.trace_at(args.rate_scale), [result], slo)
         summary["plot"] = str(args.plot)
     if args.output == "json":
         write_json(summary, out)

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal
 
+from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec
+from hybridserving.core.capacity import pool_bytes, rank_footprint
 from hybridserving.core.profiles import ModelArchitecture
 
 SwitchMode = Literal["in-place", "relaunch"]
@@ -52,6 +54,36 @@ _IN_PLACE_SWITCH_S = 12.0
 # TP8, page 64, with the EAGLE draft pool (DOMAIN §4: 1.17 M; DCP4 4.67 M, DCP8 9.34 M ≈ ×dcp).
 _DEFAULT_KV_TOKENS_PER_DCP_RANK = 1_170_000
 _DEFAULT_MAX_RUNNING_REQUESTS = 256
+
+# A new instance: the pod is scheduled and its containers start (image already on the node),
+# then the engine loads the weights and captures graphs (the model's restart time).
+_POD_START_S = 60.0
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """What the timings scale with from one GPU type to another.
+
+    The constants above are fitted on B300 (DOMAIN §4, §7). Prefill is compute-bound, so its
+    compute terms scale with dense FP8 throughput; decode reads KV and expert weights, so its
+    per-token and per-request terms scale with HBM bandwidth (the fixed launch/collective
+    latency does not); the KV pool comes from memory (`core.capacity`, SGLang's computation).
+    """
+
+    name: str
+    memory_gib: float
+    hbm_tb_per_s: float
+    fp8_dense_tflops: float
+
+
+# Vendor datasheets: B300 (HGX B300: 288 GB HBM3e at 8 TB/s per GPU; FP8 72 PFLOPS per 8 GPUs
+# with sparsity, so 4.5 PFLOPS dense per GPU); H200 SXM (141 GB HBM3e, 4.8 TB/s; FP8 3,958
+# TFLOPS with sparsity, 1,979 dense). Memory in GiB as `hardware.gpuMemoryGib` takes it.
+GPU_TYPES: dict[str, GpuType] = {
+    "b300": GpuType("b300", memory_gib=288.0, hbm_tb_per_s=8.0, fp8_dense_tflops=4500.0),
+    "h200": GpuType("h200", memory_gib=141.0, hbm_tb_per_s=4.8, fp8_dense_tflops=1979.0),
+}
+_CALIBRATION_GPU = GPU_TYPES["b300"]
 
 
 def _prefill_compute_terms() -> tuple[float, float]:
@@ -114,6 +146,8 @@ class PerformanceModel:
     in_place_switch_s: float
     relaunch_switch_s: float
     time_scale: float = 1.0
+    pod_start_s: float = _POD_START_S
+    gpu: str = "b300"
 
     @classmethod
     def for_role(
@@ -127,6 +161,7 @@ class PerformanceModel:
         in_place_switch_seconds: float = _IN_PLACE_SWITCH_S,
         link_bytes_per_second: float = _LINK_BYTES_PER_S,
         time_scale: float = 1.0,
+        gpu: str = "b300",
     ) -> PerformanceModel:
         """Build the model of one instance of `arch` laid out as TP `tp` with DCP `dcp`.
 
@@ -137,9 +172,15 @@ class PerformanceModel:
             raise ValueError(f"need tp >= 1 and dcp dividing tp, got tp={tp} dcp={dcp}")
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
+        if gpu not in GPU_TYPES:
+            raise ValueError(f"unknown gpu {gpu!r}; known: {', '.join(sorted(GPU_TYPES))}")
+        kind = GPU_TYPES[gpu]
         per_token, per_pair = _prefill_compute_terms()
-        compute_scale = _PREFILL_ANCHOR_TP / tp
+        compute_scale = _PREFILL_ANCHOR_TP / tp * _CALIBRATION_GPU.fp8_dense_tflops / kind.fp8_dense_tflops
+        bandwidth_scale = _CALIBRATION_GPU.hbm_tb_per_s / kind.hbm_tb_per_s
         base, per_request = _decode_terms()
+        if kv_tokens is None and kind is not _CALIBRATION_GPU:
+            kv_tokens = pool_tokens_per_rank(arch, tp, kind) * dcp
         kv_per_rank = arch.kv_bytes_per_token / dcp + arch.index_bytes_per_token
         state_per_rank = arch.recurrent_state_bytes_per_request / tp
         return cls(
@@ -152,15 +193,20 @@ class PerformanceModel:
             prefill_per_token_s=per_token * compute_scale,
             prefill_per_pair_s=per_pair * compute_scale,
             decode_base_s=base,
-            decode_per_request_s=per_request,
-            decode_per_context_token_s=_DECODE_PER_CONTEXT_TOKEN_S / dcp,
+            decode_per_request_s=per_request * bandwidth_scale,
+            decode_per_context_token_s=_DECODE_PER_CONTEXT_TOKEN_S * bandwidth_scale / dcp,
             decode_dcp_comm_s=_dcp_comm_seconds(dcp, base, per_request),
             transfer_latency_s=_TRANSFER_LATENCY_S,
             link_bytes_per_second=link_bytes_per_second,
             in_place_switch_s=in_place_switch_seconds,
             relaunch_switch_s=arch.restart_seconds,
             time_scale=time_scale,
+            gpu=gpu,
         )
+
+    def launch_seconds(self) -> float:
+        """A new instance from nothing to serving: pod start plus weight load (the restart time)."""
+        return self.pod_start_s + self.relaunch_switch_s
 
     def scaled(self, time_scale: float) -> PerformanceModel:
         """The same instance, with every duration multiplied by `time_scale`."""
@@ -216,3 +262,16 @@ class PerformanceModel:
         if mode == "relaunch":
             return self.relaunch_switch_s * self.time_scale
         raise ValueError(f"unknown switch mode {mode!r}; use 'in-place' or 'relaunch'")
+
+
+def pool_tokens_per_rank(arch: ModelArchitecture, tp: int, gpu: GpuType) -> int:
+    """KV tokens one TP rank's pool holds on `gpu`, by SGLang's memory computation.
+
+    `core.capacity`: the static fraction of the GPU's memory, less the engine's reserve and the
+    rank's weight slice, divided by the bytes one token costs the rank (latent, index, draft).
+    On B300 the measured 1.17 M (DOMAIN §4) is used instead: it is below this figure because
+    the measured engine also held LoRA and other buffers the profile does not list.
+    """
+    layout = LayoutSpec(tp=tp)
+    pool = pool_bytes(arch, layout, HardwareSpec(gpu_memory_gib=gpu.memory_gib))
+    return int(pool // rank_footprint(arch, layout, speculative=arch.draft_kv_bytes_per_token > 0).per_token)

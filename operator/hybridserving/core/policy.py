@@ -54,6 +54,10 @@ class InstanceMetrics:
     running_reqs: int = 0
     ttft_p90_s: float | None = None
     tpot_p90_s: float | None = None
+    output_tokens_per_request: float | None = None
+    """Mean output length of recently finished requests: the rate of SGLang's
+    `sglang:generation_tokens_total` over that of `sglang:num_requests_total` (both counters
+    real SGLang exports by default, `srt/metrics/collector.py`); None until a request finished."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ class PolicyConfig:
     instance's queue alone takes longer than `acute_queue_factor` × the TTFT limit (new prompts
     go to the least-loaded one, so its queue bounds TTFT), or requests wait for decode KV slots."""
     acute_queue_factor: float = 1.0
+    acute_kv_wait_fraction: float = 0.5
+    """Requests waiting for decode KV are an acute overload when the newest one's estimated wait
+    exceeds this fraction of the TTFT limit (the rest of the budget is prefill's)."""
 
     @classmethod
     def from_spec(cls, role_switch, paused: bool = False, **tuning) -> PolicyConfig:
@@ -162,7 +169,9 @@ class PolicyMemory:
     prefill_acute_since: float | None = None
     """Since when the least-loaded prefill queue alone exceeds the TTFT limit (None: it does not)."""
     decode_acute_since: float | None = None
-    """Since when requests wait for decode KV slots (None: none wait)."""
+    """Since when requests wait for decode KV slots longer than the TTFT budget allows (None: they do not)."""
+    output_tokens_per_request: float = 0.0
+    """Smoothed mean output length (0: not known yet; `typical_output_tokens` stands in)."""
 
     def since(self, role: Role) -> float | None:
         return self.prefill_pressure_since if role == "prefill" else self.decode_pressure_since
@@ -321,10 +330,9 @@ def measure_demand(
         role: [metrics[s.name] for s in fleet if s.role == role and s.phase in ("serving", "draining") and s.name in metrics]
         for role in ("prefill", "decode")
     }
-    per_token = model.prefill_per_token_s * model.time_scale
     load = busy = 0.0
     for m in holding["prefill"]:
-        backlog = m.prefill_queue_tokens * per_token
+        backlog = queued_prefill_seconds(m, model)
         busy += m.utilization
         load += m.utilization + max(0.0, backlog - 0.5 * config.ttft_slo_s) / config.ttft_slo_s
     cap = model.kv_capacity_tokens
@@ -353,6 +361,33 @@ def measure_demand(
         decode_slo=sum(tpot) / len(tpot) if tpot else 0.0,
         prefill_backlog_factor=backlog_factor,
     )
+
+
+def queued_prefill_seconds(m: InstanceMetrics, model: PerformanceModel) -> float:
+    """GPU time the queued prompts need, priced with the model's own compute.
+
+    Prompts of mean length L = tokens / requests each cost the linear work and the attention
+    pairs (L²/2) of `prefill_chunk_compute_seconds`: on long prompts the pairs dominate, and a
+    per-token price underestimates the backlog by as much as the quadratic term.
+    """
+    if m.prefill_queue_tokens <= 0:
+        return 0.0
+    reqs = max(1, m.prefill_queue_reqs)
+    return reqs * model.prefill_chunk_compute_seconds(m.prefill_queue_tokens // reqs)
+
+
+def kv_wait_seconds(metrics: Sequence[InstanceMetrics], model: PerformanceModel, output_tokens: float) -> float:
+    """How long the newest request waiting for decode KV slots waits: the queue over the rate at
+    which running requests finish (Little's law: each runs `output_tokens` steps)."""
+    waiting = sum(m.prealloc_queue_reqs for m in metrics)
+    if waiting <= 0:
+        return 0.0
+    rate = 0.0
+    for m in metrics:
+        if m.running_reqs:
+            step = model.decode_step_seconds(m.running_reqs, int(m.kv_usage * model.kv_capacity_tokens))
+            rate += m.running_reqs / (max(1.0, output_tokens) * step)
+    return waiting / rate if rate > 0 else math.inf
 
 
 def projected_prefill_pressure(demand: RoleDemand, instances: int, config: PolicyConfig) -> float:
@@ -514,31 +549,42 @@ class RoleSwitchPolicy:
                 prefill_slo=_ewma(memory.prefill_slo, m.prefill_slo, alpha),
                 decode_slo=_ewma(memory.decode_slo, m.decode_slo, alpha),
                 prefill_backlog_factor=_ewma(memory.prefill_backlog_factor, m.prefill_backlog_factor, alpha),
+                output_tokens_per_request=_smoothed_output_length(memory, fleet, metrics, alpha),
             )
             demand = self.demand_of(memory)
             for role in ("prefill", "decode"):
                 memory = self._remember(memory, role, now, self.current_pressure(role, demand, fleet))
         if now != memory.smoothed_at:
             return memory
-        acute = self.acute(fleet, metrics)
+        acute = self.acute(fleet, metrics, memory)
         for role, field in (("prefill", "prefill_acute_since"), ("decode", "decode_acute_since")):
             was = getattr(memory, field)
             memory = replace(memory, **{field: (was if was is not None else now) if acute[role] else None})
         return memory
 
-    def acute(self, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics]) -> dict[Role, bool]:
+    def acute(
+        self, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics], memory: PolicyMemory = PolicyMemory()
+    ) -> dict[Role, bool]:
         """Clear, large overload this tick: even the least-loaded prefill instance's queue takes
-        longer than the TTFT limit to clear, or requests wait for decode KV slots."""
+        longer than the TTFT limit to clear, or requests wait for decode KV slots long enough to
+        cost them their TTFT (a wait of a few hundred milliseconds behind a full pool is harmless;
+        judging it by its length, not its existence, is what keeps agentic waves from moving a
+        prefill instance away)."""
+        cfg = self.config
         ms = {
             role: [metrics[s.name] for s in fleet if s.role == role and s.phase == "serving" and s.name in metrics]
             for role in ("prefill", "decode")
         }
-        per_token = self.model.prefill_per_token_s * self.model.time_scale
-        queue = min((m.prefill_queue_tokens for m in ms["prefill"]), default=0) * per_token
+        queue = min((queued_prefill_seconds(m, self.model) for m in ms["prefill"]), default=0.0)
+        wait = kv_wait_seconds(ms["decode"], self.model, self.output_length(memory))
         return {
-            "prefill": bool(ms["prefill"]) and queue > self.config.acute_queue_factor * self.config.ttft_slo_s,
-            "decode": any(m.prealloc_queue_reqs > 0 for m in ms["decode"]),
+            "prefill": bool(ms["prefill"]) and queue > cfg.acute_queue_factor * cfg.ttft_slo_s,
+            "decode": wait > cfg.acute_kv_wait_fraction * cfg.ttft_slo_s,
         }
+
+    def output_length(self, memory: PolicyMemory) -> float:
+        """Mean output tokens per request: measured (counters) when known, else the configured guess."""
+        return memory.output_tokens_per_request or float(self.config.typical_output_tokens)
 
     @staticmethod
     def demand_of(memory: PolicyMemory) -> RoleDemand:
@@ -659,7 +705,7 @@ class RoleSwitchPolicy:
         mode: SwitchMode = "in-place" if instance.in_place else "relaunch"
         if fast and mode == "relaunch" and (since is None or now - since < sustain):
             return None  # the fast path is for switches that land in seconds, not a restart
-        busy = self._drain_estimate(metrics.get(instance.name), donor) + self.model.switch_seconds(mode)
+        busy = self._drain_estimate(metrics.get(instance.name), donor, self.output_length(memory)) + self.model.switch_seconds(mode)
         horizon = cfg.cooldown_s
         # The receiver gets its instance only after drain + switch; the donor loses it at once,
         # so its capacity is lost for the whole busy time, in proportion to how loaded it was,
@@ -708,18 +754,18 @@ class RoleSwitchPolicy:
 
         return min(eligible, key=load)
 
-    def _drain_estimate(self, m: InstanceMetrics | None, donor: Role) -> float:
+    def _drain_estimate(self, m: InstanceMetrics | None, donor: Role, output_tokens: float = 0.0) -> float:
         """Seconds until the donor is idle: its queue (prefill) or its running batch (decode)."""
         if m is None:
             return 0.0
         if donor == "prefill":
             if not m.prefill_queue_tokens:
                 return 0.0
-            return (self.model.prefill_step_overhead_s + m.prefill_queue_tokens * self.model.prefill_per_token_s) * self.model.time_scale
+            return self.model.prefill_step_overhead_s * self.model.time_scale + queued_prefill_seconds(m, self.model)
         if m.running_reqs == 0:
             return 0.0
         step = self.model.decode_step_seconds(m.running_reqs, int(m.kv_usage * self.model.kv_capacity_tokens))
-        return step * self.config.typical_output_tokens
+        return step * (output_tokens or self.config.typical_output_tokens)
 
 
 def _capacity(fleet: Sequence[InstanceState], role: Role) -> int:
@@ -729,3 +775,193 @@ def _capacity(fleet: Sequence[InstanceState], role: Role) -> int:
         for s in fleet
         if (s.role == role and s.phase == "serving") or (s.phase in ("draining", "switching") and s.target_role == role)
     )
+
+
+def _smoothed_output_length(
+    memory: PolicyMemory, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics], alpha: float
+) -> float:
+    """EWMA of the decode instances' mean output length (weighted by what each runs)."""
+    pairs = [
+        (metrics[s.name].output_tokens_per_request, max(1, metrics[s.name].running_reqs))
+        for s in fleet
+        if s.role == "decode" and s.name in metrics and metrics[s.name].output_tokens_per_request
+    ]
+    if not pairs:
+        return memory.output_tokens_per_request
+    now = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    if not memory.output_tokens_per_request:
+        return now
+    return _ewma(memory.output_tokens_per_request, now, alpha)
+
+
+# --------------------------------------------------------------------------------------------
+# Scaling total capacity: the same projections decide how many instances each role needs
+
+
+@dataclass(frozen=True)
+class ScaleAction:
+    """Launch an instance into a role (`add`: a pod start and a weight load, minutes) or drain
+    one and take it down (`remove`)."""
+
+    kind: Literal["add", "remove"]
+    instance: str
+    role: Role
+    reason: str
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """Bounds and pacing of total capacity. Floors are per role; the ceiling and the launch
+    budget bound what the fleet may hold and start at once."""
+
+    max_instances: int
+    min_prefill: int = 1
+    min_decode: int = 1
+    max_launching: int = 2
+    """Instances launching at once (a budget on cold starts and on GPUs claimed ahead of need)."""
+    target_pressure: float = 0.85
+    """Each role is sized so its projected pressure stays at or below this."""
+    release_pressure: float = 0.6
+    """An instance is surplus when the role, without it, still projects at or below this."""
+    up_sustain_s: float = 20.0
+    """A shortfall must hold this long before a launch."""
+    scale_down_delay_s: float = 600.0
+    """A surplus must hold this long, and the last launch be this old, before a removal."""
+    forecast_fast_s: float = 60.0
+    forecast_slow_s: float = 300.0
+    """Time constants of the two demand EWMAs whose gap gives the demand's trend; launches
+    are sized for the demand one launch time ahead on that trend (never below today's)."""
+
+
+@dataclass(frozen=True)
+class ScalerMemory:
+    short_since: float | None = None
+    """Since when the fleet needs more instances than it holds (None: it does not)."""
+    surplus_since: float | None = None
+    last_add_at: float | None = None
+    at: float | None = None
+    fast_prefill: float = 0.0
+    slow_prefill: float = 0.0
+    fast_decode: float = 0.0
+    slow_decode: float = 0.0
+
+
+def _holding(fleet: Sequence[InstanceState]) -> list[InstanceState]:
+    """Instances holding GPUs and staying: serving, launching or switching (not down, not leaving)."""
+    return [s for s in fleet if s.phase != "down" and not (s.phase == "draining" and s.target_role is None)]
+
+
+@dataclass(frozen=True)
+class FleetScaler:
+    """How many instances each role needs, from the role-switch policy's own projections.
+
+    Role switching moves capacity in seconds; a launch adds it in minutes. So the scaler acts
+    only on the *total*: when the instances both roles need exceed what the fleet holds (a
+    switch cannot help: the other role has nothing to give), it launches the shortfall at
+    once, sized for the demand a launch time ahead; when the fleet holds more than both roles
+    need at a low pressure for `scale_down_delay_s`, it drains one instance of the role with
+    the most surplus and takes it down. Floors, the ceiling and the launch budget always hold.
+    """
+
+    config: ScalingConfig
+    policy: RoleSwitchPolicy
+
+    def needs(self, demand: RoleDemand, pressure: float) -> dict[Role, int]:
+        """Fewest instances per role whose projected pressure is at or below `pressure` (the
+        ceiling when none is)."""
+        cfg = self.config
+        out: dict[Role, int] = {}
+        for role, floor in (("prefill", cfg.min_prefill), ("decode", cfg.min_decode)):
+            k = max(1, floor)
+            while k < cfg.max_instances and self.policy.projected(role, demand, k) > pressure:
+                k += 1
+            out[role] = k
+        return out
+
+    def decide(
+        self,
+        now: float,
+        fleet: Sequence[InstanceState],
+        metrics: Mapping[str, InstanceMetrics],
+        demand: RoleDemand,
+        memory: ScalerMemory = ScalerMemory(),
+    ) -> tuple[list[ScaleAction], ScalerMemory]:
+        cfg = self.config
+        memory = self._observe(now, demand, memory)
+        ahead = replace(
+            demand,
+            prefill_load=max(demand.prefill_load, self._forecast(memory.fast_prefill, memory.slow_prefill)),
+            decode_tokens_per_s=max(demand.decode_tokens_per_s, self._forecast(memory.fast_decode, memory.slow_decode)),
+        )
+        need = self.needs(ahead, cfg.target_pressure)
+        holding = _holding(fleet)
+        launching = sum(1 for s in fleet if s.phase == "switching" and _is_launch(s))
+        shortfall = min(need["prefill"] + need["decode"], cfg.max_instances) - len(holding)
+        if shortfall > 0:
+            memory = replace(memory, surplus_since=None, short_since=memory.short_since if memory.short_since is not None else now)
+            if now - memory.short_since < cfg.up_sustain_s:
+                return [], memory
+            down = [s for s in fleet if s.phase == "down"]
+            budget = min(shortfall, cfg.max_launching - launching, len(down))
+            if budget <= 0:
+                return [], memory
+            cap = {r: _capacity(fleet, r) for r in ("prefill", "decode")}
+            actions = []
+            for slot in sorted(down, key=lambda s: s.name)[:budget]:
+                role: Role = max(("prefill", "decode"), key=lambda r: (need[r] - cap[r], r == "prefill"))
+                cap[role] += 1
+                actions.append(
+                    ScaleAction("add", slot.name, role, f"fleet needs {need['prefill']}+{need['decode']}, holds {len(holding)}")
+                )
+            return actions, replace(memory, short_since=None, last_add_at=now)
+        memory = replace(memory, short_since=None)
+        keep = self.needs(demand, cfg.release_pressure)
+        leaving = any(s.phase == "draining" and s.target_role is None for s in fleet)
+        if keep["prefill"] + keep["decode"] >= len(holding) or launching or leaving:
+            return [], replace(memory, surplus_since=None)
+        since = memory.surplus_since if memory.surplus_since is not None else now
+        memory = replace(memory, surplus_since=since)
+        recent_add = memory.last_add_at is not None and now - memory.last_add_at < cfg.scale_down_delay_s
+        if now - since < cfg.scale_down_delay_s or recent_add:
+            return [], memory
+        cap = {r: _capacity(fleet, r) for r in ("prefill", "decode")}
+        floors = {"prefill": cfg.min_prefill, "decode": cfg.min_decode}
+        for role in sorted(("prefill", "decode"), key=lambda r: cap[r] - keep[r], reverse=True):
+            serving = [s for s in fleet if s.role == role and s.phase == "serving" and not s.pinned]
+            if cap[role] - 1 < max(keep[role], floors[role], 1) or not serving:
+                continue
+            victim = self.policy._pick_donor(now, role, serving, metrics) or min(serving, key=lambda s: s.name)
+            reason = f"fleet needs {keep['prefill']}+{keep['decode']} at {cfg.release_pressure}, holds {len(holding)}"
+            return [ScaleAction("remove", victim.name, role, reason)], replace(memory, surplus_since=None)
+        return [], memory
+
+    def _observe(self, now: float, demand: RoleDemand, memory: ScalerMemory) -> ScalerMemory:
+        cfg = self.config
+        if memory.at is None:
+            return replace(
+                memory, at=now, fast_prefill=demand.prefill_load, slow_prefill=demand.prefill_load,
+                fast_decode=demand.decode_tokens_per_s, slow_decode=demand.decode_tokens_per_s,
+            )  # fmt: skip
+        dt = max(0.0, now - memory.at)
+        fa = 1.0 - math.exp(-dt / cfg.forecast_fast_s)
+        sa = 1.0 - math.exp(-dt / cfg.forecast_slow_s)
+        return replace(
+            memory,
+            at=now,
+            fast_prefill=_ewma(memory.fast_prefill, demand.prefill_load, fa),
+            slow_prefill=_ewma(memory.slow_prefill, demand.prefill_load, sa),
+            fast_decode=_ewma(memory.fast_decode, demand.decode_tokens_per_s, fa),
+            slow_decode=_ewma(memory.slow_decode, demand.decode_tokens_per_s, sa),
+        )
+
+    def _forecast(self, fast: float, slow: float) -> float:
+        """Demand one launch time ahead: the fast EWMA plus the trend (the two EWMAs lag by the
+        difference of their time constants), never below the fast EWMA."""
+        cfg = self.config
+        trend = (fast - slow) / (cfg.forecast_slow_s - cfg.forecast_fast_s)
+        return max(fast, fast + trend * self.policy.model.launch_seconds() * self.policy.model.time_scale)
+
+
+def _is_launch(s: InstanceState) -> bool:
+    """A launching instance: switching towards the role it already has (a role switch changes it)."""
+    return s.target_role == s.role

@@ -13,6 +13,9 @@ from typing import Sequence
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.policy import (
     Decision,
+    FleetScaler,
+    ScaleAction,
+    ScalerMemory,
     InstanceMetrics,
     InstanceState,
     PolicyConfig,
@@ -237,3 +240,67 @@ def _least_loaded(
         return (m.prefill_queue_tokens if role == "prefill" else m.kv_usage + m.running_reqs * 1e-6, s.name)
 
     return min(serving, key=load)
+
+
+@dataclass
+class ScalingPlanner:
+    """Ours with scaling on: the role-switch policy moves instances between roles (seconds) and
+    `core.policy.FleetScaler`, on the same smoothed demand, launches or removes instances when
+    the total is short or in surplus. An instance the policy moves this tick is not removed."""
+
+    policy: RoleSwitchPolicy
+    scaler: FleetScaler
+    name: str = "ours+scaling"
+    memory: PolicyMemory = field(default_factory=PolicyMemory)
+    scaler_memory: ScalerMemory = field(default_factory=ScalerMemory)
+
+    def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list:
+        decisions, self.memory = self.policy.decide_all(now, fleet, metrics, self.memory)
+        moving = {d.instance for d in decisions}
+        rest = [s for s in fleet if s.name not in moving]
+        actions, self.scaler_memory = self.scaler.decide(now, rest, metrics, self.policy.demand_of(self.memory), self.scaler_memory)
+        return [*decisions, *actions]
+
+
+@dataclass
+class PlannerStyleScaler:
+    """Dynamo-Planner-style scaling: every `interval_s`, each role's demand over the last interval
+    (the constant predictor) gives the instances it needs at `headroom`; each role moves by at
+    most ±1 instance per interval towards its need (a launch pays the pod start and weight load,
+    a removal drains first), and the planner blocks while a change is in flight."""
+
+    config: PolicyConfig
+    model: PerformanceModel
+    max_instances: int
+    interval_s: float = 180.0
+    headroom: float = 0.85
+    name: str = "planner-style scaler"
+    _rebalancer: RestartRebalancer | None = None
+    _next_at: float | None = None
+
+    def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list:
+        if self._rebalancer is None:
+            self._rebalancer = RestartRebalancer(self.config, self.model, interval_s=self.interval_s, headroom=self.headroom)
+        rb = self._rebalancer
+        rb._samples.append((now, measure_demand(fleet, metrics, self.config, self.model)))
+        while rb._samples and rb._samples[0][0] <= now - self.interval_s:
+            rb._samples.popleft()
+        if self._next_at is None:
+            self._next_at = now + self.interval_s
+        if now < self._next_at or any(s.phase not in ("serving", "down") for s in fleet):
+            return []
+        self._next_at = now + self.interval_s
+        demand = rb.predicted_demand()
+        down = sorted((s for s in fleet if s.phase == "down"), key=lambda s: s.name)
+        actions = []
+        for role in ("prefill", "decode"):
+            have = _count(fleet, role)
+            need = rb.need(role, demand, self.max_instances) or self.max_instances
+            if need > have and down:
+                slot = down.pop(0)
+                actions.append(ScaleAction("add", slot.name, role, f"{role} needs {need}, has {have}"))
+            elif need < have:
+                victim = _least_loaded(fleet, metrics, role, floor=rb._floor(role))
+                if victim is not None:
+                    actions.append(ScaleAction("remove", victim.name, role, f"{role} needs {need}, has {have}"))
+        return actions

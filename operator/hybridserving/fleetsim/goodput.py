@@ -11,7 +11,7 @@ reports the highest rate that passed among everything it probed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -92,6 +92,22 @@ def search_goodput(
     return max(s for s, passed in memo.items() if passed)
 
 
+def phase_attainments(result: SimResult, slo: Slo, bounds: Sequence[float]) -> list[float]:
+    """Attainment of the requests arriving in each phase [bounds[i], bounds[i+1]) (1.0 when empty)."""
+    meets = result.meets(slo.ttft_s, slo.tpot_s)
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        mask = (result.arrival_s >= lo) & (result.arrival_s < hi)
+        out.append(float(meets[mask].mean()) if mask.any() else 1.0)
+    return out
+
+
+def phase_score(result: SimResult, slo: Slo, bounds: Sequence[float]) -> float:
+    """The attainment goodput is judged on: the request-weighted total and every phase on its
+    own (a minority phase failing whole cannot hide inside the total's 10 % budget)."""
+    return min([result.attainment(slo.ttft_s, slo.tpot_s), *phase_attainments(result, slo, bounds)])
+
+
 def windowed_good(result: SimResult, slo: Slo, window_s: float) -> tuple[np.ndarray, np.ndarray]:
     """Per window of arrival time: requests that met both limits, and requests."""
     bins = (result.arrival_s // window_s).astype(np.int64)
@@ -101,13 +117,22 @@ def windowed_good(result: SimResult, slo: Slo, window_s: float) -> tuple[np.ndar
     return good, total
 
 
-def oracle_attainment(static_results: list[SimResult], slo: Slo, window_s: float) -> float:
-    """The best split per window in hindsight, switching instantly and for free between windows.
+def oracle_phase_score(static_results: list[SimResult], slo: Slo, window_s: float, bounds: Sequence[float]) -> float:
+    """The per-window projection: each window's requests scored by the static split that served
+    them best, as if every split had built up its own state (a named baseline, not a bound: a
+    split chosen per window would inherit another's queues). Judged like every policy: the
+    total and each phase (windows assigned to the phase their start falls in)."""
+    best, total = _per_window_best(static_results, slo, window_s)
+    scores = [best.sum() / total.sum() if total.sum() else 1.0]
+    starts = np.arange(len(best)) * window_s
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        mask = (starts >= lo) & (starts < hi)
+        if total[mask].sum():
+            scores.append(best[mask].sum() / total[mask].sum())
+    return float(min(scores))
 
-    Each window takes the static split that served that window's requests best; the per-split
-    state at a window's start is the one that split itself built up, which is the most the oracle
-    could ask for.
-    """
+
+def _per_window_best(static_results: list[SimResult], slo: Slo, window_s: float) -> tuple[np.ndarray, np.ndarray]:
     per_split = [windowed_good(r, slo, window_s) for r in static_results]
     n = max(len(g) for g, _ in per_split)
     best = np.zeros(n)
@@ -115,7 +140,7 @@ def oracle_attainment(static_results: list[SimResult], slo: Slo, window_s: float
     for good, count in per_split:
         best[: len(good)] = np.maximum(best[: len(good)], good)
         total[: len(count)] = count
-    return float(best.sum() / total.sum()) if total.sum() else 1.0
+    return best, total
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ serves in its new role.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections import deque
@@ -26,7 +27,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.policy import Decision, InstanceMetrics, InstanceState, Role
+from hybridserving.core.policy import Decision, InstanceMetrics, InstanceState, Role, ScaleAction
 from hybridserving.fleetsim.traces import Trace
 
 _ARRIVAL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_DONE, _SWITCH_DONE, _TICK = range(6)
@@ -52,6 +53,11 @@ class FleetConfig:
     in_place: bool = True
     """Whether switches are in place (seconds) or relaunches (the model's restart time)."""
     gpus_per_instance: int = 8
+    initial_decode: int | None = None
+    """Decode instances at the start (default: every slot not prefill). Slots beyond
+    `initial_prefill + initial_decode` start down: a scaler may launch them."""
+    launch_s: float | None = None
+    """Pod start plus weight load of a new instance (default: the model's launch time)."""
 
 
 @dataclass
@@ -71,7 +77,12 @@ class SimResult:
     timeline_t: np.ndarray
     timeline_prefill: np.ndarray
     timeline_decode: np.ndarray
-    decisions: list[tuple[float, Decision]] = field(default_factory=list)
+    decisions: list[tuple[float, Decision | ScaleAction]] = field(default_factory=list)
+    timeline_provisioned: np.ndarray | None = None
+    """Instances holding GPUs (launching, serving, draining, switching) at each tick."""
+    gpu_hours: float = 0.0
+    scale_ups: int = 0
+    scale_downs: int = 0
 
     def meets(self, ttft_slo_s: float, tpot_slo_s: float) -> np.ndarray:
         """Per request: met both limits (an unfinished request meets neither)."""
@@ -86,7 +97,7 @@ class _Instance:
         "idx", "name", "role", "phase", "target", "last_switch_at", "pinned", "in_place",
         "queue", "queue_tokens", "busy", "pass_items", "busy_log",
         "running", "steps", "t0", "batch", "resident", "reserved", "inbound", "version",
-        "ttft_log", "tpot_log", "drain_started",
+        "ttft_log", "tpot_log", "drain_started", "removing", "done_log",
     )  # fmt: skip
 
     def __init__(self, idx: int, role: Role, in_place: bool) -> None:
@@ -116,6 +127,20 @@ class _Instance:
         self.ttft_log: deque[tuple[float, float]] = deque()
         self.tpot_log: deque[tuple[float, float]] = deque()
         self.drain_started = 0.0
+        self.removing = False
+        self.done_log: deque[tuple[float, int]] = deque()
+        """(time, output tokens) of finished requests: SGLang's generation-token and request counters."""
+
+    def copy(self) -> _Instance:
+        twin = copy.copy(self)
+        twin.queue = deque(self.queue)
+        twin.pass_items = list(self.pass_items)
+        twin.busy_log = deque(self.busy_log)
+        twin.running = list(self.running)
+        twin.ttft_log = deque(self.ttft_log)
+        twin.tpot_log = deque(self.tpot_log)
+        twin.done_log = deque(self.done_log)
+        return twin
 
     def state(self) -> InstanceState:
         return InstanceState(
@@ -138,17 +163,28 @@ def _p90(log: deque[tuple[float, float]], now: float) -> float | None:
     return values[min(len(values) - 1, int(0.9 * len(values)))]
 
 
+def _mean_output(log: deque[tuple[float, int]], now: float) -> float | None:
+    """Δ generation tokens / Δ finished requests over the metric window (None: none finished)."""
+    while log and log[0][0] < now - _METRIC_WINDOW_S:
+        log.popleft()
+    return sum(o for _, o in log) / len(log) if log else None
+
+
 class FleetSimulator:
     def __init__(self, config: FleetConfig, controller: Controller | None = None, pinned: Sequence[str] = ()) -> None:
-        if not 0 < config.initial_prefill < config.instances:
-            raise ValueError("need at least one prefill and one decode instance")
+        decode = config.instances - config.initial_prefill if config.initial_decode is None else config.initial_decode
+        if config.initial_prefill < 1 or decode < 1 or config.initial_prefill + decode > config.instances:
+            raise ValueError("need at least one prefill and one decode instance, within `instances` slots")
         self.cfg = config
         self.model = config.model
         self.controller = controller
+        self.launch_s = config.model.launch_seconds() if config.launch_s is None else config.launch_s
         self.instances = [
             _Instance(i, "prefill" if i < config.initial_prefill else "decode", config.in_place)
             for i in range(config.instances)
         ]
+        for inst in self.instances[config.initial_prefill + decode :]:
+            inst.phase = "down"
         for inst in self.instances:
             inst.pinned = inst.name in pinned
         m = self.model
@@ -160,7 +196,14 @@ class FleetSimulator:
     # ------------------------------------------------------------------ public
 
     def run(self, trace: Trace, policy_name: str = "static") -> SimResult:
+        self.start(trace)
+        self.advance(math.inf)
+        return self.result(policy_name)
+
+    def start(self, trace: Trace) -> None:
+        """Load `trace` and schedule the first tick; `advance` then runs it piece by piece."""
         n = len(trace)
+        self.trace = trace
         self.arrival = trace.arrival_s
         self.prompt = trace.prompt_tokens.tolist()
         self.output = trace.output_tokens.tolist()
@@ -174,21 +217,39 @@ class FleetSimulator:
         self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.switches = 0
+        self.scale_ups = 0
+        self.scale_downs = 0
         self.drain_total = 0.0
         self.switch_total = 0.0
-        self.decisions: list[tuple[float, Decision]] = []
-        tl_t, tl_p, tl_d = [], [], []
-        arrivals = trace.arrival_s.tolist()
-        next_arrival = 0
-        end = (arrivals[-1] if arrivals else 0.0) + 1.0
+        self.decisions: list[tuple[float, Decision | ScaleAction]] = []
+        self.tl_t: list[float] = []
+        self.tl_p: list[int] = []
+        self.tl_d: list[int] = []
+        self.tl_up: list[int] = []
+        self.arrivals = trace.arrival_s.tolist()
+        self.next_arrival = 0
+        self.end = (self.arrivals[-1] if self.arrivals else 0.0) + 1.0
+        self.now = 0.0
         self._push(0.0, _TICK, 0, 0)
+
+    def advance(self, until: float) -> None:
+        """Process every arrival and event up to time `until` (inclusive)."""
         events = self.events
-        while events or next_arrival < n:
-            if next_arrival < n and (not events or arrivals[next_arrival] <= events[0][0]):
-                self._arrive(arrivals[next_arrival], next_arrival)
-                next_arrival += 1
+        arrivals = self.arrivals
+        n = len(arrivals)
+        while events or self.next_arrival < n:
+            nxt = self.next_arrival
+            if nxt < n and (not events or arrivals[nxt] <= events[0][0]):
+                if arrivals[nxt] > until:
+                    break
+                self.now = arrivals[nxt]
+                self._arrive(arrivals[nxt], nxt)
+                self.next_arrival = nxt + 1
                 continue
+            if events[0][0] > until:
+                break
             t, _, kind, a, b = heapq.heappop(events)
+            self.now = t
             if kind == _PREFILL_DONE:
                 self._prefill_done(t, self.instances[a])
             elif kind == _TRANSFER_DONE:
@@ -203,29 +264,69 @@ class FleetSimulator:
             elif kind == _SWITCH_DONE:
                 self._switch_done(t, self.instances[a])
             elif kind == _TICK:
-                tl_t.append(t)
-                tl_p.append(sum(1 for i in self.instances if i.role == "prefill" and i.phase == "serving"))
-                tl_d.append(sum(1 for i in self.instances if i.role == "decode" and i.phase == "serving"))
+                self.tl_t.append(t)
+                self.tl_p.append(sum(1 for i in self.instances if i.role == "prefill" and i.phase == "serving"))
+                self.tl_d.append(sum(1 for i in self.instances if i.role == "decode" and i.phase == "serving"))
+                self.tl_up.append(sum(1 for i in self.instances if i.phase != "down"))
                 if self.controller is not None:
                     self._control(t)
-                if next_arrival < n or t < end or self._busy():
+                if self.next_arrival < n or t < self.end or self._busy():
                     self._push(t + self.cfg.tick_s, _TICK, 0, 0)
+
+    def result(self, policy_name: str) -> SimResult:
+        up = np.asarray(self.tl_up, dtype=float)
         return SimResult(
             policy=policy_name,
-            trace=trace.name,
+            trace=self.trace.name,
             instances=self.cfg.instances,
             gpus_per_instance=self.cfg.gpus_per_instance,
-            arrival_s=trace.arrival_s,
+            arrival_s=self.trace.arrival_s,
             ttft_s=self.ttft,
             tpot_s=self.tpot,
             switches=self.switches,
             drain_s=self.drain_total,
             switch_s=self.switch_total,
-            timeline_t=np.asarray(tl_t),
-            timeline_prefill=np.asarray(tl_p),
-            timeline_decode=np.asarray(tl_d),
+            timeline_t=np.asarray(self.tl_t),
+            timeline_prefill=np.asarray(self.tl_p),
+            timeline_decode=np.asarray(self.tl_d),
             decisions=self.decisions,
+            timeline_provisioned=up,
+            gpu_hours=float(up.sum()) * self.cfg.tick_s * self.cfg.gpus_per_instance / 3600.0,
+            scale_ups=self.scale_ups,
+            scale_downs=self.scale_downs,
         )
+
+    def fork(self) -> FleetSimulator:
+        """An independent copy of a started simulation (the trace's arrays are shared, read-only)."""
+        twin = copy.copy(self)
+        twin.progress = list(self.progress)
+        twin.ttft = self.ttft.copy()
+        twin.tpot = self.tpot.copy()
+        twin.first_token = list(self.first_token)
+        twin.pending = deque(self.pending)
+        twin.events = list(self.events)
+        twin.decisions = list(self.decisions)
+        twin.tl_t, twin.tl_p, twin.tl_d, twin.tl_up = list(self.tl_t), list(self.tl_p), list(self.tl_d), list(self.tl_up)
+        twin.instances = [i.copy() for i in self.instances]
+        return twin
+
+    def relabel(self, t: float, prefill: int) -> None:
+        """Make `prefill` of the serving instances prefill and the rest decode, instantly and for free.
+
+        The hindsight oracle's switch: an instance takes new work of its new role at once and
+        finishes the work of its old role alongside (no drain, no rebuild, no interference),
+        which is more than any real switch offers, so schedules of these bound every policy.
+        """
+        serving = [i for i in self.instances if i.phase == "serving"]
+        have = [i for i in serving if i.role == "prefill"]
+        if len(have) > prefill:
+            for inst in sorted(have, key=lambda i: (i.queue_tokens, i.idx))[: len(have) - prefill]:
+                inst.role = "decode"
+            self._admit(t)
+        elif len(have) < prefill:
+            decoders = [i for i in serving if i.role == "decode"]
+            for inst in sorted(decoders, key=lambda i: (i.reserved, i.idx))[: prefill - len(have)]:
+                inst.role = "prefill"
 
     # ------------------------------------------------------------------ events
 
@@ -235,7 +336,7 @@ class FleetSimulator:
 
     def _busy(self) -> bool:
         return bool(self.pending) or any(
-            i.queue or i.busy or i.batch or i.inbound or i.phase != "serving" for i in self.instances
+            i.queue or i.busy or i.batch or i.inbound or i.phase not in ("serving", "down") for i in self.instances
         )
 
     def _arrive(self, t: float, r: int) -> None:
@@ -247,7 +348,9 @@ class FleetSimulator:
                 if best is None or load < best_load:
                     best, best_load = inst, load
         if best is None:  # every prefill instance is draining: queue on the least loaded one
-            best = min((i for i in self.instances if i.role == "prefill"), key=lambda i: i.queue_tokens)
+            best = min(
+                (i for i in self.instances if i.role == "prefill" and i.phase != "down"), key=lambda i: i.queue_tokens
+            )
         best.queue.append(r)
         best.queue_tokens += self.prompt[r] - self.cached[r]
         if not best.busy:
@@ -327,6 +430,7 @@ class FleetSimulator:
             self.tpot[r] = 0.0
             inst.reserved -= self.need[r]
             inst.tpot_log.append((t, 0.0))
+            inst.done_log.append((t, out))
         else:
             heapq.heappush(inst.running, (inst.steps + out - 1, r))
             inst.batch += 1
@@ -356,6 +460,7 @@ class FleetSimulator:
                     out = self.output[r]
                     self.tpot[r] = (inst.t0 - self.first_token[r]) / (out - 1)
                     inst.tpot_log.append((inst.t0, self.tpot[r]))
+                    inst.done_log.append((inst.t0, out))
                     inst.batch -= 1
                     inst.resident -= self.prompt[r] + out - 1
                     inst.reserved -= self.need[r]
@@ -391,8 +496,13 @@ class FleetSimulator:
             return
         if inst.role == "decode" and (inst.batch or inst.inbound):
             return
-        inst.phase = "switching"
         self.drain_total += t - inst.drain_started
+        if inst.removing:
+            inst.phase = "down"
+            inst.removing = False
+            inst.last_switch_at = t
+            return
+        inst.phase = "switching"
         cost = self.model.switch_seconds("in-place" if inst.in_place else "relaunch")
         self.switch_total += cost
         self._push(t + cost, _SWITCH_DONE, inst.idx, 0)
@@ -411,7 +521,10 @@ class FleetSimulator:
         if inst.role == "decode":
             self._admit(t)
 
-    def _apply(self, t: float, decision: Decision) -> None:
+    def _apply(self, t: float, decision: Decision | ScaleAction) -> None:
+        if isinstance(decision, ScaleAction):
+            self._scale(t, decision)
+            return
         inst = next(i for i in self.instances if i.name == decision.instance)
         if inst.phase != "serving" or inst.role != decision.from_role:
             raise ValueError(f"cannot switch {inst.name}: {inst.phase} {inst.role}")
@@ -422,6 +535,29 @@ class FleetSimulator:
         self.decisions.append((t, decision))
         self._maybe_drained(t, inst)
 
+    def _scale(self, t: float, action: ScaleAction) -> None:
+        """Launch a down slot into a role (pod start + weight load), or drain one and take it down."""
+        inst = next(i for i in self.instances if i.name == action.instance)
+        if action.kind == "add":
+            if inst.phase != "down":
+                raise ValueError(f"cannot launch {inst.name}: it is {inst.phase}")
+            inst.role = action.role
+            inst.phase = "switching"
+            inst.target = action.role
+            inst.steps = inst.batch = inst.resident = inst.reserved = 0
+            self.scale_ups += 1
+            self._push(t + self.launch_s * self.model.time_scale, _SWITCH_DONE, inst.idx, 0)
+        else:
+            if inst.phase != "serving" or inst.role != action.role:
+                raise ValueError(f"cannot remove {inst.name}: {inst.phase} {inst.role}")
+            inst.phase = "draining"
+            inst.target = None
+            inst.removing = True
+            inst.drain_started = t
+            self.scale_downs += 1
+            self._maybe_drained(t, inst)
+        self.decisions.append((t, action))
+
     # ------------------------------------------------------------------ control
 
     def metrics(self, t: float) -> dict[str, InstanceMetrics]:
@@ -431,6 +567,8 @@ class FleetSimulator:
         prealloc_each = len(self.pending) / n_decode
         cap = self.model.kv_capacity_tokens
         for inst in self.instances:
+            if inst.phase == "down":
+                continue
             if inst.role == "prefill":
                 log = inst.busy_log
                 while log and log[0][0] < t - self.cfg.tick_s * 2:
@@ -454,6 +592,7 @@ class FleetSimulator:
                     prealloc_queue_reqs=int(math.ceil(prealloc_each)) if inst.phase == "serving" else 0,
                     running_reqs=inst.batch + inst.inbound,
                     tpot_p90_s=_p90(inst.tpot_log, t),
+                    output_tokens_per_request=_mean_output(inst.done_log, t),
                 )
         return out
 

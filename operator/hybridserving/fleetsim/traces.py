@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,35 @@ class Trace:
             self.prompt_tokens,
             self.output_tokens,
             self.cached_tokens,
+        )
+
+    def at_load(self, load: float, seed: int = 0, jitter_s: float = 2.0) -> Trace:
+        """The same traffic `load` times as dense on the same clock: phases, think times and
+        segment lengths keep their duration, so they keep their length relative to switch,
+        cooldown and launch times (dividing timestamps would shrink them).
+
+        Copy c of each request (c = 0, 1, ...) is kept when c + u < load for a uniform u drawn
+        once per copy and request, so a higher load keeps every request a lower one keeps;
+        copies after the first arrive up to `jitter_s` later. Load < 1 thins the trace.
+        """
+        if load <= 0:
+            raise ValueError("load must be positive")
+        arrivals, keeps = [], []
+        for c in range(int(math.ceil(load))):
+            rng = np.random.default_rng([seed, c])
+            keep = c + rng.uniform(size=len(self)) < load
+            shift = rng.uniform(0.0, jitter_s, size=len(self)) if c else np.zeros(len(self))
+            arrivals.append((self.arrival_s + shift)[keep])
+            keeps.append(keep)
+        arrival = np.concatenate(arrivals)
+        pick = lambda a: np.concatenate([a[k] for k in keeps])  # noqa: E731
+        order = np.argsort(arrival, kind="stable")
+        return Trace(
+            f"{self.name}@{load:g}",
+            arrival[order],
+            pick(self.prompt_tokens)[order],
+            pick(self.output_tokens)[order],
+            pick(self.cached_tokens)[order],
         )
 
     def window(self, start_s: float, end_s: float) -> Trace:
