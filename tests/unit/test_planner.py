@@ -399,10 +399,12 @@ def test_a_role_switch_relabels_pods_without_recreating_them() -> None:
     # The role-switch controller moves hs-5 (decode) to prefill: it writes spec.role only.
     cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
     first = cluster.reconcile(hs)
-    assert [str(a) for a in first] == [
+    assert [str(a) for a in first if a.kind != "PodDisruptionBudget"] == [
         "patch HybridServingInstance/hs-5: role switched to prefill: the pods follow in place with the prefill flags",
         "patch Pod/hs-5-0: role switched to prefill (relabel, no restart)",
     ], "a switch takes no rollout budget and restarts nothing"
+    budgets = {a.name: a.body["spec"]["minAvailable"] for a in first if a.kind == "PodDisruptionBudget"}
+    assert budgets == {"hs-prefill": 3, "hs-decode": 1}, "each role's budget follows its new size"
     converge(cluster, hs)
     assert uids(cluster) == before, "no pod recreated for a role change"
     leader = cluster.pods()["hs-5-0"]["metadata"]

@@ -21,18 +21,10 @@ from typing import Any
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.core.layout import role_switch_capability
+from hybridserving.core.sglang_options import PLACEHOLDERS
 
 # The launcher module of the engine image; argv from `render_argv` follows it.
 LAUNCH_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
-
-# Whole-token placeholders of the per-role template, by the value that fills them.
-PLACEHOLDERS: dict[str, str] = {
-    "port": "{port}",
-    "bootstrap_port": "{bootstrap_port}",
-    "engine_info_bootstrap_port": "{engine_info_bootstrap_port}",
-    "node_rank": "{node_rank}",
-    "dist_init_addr": "{dist_init_addr}",
-}
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,17 @@ def parse_many(
     return results
 
 
+def option_strings() -> list[str]:
+    """Every option string SGLang's parser knows (what argparse resolves abbreviations against)."""
+    proc = subprocess.run(
+        [str(sglang_python()), "-m", "hybridserving.testing.sglang_parser", "--option-strings"],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
+             "LANG": "C.UTF-8", "PYTHONPATH": str(_operator_root()), "PYTHONNOUSERSITE": "1"},
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    return list(json.loads(proc.stdout))
+
+
 def parse_with_sglang(
     argv: Sequence[str], *, env: Mapping[str, str] | None = None
 ) -> SGLangArgs:
@@ -510,13 +521,21 @@ def main(args: Sequence[str] | None = None) -> int:
     cli.add_argument("--out", type=Path, help="write the JSON result here (default: stdout)")
     cli.add_argument("--self-check", action="store_true", help="run built-in cases; exit 1 on mismatch")
     cli.add_argument("--show-stub-uses", action="store_true", help="list stub uses made while importing")
+    cli.add_argument("--option-strings", action="store_true",
+                     help="print every option string of the parser as a JSON list")
     opts = cli.parse_args(args)
-    if not opts.self_check and opts.argv_json is None:
-        cli.error("give --argv-json FILE or --self-check")
+    if not opts.self_check and not opts.option_strings and opts.argv_json is None:
+        cli.error("give --argv-json FILE, --option-strings or --self-check")
 
     started = time.monotonic()
     server_args = _load_server_args()
     imported = time.monotonic()
+
+    if opts.option_strings:
+        parser = argparse.ArgumentParser(prog="sglang serve")
+        server_args.ServerArgs.add_cli_args(parser)
+        sys.stdout.write(json.dumps(sorted(parser._option_string_actions), indent=0) + "\n")
+        return 0
 
     if opts.self_check:
         failures = 0
