@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -310,6 +311,28 @@ def router_name(hs: str) -> str:
 
 def pdb_name(hs: str, role: Role) -> str:
     return f"{hs}-{role}"
+
+
+# The longest fleet name whose children's names still fit: `<name>-router` names a Service
+# (an RFC 1035 label, at most 63 characters), and the name itself is a label value.
+MAX_NAME_LENGTH = 63 - len("-router")
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def name_problem(name: str) -> str | None:
+    """Why a HybridServing's name cannot name its children, or None.
+
+    The apiserver accepts names of up to 253 characters with dots and leading digits; the
+    fleet's Services (`<name>-router`, `<name>-<index>`) accept neither, and its label
+    selector takes at most 63 characters.
+    """
+    if len(name) > MAX_NAME_LENGTH:
+        return (f"{len(name)} characters: the fleet's Services are named <name>-router and <name>-<index> "
+                f"(at most 63); use a name of at most {MAX_NAME_LENGTH} characters")
+    if not _DNS_1035_LABEL.match(name):
+        return ("the fleet's Services are named after it and must be RFC 1035 labels: use lowercase letters, "
+                "digits and '-', starting with a letter and ending with a letter or digit")
+    return None
 
 
 def digest(value: Any, length: int = HALF_HASH) -> str:
