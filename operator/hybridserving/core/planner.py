@@ -62,6 +62,9 @@ ANNOTATION_TEMPLATE_HASH = "hybridserving.io/template-hash"
 ANNOTATION_CONFIG_HASH = "hybridserving.io/config-hash"
 ANNOTATION_RESTART_GENERATION = "hybridserving.io/restart-generation"
 ANNOTATION_SPEC_HASH = "hybridserving.io/spec-hash"
+# The role-switch controller's record of a switch in flight, on the instance
+# (`core.switching.ANNOTATION_SWITCH`): while it is there, a change of spec.role is a switch step.
+ANNOTATION_SWITCH_RECORD = "hybridserving.io/switch"
 # Read by the router (hard-coded key in smg) for prefill workers' bootstrap servers, and
 # the per-pod serving port when instances on the host network use distinct ports.
 ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
@@ -179,11 +182,13 @@ class ObservedInstance:
     owner_uids: tuple[str, ...] = ()
     generation: int | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, obj: Mapping[str, Any]) -> ObservedInstance:
         meta = obj.get("metadata") or {}
         return cls(
+            annotations=dict(meta.get("annotations") or {}),
             generation=meta.get("generation"),
             status=dict(obj.get("status") or {}),
             name=meta["name"],
@@ -431,6 +436,7 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     for inst_name in order:
         index, role = assigned[inst_name]
         existing = observed.instances.get(inst_name)
+        role = held_role(existing, observed) or role
         instances[inst_name] = _plan_instance(
             hs, inst_name, index, role, allocated[inst_name], role_hashes, existing, owner
         )
@@ -458,6 +464,26 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
         instances=instances,
         objects=objects,
     )
+
+
+def held_role(existing: ObservedInstance | None, observed: Observed) -> Role | None:
+    """The role an instance's pods keep while its `spec.role` changed outside a switch, or None.
+
+    Only the role-switch controller moves an instance between roles, recording each switch
+    on the instance (`hybridserving.io/switch`) so that it unroutes and drains the engine
+    before the pods follow. A `spec.role` edited by hand carries no such record: following it
+    at once would relabel a serving engine under live traffic. The pods keep their role
+    until the controller has turned the edit into a switch (controller/switching.py).
+    """
+    if existing is None or ANNOTATION_SWITCH_RECORD in existing.annotations:
+        return None
+    roles = {p.annotations.get(ANNOTATION_ROLE) for p in observed.pods_of(existing.name) if not p.deleting}
+    if len(roles) != 1:
+        return None
+    role = roles.pop()
+    if role in ROLES and role != existing.spec.role:
+        return role  # type: ignore[return-value]
+    return None
 
 
 def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
