@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
 from hybridserving.core import planner, ports
+from hybridserving.core.switching import SwitchState
 from hybridserving.core.planner import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_ROLE,
@@ -30,6 +31,9 @@ from hybridserving.core.planner import (
     Observed,
 )
 from hybridserving.testing.patches import apply_merge_patch
+
+# A switch in flight at its Switch step, as the role-switch controller records it.
+SWITCH_RECORD = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
 
 GPUS = 8
 NODES_PER_DOMAIN = 2
@@ -399,7 +403,7 @@ def test_a_role_switch_relabels_pods_without_recreating_them() -> None:
     # The role-switch controller moves hs-5 (decode) to prefill: it writes spec.role only.
     cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
     # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
-    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = "{}"
+    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
     first = cluster.reconcile(hs)
     assert [str(a) for a in first if a.kind != "PodDisruptionBudget"] == [
         "patch HybridServingInstance/hs-5: role switched to prefill: the pods follow in place with the prefill flags",
@@ -437,7 +441,7 @@ def test_switched_mix_survives_when_switching_is_on_and_is_restored_when_off() -
     converge(cluster, on)
     cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
     # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
-    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = "{}"
+    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
     converge(cluster, on)
     roles = [i["spec"]["role"] for i in cluster.instances().values()]
     assert roles.count("prefill") == 4, "the controller's mix is kept"

@@ -19,8 +19,12 @@ import pytest
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
+from hybridserving.core.switching import SwitchState
 from hybridserving.core.planner import LABEL_NAME
 from hybridserving.testing.patches import apply_merge_patch
+
+# A switch in flight at its Switch step, as the role-switch controller records it.
+SWITCH_RECORD = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
 
 NS = "serving"
 
@@ -329,7 +333,7 @@ def test_a_role_switch_is_counted_once(api: MemoryApi) -> None:
     before = switches()
     api.store[(INSTANCE_KIND, "fleet-3")]["spec"]["role"] = "prefill"
     # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
-    api.store[(INSTANCE_KIND, "fleet-3")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = "{}"
+    api.store[(INSTANCE_KIND, "fleet-3")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
     settle(api)
     assert switches() == before + 1
     pods = {k: o["metadata"]["uid"] for k, o in api.store.items() if k[0] == "Pod"}

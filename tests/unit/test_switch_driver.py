@@ -464,9 +464,3 @@ def test_an_engine_serving_another_role_than_routed_is_restarted(h: Harness) -> 
     h.tick(1)
     assert h.instance(name)["spec"]["restartGeneration"] == 1
     assert "RoleDrift" in {r for r, _ in h.events()}
-
-
-def test_the_planner_and_the_switch_driver_name_the_switch_record_alike() -> None:
-    from hybridserving.core.planner import ANNOTATION_SWITCH_RECORD
-
-    assert ANNOTATION_SWITCH_RECORD == ANNOTATION_SWITCH

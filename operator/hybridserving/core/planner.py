@@ -39,6 +39,7 @@ from hybridserving.api.v1alpha1 import (
     Role,
 )
 from hybridserving.core import flags, ports, privileges
+from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -62,9 +63,6 @@ ANNOTATION_TEMPLATE_HASH = "hybridserving.io/template-hash"
 ANNOTATION_CONFIG_HASH = "hybridserving.io/config-hash"
 ANNOTATION_RESTART_GENERATION = "hybridserving.io/restart-generation"
 ANNOTATION_SPEC_HASH = "hybridserving.io/spec-hash"
-# The role-switch controller's record of a switch in flight, on the instance
-# (`core.switching.ANNOTATION_SWITCH`): while it is there, a change of spec.role is a switch step.
-ANNOTATION_SWITCH_RECORD = "hybridserving.io/switch"
 # Read by the router (hard-coded key in smg) for prefill workers' bootstrap servers, and
 # the per-pod serving port when instances on the host network use distinct ports.
 ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
@@ -470,12 +468,12 @@ def held_role(existing: ObservedInstance | None, observed: Observed) -> Role | N
     """The role an instance's pods keep while its `spec.role` changed outside a switch, or None.
 
     Only the role-switch controller moves an instance between roles, recording each switch
-    on the instance (`hybridserving.io/switch`) so that it unroutes and drains the engine
+    on the instance (`core.switching.ANNOTATION_SWITCH`) so that it unroutes and drains the engine
     before the pods follow. A `spec.role` edited by hand carries no such record: following it
     at once would relabel a serving engine under live traffic. The pods keep their role
     until the controller has turned the edit into a switch (controller/switching.py).
     """
-    if existing is None or ANNOTATION_SWITCH_RECORD in existing.annotations:
+    if existing is None or SwitchState.from_annotation(existing.annotations.get(ANNOTATION_SWITCH)) is not None:
         return None
     roles = {p.annotations.get(ANNOTATION_ROLE) for p in observed.pods_of(existing.name) if not p.deleting}
     if len(roles) != 1:
