@@ -518,7 +518,7 @@ def test_selector_keys_and_router_privileges_the_plan_does_not_set_are_removed(f
 
 def test_a_name_too_long_for_the_children_is_refused_naming_the_field(fleet: Fleet) -> None:
     m = fixed_split()
-    m["metadata"]["name"] = "x" * 60
+    m["metadata"]["name"] = "x" * 70
     fleet.apply(m)
     fleet.wait_for(lambda: fleet.condition("LayoutValid").get("status") == "False", timeout=60,
                    what="LayoutValid=False")

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
 from hybridserving.core import planner, ports
-from hybridserving.core.switching import SwitchState
 from hybridserving.core.planner import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_ROLE,
@@ -30,6 +29,7 @@ from hybridserving.core.planner import (
     Action,
     Observed,
 )
+from hybridserving.core.switching import SwitchState
 from hybridserving.testing.patches import apply_merge_patch
 
 # A switch in flight at its Switch step, as the role-switch controller records it.

@@ -19,8 +19,8 @@ import pytest
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
-from hybridserving.core.switching import SwitchState
 from hybridserving.core.planner import LABEL_NAME
+from hybridserving.core.switching import SwitchState
 from hybridserving.testing.patches import apply_merge_patch
 
 # A switch in flight at its Switch step, as the role-switch controller records it.
@@ -366,15 +366,25 @@ def test_engine_privileges_not_granted_make_the_layout_invalid_with_the_field() 
 # --------------------------------------------------------------------------- faults the pass must report
 
 
-def test_a_name_too_long_for_the_children_is_refused_before_anything_is_read_or_written() -> None:
+@pytest.mark.parametrize("length", [41, 64, 253])
+def test_a_name_too_long_is_reported_before_anything_is_read_or_written(length: int) -> None:
+    """Names past a label value's 63 characters made the listing of children fail before validation."""
     api = MemoryApi()
-    long_name = "f" * 60
+    long_name = "f" * length
+
+    def lists(kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        if any(len(v) > 63 for v in labels.values()):
+            raise KubeError(400, "unable to parse requirement: values must be no more than 63 characters")
+        return MemoryApi.list(api, kind, namespace, labels)
+
+    api.list = lists  # type: ignore[method-assign]
     api.user_apply(SPEC, name=long_name)
     outcome = rec.reconcile(api, NS, long_name)
     assert not outcome.actions and not [k for k in api.store if k[0] not in (KIND, "Event")]
     status = api.store[(KIND, long_name)]["status"]
     layout = next(c for c in status["conditions"] if c["type"] == "LayoutValid")
-    assert layout["status"] == "False" and "metadata.name" in layout["message"] and "56" in layout["message"]
+    assert layout["status"] == "False" and "metadata.name" in layout["message"]
+    assert status["ready"] == "False"
 
 
 def test_a_plan_that_raises_is_reported_and_the_fleet_is_repaired_from_the_last_applied_spec(

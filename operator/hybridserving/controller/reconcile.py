@@ -291,15 +291,10 @@ def reconcile(kube: Kube, namespace: str, name: str,
         return outcome
     generation = meta.get("generation")
     hs, validation = validate(body, engine_policy)
-    name_problem = planner.name_problem(name)
-    if name_problem is not None:
-        # Every child name and label derives from the fleet's: none could be written, and the
-        # label selector that finds the children would be refused.
-        validation = Validation(issues=(), parse_error=f"metadata.name: {name_problem}")
-        observed = Observed()
-    else:
-        observed = observe(kube, namespace, name, meta["uid"])
-    good = last_applied(observed, name) if name_problem is None else None
+    # A name no label can carry has no children to find (validation reports the name), and the
+    # apiserver would refuse the selector that looks for them.
+    observed = observe(kube, namespace, name, meta["uid"]) if planner.selectable(name) else Observed()
+    good = last_applied(observed, name)
     effective: HybridServing | None = hs if validation.valid else None
     if effective is None and good is not None:
         effective = HybridServing.model_validate({"metadata": meta, "spec": good.to_wire()})

@@ -316,26 +316,17 @@ def pdb_name(hs: str, role: Role) -> str:
     return f"{hs}-{role}"
 
 
-# The longest fleet name whose children's names still fit: `<name>-router` names a Service
-# (an RFC 1035 label, at most 63 characters), and the name itself is a label value.
-MAX_NAME_LENGTH = 63 - len("-router")
-_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
-def name_problem(name: str) -> str | None:
-    """Why a HybridServing's name cannot name its children, or None.
+def selectable(name: str) -> bool:
+    """Whether a fleet's children can be found by its name: a label value (at most 63 characters).
 
-    The apiserver accepts names of up to 253 characters with dots and leading digits; the
-    fleet's Services (`<name>-router`, `<name>-<index>`) accept neither, and its label
-    selector takes at most 63 characters.
+    The apiserver accepts object names of up to 253 characters; the API model refuses such a
+    HybridServing (`metadata.name`), but only once read, and listing its children by a label
+    selector the apiserver refuses must not come first.
     """
-    if len(name) > MAX_NAME_LENGTH:
-        return (f"{len(name)} characters: the fleet's Services are named <name>-router and <name>-<index> "
-                f"(at most 63); use a name of at most {MAX_NAME_LENGTH} characters")
-    if not _DNS_1035_LABEL.match(name):
-        return ("the fleet's Services are named after it and must be RFC 1035 labels: use lowercase letters, "
-                "digits and '-', starting with a letter and ending with a letter or digit")
-    return None
+    return len(name) <= 63 and bool(_LABEL_VALUE.match(name))
 
 
 def digest(value: Any, length: int = HALF_HASH) -> str:
