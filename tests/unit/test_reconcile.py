@@ -467,3 +467,24 @@ def test_a_crash_looping_engine_is_named_in_degraded(api: MemoryApi) -> None:
     degraded = api.condition("Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "InstanceCrashLooping"
     assert "fleet-1 is not ready and its engine restarted 4 time(s)" in degraded["message"]
+
+
+def test_images_outside_the_allow_list_are_refused_naming_the_field() -> None:
+    from hybridserving.controller.reconcile import validate
+    from hybridserving.core.privileges import EnginePolicy
+
+    body = {
+        "apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
+        "metadata": {"name": "imgs", "namespace": "default"},
+        "spec": {**SPEC, "engine": {"image": "evil.example/miner:1"}},
+    }
+    policy = EnginePolicy(allowed_images=("registry.example/serving/",))
+    _, refused = validate(body, policy)
+    assert [i.path for i in refused.errors] == ["spec.engine.image", "spec.router.image"]
+    assert "enginePolicy.allowedImages" in refused.message()
+    body["spec"] = {**SPEC, "engine": {"image": "registry.example/serving/sglang:0.5.23"},
+                    "router": {"image": "registry.example/serving/smg:1.13.0"}}
+    _, ok = validate(body, policy)
+    assert ok.valid, ok.message()
+    _, anything = validate({**body, "spec": {**SPEC, "engine": {"image": "evil.example/miner:1"}}}, EnginePolicy())
+    assert anything.valid, "no allow-list: any image (the chart documents the risk)"

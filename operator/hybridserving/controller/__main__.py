@@ -21,7 +21,7 @@ def _flag(value: str) -> bool:
     return value.lower() == "true"
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m hybridserving.controller", description=__doc__)
     ap.add_argument("--namespace", "-n", action="append", default=[],
                     help="watch only these namespaces (repeatable); default: the whole cluster")
@@ -45,7 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--progress-deadline-seconds", type=float, default=PROGRESS_DEADLINE_SECONDS,
                     help="a fleet progressing longer than this is reported ProgressDeadlineExceeded")
     ap.add_argument("--verbose", "-v", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def engine_policy(args: argparse.Namespace) -> EnginePolicy:
+    """What engine pods may be given: only what the flags grant."""
+    return EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock, tuple(args.allowed_image),
+                        args.operator_namespace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
@@ -57,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     handlers.OPTIONS.workers = args.workers
     handlers.OPTIONS.resync_seconds = args.resync_seconds
-    handlers.OPTIONS.engine_policy = EnginePolicy(
-        args.engine_allow_host_network, args.engine_allow_ipc_lock, tuple(args.allowed_image),
-        args.operator_namespace)
+    handlers.OPTIONS.engine_policy = engine_policy(args)
     handlers.OPTIONS.progress_deadline_seconds = args.progress_deadline_seconds
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)

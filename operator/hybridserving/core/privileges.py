@@ -60,9 +60,9 @@ def check(spec: HybridServingSpec, policy: EnginePolicy) -> list[LayoutIssue]:
             issues.append(LayoutIssue(
                 path=path,
                 message=f"image {image!r} is not from a registry or repository this operator may run "
-                f"(chart value imagePolicy.allowedImages: {', '.join(policy.allowed_images)})",
+                f"(chart value enginePolicy.allowedImages: {', '.join(policy.allowed_images)})",
                 fix="use an image under one of the allowed prefixes, or have the platform team add its "
-                "prefix to imagePolicy.allowedImages",
+                "prefix to enginePolicy.allowedImages",
                 rule="image-allowed",
                 severity="error",
             ))
