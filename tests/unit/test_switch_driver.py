@@ -442,13 +442,17 @@ def test_a_hand_edit_below_the_floor_is_refused_and_undone() -> None:
     assert "RoleSwitchRejected" in {r for r, _ in h.events()}
 
 
-def test_a_hand_edit_with_switching_off_is_reverted_and_reported() -> None:
+@pytest.mark.parametrize("which", [0, -1])
+def test_a_hand_edit_with_switching_off_is_reverted_and_reported(which: int) -> None:
     spec = copy.deepcopy(FLEET_SPEC)
     spec["roleSwitch"]["enabled"] = False
     h = Harness(spec)
-    name = prefill_instances(h)[0]
+    name = prefill_instances(h)[which]
+    instances = sorted(n for (k, n) in h.api.store if k == INSTANCE_KIND)
     edit_role(h, name, "decode")
     rec.reconcile(h.api, NS, "fleet")  # writes the instance's status role (the cheap signal)
+    assert sorted(n for (k, n) in h.api.store if k == INSTANCE_KIND) == instances, (
+        "the edit made no instance surplus: nothing deleted, nothing created")
     h.tick(2)
     assert h.instance(name)["spec"]["role"] == "prefill"
     assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "prefill"

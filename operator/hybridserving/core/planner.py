@@ -359,7 +359,7 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     """Which instances should exist, by name, with their index and role.
 
     Existing instances keep their role: after a switch the instance's `spec.role` is the
-    truth. With role switching on, the controller owns the mix and the spec only sizes the
+    truth (an edit made outside a switch is not, until it becomes one: `held_role`). With role switching on, the controller owns the mix and the spec only sizes the
     fleet: a new instance joins the role furthest below its replicas, a removed one leaves
     the role furthest above. With role switching off, each role has exactly its replicas.
     Surplus instances go highest index first; new ones take the lowest free index (an
@@ -367,7 +367,7 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     """
     live = sorted((i for i in observed.instances.values() if not i.deleting), key=lambda i: i.spec.index)
     target = {role: spec.role(role).replicas for role in ROLES}
-    keep = [(i.spec.index, i.spec.role, i.name) for i in live]
+    keep = [(i.spec.index, held_role(i, observed) or i.spec.role, i.name) for i in live]
     if spec.role_switch.enabled:
         while len(keep) > sum(target.values()):
             counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
@@ -425,7 +425,6 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     for inst_name in order:
         index, role = assigned[inst_name]
         existing = observed.instances.get(inst_name)
-        role = held_role(existing, observed) or role
         instances[inst_name] = _plan_instance(
             hs, inst_name, index, role, allocated[inst_name], role_hashes, existing, owner
         )
