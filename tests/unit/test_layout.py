@@ -199,6 +199,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
                                "spec.engine.extraArgs[1]"),
     "model-not-a-flag": ({"model": {"servedModelName": "--port"}}, {"model": {"servedModelName": "m-1"}},
                          "spec.model.servedModelName"),
+    "engine-env-owned": ({"engine": {"env": [{"name": "HYBRIDSERVING_SIM_PROFILE", "value": "x"},
+                                             {"name": "HYBRIDSERVING_PORT", "value": "1"}]}},
+                         {"engine": {"env": [{"name": "HYBRIDSERVING_SIM_PROFILE", "value": "x"}]}},
+                         "spec.engine.env[1]"),
     "bootstrap-port-distinct": ({"transfer": {"bootstrapPort": 20000}}, {"transfer": {"bootstrapPort": 19999}},
                                 "spec.transfer.bootstrapPort"),
 }
@@ -413,3 +417,15 @@ def test_clear_bootstrap_ports_plan(host_network: bool, port: int) -> None:
     hs = HybridServing.model_validate({"metadata": {"name": "f", "namespace": "d", "uid": "u"},
                                        "spec": spec.to_wire()})
     assert len(planner.plan(hs, planner.Observed()).instances) == 6
+
+
+def test_every_variable_the_planner_sets_per_pod_is_owned() -> None:
+    from hybridserving.core import planner
+    from hybridserving.core.layout import OWNED_ENV
+
+    hs = HybridServing.model_validate({"metadata": {"name": "f", "namespace": "d", "uid": "u"},
+                                       "spec": make().to_wire()})
+    inst = next(iter(planner.plan(hs, planner.Observed()).instances.values()))
+    env = planner._pod_spec(hs, inst.name, 0, inst.role, inst.ports)["containers"][0]["env"]
+    rendered = {e["name"] for e in env if e["name"].startswith("HYBRIDSERVING_")}
+    assert rendered == OWNED_ENV

@@ -164,6 +164,8 @@ _RULES: tuple[Rule, ...] = (
          "n/a: the launcher fills placeholders, so the token would take a per-pod value"),
     Rule("model-not-a-flag", "error", "model.path and model.servedModelName do not begin with '-'",
          "late: the parser reads the value as a flag and exits with status 2"),
+    Rule("engine-env-owned", "error", "engine.env does not set a variable the operator sets per pod",
+         "n/a: the later entry wins, so the launcher would take the user's port, rank or rendezvous"),
     Rule("bootstrap-port-distinct", "error", "transfer.bootstrapPort's series stays clear of the ports the "
          "operator allocates", "n/a: two servers of one instance would bind one port"),
 )
@@ -293,6 +295,7 @@ def validate(spec: HybridServingSpec) -> list[LayoutIssue]:
     issues.extend(_check_transfer(spec))
     issues.extend(_check_role_switch(spec))
     issues.extend(_check_model(spec))
+    issues.extend(_check_env(spec))
     issues.extend(_check_extra_args(spec))
     return [issue for issue in issues if applies(issue, version)]
 
@@ -697,6 +700,23 @@ def _check_role_switch(spec: HybridServingSpec) -> Issues:
                          f"{field} {floor} is above spec.{role}.replicas {replicas}: the controller starts by "
                          f"moving instances into {role}",
                          f"set spec.{role}.replicas to at least {floor}, or lower {field}")
+
+
+# Environment the operator gives every engine pod (per-pod ports, rank, rendezvous, role file):
+# a copy in engine.env would override it, the later entry winning.
+OWNED_ENV = frozenset({
+    "HYBRIDSERVING_CONFIG_DIR", "HYBRIDSERVING_ROLE_FILE", "HYBRIDSERVING_NODE_RANK",
+    "HYBRIDSERVING_DRAIN_TIMEOUT_S", "HYBRIDSERVING_PORT", "HYBRIDSERVING_BOOTSTRAP_PORT",
+    "HYBRIDSERVING_ENGINE_INFO_BOOTSTRAP_PORT", "HYBRIDSERVING_LAUNCHER_PORT", "HYBRIDSERVING_DIST_INIT_ADDR",
+})
+
+
+def _check_env(spec: HybridServingSpec) -> Issues:
+    for index, var in enumerate(spec.engine.env):
+        if var.name in OWNED_ENV:
+            yield _issue("engine-env-owned", f"spec.engine.env[{index}]",
+                         f"{var.name} is set by the operator for each pod; a copy here would replace it",
+                         f"remove {var.name} from spec.engine.env")
 
 
 def _check_model(spec: HybridServingSpec) -> Issues:
