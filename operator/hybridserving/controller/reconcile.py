@@ -11,9 +11,12 @@ same code to the same result. The steps:
    never touches a serving fleet;
 3. plan and diff (pure, `core.planner`);
 4. act: each action as one conditional write; a 409/404 ends the pass early and asks for a
-   quick retry, because what follows was planned from a state that no longer holds;
-5. report: instance status, HybridServing status and conditions (only when they change),
-   and an Event per kind of decision.
+   quick retry, because what follows was planned from a state that no longer holds, except
+   a create whose name an object of someone else holds, which, like a refused write (403,
+   422), is reported while the rest goes on;
+5. report: instance status, HybridServing status and conditions (only when they change;
+   Degraded names what the pass could not do), and an Event per kind of decision. A failing
+   pass comes back after a backoff that grows with the time the fleet has been Degraded.
 """
 
 from __future__ import annotations
