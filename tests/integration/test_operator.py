@@ -516,8 +516,20 @@ def test_selector_keys_and_router_privileges_the_plan_does_not_set_are_removed(f
                 and not dep["spec"]["template"]["spec"].get("hostNetwork"))
 
     fleet.wait_for(repaired, timeout=60, what="drift repaired")
-    time.sleep(3)
+
+    def versions() -> dict[str, str]:
+        """Spec writes: generation where the kind has one (status writes by controllers leave it)."""
+        out = {}
+        for kind, obj in (("service", f"{name}-router"), ("pdb", f"{name}-prefill"),
+                          ("networkpolicy", f"{name}-engines"), ("deployment", f"{name}-router")):
+            meta = json.loads(kubectl("get", kind, obj, "-n", ns, "-o", "json").stdout)["metadata"]
+            out[kind] = str(meta.get("generation") or meta["resourceVersion"])
+        return out
+
+    settled = versions()
+    time.sleep(20)  # longer than a resync: an exact field the apiserver defaults would be patched again
     assert repaired(), "repaired for good"
+    assert versions() == settled, "the repaired objects are not written again and again"
 
 
 def test_a_name_too_long_for_the_children_is_refused_naming_the_field(fleet: Fleet) -> None:
