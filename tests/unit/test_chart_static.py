@@ -258,7 +258,21 @@ def test_debug_logging_is_verbose() -> None:
 
 def test_engine_privileges_are_off_by_default() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["enginePolicy"] == {"allowHostNetwork": False, "allowIpcLock": False}
+    assert values["enginePolicy"] == {"allowHostNetwork": False, "allowIpcLock": False, "allowedImages": []}
+
+
+def test_the_operator_binary_grants_nothing_by_default() -> None:
+    """Run without the chart (by hand, in a test), the operator is as strict as the chart's defaults."""
+    from hybridserving.controller.__main__ import arguments, engine_policy
+
+    policy = engine_policy(arguments().parse_args([]))
+    assert not policy.allow_host_network and not policy.allow_ipc_lock
+
+
+def test_allowed_images_reach_the_operator() -> None:
+    args = operator_container(render("enginePolicy.allowedImages={registry.example/serving/,lmsysorg/sglang:}"))["args"]
+    assert "--allowed-image=registry.example/serving/" in args and "--allowed-image=lmsysorg/sglang:" in args
+    assert not [a for a in operator_container(render())["args"] if a.startswith("--allowed-image")]
 
 
 # ------------------------------------------------------------------------------------------ RBAC

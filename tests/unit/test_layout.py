@@ -218,6 +218,17 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "extra-args-deprecated-flag": ({"engine": {"extraArgs": ["--disable-cuda-graph"]}},
                                    {"engine": {"extraArgs": ["--cuda-graph-backend-decode=disabled"]}},
                                    "spec.engine.extraArgs[0]"),
+    "extra-args-placeholder": ({"engine": {"extraArgs": ["--trust-remote-code", "{dist_init_addr}"]}},
+                               {"engine": {"extraArgs": ["--trust-remote-code", "{\"a\": 1}"]}},
+                               "spec.engine.extraArgs[1]"),
+    "model-not-a-flag": ({"model": {"servedModelName": "--port"}}, {"model": {"servedModelName": "m-1"}},
+                         "spec.model.servedModelName"),
+    "engine-env-owned": ({"engine": {"env": [{"name": "HYBRIDSERVING_SIM_PROFILE", "value": "x"},
+                                             {"name": "HYBRIDSERVING_PORT", "value": "1"}]}},
+                         {"engine": {"env": [{"name": "HYBRIDSERVING_SIM_PROFILE", "value": "x"}]}},
+                         "spec.engine.env[1]"),
+    "bootstrap-port-distinct": ({"transfer": {"bootstrapPort": 12003}}, {"transfer": {"bootstrapPort": 19999}},
+                                "spec.transfer.bootstrapPort"),
 }
 
 
@@ -381,3 +392,64 @@ def test_every_rule_is_documented_with_its_severity() -> None:
     assert set(rows) == set(RULES)
     for rule in RULES.values():
         assert f"| {rule.severity} |" in rows[rule.id], rule.id
+
+
+# --------------------------------------------------------------------------- flags as the parser reads them
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--disaggregation-mo", "decode"], "--disaggregation-mode"),
+    (["--tp-si", "4"], "--tp-size"),
+    (["--hos", "0.0.0.0"], "--host"),
+    (["--por", "1"], "--port"),
+    (["--por=1"], "--port"),
+    (["--served-model-na", "x"], "--served-model-name"),
+])
+def test_owned_flags_are_caught_through_abbreviations(extra: list[str], flag: str) -> None:
+    """argparse expands unique prefixes, so a prefix of an owned flag sets that flag."""
+    found = _with_rule(validate(make({"engine": {"extraArgs": extra}})), "extra-args-owned-flag")
+    assert found and f"read as {flag}" in found[0].message
+
+
+@pytest.mark.parametrize("token", ["--mod", "--cuda-graph-max", "--tp-siz-e", "--no-such-flag"])
+def test_ambiguous_or_unknown_flags_are_rejected(token: str) -> None:
+    found = _with_rule(validate(make({"engine": {"extraArgs": [token, "1"]}})), "extra-args-rejected-flag")
+    assert found and found[0].path == "spec.engine.extraArgs[0]"
+
+
+def test_values_and_negative_numbers_are_not_flags() -> None:
+    extra = ["--json-model-override-args", '{"x": -1}', "--chunked-prefill-size", "-1"]
+    assert _with_rule(validate(make({"engine": {"extraArgs": extra}})), "extra-args-rejected-flag") == []
+
+
+@pytest.mark.parametrize("host_network, port", [(False, 30000), (False, 6789), (True, 6000), (True, 19500),
+                                                (True, 65000)])
+def test_bootstrap_ports_that_collide_with_allocated_ports_are_errors(host_network: bool, port: int) -> None:
+    spec = make({"transfer": {"bootstrapPort": port}, "network": {"hostNetwork": host_network}})
+    assert _with_rule(validate(spec), "bootstrap-port-distinct")
+
+
+@pytest.mark.parametrize("host_network, port", [(False, 8998), (True, 8998), (False, 40000), (True, 1024), (True, 20191)])
+def test_clear_bootstrap_ports_plan(host_network: bool, port: int) -> None:
+    """Every port the rule lets through, the planner can allocate around (it raised before)."""
+    from hybridserving.api.v1alpha1 import HybridServing
+    from hybridserving.core import planner
+
+    spec = make({"transfer": {"bootstrapPort": port}, "network": {"hostNetwork": host_network},
+                 "prefill": {"replicas": 3}, "decode": {"replicas": 3}})
+    assert not _with_rule(validate(spec), "bootstrap-port-distinct")
+    hs = HybridServing.model_validate({"metadata": {"name": "f", "namespace": "d", "uid": "u"},
+                                       "spec": spec.to_wire()})
+    assert len(planner.plan(hs, planner.Observed()).instances) == 6
+
+
+def test_every_variable_the_planner_sets_per_pod_is_owned() -> None:
+    from hybridserving.core import planner
+    from hybridserving.core.layout import OWNED_ENV
+
+    hs = HybridServing.model_validate({"metadata": {"name": "f", "namespace": "d", "uid": "u"},
+                                       "spec": make().to_wire()})
+    inst = next(iter(planner.plan(hs, planner.Observed()).instances.values()))
+    env = planner._pod_spec(hs, inst.name, 0, inst.role, inst.ports)["containers"][0]["env"]
+    rendered = {e["name"] for e in env if e["name"].startswith("HYBRIDSERVING_")}
+    assert rendered == OWNED_ENV

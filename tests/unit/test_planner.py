@@ -29,7 +29,11 @@ from hybridserving.core.planner import (
     Action,
     Observed,
 )
+from hybridserving.core.switching import SwitchState
 from hybridserving.testing.patches import apply_merge_patch
+
+# A switch in flight at its Switch step, as the role-switch controller records it.
+SWITCH_RECORD = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
 
 GPUS = 8
 NODES_PER_DOMAIN = 2
@@ -419,11 +423,15 @@ def test_a_role_switch_relabels_pods_without_recreating_them() -> None:
     old_hash = cluster.instances()["hs-5"]["spec"]["configHash"]
     # The role-switch controller moves hs-5 (decode) to prefill: it writes spec.role only.
     cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
+    # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
+    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
     first = cluster.reconcile(hs)
-    assert [str(a) for a in first] == [
+    assert [str(a) for a in first if a.kind != "PodDisruptionBudget"] == [
         "patch HybridServingInstance/hs-5: role switched to prefill: the pods follow in place with the prefill flags",
         "patch Pod/hs-5-0: role switched to prefill (relabel, no restart)",
     ], "a switch takes no rollout budget and restarts nothing"
+    budgets = {a.name: a.body["spec"]["minAvailable"] for a in first if a.kind == "PodDisruptionBudget"}
+    assert budgets == {"hs-prefill": 3, "hs-decode": 1}, "each role's budget follows its new size"
     converge(cluster, hs)
     assert uids(cluster) == before, "no pod recreated for a role change"
     leader = cluster.pods()["hs-5-0"]["metadata"]
@@ -453,6 +461,8 @@ def test_switched_mix_survives_when_switching_is_on_and_is_restored_when_off() -
     cluster = FakeCluster()
     converge(cluster, on)
     cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
+    # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
+    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
     converge(cluster, on)
     roles = [i["spec"]["role"] for i in cluster.instances().values()]
     assert roles.count("prefill") == 4, "the controller's mix is kept"

@@ -20,7 +20,11 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
 from hybridserving.core.planner import LABEL_NAME
+from hybridserving.core.switching import SwitchState
 from hybridserving.testing.patches import apply_merge_patch
+
+# A switch in flight at its Switch step, as the role-switch controller records it.
+SWITCH_RECORD = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
 
 NS = "serving"
 
@@ -328,6 +332,8 @@ def test_a_role_switch_is_counted_once(api: MemoryApi) -> None:
     settle(api)
     before = switches()
     api.store[(INSTANCE_KIND, "fleet-3")]["spec"]["role"] = "prefill"
+    # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
+    api.store[(INSTANCE_KIND, "fleet-3")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
     settle(api)
     assert switches() == before + 1
     pods = {k: o["metadata"]["uid"] for k, o in api.store.items() if k[0] == "Pod"}
@@ -348,10 +354,137 @@ def test_engine_privileges_not_granted_make_the_layout_invalid_with_the_field() 
                  "prefill": {"layout": {"tp": 8}}, "decode": {"layout": {"tp": 8}},
                  "network": {"hostNetwork": True}, "transfer": {"rdmaResourceCount": 8}},
     }
-    _, ok = validate(body, EnginePolicy())
+    _, ok = validate(body, EnginePolicy(allow_host_network=True, allow_ipc_lock=True))
     assert ok.valid
-    _, refused = validate(body, EnginePolicy(allow_host_network=False, allow_ipc_lock=False))
-    assert not refused.valid
+    _, refused = validate(body, EnginePolicy())
+    assert not refused.valid, "nothing is granted unless the operator was told so"
     paths = {i.path for i in refused.errors}
     assert paths == {"spec.network.hostNetwork", "spec.transfer.rdmaResourceCount"}
     assert "enginePolicy.allowHostNetwork" in refused.message()
+
+
+# --------------------------------------------------------------------------- faults the pass must report
+
+
+@pytest.mark.parametrize("length", [41, 64, 253])
+def test_a_name_too_long_is_reported_before_anything_is_read_or_written(length: int) -> None:
+    """Names past a label value's 63 characters made the listing of children fail before validation."""
+    api = MemoryApi()
+    long_name = "f" * length
+
+    def lists(kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        if any(len(v) > 63 for v in labels.values()):
+            raise KubeError(400, "unable to parse requirement: values must be no more than 63 characters")
+        return MemoryApi.list(api, kind, namespace, labels)
+
+    api.list = lists  # type: ignore[method-assign]
+    api.user_apply(SPEC, name=long_name)
+    outcome = rec.reconcile(api, NS, long_name)
+    assert not outcome.actions and not [k for k in api.store if k[0] not in (KIND, "Event")]
+    status = api.store[(KIND, long_name)]["status"]
+    layout = next(c for c in status["conditions"] if c["type"] == "LayoutValid")
+    assert layout["status"] == "False" and "metadata.name" in layout["message"]
+    assert status["ready"] == "False"
+
+
+def test_a_plan_that_raises_is_reported_and_the_fleet_is_repaired_from_the_last_applied_spec(
+    api: MemoryApi, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settle(api)
+    real_plan = rec.planner.plan
+
+    def plan(hs: Any, observed: Any, access: Any = None) -> Any:
+        if hs.spec.prefill.replicas == 3:
+            raise ValueError("a spec validation let through")
+        return real_plan(hs, observed, access)
+
+    monkeypatch.setattr(rec.planner, "plan", plan)
+    api.user_apply({**SPEC, "prefill": {"replicas": 3, "layout": {"tp": 8}}})
+    api.store.pop(("Pod", "fleet-0-0"))
+    outcome = rec.reconcile(api, NS, "fleet")
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "PlanFailed"
+    assert "a spec validation let through" in degraded["message"]
+    assert ("Pod", "fleet-0-0") in api.store, "the deleted pod was recreated from the spec the fleet runs"
+    assert outcome.requeue_after is not None and outcome.requeue_after >= rec.BACKOFF_MIN_SECONDS
+
+
+def test_a_name_held_by_an_object_not_ours_is_reported_and_backs_off(api: MemoryApi) -> None:
+    api.store[("ConfigMap", "fleet-prefill-config")] = {
+        "kind": "ConfigMap", "metadata": {"name": "fleet-prefill-config", "uid": "squatter", "resourceVersion": "1"}}
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert not outcome.conflict, "not a race: retrying at once cannot succeed"
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "NameTaken"
+    assert "ConfigMap/fleet-prefill-config" in degraded["message"]
+    assert any(k == INSTANCE_KIND for k, _ in api.store), "the rest of the fleet is still built"
+    # The retry interval grows with the time the fleet has been degraded.
+    since = rec.parse_time(degraded["lastTransitionTime"])
+    assert since is not None
+    assert rec.backoff_seconds(api.status(), at=since + 1) == rec.BACKOFF_MIN_SECONDS
+    assert rec.backoff_seconds(api.status(), at=since + 120) == 60
+    assert rec.backoff_seconds(api.status(), at=since + 3600) == rec.BACKOFF_MAX_SECONDS
+
+
+@pytest.mark.parametrize("status, reason", [(403, "WriteForbidden"), (422, "WriteInvalid")])
+def test_a_refused_write_is_reported_with_its_kind_and_the_rest_goes_on(api: MemoryApi, status: int,
+                                                                         reason: str) -> None:
+    api.fail = lambda verb, kind, name: status if kind == "Deployment" else None
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.errors and not outcome.conflict
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == reason
+    assert "Deployment/fleet-router" in degraded["message"]
+    assert sum(1 for k, _ in api.children() if k == INSTANCE_KIND) == 4
+
+
+def test_a_fleet_that_stops_progressing_says_so_naming_the_instances(api: MemoryApi) -> None:
+    for _ in range(3):
+        rec.reconcile(api, NS, "fleet")  # pods never run: a hung start
+    progressing = api.condition("Progressing")
+    assert progressing["status"] == "True"
+    progressing["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    rec.reconcile(api, NS, "fleet", progress_deadline_seconds=600)
+    progressing, degraded = api.condition("Progressing"), api.condition("Degraded")
+    assert progressing["status"] == "False" and progressing["reason"] == "ProgressDeadlineExceeded"
+    assert "fleet-0" in progressing["message"] and "fleet-3" in progressing["message"]
+    assert degraded["status"] == "True" and degraded["reason"] == "ProgressDeadlineExceeded"
+    rec.reconcile(api, NS, "fleet", progress_deadline_seconds=600)
+    assert api.condition("Progressing")["reason"] == "ProgressDeadlineExceeded", "no flapping back"
+    api.run_pods()
+    settle(api)
+    rec.reconcile(api, NS, "fleet")
+    assert api.condition("Progressing")["reason"] == "Complete"
+    assert api.condition("Degraded")["status"] == "False"
+
+
+def test_a_crash_looping_engine_is_named_in_degraded(api: MemoryApi) -> None:
+    settle(api)
+    pod = api.store[("Pod", "fleet-1-0")]
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+                     "containerStatuses": [{"name": "engine", "restartCount": 4}]}
+    rec.reconcile(api, NS, "fleet")
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "InstanceCrashLooping"
+    assert "fleet-1 is not ready and its engine restarted 4 time(s)" in degraded["message"]
+
+
+def test_images_outside_the_allow_list_are_refused_naming_the_field() -> None:
+    from hybridserving.controller.reconcile import validate
+    from hybridserving.core.privileges import EnginePolicy
+
+    body = {
+        "apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
+        "metadata": {"name": "imgs", "namespace": "default"},
+        "spec": {**SPEC, "engine": {"image": "evil.example/miner:1"}},
+    }
+    policy = EnginePolicy(allowed_images=("registry.example/serving/",))
+    _, refused = validate(body, policy)
+    assert [i.path for i in refused.errors] == ["spec.engine.image", "spec.router.image"]
+    assert "enginePolicy.allowedImages" in refused.message()
+    body["spec"] = {**SPEC, "engine": {"image": "registry.example/serving/sglang:0.5.23"},
+                    "router": {"image": "registry.example/serving/smg:1.13.0"}}
+    _, ok = validate(body, policy)
+    assert ok.valid, ok.message()
+    _, anything = validate({**body, "spec": {**SPEC, "engine": {"image": "evil.example/miner:1"}}}, EnginePolicy())
+    assert anything.valid, "no allow-list: any image (the chart documents the risk)"

@@ -17,13 +17,15 @@ import yaml
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServing, HybridServingSpec, Role
 from hybridserving.core.flags import EnginePorts, in_place_role_switch, render_argv
-from hybridserving.core.layout import errors, validate
+from hybridserving.core.layout import OWNED_FLAGS, errors, validate
 from hybridserving.core.profiles import PROFILES
 from hybridserving.testing.patches import overlaid
+from hybridserving.core.sglang_options import OPTIONS, resolve
 from hybridserving.testing.sglang_parser import (
     SGLangArgs,
     SGLangArgvError,
     SGLangParserUnavailable,
+    option_strings,
     parse_many,
     sglang_python,
 )
@@ -206,3 +208,56 @@ def test_extra_args_reach_the_parser() -> None:
     assert isinstance(result, SGLangArgvError)
     assert "ambiguous option: --cuda-graph-max-bs" in result.message
     assert any(issue.rule == "extra-args-rejected-flag" for issue in validate(spec))
+
+
+# Abbreviations and spellings of owned and free flags, as an attacker or a typo writes them.
+ABBREVIATIONS = (
+    ["--disaggregation-mo", "decode"], ["--tp-si", "4"], ["--hos", "127.0.0.1"], ["--por", "1"], ["--por=1"],
+    ["--mem-fraction-st", "0.5"], ["--served-model-na", "x"], ["--dcp-size=2"], ["--trust-remote-co"],
+    ["--mod", "x"], ["--enable-pd-role"], ["--kv-cache-dt", "fp8_e4m3"], ["--trust-remote-code"],
+)
+
+
+def test_the_operator_knows_every_option_of_the_parser() -> None:
+    """The operator's copy of the option list is the pinned parser's, so it resolves prefixes alike."""
+    assert sorted(OPTIONS) == option_strings()
+
+
+ABBREVIATION_SPEC = HybridServingSpec.model_validate({
+    "model": {"path": "org/m", "profile": "deepseek-v3"},
+    "prefill": {"layout": {"tp": 8}},
+    "decode": {"layout": {"tp": 8}},
+})
+
+
+@pytest.fixture(scope="module")
+def abbreviations_parsed() -> list[SGLangArgs | SGLangArgvError]:
+    """The bare decode argv, then the argv with each abbreviation appended, in one parser run."""
+    bare = render_argv(ABBREVIATION_SPEC, "decode")
+    return parse_many([bare] + [bare + extra for extra in ABBREVIATIONS])
+
+
+@pytest.mark.parametrize("case", range(len(ABBREVIATIONS)), ids=lambda i: " ".join(ABBREVIATIONS[i]))
+def test_extra_args_resolve_as_the_parser_reads_them(abbreviations_parsed: list, case: int) -> None:
+    """What `resolve` calls owned, ambiguous or free, SGLang's parser reads the same way.
+
+    The owned-flag rule fires exactly when the parser lets the token set a flag the spec
+    renders; an ambiguous abbreviation is one the parser exits on.
+    """
+    extra = ABBREVIATIONS[case]
+    bare, result = abbreviations_parsed[0], abbreviations_parsed[case + 1]
+    assert not isinstance(bare, SGLangArgvError)
+    resolution = resolve(extra[0])
+    assert resolution is not None
+    spec = HybridServingSpec.model_validate({**ABBREVIATION_SPEC.to_wire(), "engine": {"extraArgs": extra}})
+    owned = [i for i in validate(spec) if i.rule == "extra-args-owned-flag"]
+    if resolution.ambiguous:
+        assert isinstance(result, SGLangArgvError) and "ambiguous option" in result.message
+        assert not owned
+        return
+    assert not isinstance(result, SGLangArgvError), result
+    assert resolution.flag is not None
+    dest = resolution.flag.lstrip("-").replace("-", "_")
+    assert dest in result
+    assert {k for k in result if result[k] != bare[k]} <= {dest}, "the token set another flag than resolved"
+    assert bool(owned) == (resolution.flag in OWNED_FLAGS)

@@ -85,9 +85,10 @@ class FakeEngine:
         if not self.inflight and self.role == "decode" and switching:
             loads["loads"][0]["num_running_reqs"] = 0
         s = EngineSample(loads=loads)
+        if switching or scrape:
+            s.model_info = {"disaggregation_mode": self.role}
         if switching:
             s.healthy = self.healthy
-            s.model_info = {"disaggregation_mode": self.role}
             s.launcher = {"role": self.launcher_role, "phase": "Ready" if self.pending is None else "Draining",
                           "switchCount": self.switch_count, "lastSwitch": self.last}
         if scrape:
@@ -400,3 +401,78 @@ def test_api_errors_other_than_conflicts_surface(h: Harness) -> None:
     h.api.fail = lambda verb, kind, obj: 500 if kind == INSTANCE_KIND and verb == "patch" else None
     with pytest.raises(KubeError):
         h.ctl.tick(NS, "fleet")
+
+
+# --------------------------------------------------------------------------- hand edits and drift
+
+
+def edit_role(h: Harness, name: str, role: str) -> None:
+    """`kubectl patch hsi NAME --type merge -p '{"spec":{"role":ROLE}}'`."""
+    h.api.patch(INSTANCE_KIND, NS, name, {"spec": {"role": role}})
+
+
+def test_a_hand_edit_of_spec_role_goes_through_unroute_and_drain(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).inflight = 3
+    edit_role(h, name, "decode")
+    # The reconcile runs first (it watches instances): it must not relabel a serving engine.
+    rec.reconcile(h.api, NS, "fleet")
+    h.kubelet()
+    assert h.leader(name)["metadata"]["annotations"][ANNOTATION_ROLE] == "prefill"
+    assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "prefill"
+    assert h.engine(name).log == []
+    seen_unrouted_while_busy = False
+    for _ in range(40):
+        h.tick()
+        if h.engine(name).inflight and LABEL_ROLE not in h.leader(name)["metadata"]["labels"]:
+            seen_unrouted_while_busy = True
+        if h.history() and h.history()[-1]["outcome"] != "InProgress":
+            break
+    assert h.instance(name)["spec"]["role"] == "decode"
+    assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "decode"
+    assert h.engine(name).log == ["prefill->decode:Succeeded"]
+    assert seen_unrouted_while_busy, "the engine left the router before its requests were done"
+    entry = h.history()[-1]
+    assert entry["outcome"] == "Succeeded" and "Drain" in entry["phase"]
+    assert ("RoleEditAdopted" in {r for r, _ in h.events()})
+
+
+def test_a_hand_edit_below_the_floor_is_refused_and_undone() -> None:
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["roleSwitch"]["minPrefill"] = 2
+    h = Harness(spec)
+    name = prefill_instances(h)[0]
+    edit_role(h, name, "decode")
+    h.tick(3)
+    assert h.instance(name)["spec"]["role"] == "prefill"
+    assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "prefill"
+    assert h.engine(name).log == []
+    assert "RoleSwitchRejected" in {r for r, _ in h.events()}
+
+
+@pytest.mark.parametrize("which", [0, -1])
+def test_a_hand_edit_with_switching_off_is_reverted_and_reported(which: int) -> None:
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["roleSwitch"]["enabled"] = False
+    h = Harness(spec)
+    name = prefill_instances(h)[which]
+    instances = sorted(n for (k, n) in h.api.store if k == INSTANCE_KIND)
+    edit_role(h, name, "decode")
+    rec.reconcile(h.api, NS, "fleet")  # writes the instance's status role (the cheap signal)
+    assert sorted(n for (k, n) in h.api.store if k == INSTANCE_KIND) == instances, (
+        "the edit made no instance surplus: nothing deleted, nothing created")
+    h.tick(2)
+    assert h.instance(name)["spec"]["role"] == "prefill"
+    assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "prefill"
+    assert h.engine(name).log == []
+    assert "RoleEditReverted" in {r for r, _ in h.events()}
+
+
+def test_an_engine_serving_another_role_than_routed_is_restarted(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).role = "decode"  # e.g. a switch made behind the operator's back, straight to the engine
+    h.tick(1)
+    assert h.instance(name)["spec"].get("restartGeneration", 0) == 0, "one sighting is not drift yet"
+    h.tick(1)
+    assert h.instance(name)["spec"]["restartGeneration"] == 1
+    assert "RoleDrift" in {r for r, _ in h.events()}

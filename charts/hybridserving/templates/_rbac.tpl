@@ -45,6 +45,10 @@ them, and list/watch on Secrets would reveal their contents.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Who may reach the engines (the fleet, its router, the operator).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The router may read pods of its namespace (service discovery); the operator holds that itself.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]

@@ -9,6 +9,7 @@ in a session of its own, which a process-group kill would miss).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -88,6 +89,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the forked child: SIGKILL me when the thread that started me exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 class ContainerProcess:
     """The running process of one container, started and stopped the way the runtime does."""
 
@@ -105,8 +115,11 @@ class ContainerProcess:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             # A session of its own: signals meant for the runner (Ctrl-C) do not reach pods.
+            # The kernel kills the container when the runner dies, even by SIGKILL: no launcher
+            # outlives the kubelet stand-in that would stop it (Linux: PR_SET_PDEATHSIG).
             self.proc = subprocess.Popen(self.command, env=self.env, cwd=self.workdir, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
         self.started_at = time.time()
         self._family = []
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from hybridserving_engine.podrunner.container import ContainerProcess, container_command, container_environment
 from hybridserving_engine.podrunner.probe import ReadinessProbe
@@ -41,6 +42,9 @@ NODE_RANK_LABEL = "hybridserving.io/node-rank"
 FAKE_NODE_SELECTOR = "type=kwok"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 TICK_SECONDS = 0.2
+# What an apiserver that restarts or is briefly unreachable raises: the worker keeps its
+# container running and tries again on its next tick, as the kubelet does.
+API_UNAVAILABLE = (ApiException, TransportError, OSError)
 
 
 def now_rfc3339() -> str:
@@ -174,6 +178,9 @@ class PodWorker:
                 self.waiting_reason = "ContainerCreating"
                 log.info("%s/%s: waiting for volumes: %s", self.namespace, self.name, e)
             return
+        except API_UNAVAILABLE as e:
+            log.warning("%s/%s: volumes not refreshed (%s); next tick", self.namespace, self.name, e)
+            return
         for name, files in pending.items():
             directory = self._volumes.get(name) or AtomicDirectory(self.dir / "volumes" / name)
             self._volumes[name] = directory
@@ -255,6 +262,9 @@ class PodWorker:
             if e.status != 404:
                 log.warning("%s/%s: status patch failed: %s", self.namespace, self.name, e.reason)
                 return
+        except (TransportError, OSError) as e:
+            log.warning("%s/%s: status patch failed (%s); next tick", self.namespace, self.name, e)
+            return
         self._reported = key
 
 

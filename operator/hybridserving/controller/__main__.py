@@ -11,6 +11,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from hybridserving.controller import handlers
+from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
 from hybridserving.core.privileges import EnginePolicy
 
 
@@ -20,7 +21,7 @@ def _flag(value: str) -> bool:
     return value.lower() == "true"
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m hybridserving.controller", description=__doc__)
     ap.add_argument("--namespace", "-n", action="append", default=[],
                     help="watch only these namespaces (repeatable); default: the whole cluster")
@@ -31,12 +32,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server binds")
     ap.add_argument("--health-port", type=int, default=0,
                     help="liveness endpoint /healthz on this port (0: off)")
-    ap.add_argument("--engine-allow-host-network", type=_flag, default=True, metavar="true|false",
+    ap.add_argument("--engine-allow-host-network", type=_flag, default=False, metavar="true|false",
                     help="whether engine pods may use the host network (refused fleets get LayoutValid=False)")
-    ap.add_argument("--engine-allow-ipc-lock", type=_flag, default=True, metavar="true|false",
+    ap.add_argument("--engine-allow-ipc-lock", type=_flag, default=False, metavar="true|false",
                     help="whether engine pods may get IPC_LOCK (needed by RDMA)")
+    ap.add_argument("--allowed-image", action="append", default=[], metavar="PREFIX",
+                    help="engine and router images must start with one of these prefixes (repeatable; "
+                    "default: any image)")
+    ap.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
+                    help="namespace of the operator's pods, admitted to engine ports by each fleet's "
+                    "NetworkPolicy (default $POD_NAMESPACE; unset: no operator peer, as out of cluster)")
+    ap.add_argument("--progress-deadline-seconds", type=float, default=PROGRESS_DEADLINE_SECONDS,
+                    help="a fleet progressing longer than this is reported ProgressDeadlineExceeded")
     ap.add_argument("--verbose", "-v", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def engine_policy(args: argparse.Namespace) -> EnginePolicy:
+    """What engine pods may be given: only what the flags grant."""
+    return EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock, tuple(args.allowed_image),
+                        args.operator_namespace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
@@ -48,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     handlers.OPTIONS.workers = args.workers
     handlers.OPTIONS.resync_seconds = args.resync_seconds
-    handlers.OPTIONS.engine_policy = EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock)
+    handlers.OPTIONS.engine_policy = engine_policy(args)
+    handlers.OPTIONS.progress_deadline_seconds = args.progress_deadline_seconds
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     asyncio.run(kopf.operator(

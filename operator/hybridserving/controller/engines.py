@@ -211,12 +211,14 @@ class Engines:
         return self._json(launcher + "/status")
 
     def sample(self, engine: str, launcher: str | None, *, switching: bool, scrape: bool) -> EngineSample:
-        """The reads a tick needs: loads always; readiness, the live role and launcher status while
-        switching; `/metrics` and `/server_info` when the policy runs."""
+        """The reads a tick needs: loads always; readiness and launcher status while switching; the
+        live role while switching or when the policy runs (which is when role drift is looked for);
+        `/metrics` and `/server_info` when the policy runs."""
         sample = EngineSample(loads=self.loads(engine))
+        if switching or scrape:
+            sample.model_info = self.model_info(engine)
         if switching:
             sample.healthy = self.health(engine)
-            sample.model_info = self.model_info(engine)
             if launcher:
                 sample.launcher = self.launcher_status(launcher)
         if scrape:

@@ -23,6 +23,7 @@ from hybridserving.controller import switching as role_switching
 from hybridserving.controller.kube import Kube
 from hybridserving.controller.queue import Key, WorkQueue
 from hybridserving.controller.reconcile import reconcile
+from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
 from hybridserving.core.planner import LABEL_NAME
 from hybridserving.core.privileges import EnginePolicy
 
@@ -37,6 +38,7 @@ class Options:
     workers: int = 4
     resync_seconds: float = 60.0
     engine_policy: EnginePolicy = field(default_factory=EnginePolicy)
+    progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS
     kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks
     switch_interval_seconds: float = role_switching.TICK_SECONDS  # role-switch controller tick
 
@@ -78,7 +80,8 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     async def work(key: Key) -> float | None:
         namespace, name = key
         try:
-            outcome = await asyncio.to_thread(reconcile, kube, namespace, name, None, OPTIONS.engine_policy)
+            outcome = await asyncio.to_thread(reconcile, kube, namespace, name, None, OPTIONS.engine_policy,
+                                              OPTIONS.progress_deadline_seconds)
         except Exception:
             metrics.RECONCILES.labels("error").inc()
             raise
@@ -141,6 +144,7 @@ for _group, _version, _plural in (
     ("", "v1", "configmaps"),
     ("apps", "v1", "deployments"),
     ("policy", "v1", "poddisruptionbudgets"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
 ):
     kopf.on.event(_group, _version, _plural, labels={LABEL_NAME: kopf.PRESENT},
                   id=f"{_plural}-changed")(_child_changed)

@@ -51,12 +51,14 @@ RESOURCES: dict[str, Resource] = {
     "Event": Resource("", "v1", "events"),
     "Deployment": Resource("apps", "v1", "deployments"),
     "PodDisruptionBudget": Resource("policy", "v1", "poddisruptionbudgets"),
+    "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
 }
 
 # Kinds the operator owns besides instances and pods, listed on every reconcile.
-OWNED_KINDS = ("ConfigMap", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding", "Deployment")
+OWNED_KINDS = ("ConfigMap", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding",
+               "Deployment")
 
 
 class KubeError(Exception):

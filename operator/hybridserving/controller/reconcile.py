@@ -11,9 +11,12 @@ same code to the same result. The steps:
    never touches a serving fleet;
 3. plan and diff (pure, `core.planner`);
 4. act: each action as one conditional write; a 409/404 ends the pass early and asks for a
-   quick retry, because what follows was planned from a state that no longer holds;
-5. report: instance status, HybridServing status and conditions (only when they change),
-   and an Event per kind of decision.
+   quick retry, because what follows was planned from a state that no longer holds, except
+   a create whose name an object of someone else holds, which, like a refused write (403,
+   422), is reported while the rest goes on;
+5. report: instance status, HybridServing status and conditions (only when they change;
+   Degraded names what the pass could not do), and an Event per kind of decision. A failing
+   pass comes back after a backoff that grows with the time the fleet has been Degraded.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ from pydantic import ValidationError
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec
 from hybridserving.controller import metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
-from hybridserving.controller.status import Validation, changed, fleet_status, instance_status, now
+from hybridserving.controller.status import (
+    PROGRESS_DEADLINE_SECONDS,
+    Validation,
+    changed,
+    fleet_status,
+    instance_status,
+    now,
+    parse_time,
+)
 from hybridserving.core import layout, planner, privileges
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.planner import LABEL_NAME, Action, DesiredState, Observed
@@ -42,16 +53,33 @@ log = logging.getLogger("hybridserving.controller")
 FOLLOW_UP_SECONDS = 2.0
 
 
+# Failing passes retry after half the time they have been failing, within these bounds:
+# quickly after a transient error, rarely for a name someone else holds.
+BACKOFF_MIN_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 300.0
+
+
 @dataclass
 class Outcome:
-    """What one pass did, and when the next one should come at the latest."""
+    """What one pass did, and when the next one should come at the latest.
+
+    `errors` are writes or steps that failed; `error_reason` says of what kind (the
+    Degraded condition's reason): a write the apiserver refused, a name held by an object
+    that is not the fleet's, a plan that could not be made.
+    """
 
     actions: list[Action] = field(default_factory=list)
     applied: int = 0
     conflict: bool = False
     errors: list[str] = field(default_factory=list)
+    error_reason: str = "ReconcileError"
     requeue_after: float | None = None
     gone: bool = False
+
+    def fail(self, reason: str, message: str) -> None:
+        if not self.errors:
+            self.error_reason = reason
+        self.errors.append(message)
 
 
 def observe(kube: Kube, namespace: str, name: str, hs_uid: str) -> Observed:
@@ -100,8 +128,24 @@ def last_applied(observed: Observed, name: str) -> HybridServingSpec | None:
         return None
 
 
-def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome) -> None:
-    """Apply actions in order; stop at the first conflict (the rest was planned on stale state)."""
+def _name_taken(kube: Kube, namespace: str, action: Action, owners: set[str]) -> bool:
+    """Whether a create met an object of that name that is not the fleet's (not a race with itself)."""
+    try:
+        existing = kube.get(action.kind, namespace, action.name)
+    except KubeError:
+        return False
+    refs = {r.get("uid") for r in existing.get("metadata", {}).get("ownerReferences") or []}
+    return not refs & owners
+
+
+def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, owners: set[str] | None = None) -> None:
+    """Apply actions in order; stop at the first conflict (the rest was planned on stale state).
+
+    A create that finds its name held by an object the fleet does not own (an orphaned pod,
+    a squatted ConfigMap) is no race: retrying cannot succeed, so it is reported, naming the
+    object, and the pass goes on with the rest. So is a write the apiserver refuses (403,
+    422): the fleet keeps being repaired where it can, and the pass backs off.
+    """
     for action in actions:
         try:
             if action.verb == "create":
@@ -118,13 +162,19 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome) -> 
             else:
                 kube.delete(action.kind, namespace, action.name, uid=action.uid)
         except KubeError as exc:
+            if exc.status == 409 and action.verb == "create" and _name_taken(kube, namespace, action, owners or set()):
+                outcome.fail("NameTaken", f"{action.kind}/{action.name} already exists and is not owned by this "
+                             "fleet: delete or rename that object (the operator will not take it over)")
+                metrics.ACTION_ERRORS.labels(action.kind).inc()
+                continue
             if exc.conflict:
                 outcome.conflict = True
                 metrics.CONFLICTS.inc()
                 log.info("%s/%s: %s (%s); retrying from a fresh read", namespace, action.name, exc.status,
                          exc.message)
                 return
-            outcome.errors.append(f"{action}: {exc}")
+            reason = {403: "WriteForbidden", 422: "WriteInvalid"}.get(exc.status, "ReconcileError")
+            outcome.fail(reason, f"{action}: {exc}")
             metrics.ACTION_ERRORS.labels(action.kind).inc()
             continue
         outcome.applied += 1
@@ -191,9 +241,43 @@ def report_instances(kube: Kube, namespace: str, views: dict[str, planner.Instan
                     raise
 
 
+def backoff_seconds(previous_status: dict[str, Any], at: float | None = None) -> float:
+    """How long to wait after a failing pass: half the time the fleet has been Degraded, bounded."""
+    degraded = next((c for c in previous_status.get("conditions") or [] if c.get("type") == "Degraded"), None)
+    since = parse_time((degraded or {}).get("lastTransitionTime")) if (degraded or {}).get("status") == "True" else None
+    if since is None:
+        return BACKOFF_MIN_SECONDS
+    age = (time.time() if at is None else at) - since
+    return min(BACKOFF_MAX_SECONDS, max(BACKOFF_MIN_SECONDS, age / 2))
+
+
+def plan_safely(effective: HybridServing, meta: dict[str, Any], fallback: HybridServingSpec | None,
+                observed: Observed, access: planner.EngineAccess, outcome: Outcome) -> DesiredState | None:
+    """The plan of `effective`, or of the last applied spec when planning raises.
+
+    Validation is meant to catch every input the planner cannot plan; should one slip
+    through, the fleet is still repaired from the spec it runs, and status says why.
+    """
+    try:
+        return planner.plan(effective, observed, access)
+    except Exception as exc:  # noqa: BLE001 - any planner bug must surface in status, not kill the pass
+        log.exception("%s/%s: planning failed", effective.metadata.namespace, effective.metadata.name)
+        outcome.fail("PlanFailed", f"the spec could not be planned ({type(exc).__name__}: {exc}); "
+                     + ("the fleet is kept on the last applied spec" if fallback else "nothing was created"))
+        if fallback is None or fallback == effective.spec:
+            return None
+        try:
+            return planner.plan(HybridServing.model_validate({"metadata": meta, "spec": fallback.to_wire()}),
+                                observed, access)
+        except Exception:  # noqa: BLE001
+            log.exception("planning the last applied spec failed too")
+            return None
+
+
 def reconcile(kube: Kube, namespace: str, name: str,
               plan_hook: Callable[[list[Action]], list[Action]] | None = None,
-              engine_policy: EnginePolicy = EnginePolicy()) -> Outcome:
+              engine_policy: EnginePolicy = EnginePolicy(),
+              progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS) -> Outcome:
     """One pass over one HybridServing. `plan_hook` lets tests cut a pass short (a crash)."""
     started = time.monotonic()
     outcome = Outcome()
@@ -209,21 +293,23 @@ def reconcile(kube: Kube, namespace: str, name: str,
         outcome.gone = True  # the garbage collector takes the children
         return outcome
     generation = meta.get("generation")
-    observed = observe(kube, namespace, name, meta["uid"])
     hs, validation = validate(body, engine_policy)
+    # A name no label can carry has no children to find (validation reports the name), and the
+    # apiserver would refuse the selector that looks for them.
+    observed = observe(kube, namespace, name, meta["uid"]) if planner.selectable(name) else Observed()
+    good = last_applied(observed, name)
     effective: HybridServing | None = hs if validation.valid else None
-    if effective is None:
-        good = last_applied(observed, name)
-        if good is not None:
-            effective = HybridServing.model_validate(
-                {"metadata": meta, "spec": good.to_wire()}
-            )
+    if effective is None and good is not None:
+        effective = HybridServing.model_validate({"metadata": meta, "spec": good.to_wire()})
     desired: DesiredState | None = None
     if effective is not None:
-        desired = planner.plan(effective, observed)
+        access = planner.EngineAccess(operator_namespace=engine_policy.operator_namespace)
+        desired = plan_safely(effective, meta, good, observed, access, outcome)
+    if desired is not None:
         outcome.actions = planner.diff(desired, observed)
         todo = plan_hook(outcome.actions) if plan_hook else outcome.actions
-        act(kube, namespace, todo, outcome)
+        owners = {meta["uid"]} | {i.uid for i in observed.instances.values()}
+        act(kube, namespace, todo, outcome, owners)
     if outcome.applied:
         count_switches(observed, outcome.actions[: outcome.applied])
         observed = observe(kube, namespace, name, meta["uid"])
@@ -236,7 +322,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
     if not validation.valid and was_valid != "False":
         warning = validation.message()
     status = fleet_status(desired, observed, views, validation, generation, previous,
-                          len(outcome.actions) - outcome.applied if outcome.actions else 0, outcome.errors)
+                          len(outcome.actions) - outcome.applied if outcome.actions else 0, outcome.errors,
+                          error_reason=outcome.error_reason, progress_deadline_seconds=progress_deadline_seconds)
     if changed(previous, status):
         try:
             kube.patch(KIND, namespace, name, {"status": status}, subresource="status")
@@ -245,7 +332,9 @@ def reconcile(kube: Kube, namespace: str, name: str,
                 raise
     if outcome.applied or warning:
         post_events(kube, body, outcome.actions[: outcome.applied], warning)
-    if outcome.conflict or outcome.errors:
+    if outcome.errors:
+        outcome.requeue_after = backoff_seconds(status)
+    elif outcome.conflict:
         outcome.requeue_after = 1.0
     elif outcome.actions or status.get("ready") != "True":
         outcome.requeue_after = FOLLOW_UP_SECONDS if outcome.actions else 10.0

@@ -8,6 +8,7 @@ their status stays the same (Kubernetes API conventions).
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +26,23 @@ from hybridserving.core.planner import (
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "LayoutValid", "RoleSwitching")
 
+# How long a fleet may keep Progressing before status says it is stuck (a Deployment's
+# progressDeadlineSeconds). Generous: a large model takes many minutes to load.
+PROGRESS_DEADLINE_SECONDS = 1800.0
+
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as conditions carry it, or None."""
+    if not value:
+        return None
+    try:
+        return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -138,9 +153,20 @@ def fleet_status(
     previous_status: Mapping[str, Any] | None,
     pending_actions: int,
     errors: Sequence[str],
+    *,
+    error_reason: str = "ReconcileError",
+    progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS,
+    at: float | None = None,
 ) -> dict[str, Any]:
-    """The HybridServing's status: conditions, per-role counts, instances, capacity."""
+    """The HybridServing's status: conditions, per-role counts, instances, capacity.
+
+    `errors` are what this pass failed to do (`error_reason` their kind); they make the
+    fleet Degraded whatever else is true. A fleet Progressing for longer than
+    `progress_deadline_seconds` turns Progressing=False/ProgressDeadlineExceeded and
+    Degraded, naming the instances that are not ready, until it completes or its spec changes.
+    """
     previous = {c.get("type"): c for c in (previous_status or {}).get("conditions") or []}
+    clock = time.time() if at is None else at
     conds: list[dict[str, Any]] = []
     status: dict[str, Any] = {"observedGeneration": generation}
     if validation.valid:
@@ -154,6 +180,9 @@ def fleet_status(
                                generation, previous))
     if desired is None:
         for type_ in ("Ready", "Progressing", "Degraded", "RoleSwitching"):
+            if type_ == "Degraded" and errors:
+                conds.append(condition(type_, True, error_reason, "; ".join(errors), generation, previous))
+                continue
             conds.append(condition(type_, None if type_ != "Ready" else False, "NoValidSpec",
                                    "no valid spec has been applied yet", generation, previous))
         status.update(conditions=conds, ready="False")
@@ -186,16 +215,31 @@ def fleet_status(
         reason, message = "Reconciling", f"{pending_actions} change(s) in flight, {ready_total}/{total} instances ready"
     else:
         reason, message = "Complete", "every instance runs the current spec"
+    not_ready = [v.plan.name for v in sorted(views.values(), key=lambda v: v.plan.index) if not v.available]
+    stuck = progressing and not desired.paused and _past_deadline(
+        previous.get("Progressing") or {}, generation, clock, progress_deadline_seconds)
+    if stuck:
+        progressing, reason = False, "ProgressDeadlineExceeded"
+        message = (f"no completion within {progress_deadline_seconds:.0f}s: "
+                   f"not ready: {', '.join(not_ready) or 'none'}; to roll: {', '.join(outdated) or 'none'}")
     conds.append(condition("Progressing", progressing, reason, message, generation, previous))
 
+    crash_looping = [v for v in views.values() if v.state != "Failed" and not v.available
+                     and any(p.restarts > 0 and not p.deleting for p in v.pods)]
     troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values() if v.state == "Failed"]
+    troubles += [f"{v.plan.name} is not ready and its engine restarted "
+                 f"{sum(p.restarts for p in v.pods)} time(s)" for v in crash_looping]
+    if stuck:
+        troubles.append(message)
     troubles += list(errors)
     conds.append(condition(
         "Degraded", bool(troubles),
-        ("Unschedulable" if any(v.state == "Pending" for v in views.values()) else
+        (error_reason if errors else
+         "Unschedulable" if any(v.state == "Pending" for v in views.values()) else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
-         "ReconcileError" if errors else "AsExpected"),
+         "InstanceCrashLooping" if crash_looping else
+         "ProgressDeadlineExceeded" if stuck else "AsExpected"),
         "; ".join(troubles) if troubles else "no instance is failing or unschedulable",
         generation, previous,
     ))
@@ -219,6 +263,20 @@ def fleet_status(
     status["capacity"] = capacity_status(desired.spec, per_role["decode"]["desired"])
     status["ready"] = "True" if all_ready else "False"
     return status
+
+
+def _past_deadline(progressing: Mapping[str, Any], generation: int | None, clock: float, deadline: float) -> bool:
+    """Whether the fleet has been progressing on this generation for longer than the deadline.
+
+    Once exceeded it stays exceeded for the generation (as a Deployment's condition does),
+    so the condition does not flap between "progressing" and "stuck".
+    """
+    if progressing.get("reason") == "ProgressDeadlineExceeded":
+        return progressing.get("observedGeneration") == generation
+    if progressing.get("status") != "True":
+        return False
+    since = parse_time(progressing.get("lastTransitionTime"))
+    return since is not None and clock - since > deadline
 
 
 def changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

@@ -46,6 +46,7 @@ from hybridserving.core.switching import (
     ANNOTATION_SWITCH_TO,
     Observation,
     LauncherView,
+    SWITCH_PHASES,
     SwitchConfig,
     SwitchState,
 )
@@ -164,6 +165,7 @@ class FleetMemory:
     policy: PolicyMemory = field(default_factory=PolicyMemory)
     scrapes: dict[str, Scrape] = field(default_factory=dict)
     ticks: int = 0
+    drifting: set[str] = field(default_factory=set)  # instances whose engine role disagreed last tick
 
 
 @dataclass
@@ -174,6 +176,8 @@ class TickReport:
     started: list[str] = field(default_factory=list)
     finished: list[tuple[str, str]] = field(default_factory=list)  # (instance, outcome)
     skipped: bool = False
+    adopted: list[str] = field(default_factory=list)  # hand edits of spec.role turned into switches
+    drift_repaired: list[str] = field(default_factory=list)  # engines restarted for serving the wrong role
 
 
 class SwitchController:
@@ -223,7 +227,12 @@ class SwitchController:
             and not i["metadata"].get("deletionTimestamp")
         ]
         in_flight = any(ANNOTATION_SWITCH in (i["metadata"].get("annotations") or {}) for i in instances_raw)
-        if not enabled and not in_flight:
+        # A hand edit of spec.role shows first as a status role that disagrees (cheap: no pod list).
+        maybe_edited = any(
+            ANNOTATION_SWITCH not in (i["metadata"].get("annotations") or {})
+            and (i.get("status") or {}).get("role") not in (None, i["spec"].get("role"))
+            for i in instances_raw)
+        if not enabled and not in_flight and not maybe_edited:
             report.skipped = True
             return report
         pods = [p for p in self.kube.list("Pod", namespace, {LABEL_NAME: name})
@@ -255,6 +264,10 @@ class SwitchController:
         for inst in instances.values():
             if inst.record is not None:
                 self._drive(namespace, body, inst, config, now, history, report)
+            else:
+                self._adopt_hand_edit(namespace, body, spec, inst, report)
+        if policy_on:
+            self._repair_role_drift(namespace, body, instances, mem, report)
 
         if enabled:
             self._on_call(namespace, body, spec, instances, now, history, report)
@@ -375,6 +388,72 @@ class SwitchController:
         metrics.ROLE_SWITCHES_STARTED.labels(_reason_kind(reason), mode).inc()
         self._event(namespace, hs_body, inst.name, state)
         return True
+
+    # ------------------------------------------------------------------ hand edits and drift
+
+    def _adopt_hand_edit(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec,
+                         inst: Instance, report: TickReport) -> None:
+        """A `spec.role` edited by hand becomes an on-call switch request, never a bare relabel.
+
+        The planner keeps the pods on their role meanwhile (`planner.held_role`). The edit is
+        undone and `switch-to` set in one conditional patch, so the switch then runs the safe
+        sequence (unroute, drain, switch, verify, route) with the floors and maxConcurrent.
+        With role switching off, the edit is undone and reported.
+        """
+        pods_role = inst.observation().pods_role
+        if pods_role not in ROLES or pods_role == inst.role or inst.phase in SWITCH_PHASES:
+            return
+        annotations = {ANNOTATION_SWITCH_TO: inst.role} if spec.role_switch.enabled else {}
+        body: dict[str, Any] = {"spec": {"role": pods_role}}
+        if annotations:
+            body["metadata"] = {"annotations": annotations}
+        try:
+            inst.obj = self.kube.patch(INSTANCE_KIND, namespace, inst.name, body,
+                                       resource_version=inst.obj["metadata"].get("resourceVersion"))
+        except KubeError as exc:
+            if exc.conflict:
+                return
+            raise
+        if annotations:
+            report.adopted.append(inst.name)
+            self._post(namespace, hs_body, "Normal", "RoleEditAdopted",
+                       f"{inst.name}: spec.role was set to {annotations[ANNOTATION_SWITCH_TO]} directly; it switches "
+                       f"from {pods_role} through unroute, drain, switch, verify and route instead")
+        else:
+            self._post(namespace, hs_body, "Warning", "RoleEditReverted",
+                       f"{inst.name}: spec.role was set directly, but role switching is off for this fleet: "
+                       f"reverted to {pods_role}; set spec.roleSwitch.enabled to move instances between roles")
+
+    def _repair_role_drift(self, namespace: str, hs_body: dict[str, Any], instances: Mapping[str, Instance],
+                           mem: FleetMemory, report: TickReport) -> None:
+        """An engine serving another role than its routing says, outside any switch, is restarted.
+
+        Its router label sends it the other role's requests, which it cannot serve. Seen on two
+        ticks in a row (so a switch finishing between the read and the sample is no drift), the
+        gang restarts: fresh engines read the role their pods carry.
+        """
+        drifting = set()
+        for inst in instances.values():
+            s = inst.sample
+            obs = inst.observation()
+            if (inst.record is None and inst.phase == "Ready" and s is not None and s.role in ROLES
+                    and obs.pods_role in ROLES and s.role != obs.pods_role):
+                drifting.add(inst.name)
+        for name in drifting & mem.drifting:
+            inst = instances[name]
+            generation = int(inst.obj["spec"].get("restartGeneration") or 0) + 1
+            try:
+                inst.obj = self.kube.patch(INSTANCE_KIND, namespace, name, {"spec": {"restartGeneration": generation}},
+                                           resource_version=inst.obj["metadata"].get("resourceVersion"))
+            except KubeError as exc:
+                if exc.conflict:
+                    continue
+                raise
+            report.drift_repaired.append(name)
+            self._post(namespace, hs_body, "Warning", "RoleDrift",
+                       f"{name}: the engine serves {inst.sample.role if inst.sample else '?'} while its pods are routed "
+                       f"as {inst.observation().pods_role}: restarting the gang")
+        mem.drifting = drifting - set(report.drift_repaired)
 
     # ------------------------------------------------------------------ starting switches
 

@@ -25,6 +25,7 @@ from hybridserving.core.layout import role_switch_capability
 # The launcher module of the engine image; argv from `render_argv` follows it.
 LAUNCH_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
 
+
 @dataclass(frozen=True)
 class EnginePorts:
     """The ports one engine instance listens on.

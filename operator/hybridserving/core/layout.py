@@ -24,7 +24,8 @@ from packaging.version import InvalidVersion, Version
 from pydantic.alias_generators import to_camel
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, LayoutSpec, Role, RoleSpec
-from hybridserving.core import resolution
+from hybridserving.core import ports, resolution, sglang_options
+from hybridserving.contract import PLACEHOLDERS
 from hybridserving.core.profiles import PROFILES, ModelArchitecture
 from hybridserving.core.resolution import EAGLE_DEFAULT_MAX_RUNNING_REQUESTS, EAGLE_FAMILY
 
@@ -175,6 +176,14 @@ _RULES: tuple[Rule, ...] = (
          "late: exits with status 2 at startup", _FROM_VERIFIED),
     Rule("extra-args-deprecated-flag", "warning", "engine.extraArgs hold no deprecated flag",
          "warns and rewrites", _FROM_VERIFIED),
+    Rule("extra-args-placeholder", "error", "engine.extraArgs hold no placeholder token of the per-role argv",
+         "n/a: the launcher fills placeholders, so the token would take a per-pod value"),
+    Rule("model-not-a-flag", "error", "model.path and model.servedModelName do not begin with '-'",
+         "late: the parser reads the value as a flag and exits with status 2"),
+    Rule("engine-env-owned", "error", "engine.env does not set a variable the operator sets per pod",
+         "n/a: the later entry wins, so the launcher would take the user's port, rank or rendezvous"),
+    Rule("bootstrap-port-distinct", "error", "transfer.bootstrapPort's series stays clear of the ports the "
+         "operator allocates", "n/a: two servers of one instance would bind one port"),
 )
 
 RULES: dict[str, Rule] = {rule.id: rule for rule in _RULES}
@@ -183,7 +192,7 @@ Issues = Iterator[LayoutIssue]
 
 # Flags `core.flags` renders from spec fields (with their aliases): an extraArgs copy would
 # silently override the planned layout, since argparse keeps the last occurrence.
-_OWNED_FLAGS: dict[str, str] = {
+OWNED_FLAGS: dict[str, str] = {
     **dict.fromkeys(("--model-path", "--model"), "spec.model.path"),
     "--served-model-name": "spec.model.servedModelName",
     "--host": "the operator (0.0.0.0)",
@@ -239,6 +248,8 @@ _REJECTED_FLAGS: dict[str, str] = {
     "--pd-role-switch": "use spec.roleSwitch.enabled",
     "--disaggregation-bootstrap-host": "remove it (the router passes the bootstrap host per request)",
     "--enable-deepep-moe": "use spec.<role>.layout.moeA2aBackend: deepep",
+    "--config": "remove it and put the flags in spec.engine.extraArgs (a config file can set flags the spec owns, "
+    "out of the operator's sight)",
 }
 
 _DEPRECATED_FLAGS: dict[str, str] = {
@@ -301,6 +312,8 @@ def validate(spec: HybridServingSpec) -> list[LayoutIssue]:
     issues.extend(_check_fleet(spec))
     issues.extend(_check_transfer(spec))
     issues.extend(_check_role_switch(spec))
+    issues.extend(_check_model(spec))
+    issues.extend(_check_env(spec))
     issues.extend(_check_extra_args(spec))
     return [issue for issue in issues if applies(issue, version)]
 
@@ -694,6 +707,14 @@ def _check_fleet(spec: HybridServingSpec) -> Issues:
 
 def _check_transfer(spec: HybridServingSpec) -> Issues:
     transfer = spec.transfer
+    clash = ports.bootstrap_clash(transfer.bootstrap_port, host_network=spec.network.host_network)
+    if clash is not None:
+        lowest, highest = ports.bootstrap_span(host_network=spec.network.host_network)
+        yield _issue("bootstrap-port-distinct", "spec.transfer.bootstrapPort",
+                     f"bootstrap ports from {transfer.bootstrap_port} overlap the {clash}",
+                     f"set spec.transfer.bootstrapPort between {lowest[0]} and {lowest[1]}"
+                     + (f" or between {highest[0]} and {highest[1]}" if highest else "")
+                     + " (the default 8998 is clear)")
     per_gpu = transfer.ib_devices_per_gpu
     if per_gpu is None or not transfer.ib_devices:
         return
@@ -743,19 +764,66 @@ def _check_role_switch(spec: HybridServingSpec) -> Issues:
                          f"set spec.{role}.replicas to at least {floor}, or lower {field}")
 
 
+# Environment the operator gives every engine pod (per-pod ports, rank, rendezvous, role file):
+# a copy in engine.env would override it, the later entry winning.
+OWNED_ENV = frozenset({
+    "HYBRIDSERVING_CONFIG_DIR", "HYBRIDSERVING_ROLE_FILE", "HYBRIDSERVING_NODE_RANK",
+    "HYBRIDSERVING_DRAIN_TIMEOUT_S", "HYBRIDSERVING_PORT", "HYBRIDSERVING_BOOTSTRAP_PORT",
+    "HYBRIDSERVING_ENGINE_INFO_BOOTSTRAP_PORT", "HYBRIDSERVING_LAUNCHER_PORT", "HYBRIDSERVING_DIST_INIT_ADDR",
+})
+
+
+def _check_env(spec: HybridServingSpec) -> Issues:
+    for index, var in enumerate(spec.engine.env):
+        if var.name in OWNED_ENV:
+            yield _issue("engine-env-owned", f"spec.engine.env[{index}]",
+                         f"{var.name} is set by the operator for each pod; a copy here would replace it",
+                         f"remove {var.name} from spec.engine.env")
+
+
+def _check_model(spec: HybridServingSpec) -> Issues:
+    for field, value in (("path", spec.model.path), ("servedModelName", spec.model.served_model_name)):
+        if value is not None and value.startswith("-"):
+            yield _issue("model-not-a-flag", f"spec.model.{field}",
+                         f"{value!r} begins with '-': SGLang's parser reads it as a flag, not as the value",
+                         f"set spec.model.{field} to a path or name that does not begin with '-'")
+
+
 def _check_extra_args(spec: HybridServingSpec) -> Issues:
+    placeholders = set(PLACEHOLDERS.values())
     for index, arg in enumerate(spec.engine.extra_args):
-        if not arg.startswith("--"):
-            continue
-        flag = arg.split("=", 1)[0]
         path = f"spec.engine.extraArgs[{index}]"
-        if flag in _OWNED_FLAGS:
+        if arg in placeholders:
+            yield _issue("extra-args-placeholder", path,
+                         f"{arg} is a placeholder the launcher fills with a per-pod value",
+                         "remove it: the operator renders the flag that takes this value")
+            continue
+        resolution = sglang_options.resolve(arg)
+        if resolution is None:
+            continue  # a value, not a flag
+        name = arg.split("=", 1)[0]
+        if name in OWNED_FLAGS or name in _REJECTED_FLAGS or name in _DEPRECATED_FLAGS:
+            resolution = sglang_options.Resolution(arg, name)  # named in full: the tables' own advice
+        if resolution.ambiguous:
+            yield _issue("extra-args-rejected-flag", path,
+                         f"{resolution.token} abbreviates several SGLang {VERIFIED_SGLANG} flags "
+                         f"({', '.join(resolution.ambiguous)}): the parser exits at startup",
+                         "use the flag's full name")
+            continue
+        flag = resolution.flag
+        if flag is None:
+            yield _issue("extra-args-rejected-flag", path,
+                         f"{resolution.token} is no flag of SGLang {VERIFIED_SGLANG}: the parser exits at startup",
+                         "remove it, or check its spelling against `python -m sglang.launch_server --help`")
+            continue
+        spelled = flag if flag == name else f"{name} (read as {flag})"
+        if flag in OWNED_FLAGS:
             yield _issue("extra-args-owned-flag", path,
-                         f"{flag} is rendered from the spec; a second copy overrides the planned layout",
-                         f"remove it from extraArgs and set {_OWNED_FLAGS[flag]}")
+                         f"{spelled} is rendered from the spec; a second copy overrides the planned layout",
+                         f"remove it from extraArgs and set {OWNED_FLAGS[flag]}")
         elif flag in _REJECTED_FLAGS:
             yield _issue("extra-args-rejected-flag", path,
-                         f"{flag} makes SGLang {VERIFIED_SGLANG} exit at startup or fights the spec's layout",
+                         f"{spelled} makes SGLang {VERIFIED_SGLANG} exit at startup or fights the spec's layout",
                          _REJECTED_FLAGS[flag])
         elif flag in _DEPRECATED_FLAGS:
-            yield _issue("extra-args-deprecated-flag", path, f"{flag} is deprecated", _DEPRECATED_FLAGS[flag])
+            yield _issue("extra-args-deprecated-flag", path, f"{spelled} is deprecated", _DEPRECATED_FLAGS[flag])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -52,6 +53,7 @@ from hybridserving.api.v1alpha1 import (
     Role,
 )
 from hybridserving.core import flags, ports, privileges, resolution
+from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -186,11 +188,13 @@ class ObservedInstance:
     owner_uids: tuple[str, ...] = ()
     generation: int | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, obj: Mapping[str, Any]) -> ObservedInstance:
         meta = obj.get("metadata") or {}
         return cls(
+            annotations=dict(meta.get("annotations") or {}),
             generation=meta.get("generation"),
             status=dict(obj.get("status") or {}),
             name=meta["name"],
@@ -320,6 +324,19 @@ def pdb_name(hs: str, role: Role) -> str:
     return f"{hs}-{role}"
 
 
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def selectable(name: str) -> bool:
+    """Whether a fleet's children can be found by its name: a label value (at most 63 characters).
+
+    The apiserver accepts object names of up to 253 characters; the API model refuses such a
+    HybridServing (`metadata.name`), but only once read, and listing its children by a label
+    selector the apiserver refuses must not come first.
+    """
+    return len(name) <= 63 and bool(_LABEL_VALUE.match(name))
+
+
 def digest(value: Any, length: int = HALF_HASH) -> str:
     """A short, stable hex digest of a JSON-able value (lowercase, valid as a label value)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -357,7 +374,7 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     """Which instances should exist, by name, with their index and role.
 
     Existing instances keep their role: after a switch the instance's `spec.role` is the
-    truth. With role switching on, the controller owns the mix and the spec only sizes the
+    truth (an edit made outside a switch is not, until it becomes one: `held_role`). With role switching on, the controller owns the mix and the spec only sizes the
     fleet: a new instance joins the role furthest below its replicas, a removed one leaves
     the role furthest above. With role switching off, each role has exactly its replicas.
     Surplus instances go highest index first; new ones take the lowest free index (an
@@ -365,7 +382,7 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     """
     live = sorted((i for i in observed.instances.values() if not i.deleting), key=lambda i: i.spec.index)
     target = {role: spec.role(role).replicas for role in ROLES}
-    keep = [(i.spec.index, i.spec.role, i.name) for i in live]
+    keep = [(i.spec.index, held_role(i, observed) or i.spec.role, i.name) for i in live]
     if spec.role_switch.enabled:
         while len(keep) > sum(target.values()):
             counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
@@ -396,8 +413,12 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
 # --------------------------------------------------------------------------- plan
 
 
-def plan(hs: HybridServing, observed: Observed) -> DesiredState:
-    """The full desired object set of `hs`, given what exists (roles, ports, uids)."""
+def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = None) -> DesiredState:
+    """The full desired object set of `hs`, given what exists (roles, ports, uids).
+
+    `access` says who besides the fleet may reach its engines (the operator's namespace).
+    """
+    access = access or EngineAccess()
     spec = hs.spec
     name, namespace = hs.metadata.name, hs.metadata.namespace
     uid = hs.metadata.uid or ""
@@ -430,8 +451,9 @@ def plan(hs: HybridServing, observed: Observed) -> DesiredState:
 
     for role in ROLES:
         add(_config_map(hs, role, configs[role], role_hashes[role], owner))
-        add(_pdb(hs, role, owner))
+        add(_pdb(hs, role, sum(1 for i in instances.values() if i.role == role), owner))
     add(_applied_spec(hs, spec_hash, owner))
+    add(_network_policy(hs, access, owner))
     if spec.router.enabled:
         for obj in _router_objects(hs, instances, owner):
             add(obj)
@@ -445,6 +467,26 @@ def plan(hs: HybridServing, observed: Observed) -> DesiredState:
         instances=instances,
         objects=objects,
     )
+
+
+def held_role(existing: ObservedInstance | None, observed: Observed) -> Role | None:
+    """The role an instance's pods keep while its `spec.role` changed outside a switch, or None.
+
+    Only the role-switch controller moves an instance between roles, recording each switch
+    on the instance (`core.switching.ANNOTATION_SWITCH`) so that it unroutes and drains the engine
+    before the pods follow. A `spec.role` edited by hand carries no such record: following it
+    at once would relabel a serving engine under live traffic. The pods keep their role
+    until the controller has turned the edit into a switch (controller/switching.py).
+    """
+    if existing is None or SwitchState.from_annotation(existing.annotations.get(ANNOTATION_SWITCH)) is not None:
+        return None
+    roles = {p.annotations.get(ANNOTATION_ROLE) for p in observed.pods_of(existing.name) if not p.deleting}
+    if len(roles) != 1:
+        return None
+    role = roles.pop()
+    if role in ROLES and role != existing.spec.role:
+        return role  # type: ignore[return-value]
+    return None
 
 
 def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
@@ -608,8 +650,10 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }
-    if privileges.needs_ipc_lock(spec):
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    ipc_lock = privileges.needs_ipc_lock(spec)
+    container["securityContext"] = _container_security(("IPC_LOCK",) if ipc_lock else ())
+    if not ipc_lock and not any(e.name == "HOME" for e in spec.engine.env):
+        env.append({"name": "HOME", "value": "/tmp"})  # the non-root user has no home of its own
     if leader:
         # /ready reads the engine's status (managers/tokenizer_manager.py:728-734); /health would run
         # a generation answered after a second at the earliest (entrypoints/http_server.py:720-797).
@@ -651,6 +695,9 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
         "affinity": _affinity(hs, instance, leader),
         "terminationGracePeriodSeconds": spec.role_switch.drain_timeout_seconds + EXIT_GRACE_SECONDS,
         "enableServiceLinks": False,
+        # Engines never call the API: no token to steal from an engine pod.
+        "automountServiceAccountToken": False,
+        "securityContext": _pod_security(run_as_root=ipc_lock),
         "restartPolicy": "Always",
     }
     if host_network:
@@ -666,6 +713,30 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
             }
         ]
     return pod
+
+
+# The unprivileged user engine and router containers run as (the operator image's user too).
+NON_ROOT_UID = 65532
+
+
+def _pod_security(*, run_as_root: bool = False) -> dict[str, Any]:
+    """Pod Security "restricted" at pod level; `run_as_root` where a capability must take effect.
+
+    Capabilities added for a non-root user are not effective (no ambient capabilities in
+    Kubernetes), so an engine that pins memory for RDMA (IPC_LOCK) keeps its image's user.
+    """
+    security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if not run_as_root:
+        security.update(runAsNonRoot=True, runAsUser=NON_ROOT_UID, runAsGroup=NON_ROOT_UID, fsGroup=NON_ROOT_UID)
+    return security
+
+
+def _container_security(add: tuple[str, ...] = ()) -> dict[str, Any]:
+    """No privilege escalation and no capability but those the operator was allowed to grant."""
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if add:
+        capabilities["add"] = list(add)
+    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": capabilities}
 
 
 def _affinity(hs: HybridServing, instance: str, leader: bool) -> dict[str, Any]:
@@ -733,15 +804,23 @@ def _applied_spec(hs: HybridServing, spec_hash: str, owner: dict[str, Any]) -> d
     }
 
 
-def _pdb(hs: HybridServing, role: Role, owner: dict[str, Any]) -> dict[str, Any]:
-    """Evictions (node drains) take down at most the rollout budget of a role, in whole gangs."""
+def _pdb(hs: HybridServing, role: Role, instances: int, owner: dict[str, Any]) -> dict[str, Any]:
+    """Evictions (node drains) take down at most the rollout budget of a role, counted in pods.
+
+    An integer `minAvailable` is the one PDB shape the disruption controller can evaluate
+    for pods whose controller (the instance) has no scale subresource: `maxUnavailable` and
+    percentages make it look the controller's scale up, fail, and allow no disruption at
+    all, which blocks every node drain. Pods that are not ready may always be evicted
+    (`AlwaysAllow`): they serve nothing, and a broken gang must not pin a node.
+    """
     nodes = hs.spec.role(role).nodes_per_instance
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _meta(hs, pdb_name(hs.metadata.name, role), owner, "engine"),
         "spec": {
-            "maxUnavailable": hs.spec.rollout.max_unavailable * nodes,
+            "minAvailable": max(0, instances - hs.spec.rollout.max_unavailable) * nodes,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
             "selector": {
                 "matchLabels": {
                     LABEL_NAME: hs.metadata.name,
@@ -749,6 +828,62 @@ def _pdb(hs: HybridServing, role: Role, owner: dict[str, Any]) -> dict[str, Any]
                     LABEL_INSTANCE_ROLE: role,
                 }
             },
+        },
+    }
+
+
+@dataclass(frozen=True)
+class EngineAccess:
+    """Who outside the fleet may reach its engines: the operator's pods, in their namespace.
+
+    The operator calls engines and launchers during role switches. Without a namespace (an
+    operator running outside the cluster) no operator peer is rendered: it is no pod.
+    """
+
+    operator_namespace: str | None = None
+    operator_labels: Mapping[str, str] = field(
+        default_factory=lambda: {"app.kubernetes.io/part-of": "hybridserving", "app.kubernetes.io/component": "operator"}
+    )
+
+
+def network_policy_name(hs: str) -> str:
+    return f"{hs}-engines"
+
+
+def _network_policy(hs: HybridServing, access: EngineAccess, owner: dict[str, Any]) -> dict[str, Any]:
+    """Only the fleet's own ranks, its router and the operator may reach engine ports.
+
+    Engines serve control endpoints without authentication (`/pd_role_switch`,
+    `/pause_generation`, `/abort_request`), so reachability is the access control: ranks of
+    the fleet talk to each other on any port (collectives pick their own), the router on the
+    HTTP port, the operator on the HTTP and launcher ports. Ports are named, so the policy
+    follows per-instance ports on the host network. Enforcement needs a CNI that implements
+    NetworkPolicy, and host-network pods are outside any policy (docs/security.md).
+    """
+    name = hs.metadata.name
+    peers: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": {LABEL_NAME: name, LABEL_COMPONENT: "engine"}}}]},
+        {
+            "from": [{"podSelector": {"matchLabels": {LABEL_NAME: name, LABEL_COMPONENT: "router"}}}],
+            "ports": [{"protocol": "TCP", "port": "http"}],
+        },
+    ]
+    if access.operator_namespace:
+        peers.append({
+            "from": [{
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": access.operator_namespace}},
+                "podSelector": {"matchLabels": dict(access.operator_labels)},
+            }],
+            "ports": [{"protocol": "TCP", "port": "http"}, {"protocol": "TCP", "port": "launcher"}],
+        })
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(hs, network_policy_name(name), owner, "engine"),
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_NAME: name, LABEL_COMPONENT: "engine"}},
+            "policyTypes": ["Ingress"],
+            "ingress": peers,
         },
     }
 
@@ -785,8 +920,9 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": meta(),
-            # Service discovery watches the fleet's pods; nothing else.
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+            # Service discovery lists and watches the fleet's pods; nothing else (no get by name,
+            # no writes, no other kind).
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -806,6 +942,7 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
                     "metadata": {"labels": selector},
                     "spec": {
                         "serviceAccountName": name,
+                        "securityContext": _pod_security(),
                         "containers": [
                             {
                                 "name": "router",
@@ -816,6 +953,7 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
                                     {"name": "http", "containerPort": spec.router.port, "protocol": "TCP"},
                                     {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
                                 ],
+                                "securityContext": _container_security(),
                             }
                         ],
                     },
@@ -967,9 +1105,12 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
         current = observed.objects.get(key)
         if current is None:
             actions.append(Action("create", key[0], key[1], f"{why} is missing", obj))
-        elif not contains(current, obj):
+            return
+        removals = extra_fields(current, obj)
+        if not contains(current, obj) or removals:
+            body = overlay_removals(obj, removals)
             actions.append(
-                Action("patch", key[0], key[1], f"{why} drifted from the plan", obj,
+                Action("patch", key[0], key[1], f"{why} drifted from the plan", body,
                        resource_version=current.get("metadata", {}).get("resourceVersion"))
             )
 
@@ -1032,7 +1173,8 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
 
     for (kind, name), obj in desired.objects.items():
         if kind != "ConfigMap":
-            sync(obj, {"PodDisruptionBudget": "disruption budget"}.get(kind, f"router {kind}"))
+            sync(obj, {"PodDisruptionBudget": "disruption budget", "NetworkPolicy": "engine network policy"}.get(
+                kind, f"router {kind}"))
 
     # Anything of ours the plan no longer has (router turned off, a role's objects renamed).
     wanted = set(desired.objects) | {
@@ -1168,6 +1310,110 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView]) -> 
 
 
 # --------------------------------------------------------------------------- comparison
+
+# Fields where anything beyond what the plan sets is drift, not someone else's addition: a
+# selector key widens or narrows what a Service, budget or policy applies to, and a pod-level
+# privilege on the router (host namespaces, volumes, security context, its token) grants
+# what the plan never did. Everything else tolerates fields the apiserver or others add.
+_EXACT_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "Service": (("spec", "selector"),),
+    "PodDisruptionBudget": (("spec", "selector"),),
+    "NetworkPolicy": (("spec",),),
+    "Deployment": (
+        ("spec", "selector"),
+        ("spec", "template", "metadata", "labels"),
+        *(("spec", "template", "spec", key) for key in (
+            "hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace", "hostUsers", "securityContext",
+            "volumes", "serviceAccountName", "automountServiceAccountToken", "initContainers",
+            "ephemeralContainers", "nodeName",
+        )),
+    ),
+}
+# Container fields of the router where an addition is drift (the list itself is matched by
+# position, so the containers must still be the planned ones).
+_EXACT_CONTAINER_FIELDS = ("securityContext", "volumeMounts", "command", "args", "env", "envFrom")
+
+
+def _at(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping) or key not in obj:
+            return None
+        obj = obj[key]
+    return obj
+
+
+def _same(observed: Any, desired: Any) -> bool:
+    """Equality where absent, null and false are the same "nothing".
+
+    Empty selectors are not nothing: `namespaceSelector: {}` selects every namespace.
+    """
+    if (observed is None or observed is False) and (desired is None or desired is False):
+        return True
+    if isinstance(desired, Mapping) and isinstance(observed, Mapping):
+        keys = set(observed) | set(desired)
+        return all(_same(observed.get(k), desired.get(k)) for k in keys)
+    if isinstance(desired, list) and isinstance(observed, list):
+        return len(observed) == len(desired) and all(_same(o, d) for o, d in zip(observed, desired))
+    return observed == desired
+
+
+def extra_fields(observed: Mapping[str, Any], desired: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """Paths under the exact fields of `desired`'s kind whose observed value the plan does not set.
+
+    Each path is either a key to remove (present on the object, absent from the plan) or an
+    exact field whose value differs; `overlay_removals` turns them into a merge patch.
+    """
+    kind = desired.get("kind", "")
+    found: list[tuple[str, ...]] = []
+    for path in _EXACT_PATHS.get(kind, ()):
+        have, want = _at(observed, path), _at(desired, path)
+        if _same(have, want):
+            continue
+        if isinstance(have, Mapping) and isinstance(want, Mapping):
+            found.extend(_mapping_extras(have, want, path) or [path])
+        else:
+            found.append(path)
+    if kind == "Deployment":
+        have_c = _at(observed, ("spec", "template", "spec", "containers")) or []
+        want_c = _at(desired, ("spec", "template", "spec", "containers")) or []
+        for have, want in zip(have_c, want_c):
+            if any(not _same(have.get(f), want.get(f)) for f in _EXACT_CONTAINER_FIELDS):
+                found.append(("spec", "template", "spec", "containers"))
+                break
+    return found
+
+
+def _mapping_extras(have: Mapping[str, Any], want: Mapping[str, Any], path: tuple[str, ...]) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for key, value in have.items():
+        if key not in want:
+            if value is not None and value is not False:
+                out.append((*path, key))
+        elif isinstance(value, Mapping) and isinstance(want[key], Mapping):
+            out.extend(_mapping_extras(value, want[key], (*path, key)))
+        elif not _same(value, want[key]):
+            out.append((*path, key))
+    return out
+
+
+def overlay_removals(desired: dict[str, Any], paths: list[tuple[str, ...]]) -> dict[str, Any]:
+    """`desired` as a merge patch that also removes the drifted paths the plan does not set.
+
+    A path the plan sets keeps the plan's value (lists are replaced whole by a merge patch);
+    a path it leaves out becomes null, which deletes the key.
+    """
+    if not paths:
+        return desired
+    body = json.loads(json.dumps(desired))
+    for path in paths:
+        if _at(desired, path) is not None:
+            continue
+        node = body
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = None
+    return body
+
 
 
 def contains(observed: Any, desired: Any) -> bool:

@@ -43,6 +43,41 @@ def block_ports(block: int, bootstrap_base: int) -> InstancePorts:
     )
 
 
+def bootstrap_span(*, host_network: bool) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """The ranges a fleet's first bootstrap port may take: below the other series, or between them.
+
+    Bootstrap ports run from the fleet's base up one per block, so the whole run must miss
+    every other series' run; on the pod network there is one block only.
+    """
+    blocks = MAX_BLOCKS if host_network else 1
+    low = (1024, ENGINE_INFO_BOOTSTRAP_BASE - blocks)
+    middle = (ENGINE_INFO_BOOTSTRAP_BASE + blocks, DIST_INIT_BASE - blocks)
+    return low, middle
+
+
+def _allocated_series(blocks: int) -> tuple[tuple[str, int, int], ...]:
+    """Each allocated series as (name, first, last port), derived attention-DP ports included."""
+    strided_last = STRIDE * (blocks - 1)
+    return (
+        ("engine-info bootstrap ports", ENGINE_INFO_BOOTSTRAP_BASE, ENGINE_INFO_BOOTSTRAP_BASE + blocks - 1),
+        ("dist-init ports", DIST_INIT_BASE, DIST_INIT_BASE + strided_last + ATTENTION_DP_DERIVED[-1]),
+        ("launcher ports", LAUNCHER_BASE, LAUNCHER_BASE + blocks - 1),
+        ("HTTP ports", HTTP_BASE, HTTP_BASE + strided_last + ZMQ_TCP_PORT_DELTA + ATTENTION_DP_DERIVED[-1]),
+    )
+
+
+def bootstrap_clash(bootstrap_base: int, *, host_network: bool) -> str | None:
+    """Which allocated series a fleet's bootstrap run overlaps, or None when it is clear."""
+    blocks = MAX_BLOCKS if host_network else 1
+    span = range(bootstrap_base, bootstrap_base + blocks)
+    for name, first, last in _allocated_series(blocks):
+        if span.start <= last and first < span.stop:
+            return f"{name} ({first}..{last})"
+    if span.stop - 1 > 65535:
+        return f"end of the port range (the run ends at {span.stop - 1})"
+    return None
+
+
 def block_of(ports: InstancePorts, bootstrap_base: int) -> int | None:
     """The block `ports` form, or None when they are not one block of this fleet's series."""
     block, rest = divmod(ports.http - HTTP_BASE, STRIDE)

@@ -15,8 +15,17 @@ from hybridserving.core.layout import LayoutIssue
 
 @dataclass(frozen=True)
 class EnginePolicy:
-    allow_host_network: bool = True
-    allow_ipc_lock: bool = True
+    """What the platform team granted engine pods; nothing unless granted.
+
+    `allowed_images` are prefixes an engine or router image must start with (empty: any);
+    `operator_namespace` is where the operator's pods run, the one namespace outside the
+    fleet's whose operator pods may reach the engines.
+    """
+
+    allow_host_network: bool = False
+    allow_ipc_lock: bool = False
+    allowed_images: tuple[str, ...] = ()
+    operator_namespace: str | None = None
 
 
 def needs_ipc_lock(spec: HybridServingSpec) -> bool:
@@ -46,4 +55,15 @@ def check(spec: HybridServingSpec, policy: EnginePolicy) -> list[LayoutIssue]:
             rule="engine-ipc-lock-allowed",
             severity="error",
         ))
+    for path, image in (("spec.engine.image", spec.engine.image), ("spec.router.image", spec.router.image)):
+        if policy.allowed_images and not any(image.startswith(prefix) for prefix in policy.allowed_images):
+            issues.append(LayoutIssue(
+                path=path,
+                message=f"image {image!r} is not from a registry or repository this operator may run "
+                f"(chart value enginePolicy.allowedImages: {', '.join(policy.allowed_images)})",
+                fix="use an image under one of the allowed prefixes, or have the platform team add its "
+                "prefix to enginePolicy.allowedImages",
+                rule="image-allowed",
+                severity="error",
+            ))
     return issues

@@ -217,6 +217,12 @@ def parse_many(
     return results
 
 
+def option_strings() -> list[str]:
+    """Every option string SGLang's parser knows (what argparse resolves abbreviations against):
+    the dumped flags plus argparse's own `-h`/`--help`."""
+    return sorted(set(dump_flags()["flags"]) | {"-h", "--help"})
+
+
 def parse_with_sglang(
     argv: Sequence[str], *, env: Mapping[str, str] | None = None
 ) -> SGLangArgs:

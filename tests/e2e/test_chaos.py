@@ -1,0 +1,325 @@
+"""Chaos under steady client load through the real router: what a fleet loses to each fault.
+
+One fleet (one prefill and two decode instances, in-place role switching) on the local cluster, with
+the operator, the pod runner (launchers + SGLang simulators) and `smg`. Each scenario runs under
+closed-loop clients through the router and ends when the fleet serves with its full mix again; it
+reports the requests sent, failed (an error answer) and lost (no answer: connection dropped or timed
+out) and names the instance the fault hit. The scenarios:
+
+* **manual role edit**: `spec.role` of a decode instance edited by hand (a safe switch to prefill;
+  the fleet then runs two prefill and one decode instance);
+* **operator kill**: the operator SIGKILLed and restarted while the fleet serves;
+* **pod deletion**: a prefill leader pod deleted (its gang restarts);
+* **instance deletion**: a prefill HybridServingInstance deleted (the operator recreates it);
+* **node drain**: `kubectl drain` of a prefill leader's node (eviction through the budget);
+* **engine crash**: a prefill engine exits (the launcher restarts it);
+* **hung engine**: a prefill engine made 1000x slower for 20 s;
+* **hostile endpoint call**: the rendered NetworkPolicy does not admit a pod outside the fleet. The
+  local cluster has no CNI that enforces NetworkPolicy, so the call itself is not made (it would
+  pause the engine): only the policy's selection is checked, against the live pods.
+
+The target (zero lost except requests already running on an engine that a scenario stops) is
+asserted where it holds by design: a manual role edit and an operator kill lose nothing. The other
+scenarios' losses are reported with the instance named; each must recover and keep serving. The
+report is printed and written as JSON ($HYBRIDSERVING_CHAOS_REPORT, default
+/tmp/hybridserving-chaos.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import yaml
+
+from hybridserving.testing.polling import wait_for
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODEL = "deepseek-ai/DeepSeek-V3"
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 30  # ~340 simulated tokens
+NAMESPACE = "chaos"
+CLIENTS = 3
+CLIENT_TIMEOUT_S = 30.0
+REPORT = pathlib.Path(os.environ.get("HYBRIDSERVING_CHAOS_REPORT", "/tmp/hybridserving-chaos.json"))
+
+
+def fleet_manifest() -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / "role-switch.yaml").read_text())
+    doc["metadata"]["name"] = "chaos"
+    spec = doc["spec"]
+    spec["prefill"]["replicas"] = 1
+    spec["decode"]["replicas"] = 2
+    # The policy stays out of the way: only the scenarios move instances.
+    spec["roleSwitch"].update(cooldownSeconds=3600, drainTimeoutSeconds=30, maxConcurrent=1, minPrefill=1,
+                              minDecode=1)
+    spec["engine"] = {"env": [
+        {"name": "HYBRIDSERVING_SIM_PROFILE", "value": spec["model"]["profile"]},
+        {"name": "HYBRIDSERVING_SIM_TIME_SCALE", "value": "0.2"},
+        {"name": "HYBRIDSERVING_SIM_STARTUP_SECONDS", "value": "1"},
+        {"name": "HYBRIDSERVING_POLL_INTERVAL_S", "value": "0.2"},
+        {"name": "HYBRIDSERVING_RESTART_BACKOFF_S", "value": "0.5"},
+    ]}
+    return doc
+
+
+class Load:
+    """Closed-loop clients through the router; failed = an error answer, lost = no answer."""
+
+    def __init__(self, router: str) -> None:
+        self.router = router
+        self.stop_event = threading.Event()
+        self.sent = self.ok = 0
+        self.failed: list[str] = []
+        self.lost: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(CLIENTS)]
+        for t in self.threads:
+            t.start()
+
+    def _client(self) -> None:
+        with httpx.Client(timeout=CLIENT_TIMEOUT_S, trust_env=False) as client:
+            while not self.stop_event.is_set():
+                with self.lock:
+                    self.sent += 1
+                try:
+                    resp = client.post(self.router + "/v1/completions",
+                                       json={"model": MODEL, "prompt": PROMPT, "max_tokens": 16})
+                except httpx.HTTPError as e:
+                    with self.lock:
+                        self.lost.append(f"{type(e).__name__}: {e}"[:200])
+                    continue
+                with self.lock:
+                    if resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 16:
+                        self.ok += 1
+                    else:
+                        self.failed.append(f"{resp.status_code}: {resp.text[:200]}")
+
+    def stop(self) -> Load:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(CLIENT_TIMEOUT_S + 10)
+        return self
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    target: str
+    sent: int
+    ok: int
+    failed: int
+    lost: int
+    recovered_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+class Chaos:
+    """The fleet under test and the means to hurt it."""
+
+    def __init__(self, cluster, router: str, operator: OperatorHandle) -> None:
+        self.cluster, self.router, self.operator = cluster, router, operator
+        self.outcomes: list[Outcome] = []
+
+    def kubectl(self, *args: str, check: bool = True):
+        return self.cluster.kubectl("-n", NAMESPACE, *args, check=check)
+
+    def json(self, *args: str) -> dict:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def leaders(self) -> dict[str, dict]:
+        pods = self.json("get", "pods", "-l", "hybridserving.io/name=chaos,hybridserving.io/leader=true")
+        return {p["metadata"]["labels"]["hybridserving.io/instance"]: p for p in pods["items"]
+                if not p["metadata"].get("deletionTimestamp")}
+
+    def roles(self) -> dict[str, str]:
+        return {i["metadata"]["name"]: i["spec"]["role"] for i in self.json("get", "hybridservinginstances")["items"]}
+
+    def victim(self) -> str:
+        """An instance of the role that has most: the fleet keeps serving both roles meanwhile."""
+        roles = self.roles()
+        crowded = max(("decode", "prefill"), key=lambda r: list(roles.values()).count(r))
+        return sorted(n for n, r in roles.items() if r == crowded)[-1]
+
+    def serving(self) -> bool:
+        """Every instance ready, routed by its role, and healthy in the router."""
+        try:
+            workers = httpx.get(self.router + "/workers", timeout=5, trust_env=False).json()["workers"]
+        except httpx.HTTPError:
+            return False
+        healthy = sorted(w["worker_type"] for w in workers if w.get("is_healthy"))
+        ready = [p for p in self.leaders().values()
+                 if {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready") == "True"
+                 and p["metadata"]["labels"].get("hybridserving.io/role")]
+        return healthy == sorted(self.roles().values()) and len(ready) == 3
+
+    def run(self, scenario: str, target: str, hurt) -> Outcome:
+        """Load, hurt, wait until the full mix serves again (3 s at least), stop the load, record."""
+        load = Load(self.router)
+        time.sleep(3)
+        started = time.monotonic()
+        notes = hurt() or []
+        time.sleep(3)
+        wait_for(self.serving, 300, f"{scenario}: the fleet serving its full mix again", interval=1)
+        recovered = time.monotonic() - started
+        time.sleep(2)
+        load.stop()
+        outcome = Outcome(scenario, target, load.sent, load.ok, len(load.failed), len(load.lost),
+                          round(recovered, 1), [*notes, *sorted(set(load.failed + load.lost))[:3]])
+        self.outcomes.append(outcome)
+        print(f"\n[chaos] {scenario} ({target}): sent {outcome.sent}, ok {outcome.ok}, failed {outcome.failed}, "
+              f"lost {outcome.lost}, serving again after {outcome.recovered_s} s; {'; '.join(outcome.notes)}")
+        return outcome
+
+
+@dataclass
+class OperatorHandle:
+    """The session's operator process, which the operator-kill scenario replaces with its own."""
+
+    cluster: object
+    log: pathlib.Path
+    proc: object | None = None
+
+    def pid(self) -> int:
+        if self.proc is not None:
+            return self.proc.pid  # type: ignore[attr-defined]
+        kubeconfig = str(self.cluster.kubeconfig)  # type: ignore[attr-defined]
+        for entry in pathlib.Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"hybridserving.controller" in cmd and kubeconfig.encode() in cmd:
+                return int(entry.name)
+        raise LookupError("the operator process of this cluster was not found")
+
+    def kill_and_restart(self, down_s: float) -> None:
+        from hybridserving.devcluster import stack
+
+        pid = self.pid()
+        os.kill(pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(10)  # type: ignore[attr-defined]
+        time.sleep(down_s)
+        self.proc = stack.start_operator(self.cluster, self.log)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def operator_handle(local_cluster, fleet_operator, tmp_path_factory: pytest.TempPathFactory):
+    """The session's operator; a replacement started by a scenario is stopped at the session's end."""
+    from hybridserving.devcluster import stack
+
+    handle = OperatorHandle(local_cluster, tmp_path_factory.mktemp("operator-restarted") / "operator.log")
+    yield handle
+    if handle.proc is not None:
+        stack.stop(handle.proc)  # type: ignore[arg-type]
+
+
+def test_faults_under_steady_load(local_cluster, fleet_operator, pod_runner, discovering_router,
+                                  operator_handle) -> None:
+    local_cluster.kubectl("create", "namespace", NAMESPACE)
+    chaos: Chaos | None = None
+    try:
+        local_cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump(fleet_manifest()))
+        wait_for(lambda: local_cluster.kubectl("-n", NAMESPACE, "get", "deployment", "chaos-router",
+                                               check=False).returncode == 0, 60, "the router Deployment")
+        chaos = Chaos(local_cluster, discovering_router(NAMESPACE, "chaos-router"), operator_handle)
+        wait_for(chaos.serving, 180, "the fleet serving")
+        _scenarios(chaos)
+    finally:
+        REPORT.write_text(json.dumps([o.__dict__ for o in chaos.outcomes] if chaos else [], indent=1))
+        local_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s", check=False)
+
+
+def _scenarios(chaos: Chaos) -> None:
+    # Manual role edit: a safe switch (unroute, drain, switch, verify, route). The fleet keeps the
+    # new mix (two prefill, one decode) for the scenarios that follow.
+    def edit_role() -> list[str]:
+        victim = chaos.victim()
+        chaos.kubectl("patch", "hybridservinginstance", victim, "--type=merge", "-p",
+                      json.dumps({"spec": {"role": "prefill"}}))
+        wait_for(lambda: any(s["instance"] == victim and s["outcome"] != "InProgress"
+                             for s in chaos.json("get", "hybridserving", "chaos").get("status", {})
+                             .get("switches", [])), 240, "the adopted switch to finish", interval=1)
+        switch = [s for s in chaos.json("get", "hybridserving", "chaos")["status"]["switches"]
+                  if s["instance"] == victim][-1]
+        assert switch["outcome"] == "Succeeded", switch
+        return [f"{victim}: decode -> prefill {switch['outcome']} ({switch['phase']})"]
+
+    edited = chaos.run("manual role edit", "zero lost", edit_role)
+    assert edited.failed == 0 and edited.lost == 0, edited
+
+    def kill_operator() -> list[str]:
+        chaos.operator.kill_and_restart(down_s=10)
+        return ["operator SIGKILLed, down 10 s, restarted"]
+
+    killed = chaos.run("operator kill", "zero lost", kill_operator)
+    assert killed.failed == 0 and killed.lost == 0, killed
+
+    def delete_pod() -> list[str]:
+        victim = chaos.victim()
+        chaos.kubectl("delete", "pod", f"{victim}-0", "--wait=false")
+        return [f"{victim}-0 deleted"]
+
+    def delete_instance() -> list[str]:
+        victim = chaos.victim()
+        chaos.kubectl("delete", "hybridservinginstance", victim, "--wait=false")
+        return [f"instance {victim} deleted"]
+
+    def drain_node() -> list[str]:
+        victim = chaos.victim()
+        node = chaos.leaders()[victim]["spec"]["nodeName"]
+        drained = chaos.cluster.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
+                                        "--timeout=180s", check=False, timeout=200)
+        chaos.cluster.kubectl("uncordon", node, check=False)
+        assert drained.returncode == 0, drained.stderr[-1000:]
+        return [f"node {node} of {victim} drained"]
+
+    def crash_engine() -> list[str]:
+        victim = chaos.victim()
+        pod = chaos.leaders()[victim]
+        port = chaos.json("get", "hybridservinginstance", victim)["spec"]["ports"]["http"]
+        httpx.post(f"http://{pod['status']['podIP']}:{port}/sim/faults", json={"crash": True}, timeout=5,
+                   trust_env=False)
+        return [f"{victim}'s engine crashed"]
+
+    def hang_engine() -> list[str]:
+        victim = chaos.victim()
+        pod = chaos.leaders()[victim]
+        port = chaos.json("get", "hybridservinginstance", victim)["spec"]["ports"]["http"]
+        url = f"http://{pod['status']['podIP']}:{port}/sim/faults"
+        httpx.post(url, json={"slow": 1000}, timeout=5, trust_env=False)
+        time.sleep(20)
+        httpx.post(url, json={"slow": 1}, timeout=5, trust_env=False)
+        return [f"{victim}'s engine 1000x slower for 20 s (nothing restarts a slow engine that answers /health)"]
+
+    for scenario, hurt in (("pod deletion", delete_pod), ("instance deletion", delete_instance),
+                           ("node drain", drain_node), ("engine crash", crash_engine),
+                           ("hung engine", hang_engine)):
+        outcome = chaos.run(scenario, "lost only what ran on the engine it stopped", hurt)
+        assert outcome.ok > 0, outcome
+
+    # Hostile call: the policy selects every engine pod and admits no pod outside the fleet.
+    policy = chaos.json("get", "networkpolicy", "chaos-engines")["spec"]
+    selector = policy["podSelector"]["matchLabels"]
+    pods = chaos.json("get", "pods", "-l", ",".join(f"{k}={v}" for k, v in selector.items()))["items"]
+    assert len(pods) == 3, "every engine pod is under the policy"
+    stranger = {"app": "curious"}
+    admitted = [peer for rule in policy["ingress"] for peer in rule["from"]
+                if all(stranger.get(k) == v for k, v in peer["podSelector"]["matchLabels"].items())]
+    assert admitted == []
+    chaos.outcomes.append(Outcome("hostile endpoint call", "blocked by policy", 0, 0, 0, 0, 0.0,
+                                  ["not run: no CNI enforces NetworkPolicy locally; the policy admits only the "
+                                   "fleet's engines, its router and the operator"]))
+    print("\n[chaos] summary")
+    for o in chaos.outcomes:
+        print(f"  {o.scenario:22s} sent {o.sent:5d}  ok {o.ok:5d}  failed {o.failed:3d}  lost {o.lost:3d}  "
+              f"serving again after {o.recovered_s:5.1f} s")

@@ -1,0 +1,104 @@
+"""The pod runner's worker keeps its container through an apiserver outage, and its
+containers never outlive the runner."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from urllib3.exceptions import MaxRetryError
+
+from hybridserving.testing.polling import wait_for
+from hybridserving_engine.podrunner.runner import PodRunner, PodWorker
+
+
+class FlakyCore:
+    """CoreV1Api as an apiserver that is down for the first `down` calls, then up."""
+
+    def __init__(self, down: int) -> None:
+        self.down = down
+        self.calls = 0
+        self.statuses: list[dict[str, Any]] = []
+
+    def _maybe_fail(self) -> None:
+        self.calls += 1
+        if self.calls <= self.down:
+            raise MaxRetryError(None, "/api/v1", "connection refused")  # type: ignore[arg-type]
+
+    def read_namespaced_config_map(self, name: str, namespace: str) -> Any:
+        self._maybe_fail()
+        return client.V1ConfigMap(data={"x": "1"})
+
+    def patch_namespaced_pod_status(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self._maybe_fail()
+        self.statuses.append(body)
+
+
+def leader_pod(command: list[str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "f-0-0", "namespace": "ns", "uid": "uid-12345678",
+                     "labels": {"hybridserving.io/node-rank": "0"}},
+        "spec": {"nodeName": "n", "containers": [{
+            "name": "engine", "image": "x", "command": command,
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/c"}],
+        }], "volumes": [{"name": "config", "configMap": {"name": "cm"}}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.9"},
+    }
+
+
+def test_the_worker_keeps_its_container_through_an_apiserver_outage(tmp_path: Path) -> None:
+    runner = PodRunner(client.ApiClient(), tmp_path, volume_refresh_seconds=0.1, shutdown_grace_seconds=2)
+    core = FlakyCore(down=10)
+    runner.core = core  # type: ignore[assignment]
+    worker = PodWorker(runner, leader_pod([sys.executable, "-c", "import time; time.sleep(60)"]))
+    worker.thread.start()
+    try:
+        wait_for(lambda: core.calls > core.down and worker.process is not None and core.statuses, timeout=20)
+        assert worker.thread.is_alive(), "the worker died on the outage"
+        assert worker.process is not None and worker.process.exit_code() is None
+        assert worker.restarts == 0
+    finally:
+        worker.terminate(1)
+        worker.thread.join(10)
+
+
+def test_containers_die_with_the_runner(tmp_path: Path) -> None:
+    """A runner killed outright (SIGKILL) leaves no launcher behind."""
+    pid_file = tmp_path / "child.pid"
+    script = textwrap.dedent(f"""
+        import sys, time, threading
+        from pathlib import Path
+        from hybridserving_engine.podrunner.container import ContainerProcess
+        proc = ContainerProcess([sys.executable, "-c", "import time; time.sleep(120)"], {{}}, Path({str(tmp_path)!r}),
+                                Path({str(tmp_path / "log")!r}))
+        proc.start()
+        Path({str(pid_file)!r}).write_text(str(proc.pid))
+        time.sleep(120)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    runner = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        wait_for(pid_file.exists, timeout=20)
+        child = int(pid_file.read_text())
+        os.kill(child, 0)  # running
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(10)
+
+        def gone() -> bool:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return True
+            # A zombie awaiting its (dead) parent's reaper counts as gone.
+            return Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"
+
+        wait_for(gone, timeout=10)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
