@@ -74,6 +74,8 @@ def instance_phase(v: InstanceView) -> str:
     """The operator's view of an instance; switch phases belong to the role-switch controller."""
     if v.observed.phase in SWITCH_PHASES:
         return v.observed.phase
+    if any(p.crash_looping for p in v.pods if not p.deleting):
+        return "CrashLoop"
     return {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}.get(v.state, "Starting" if v.pods else "Pending")
 
 
@@ -83,9 +85,13 @@ def instance_status(v: InstanceView, generation: int | None) -> dict[str, Any]:
     status: dict[str, Any] = {
         "phase": instance_phase(v),
         "readyPods": sum(1 for p in pods if p.ready and not v.pod_outdated(p)),
+        "restarts": sum(p.restarts for p in pods),
         "podNames": [p.name for p in pods],
         "nodeNames": [p.node_name or "" for p in pods],
     }
+    last_exit = next((p.last_exit for p in pods if p.last_exit), None)
+    if last_exit:
+        status["lastExit"] = last_exit[:1024]
     if leader is not None and v.observed.phase not in SWITCH_PHASES:
         status["role"] = leader.annotations.get(ANNOTATION_ROLE, v.observed.spec.role)
     if generation is not None:
@@ -190,11 +196,15 @@ def fleet_status(
 
     troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values() if v.state == "Failed"]
+    crash_looping = [v for v in views.values() if instance_phase(v) == "CrashLoop"]
+    troubles += [f"{v.plan.name} is crash looping ({instance_status(v, None).get('lastExit', 'no exit recorded')})"
+                 for v in crash_looping]
     troubles += list(errors)
     conds.append(condition(
         "Degraded", bool(troubles),
         ("Unschedulable" if any(v.state == "Pending" for v in views.values()) else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
+         "CrashLoop" if crash_looping else
          "ReconcileError" if errors else "AsExpected"),
         "; ".join(troubles) if troubles else "no instance is failing or unschedulable",
         generation, previous,

@@ -87,6 +87,17 @@ ObjectKey = tuple[str, str]  # (kind, name)
 # --------------------------------------------------------------------------- observed state
 
 
+def describe_termination(terminated: Mapping[str, Any]) -> str:
+    """A container's last exit as people read it: exit code, reason, and the termination message."""
+    text = f"exit code {terminated.get('exitCode')}"
+    if terminated.get("reason"):
+        text += f" ({terminated['reason']})"
+    message = (terminated.get("message") or "").strip()
+    if message:
+        text += f": {message.splitlines()[-1][:300]}"
+    return text
+
+
 @dataclass(frozen=True)
 class ObservedPod:
     """What the planner reads of a pod."""
@@ -100,6 +111,8 @@ class ObservedPod:
     node_name: str | None = None
     deleting: bool = False
     restarts: int = 0
+    crash_looping: bool = False
+    last_exit: str | None = None
     unschedulable: str | None = None
     host_ports: tuple[int, ...] = ()
     owner_uids: tuple[str, ...] = ()
@@ -138,7 +151,12 @@ class ObservedPod:
         unschedulable = None
         if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
             unschedulable = scheduled.get("message") or "unschedulable"
-        restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
+        containers = status.get("containerStatuses") or []
+        restarts = sum(int(cs.get("restartCount") or 0) for cs in containers)
+        crash_looping = any(((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+                            for cs in containers)
+        last_exit = next((describe_termination(t) for cs in containers
+                          if (t := (cs.get("lastState") or {}).get("terminated"))), None)
         host_ports = tuple(
             int(p["hostPort"])
             for c in spec.get("containers") or []
@@ -159,6 +177,8 @@ class ObservedPod:
             node_name=spec.get("nodeName"),
             deleting=bool(meta.get("deletionTimestamp")),
             restarts=restarts,
+            crash_looping=crash_looping,
+            last_exit=last_exit,
             unschedulable=unschedulable,
             host_ports=host_ports,
             owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
