@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hybridserving.devcluster import bin_dir
 
-from .test_chart_static import ROOT, render
-from .test_dashboard import engine_series, launcher_series, operator_series
+from test_chart_static import ROOT, render
+from test_dashboard import engine_series, launcher_series, operator_series
 
 ALERT_TESTS = pathlib.Path(__file__).parent / "alerts"
 RUNBOOKS = ROOT / "docs" / "runbooks"

@@ -599,6 +599,8 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
         container_ports.append(entry)
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
+        # The launcher's last log line (a crash loop's last exit) becomes the termination message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "image": spec.engine.image,
         "command": list(ENGINE_COMMAND),
         "env": env,
