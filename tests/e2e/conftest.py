@@ -178,14 +178,23 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):
         cluster.down(purge=os.environ.get("HYBRIDSERVING_KEEP_CLUSTER") != "1")
 
 
+@dataclass
+class OperatorProcess:
+    """The operator the e2e tests share: its log and its Prometheus endpoint."""
+
+    log: pathlib.Path
+    metrics_url: str
+
+
 @pytest.fixture(scope="session")
 def fleet_operator(local_cluster, tmp_path_factory: pytest.TempPathFactory):
-    """`python -m hybridserving.controller` on the local cluster (metrics off: nothing binds a wildcard)."""
+    """`python -m hybridserving.controller` on the local cluster, its metrics on a loopback port."""
     from hybridserving.devcluster import stack
 
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = stack.start_operator(local_cluster, log)
-    yield log
+    (port,) = free_ports(1)
+    proc = stack.start_operator(local_cluster, log, "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+    yield OperatorProcess(log, f"http://127.0.0.1:{port}")
     stack.stop(proc)
 
 

@@ -53,6 +53,8 @@ LABEL_LEADER = "hybridserving.io/leader"
 LABEL_ROLE = "hybridserving.io/role"
 LABEL_INSTANCE_ROLE = "hybridserving.io/instance-role"
 LABEL_COMPONENT = "hybridserving.io/component"
+# app.kubernetes.io/name of what each component runs.
+APP_NAMES = {"engine": "sglang", "router": "smg"}
 
 # The role annotation is what the engine launcher reads (downward API file); the hashes and
 # the restart generation say which configuration and which gang a pod belongs to.
@@ -463,11 +465,24 @@ def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[st
     }
 
 
+def standard_labels(hs: str, component: str) -> dict[str, str]:
+    """Kubernetes' recommended labels (app.kubernetes.io/*), so that generic tools (dashboards,
+    cost reports, `kubectl get -l`) group a fleet's objects; the selectors keep using ours."""
+    return {
+        "app.kubernetes.io/name": APP_NAMES.get(component, "hybridserving"),
+        "app.kubernetes.io/instance": hs,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "hybridserving",
+        "app.kubernetes.io/managed-by": "hybridserving-operator",
+    }
+
+
 def _meta(hs: HybridServing, name: str, owner: dict[str, Any], component: str, **labels: str) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": hs.metadata.namespace,
-        "labels": {LABEL_NAME: hs.metadata.name, LABEL_COMPONENT: component, **labels},
+        "labels": {**standard_labels(hs.metadata.name, component), LABEL_NAME: hs.metadata.name,
+                   LABEL_COMPONENT: component, **labels},
         "ownerReferences": [owner],
     }
 
@@ -551,6 +566,7 @@ def _plan_instance(
 def pod_labels(hs: str, instance: str, rank: int, role: Role, routable: bool) -> dict[str, str]:
     """Labels of one pod; the router's `role` label only on a leader that may take work."""
     labels = {
+        **standard_labels(hs, "engine"),
         LABEL_NAME: hs,
         LABEL_COMPONENT: "engine",
         LABEL_INSTANCE: instance,
@@ -796,7 +812,7 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
                 "replicas": spec.router.replicas,
                 "selector": {"matchLabels": selector},
                 "template": {
-                    "metadata": {"labels": selector},
+                    "metadata": {"labels": {**standard_labels(hs.metadata.name, "router"), **selector}},
                     "spec": {
                         "serviceAccountName": name,
                         "containers": [
