@@ -1,4 +1,4 @@
-"""`python -m hybridserving.controller`: run the operator (one replica; see docs/operator.md)."""
+"""`python -m hybridserving.controller`: run the operator (with --leader-elect, one of several replicas)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 
 import kopf
 from prometheus_client import start_http_server
 
 from hybridserving.controller import handlers
+from hybridserving.controller.leadership import Election
 from hybridserving.core.privileges import EnginePolicy
 
 
@@ -35,6 +37,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="whether engine pods may use the host network (refused fleets get LayoutValid=False)")
     ap.add_argument("--engine-allow-ipc-lock", type=_flag, default=True, metavar="true|false",
                     help="whether engine pods may get IPC_LOCK (needed by RDMA)")
+    ap.add_argument("--leader-elect", action="store_true",
+                    help="run as one of several replicas: act only while holding the Lease")
+    ap.add_argument("--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                    help="namespace of the Lease (default $POD_NAMESPACE)")
+    ap.add_argument("--leader-elect-lease", default="hybridserving-operator", help="name of the Lease")
+    ap.add_argument("--leader-elect-identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+                    help="this replica in the Lease (default $POD_NAME)")
+    ap.add_argument("--leader-elect-lease-seconds", type=float, default=8.0,
+                    help="a standby takes over after the leader has not renewed for this long")
     ap.add_argument("--verbose", "-v", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -49,6 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     handlers.OPTIONS.workers = args.workers
     handlers.OPTIONS.resync_seconds = args.resync_seconds
     handlers.OPTIONS.engine_policy = EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock)
+    if args.leader_elect:
+        if not args.leader_elect_namespace:
+            ap.error("--leader-elect needs --leader-elect-namespace (or $POD_NAMESPACE)")
+        seconds = args.leader_elect_lease_seconds
+        handlers.OPTIONS.election = Election(
+            namespace=args.leader_elect_namespace, identity=args.leader_elect_identity,
+            name=args.leader_elect_lease, lease_seconds=seconds,
+            renew_deadline_seconds=seconds * 0.75, retry_seconds=min(2.0, seconds / 4))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     asyncio.run(kopf.operator(

@@ -53,6 +53,7 @@ RESOURCES: dict[str, Resource] = {
     "PodDisruptionBudget": Resource("policy", "v1", "poddisruptionbudgets"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "Lease": Resource("coordination.k8s.io", "v1", "leases"),  # leader election (leadership.py)
 }
 
 # Kinds the operator owns besides instances and pods, listed on every reconcile.

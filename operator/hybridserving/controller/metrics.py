@@ -17,6 +17,7 @@ ROLE_SWITCHES = Counter(
     ["from_role", "to_role"],
 )
 QUEUE_DEPTH = Gauge("hybridserving_queue_depth", "HybridServings waiting for a reconcile.")
+LEADER = Gauge("hybridserving_leader", "1 while this replica acts (holds the leader lease, or runs without election).")
 
 # Role-switch controller (controller/switching.py). `reason` is policy or on-call.
 ROLE_SWITCHES_STARTED = Counter(
