@@ -353,7 +353,7 @@ def test_service_monitor_without_service_is_refused() -> None:
 
 @pytest.mark.parametrize(("sets", "path"), [
     (("replicaCount=two",), "/replicaCount"),
-    (("replicaCount=2",), "/replicaCount"),
+    (("replicaCount=6",), "/replicaCount"),
     (("enginePolicy.allowIpcLock=yes",), "/enginePolicy/allowIpcLock"),
     (("watchNamespaces={Not_A_Namespace}",), "/watchNamespaces/0"),
     (("image.pullPolicy=Sometimes",), "/image/pullPolicy"),
