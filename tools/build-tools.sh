@@ -37,6 +37,8 @@ ETCD_DIR=$TOOLS/etcd-$ETCD_VERSION
 KWOK_DIR=$TOOLS/kwok-$KWOK_VERSION
 HELM_DIR=$TOOLS/helm-$HELM_VERSION
 PROMTOOL_DIR=$TOOLS/promtool-$PROMETHEUS_VERSION
+PROMOP_DIR=$TOOLS/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION
+PROMOP_CRDS=(podmonitors servicemonitors prometheusrules)
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 # kwok's default stages (what kwokctl feeds it); kwok itself starts with none.
 KWOK_STAGES=(
@@ -56,6 +58,8 @@ all_present() {
   [[ -x $ETCD_DIR/etcd && -x $KWOK_DIR/kwok && -x $HELM_DIR/helm && -x $PROMTOOL_DIR/promtool ]] || return 1
   local st
   for st in "${KWOK_STAGES[@]}"; do [[ -s $KWOK_DIR/stages/${st##*/} ]] || return 1; done
+  local crd
+  for crd in "${PROMOP_CRDS[@]}"; do [[ -s $PROMOP_DIR/monitoring.coreos.com_$crd.yaml ]] || return 1; done
 }
 
 link_bin() {
@@ -333,11 +337,28 @@ EOF
   "$PROMTOOL_DIR/promtool" --version | sed -n 1p
 }
 
+# The Prometheus Operator's CRDs: files of a Go module, nothing to build.
+fetch_prometheus_operator_crds() {
+  local crd missing=0
+  for crd in "${PROMOP_CRDS[@]}"; do [[ -s $PROMOP_DIR/monitoring.coreos.com_$crd.yaml ]] || missing=1; done
+  ((missing)) || { log "prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION present"; return 0; }
+  local dir
+  dir=$(cd "$CACHE" && "$GO" mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  mkdir -p "$PROMOP_DIR"
+  for crd in "${PROMOP_CRDS[@]}"; do
+    [[ -s $dir/example/prometheus-operator-crd/monitoring.coreos.com_$crd.yaml ]] || die "CRD $crd not found in $dir"
+    cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$crd.yaml" "$PROMOP_DIR/"
+    chmod 644 "$PROMOP_DIR/monitoring.coreos.com_$crd.yaml"
+  done
+}
+
 build_etcd
 build_kwok
 build_k8s
 build_helm
 build_promtool
+fetch_prometheus_operator_crds
 
 link_bin
 all_present || die "some tools are still missing"
