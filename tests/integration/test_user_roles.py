@@ -119,5 +119,5 @@ def test_view_and_edit_aggregate_into_the_built_in_roles(cluster: Cluster, user_
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(instance("fleet-1")))
     hsi = ["hybridservinginstance/fleet-1", "-n", namespace]
     assert as_user(cluster, "bob", "annotate", *hsi, "hybridserving.io/pinned=true").returncode == 0
-    spec = as_user(cluster, "bob", "patch", *hsi, "--type=merge", "-p", '{"spec":{"index":3}}')
+    spec = as_user(cluster, "bob", "patch", *hsi, "--type=merge", "-p", '{"spec":{"role":"prefill"}}')
     assert spec.returncode != 0 and "belongs to the operator" in spec.stderr
