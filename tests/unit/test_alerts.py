@@ -88,7 +88,8 @@ def test_promtool_catches_a_wrong_expectation(tmp_path: pathlib.Path) -> None:
     wrong = case.replace("      - eval_time: 20m\n        alertname: HybridServingFleetNotReady",
                          "      - eval_time: 10m\n        alertname: HybridServingFleetNotReady", 1)
     assert wrong != case
-    broken = tmp_path / "wrong.test.yaml"
+    broken = tmp_path / "case" / "wrong.test.yaml"
+    broken.parent.mkdir()
     broken.write_text(wrong)
     proc = promtool_test(tmp_path, rule_groups(), broken)
     assert proc.returncode != 0
@@ -106,13 +107,15 @@ def test_every_alert_is_tested_firing() -> None:
 
 
 def test_thresholds_follow_the_values(tmp_path: pathlib.Path) -> None:
-    """A looser TTFT objective (4 s) no longer fires on the same series; the SLO values reach the rules."""
-    groups = rule_groups("monitoring.prometheusRule.slo.ttftSeconds=4", "monitoring.prometheusRule.kvCacheUsage=0.99")
+    """Other thresholds reach the rules, and the same series then fire other alerts: a 4 s TTFT
+    bucket and a KV threshold of 100 % make the cases that expect those alerts fail."""
+    groups = rule_groups("monitoring.prometheusRule.slo.ttftSeconds=4", "monitoring.prometheusRule.kvCacheUsage=1")
     exprs = expressions(groups)
-    assert 'le=~"4(\\\\.0)?"' in exprs and "> 0.99" in exprs
+    assert 'le=~"4(\\\\.0)?"' in exprs and ") > 1\n" in exprs
     proc = promtool_test(tmp_path, groups, ALERT_TESTS / "hybridserving-alerts.test.yaml")
     assert proc.returncode != 0
-    assert "HybridServingKVCacheNearlyFull" in proc.stdout
+    out = proc.stdout + proc.stderr
+    assert "alertname: HybridServingKVCacheNearlyFull" in out and "alertname: HybridServingTTFTBudgetBurn" in out
 
 
 # ----------------------------------------------------------------------------- series and runbooks
