@@ -178,6 +178,7 @@ class Settings:
     restart_backoff_s: float = 2.0
     restart_backoff_max_s: float = 60.0
     crash_loop_restarts: int = 5
+    crash_loop_exit: bool = True
     preflight: str = "enforce"
 
     @classmethod
@@ -202,6 +203,7 @@ class Settings:
             restart_backoff_s=num("HYBRIDSERVING_RESTART_BACKOFF_S", 2.0),
             restart_backoff_max_s=num("HYBRIDSERVING_RESTART_BACKOFF_MAX_S", 60.0),
             crash_loop_restarts=int(e.get("HYBRIDSERVING_CRASH_LOOP_RESTARTS", "5")),
+            crash_loop_exit=e.get("HYBRIDSERVING_CRASH_LOOP_EXIT", "1") != "0",
             preflight=e.get("HYBRIDSERVING_PREFLIGHT", "enforce"),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -313,6 +315,7 @@ class Launcher:
         self.restarts = 0
         self.consecutive_failures = 0
         self.last_exit_code: int | None = None
+        self.exit_status: int | None = None
         self.started_at: float | None = None
         self.switch_count = 0
         self.last_switch: SwitchRecord | None = None
@@ -496,6 +499,8 @@ class Launcher:
                 await self._supervise()
             finally:
                 watcher.cancel()
+            if self.exit_status is not None:
+                return self.exit_status
             await self._shutdown()
             return 0
         finally:
@@ -582,6 +587,9 @@ class Launcher:
         backoff = min(self.settings.restart_backoff_s * 2 ** (self.consecutive_failures - 1),
                       self.settings.restart_backoff_max_s)
         loop_phase = "CrashLoop" if self.consecutive_failures >= self.settings.crash_loop_restarts else "Restarting"
+        if loop_phase == "CrashLoop" and self.settings.crash_loop_exit:
+            self._exit_crash_looping(code)
+            return
         self.set_phase(loop_phase, f"engine exited with status {code}; restart {self.restarts} in {backoff:.1f} s")
         await self._sleep(backoff)
         if self._terminate.is_set():
@@ -589,6 +597,16 @@ class Launcher:
         await self.start_engine(self.role)
         if loop_phase == "CrashLoop":
             self.set_phase("CrashLoop", f"{self.consecutive_failures} consecutive engine failures")
+
+    def _exit_crash_looping(self, code: int | None) -> None:
+        """Hand a crash loop to the kubelet: exit, so the container restarts with its back-off and
+        `kubectl get pods` counts it. The last log line is the termination message
+        (terminationMessagePolicy FallbackToLogsOnError), which the instance status shows."""
+        self.exit_status = code if code and code > 0 else 128 - code if code and code < 0 else 1
+        self.set_phase("CrashLoop", f"{self.consecutive_failures} consecutive engine failures")
+        log.error("engine crash loop: %d consecutive engine failures, last exit status %s; exiting so that the "
+                  "container restarts", self.consecutive_failures, code)
+        self._terminate.set()
 
     # ---- role switch
 

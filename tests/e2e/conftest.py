@@ -178,15 +178,71 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):
         cluster.down(purge=os.environ.get("HYBRIDSERVING_KEEP_CLUSTER") != "1")
 
 
+@dataclass
+class OperatorReplica:
+    identity: str
+    proc: subprocess.Popen
+    log: pathlib.Path
+    metrics_url: str
+
+
+class OperatorReplicas:
+    """The operator the e2e tests share, run as leader-elected replicas on one Lease (one replica to
+    start with; tests/e2e/test_operator_ha_e2e.py adds one and kills the leader)."""
+
+    LEASE_NAMESPACE, LEASE = "default", "hybridserving-operator"
+
+    def __init__(self, cluster, directory: pathlib.Path) -> None:
+        self.cluster, self.directory = cluster, directory
+        self.replicas: list[OperatorReplica] = []
+
+    def start(self) -> OperatorReplica:
+        from hybridserving.devcluster import stack
+
+        identity = f"operator-{len(self.replicas)}"
+        (port,) = free_ports(1)
+        log = self.directory / f"{identity}.log"
+        proc = stack.start_operator(
+            self.cluster, log, "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--leader-elect",
+            "--leader-elect-namespace", self.LEASE_NAMESPACE, "--leader-elect-identity", identity)
+        self.replicas.append(OperatorReplica(identity, proc, log, f"http://127.0.0.1:{port}"))
+        return self.replicas[-1]
+
+    def holder(self) -> str:
+        out = self.cluster.kubectl("-n", self.LEASE_NAMESPACE, "get", "lease", self.LEASE, "-o",
+                                   "jsonpath={.spec.holderIdentity}", check=False)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    def leader(self, timeout: float = 60) -> OperatorReplica:
+        """The live replica holding the Lease (waiting for one)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            holder = self.holder()
+            for r in self.replicas:
+                if r.identity == holder and r.proc.poll() is None:
+                    return r
+            time.sleep(0.5)
+        raise TimeoutError(f"no live operator replica holds the lease (holder {self.holder()!r})")
+
+    @property
+    def metrics_url(self) -> str:
+        return self.leader().metrics_url
+
+    def stop(self) -> None:
+        from hybridserving.devcluster import stack
+
+        for r in self.replicas:
+            stack.stop(r.proc)
+
+
 @pytest.fixture(scope="session")
 def fleet_operator(local_cluster, tmp_path_factory: pytest.TempPathFactory):
-    """`python -m hybridserving.controller` on the local cluster (metrics off: nothing binds a wildcard)."""
-    from hybridserving.devcluster import stack
-
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = stack.start_operator(local_cluster, log)
-    yield log
-    stack.stop(proc)
+    """`python -m hybridserving.controller --leader-elect` on the local cluster, metrics on loopback ports."""
+    replicas = OperatorReplicas(local_cluster, tmp_path_factory.mktemp("operator"))
+    replicas.start()
+    replicas.leader()
+    yield replicas
+    replicas.stop()
 
 
 @pytest.fixture(scope="session")

@@ -310,7 +310,8 @@ def test_instance_status_round_trips(objects, namespace):
             "readyPods": 2,
             "podNames": [f"{name}-0", f"{name}-1"],
             "nodeNames": ["gpu-0", "gpu-1"],
-            "conditions": [{"type": "Ready", "status": "True", "reason": "EngineReady"}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "EngineReady",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}],
             "lastSwitch": "2026-01-01T00:00:00Z",
         }
     )
@@ -318,6 +319,36 @@ def test_instance_status_round_trips(objects, namespace):
         GROUP, VERSION, namespace, INSTANCE_PLURAL, name, {"status": status.to_wire()}
     )
     assert HybridServingInstanceStatus.model_validate(written["status"]) == status
+
+
+def test_a_fleet_name_too_long_for_its_children_is_refused_at_admission(objects, namespace):
+    body = with_changes(FLEET, lambda b: None)
+    body["metadata"]["name"] = "f" * 41
+    message, fields = rejection(lambda: create(objects, namespace, body))
+    assert "metadata.name must be at most 40 characters" in message and "metadata.name" in fields
+    body["metadata"]["name"] = "f" * 40
+    assert create(objects, namespace, body)["metadata"]["name"] == "f" * 40
+
+
+def test_conditions_follow_metav1_condition(objects, namespace):
+    """lastTransitionTime is required and a date-time; reason is a CamelCase word."""
+    body = with_changes(FLEET, lambda b: None)
+    name = body["metadata"]["name"]
+    create(objects, namespace, body, dry_run=False)
+
+    def write(condition: dict[str, Any]) -> Any:
+        return objects.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": {"conditions": [condition]}})
+
+    good = {"type": "Ready", "status": "False", "reason": "InstancesNotReady", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    assert write(good)["status"]["conditions"][0]["reason"] == "InstancesNotReady"
+    for change, field in (({"lastTransitionTime": None}, "lastTransitionTime"),
+                          ({"lastTransitionTime": "yesterday"}, "lastTransitionTime"),
+                          ({"reason": "not ready"}, "reason"), ({"reason": ""}, "reason")):
+        bad = {k: v for k, v in {**good, **change}.items() if v is not None}
+        message, fields = rejection(lambda: write(bad))
+        assert any(f.endswith(field) for f in fields), (fields, message)
 
 
 def test_crd_files_are_what_the_generator_renders():

@@ -198,8 +198,17 @@ def test_root_schema_is_the_kubernetes_envelope(name):
     root = schema_of(name)
     assert root["type"] == "object"
     assert list(root["properties"]) == ["apiVersion", "kind", "metadata", "spec", "status"]
-    assert root["properties"]["metadata"] == {"type": "object"}
+    # metadata may describe nothing but name (and generateName): here, for the name rule's fieldPath.
+    assert root["properties"]["metadata"] in ({"type": "object"},
+                                              {"type": "object", "properties": {"name": {"type": "string"}}})
     assert root["required"] == ["spec"]
+
+
+def test_the_fleet_name_rule_is_enforced_at_admission():
+    """The operator's child names need a fleet name of at most 40 characters: a CEL rule on the root."""
+    (rule,) = schema_of(HS_FILE)["x-kubernetes-validations"]
+    assert rule["rule"] == "self.metadata.name.size() <= 40" and rule["fieldPath"] == ".metadata.name"
+    assert "x-kubernetes-validations" not in schema_of(HSI_FILE)
 
 
 @pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
@@ -401,7 +410,7 @@ def test_a_full_fleet_status_is_written_without_loss():
         conditions=[
             Condition(type="Ready", status="True", reason="AllInstancesReady", observed_generation=3,
                       last_transition_time="2026-01-01T00:00:00Z"),
-            Condition(type="LayoutValid", status="True", reason="Valid"),
+            Condition(type="LayoutValid", status="True", reason="Valid", last_transition_time="2026-01-01T00:00:00Z"),
         ],
         prefill=RoleStatus(desired=2, ready=2, updated=2, summary="2/2"),
         decode=RoleStatus(desired=2, ready=1, updated=2, summary="1/2"),
@@ -428,7 +437,8 @@ def test_a_full_instance_status_is_written_without_loss():
         ready_pods=1,
         pod_names=["fleet-decode-1-0", "fleet-decode-1-1"],
         node_names=["gpu-0", "gpu-1"],
-        conditions=[Condition(type="Ready", status="False", reason="Switching")],
+        conditions=[Condition(type="Ready", status="False", reason="Switching",
+                              last_transition_time="2026-01-01T00:00:00Z")],
         observed_generation=5,
         last_switch=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
     )

@@ -2,8 +2,9 @@
 
 A dashboard whose query names a metric nobody exports shows "No data" forever and nobody
 notices; so every series and label it uses is looked up in the code that exports it: SGLang's
-series in the engine simulator (which serves them under SGLang's names and labels) and the
-operator's in hybridserving.controller.metrics. Grafana itself publishes no JSON Schema for
+series in the engine simulator (which serves them under SGLang's names and labels), the
+operator's in hybridserving.controller.metrics, the launcher's in its registry, and the router's
+in an exposition recorded from the real smg 1.13.0 (tests/unit/data/smg-1.13.0.metrics). Grafana itself publishes no JSON Schema for
 dashboards on the registries reachable here (the grafana-foundation-sdk models decode leniently
 and validate nothing), so the structure Grafana needs is checked directly.
 """
@@ -16,16 +17,25 @@ import re
 from collections.abc import Iterable, Iterator
 
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "hybridserving-dashboard.json"
 
-# Labels Prometheus attaches to every scraped series (target labels) or histogram buckets carry.
-SCRAPE_LABELS = {"namespace", "pod", "instance", "job", "le"}
-METRIC = re.compile(r"\b(sglang:[a-z_]+|hybridserving_[a-z_]+)\b")
+SMG_EXPOSITION = pathlib.Path(__file__).parent / "data" / "smg-1.13.0.metrics"
+
+# Labels Prometheus attaches to every scraped series (target labels) or histogram buckets carry;
+# the chart's PodMonitors add the fleet and instance from the pod's labels.
+SCRAPE_LABELS = {"namespace", "pod", "instance", "job", "le", "hybridserving", "hybridserving_instance"}
+METRIC = re.compile(r"\b(sglang:[a-z_]+|hybridserving_[a-z_]+|smg_[a-z_]+)\b")
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
             "summary": ("_sum", "_count", "")}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool"}
+
+
+def metric_names(expr: str) -> list[str]:
+    """Series names in a query (label names that look like series, such as hybridserving_instance, aside)."""
+    return [n for n in METRIC.findall(expr) if n not in SCRAPE_LABELS]
 
 
 def load() -> dict:
@@ -68,6 +78,21 @@ def operator_series() -> dict[str, set[str]]:
     from hybridserving.controller import metrics
 
     return series_of(metrics_in(metrics))
+
+
+def launcher_series() -> dict[str, set[str]]:
+    from hybridserving_engine.launcher import LauncherMetrics
+
+    return series_of(metrics_in(LauncherMetrics()))
+
+
+def router_series() -> dict[str, set[str]]:
+    """Sample name -> label names, as smg 1.13.0 served them."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(SMG_EXPOSITION.read_text()):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
 
 
 def labels_used(expr: str, legend: str) -> set[str]:
@@ -152,7 +177,9 @@ def test_dashboard_covers_the_fleet() -> None:
     exprs = " ".join(t["expr"] for _, t in queries(load()))
     for needed in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
                    "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
-                   "hybridserving_role_switches_total", "hybridserving_reconciles_total"):
+                   "hybridserving_role_switches_total", "hybridserving_reconciles_total",
+                   "smg_worker_pool_size", "smg_pd_ttft_seconds_bucket", "smg_http_responses_total",
+                   "hybridserving_instance_crash_looping", "hybridserving_launcher_engine_restarts_total"):
         assert needed in exprs
     assert "by (le, engine_type)" in exprs  # quantiles are per role
 
@@ -163,20 +190,32 @@ def test_dashboard_covers_the_fleet() -> None:
 def test_every_engine_series_is_exported_by_the_engine() -> None:
     exported = engine_series()
     for title, t in queries(load()):
-        names = [n for n in METRIC.findall(t["expr"]) if n.startswith("sglang:")]
+        names = [n for n in metric_names(t["expr"]) if n.startswith("sglang:")]
         for name in names:
             assert name in exported, f"{title}: {name} is not an SGLang series the engine exports"
-        if names and not any(n.startswith("hybridserving_") for n in METRIC.findall(t["expr"])):
+        if names and not any(n.startswith("hybridserving_") for n in metric_names(t["expr"])):
             labels = set().union(*(exported[n] for n in names)) | SCRAPE_LABELS
             assert labels_used(t["expr"], t.get("legendFormat", "")) <= labels, title
 
 
-def test_every_operator_series_is_exported_by_the_operator() -> None:
-    exported = operator_series()
+def test_every_operator_series_is_exported_by_the_operator_or_the_launcher() -> None:
+    exported = operator_series() | launcher_series()
     for title, t in queries(load()):
-        names = [n for n in METRIC.findall(t["expr"]) if n.startswith("hybridserving_")]
+        names = [n for n in metric_names(t["expr"]) if n.startswith("hybridserving_")]
         for name in names:
-            assert name in exported, f"{title}: {name} is not exported by hybridserving.controller.metrics"
+            assert name in exported, f"{title}: {name} is exported by neither the operator nor the launcher"
+        if names:
+            labels = set().union(*(exported[n] for n in names)) | SCRAPE_LABELS
+            used = labels_used(t["expr"], t.get("legendFormat", ""))
+            assert used <= labels, f"{title}: labels {used - labels} are not on {names}"
+
+
+def test_every_router_series_is_exported_by_the_router() -> None:
+    exported = router_series()
+    for title, t in queries(load()):
+        names = [n for n in metric_names(t["expr"]) if n.startswith("smg_")]
+        for name in names:
+            assert name in exported, f"{title}: {name} is not in smg 1.13.0's exposition"
         if names:
             labels = set().union(*(exported[n] for n in names)) | SCRAPE_LABELS
             used = labels_used(t["expr"], t.get("legendFormat", ""))
@@ -190,3 +229,6 @@ def test_the_lookup_would_catch_a_typo() -> None:
     assert "sglang:time_to_first_token_seconds_bucket" in exported
     assert "sglang:num_running_req" not in exported
     assert exported["sglang:num_queue_reqs"] >= {"engine_type", "model_name"}
+    router = router_series()
+    assert router["smg_worker_pool_size"] >= {"worker_type", "model"}
+    assert "smg_worker_pool_sizes" not in router

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -163,7 +164,7 @@ def test_a_crashing_engine_is_restarted_with_backoff_and_reported_as_crash_loop(
     (tmp_path / "role").write_text("prefill")
     settings = Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "role", backend="simulator",
                         host="127.0.0.1", port=free_port(), poll_interval_s=0.01, restart_backoff_s=0.01,
-                        restart_backoff_max_s=0.05, crash_loop_restarts=3)
+                        restart_backoff_max_s=0.05, crash_loop_restarts=3, crash_loop_exit=False)
     crashing = Launcher(settings, command=lambda backend, argv: [sys.executable, "-c", "raise SystemExit(3)"])
 
     async def scenario():
@@ -184,6 +185,25 @@ def test_a_crashing_engine_is_restarted_with_backoff_and_reported_as_crash_loop(
     assert status["ready"] is False
     text = crashing.metrics.registry.get_sample_value("hybridserving_launcher_engine_restarts_total")
     assert text >= 4
+
+
+def test_a_crash_loop_exits_the_launcher_so_the_kubelet_counts_it(tmp_path, caplog):
+    """By default the launcher hands a crash loop to the kubelet: after `crash_loop_restarts`
+    failures in a row it exits with the engine's status, its last log line saying why."""
+    write_config(tmp_path / "cfg", "prefill", {"argv": []})
+    (tmp_path / "role").write_text("prefill")
+    settings = Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "role", backend="simulator",
+                        host="127.0.0.1", port=free_port(), poll_interval_s=0.01, restart_backoff_s=0.01,
+                        restart_backoff_max_s=0.05, crash_loop_restarts=3)
+    assert Settings.from_env({}).crash_loop_exit is True
+    assert Settings.from_env({"HYBRIDSERVING_CRASH_LOOP_EXIT": "0"}).crash_loop_exit is False
+    crashing = Launcher(settings, command=lambda backend, argv: [sys.executable, "-c", "raise SystemExit(3)"])
+    with caplog.at_level(logging.ERROR, logger="hybridserving.launcher"):
+        status = asyncio.run(asyncio.wait_for(crashing.run(), 30))
+    assert status == 3
+    assert crashing.restarts == 3 and crashing.phase == "CrashLoop"
+    assert caplog.records[-1].getMessage().startswith(
+        "engine crash loop: 3 consecutive engine failures, last exit status 3")
 
 
 # ------------------------------------------------------------------ real launcher processes

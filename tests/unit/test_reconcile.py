@@ -462,11 +462,13 @@ def test_a_crash_looping_engine_is_named_in_degraded(api: MemoryApi) -> None:
     settle(api)
     pod = api.store[("Pod", "fleet-1-0")]
     pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
-                     "containerStatuses": [{"name": "engine", "restartCount": 4}]}
+                     "containerStatuses": [{"name": "engine", "restartCount": 4,
+                                            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                            "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
     rec.reconcile(api, NS, "fleet")
     degraded = api.condition("Degraded")
-    assert degraded["status"] == "True" and degraded["reason"] == "InstanceCrashLooping"
-    assert "fleet-1 is not ready and its engine restarted 4 time(s)" in degraded["message"]
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoop"
+    assert "fleet-1 is crash looping" in degraded["message"]
 
 
 def test_images_outside_the_allow_list_are_refused_naming_the_field() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import shutil
 import threading
 import time
@@ -75,6 +76,29 @@ def loopback_ip(pod: Mapping[str, Any]) -> str | None:
         return None
     return ip if ipaddress.ip_address(ip).is_loopback else None
 
+
+
+# The kubelet's FallbackToLogsOnError: at most this much of the log's tail becomes the message.
+MESSAGE_MAX_LINES, MESSAGE_MAX_BYTES = 80, 2048
+
+
+def termination_message(container: dict[str, Any], code: int, log_path: Path) -> str:
+    """What the kubelet reports as lastState.terminated.message for a container that exited.
+
+    Only `terminationMessagePolicy: FallbackToLogsOnError` with a failed exit is served (the
+    process writes no /dev/termination-log here): the last 80 lines of its log, at most 2 KiB.
+    """
+    if container.get("terminationMessagePolicy") != "FallbackToLogsOnError" or code == 0:
+        return ""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            tail = f.read()
+    except OSError:
+        return ""
+    lines = tail.decode("utf-8", "replace").splitlines()[-MESSAGE_MAX_LINES:]
+    return "\n".join(lines)[-MESSAGE_MAX_BYTES:]
 
 class PodWorker:
     """Runs one leader pod's container for as long as the pod lives."""
@@ -209,6 +233,9 @@ class PodWorker:
             "startedAt": rfc3339(self.process.started_at or time.time()),
             "finishedAt": now_rfc3339(),
         }
+        message = termination_message(self.container_spec, code, self.dir / "container.log")
+        if message:
+            self.last_terminated["message"] = message
         self.restarts += 1
         self.probe.reset()
         self.waiting_reason = "CrashLoopBackOff"

@@ -137,6 +137,10 @@ def render_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema["type"] = "object"
     schema["properties"] = properties
     schema["required"] = [name for name in raw.get("required", ()) if name in ("spec", "status")]
+    if "x-kubernetes-validations" in raw:  # rules on the whole object, such as metadata.name's length
+        schema["x-kubernetes-validations"] = raw["x-kubernetes-validations"]
+        # The one part of metadata a CRD may describe, so that a rule's fieldPath can point at it.
+        properties["metadata"] = {"type": "object", "properties": {"name": {"type": "string"}}}
     return schema
 
 

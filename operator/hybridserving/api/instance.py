@@ -15,7 +15,7 @@ from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
 from hybridserving.api.v1alpha1 import ApiModel, Condition, ObjectMeta, Role, cel
 
-InstancePhase = Literal["Pending", "Starting", "Ready", "Draining", "Switching", "Relaunching", "Failed"]
+InstancePhase = Literal["Pending", "Starting", "Ready", "CrashLoop", "Draining", "Switching", "Relaunching", "Failed"]
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 
@@ -102,6 +102,7 @@ class HybridServingInstanceStatus(ApiModel):
     phase: InstancePhase = Field(
         default="Pending",
         description="Pending (pods not scheduled), Starting (engine loading), Ready (serving), "
+        "CrashLoop (an engine container keeps exiting and waits in CrashLoopBackOff: see lastExit), "
         "Draining (finishing requests before a switch or restart), Switching (in-place role "
         "switch), Relaunching (restart with the other role's flags), Failed.",
     )
@@ -110,6 +111,14 @@ class HybridServingInstanceStatus(ApiModel):
         description="Role the engine currently runs; differs from spec.role while a switch is in progress.",
     )
     ready_pods: int = Field(default=0, ge=0, le=64, description="Pods of the instance whose engine is ready.")
+    restarts: int = Field(
+        default=0, ge=0, description="restarts: container restarts of the instance's current pods, as the kubelet counts them."
+    )
+    last_exit: str | None = Field(
+        default=None, max_length=1024,
+        description="lastExit: how an engine container of the instance last ended (exit code, reason, its last "
+        "message line); set once a container has restarted.",
+    )
     pod_names: list[ObjectName] = Field(
         default_factory=list, max_length=64, description="Pods of the instance, leader first."
     )

@@ -450,14 +450,26 @@ class HybridServingSpec(ApiModel):
 
 
 class Condition(ApiModel):
-    """A Kubernetes API convention condition."""
+    """A Kubernetes API convention condition, with metav1.Condition's validation."""
 
-    type: str = Field(max_length=64)
+    type: str = Field(
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+        description="type of the condition, in CamelCase (Ready, Progressing, Degraded, ...).",
+    )
     status: Literal["True", "False", "Unknown"]
-    reason: str = Field(max_length=128)
-    message: str = Field(default="", max_length=4096)
-    observed_generation: int | None = None
-    last_transition_time: str | None = Field(default=None, description="RFC 3339 time of the last status change.")
+    reason: str = Field(
+        min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="reason: a CamelCase word for the last transition, for machines and alerts.",
+    )
+    message: str = Field(default="", max_length=32768, description="message: the transition in words, for people.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="observedGeneration: the metadata.generation the condition was set for."
+    )
+    last_transition_time: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="lastTransitionTime: RFC 3339 time the status last changed.",
+    )
 
 
 class RoleStatus(ApiModel):
@@ -468,10 +480,11 @@ class RoleStatus(ApiModel):
 
 
 class InstanceStatus(ApiModel):
-    name: str
+    name: str = Field(max_length=253)
     role: Role
-    phase: str = Field(description="Pending, Starting, Ready, Draining, Switching, Relaunching, Failed.")
-    nodes: list[str] = Field(default_factory=list)
+    phase: str = Field(max_length=64,
+                       description="Pending, Starting, Ready, CrashLoop, Draining, Switching, Relaunching, Failed.")
+    nodes: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
     generation: str = Field(default="", description="Hash of the configuration the pods run.")
 
 
@@ -501,13 +514,16 @@ class HybridServingStatus(ApiModel):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(
         default_factory=list,
+        max_length=32,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     prefill: RoleStatus = Field(default_factory=RoleStatus)
     decode: RoleStatus = Field(default_factory=RoleStatus)
-    instances: list[InstanceStatus] = Field(default_factory=list)
+    instances: list[InstanceStatus] = Field(default_factory=list, max_length=2048,
+                                            description="instances: one entry per instance (both roles' replicas).")
     capacity: CapacityStatus = Field(default_factory=CapacityStatus)
-    switches: list[SwitchRecord] = Field(default_factory=list, description="Recent role switches, newest last (bounded).")
+    switches: list[SwitchRecord] = Field(default_factory=list, max_length=20,
+                                         description="Recent role switches, newest last (the last 20).")
     ready: str = Field(default="False", description="Ready condition status, for printer columns.")
 
 
@@ -525,6 +541,15 @@ class ObjectMeta(ApiModel):
 
 
 class HybridServing(ApiModel):
+    # The child-name rule below, at admission: the apiserver refuses a name the operator could not serve.
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "self.metadata.name.size() <= 40",
+        "message": "metadata.name must be at most 40 characters, so that child object names "
+                   "(<name>-<index>-<rank>, <name>-prefill-config) stay within 63",
+        "fieldPath": ".metadata.name",
+        "reason": "FieldValueInvalid",
+    }]})
+
     api_version: Literal["hybridserving.io/v1alpha1"] = "hybridserving.io/v1alpha1"
     kind: Literal["HybridServing"] = "HybridServing"
     metadata: ObjectMeta

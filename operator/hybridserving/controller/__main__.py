@@ -1,4 +1,4 @@
-"""`python -m hybridserving.controller`: run the operator (one replica; see docs/operator.md)."""
+"""`python -m hybridserving.controller`: run the operator (with --leader-elect, one of several replicas)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 
 import kopf
 from prometheus_client import start_http_server
 
 from hybridserving.controller import handlers
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
+from hybridserving.controller.leadership import Election
 from hybridserving.core.privileges import EnginePolicy
 
 
@@ -44,6 +46,15 @@ def arguments() -> argparse.ArgumentParser:
                     "NetworkPolicy (default $POD_NAMESPACE; unset: no operator peer, as out of cluster)")
     ap.add_argument("--progress-deadline-seconds", type=float, default=PROGRESS_DEADLINE_SECONDS,
                     help="a fleet progressing longer than this is reported ProgressDeadlineExceeded")
+    ap.add_argument("--leader-elect", action="store_true",
+                    help="run as one of several replicas: act only while holding the Lease")
+    ap.add_argument("--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                    help="namespace of the Lease (default $POD_NAMESPACE)")
+    ap.add_argument("--leader-elect-lease", default="hybridserving-operator", help="name of the Lease")
+    ap.add_argument("--leader-elect-identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+                    help="this replica in the Lease (default $POD_NAME)")
+    ap.add_argument("--leader-elect-lease-seconds", type=float, default=8.0,
+                    help="a standby takes over after the leader has not renewed for this long")
     ap.add_argument("--verbose", "-v", action="store_true")
     return ap
 
@@ -69,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     handlers.OPTIONS.resync_seconds = args.resync_seconds
     handlers.OPTIONS.engine_policy = engine_policy(args)
     handlers.OPTIONS.progress_deadline_seconds = args.progress_deadline_seconds
+    if args.leader_elect:
+        if not args.leader_elect_namespace:
+            arguments().error("--leader-elect needs --leader-elect-namespace (or $POD_NAMESPACE)")
+        seconds = args.leader_elect_lease_seconds
+        handlers.OPTIONS.election = Election(
+            namespace=args.leader_elect_namespace, identity=args.leader_elect_identity,
+            name=args.leader_elect_lease, lease_seconds=seconds,
+            renew_deadline_seconds=seconds * 0.75, retry_seconds=min(2.0, seconds / 4))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     asyncio.run(kopf.operator(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import kopf
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
 from hybridserving.controller import metrics
+from hybridserving.controller.leadership import Election, Leadership
 from hybridserving.controller import switching as role_switching
 from hybridserving.controller.kube import Kube
 from hybridserving.controller.queue import Key, WorkQueue
@@ -41,6 +43,7 @@ class Options:
     progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS
     kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks
     switch_interval_seconds: float = role_switching.TICK_SECONDS  # role-switch controller tick
+    election: Election | None = None  # leader election (several replicas); None: this replica always acts
 
 
 OPTIONS = Options()
@@ -52,6 +55,7 @@ class Runtime:
     queue: WorkQueue
     resync: asyncio.Task[None]
     switcher: asyncio.Task[None] | None = None  # the role-switch controller (controller/switching.py)
+    leadership: Leadership | None = None
 
 
 _runtime: Runtime | None = None
@@ -76,6 +80,14 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
     kube = OPTIONS.kube or Kube.from_environment(OPTIONS.kubeconfig, pool_size=OPTIONS.workers * 2 + 2)
+    leadership = None
+    if OPTIONS.election is not None:
+        # Standby until this replica leads: kopf starts no watch before the startup handlers end,
+        # so a standby neither reconciles nor switches anything.
+        leadership = Leadership(kube, OPTIONS.election)
+        await asyncio.to_thread(leadership.acquire)
+        threading.Thread(target=leadership.hold, name="lease", daemon=True).start()
+    metrics.LEADER.set(1)
 
     async def work(key: Key) -> float | None:
         namespace, name = key
@@ -104,7 +116,8 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
             for key in list(queue.known):
                 queue.add(key)
 
-    _runtime = Runtime(kube=kube, queue=queue, resync=asyncio.create_task(resync(), name="resync"))
+    _runtime = Runtime(kube=kube, queue=queue, resync=asyncio.create_task(resync(), name="resync"),
+                       leadership=leadership)
     # Role switches: every fleet the queue knows, ticked every few seconds.
     _runtime.switcher = asyncio.create_task(
         role_switching.run(kube, lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds),
@@ -119,6 +132,9 @@ async def stop(**_: Any) -> None:
         if _runtime.switcher is not None:
             _runtime.switcher.cancel()
         await _runtime.queue.stop()
+        if _runtime.leadership is not None:
+            await asyncio.to_thread(_runtime.leadership.release)
+        metrics.LEADER.set(0)
         _runtime = None
 
 

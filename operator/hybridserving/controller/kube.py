@@ -54,6 +54,7 @@ RESOURCES: dict[str, Resource] = {
     "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "Lease": Resource("coordination.k8s.io", "v1", "leases"),  # leader election (leadership.py)
 }
 
 # Kinds the operator owns besides instances and pods, listed on every reconcile.

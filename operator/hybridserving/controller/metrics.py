@@ -17,6 +17,7 @@ ROLE_SWITCHES = Counter(
     ["from_role", "to_role"],
 )
 QUEUE_DEPTH = Gauge("hybridserving_queue_depth", "HybridServings waiting for a reconcile.")
+LEADER = Gauge("hybridserving_leader", "1 while this replica acts (holds the leader lease, or runs without election).")
 
 # Role-switch controller (controller/switching.py). `reason` is policy or on-call.
 ROLE_SWITCHES_STARTED = Counter(
@@ -37,4 +38,26 @@ ROLE_SWITCH_PHASE_SECONDS = Histogram(
 ROLE_SWITCH_DURATION = Histogram(
     "hybridserving_role_switch_duration_seconds", "Start to routed-in-the-new-role of successful switches.",
     ["mode"], buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600),
+)
+
+# Per-fleet state for alerts (docs/runbooks). `namespace` is the fleet's, so the ServiceMonitor keeps
+# the operator's labels (honorLabels). `status` follows kube-state-metrics: one series per value,
+# 1 for the current one, so `status="False"` alerts need no join.
+FLEET_CONDITION = Gauge(
+    "hybridserving_fleet_condition", "1 when the HybridServing's condition `type` has this `status`, else 0.",
+    ["namespace", "hybridserving", "type", "status"],
+)
+INSTANCE_RESTARTS = Gauge(
+    "hybridserving_instance_restarts",
+    "Container restarts of an instance's pods as the kubelet counts them (restartCount, summed).",
+    ["namespace", "hybridserving", "hybridserving_instance"],
+)
+INSTANCE_CRASH_LOOPING = Gauge(
+    "hybridserving_instance_crash_looping",
+    "1 while a container of the instance waits in CrashLoopBackOff, else 0.",
+    ["namespace", "hybridserving", "hybridserving_instance"],
+)
+INSTANCE_SWITCHING = Gauge(
+    "hybridserving_instance_switching", "1 while the instance is in a role switch (any step), else 0.",
+    ["namespace", "hybridserving", "hybridserving_instance"],
 )

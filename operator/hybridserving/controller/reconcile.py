@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec
-from hybridserving.controller import metrics
+from hybridserving.controller import gauges, metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import (
     PROGRESS_DEADLINE_SECONDS,
@@ -229,10 +229,30 @@ def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warn
             log.debug("event not posted: %s", exc)
 
 
+def post_instance_event(kube: Kube, namespace: str, name: str, type_: str, reason: str, message: str) -> None:
+    """An Event on one instance, where `kubectl describe hybridservinginstance` shows it."""
+    stamp = now()
+    try:
+        kube.create("Event", namespace, {
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": planner.API_VERSION, "kind": INSTANCE_KIND, "name": name,
+                               "namespace": namespace},
+            "type": type_, "reason": reason, "message": message[:1000],
+            "source": {"component": "hybridserving-operator"},
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        })
+    except KubeError as exc:  # events are best effort: never fail a reconcile on them
+        log.debug("event not posted: %s", exc)
+
+
 def report_instances(kube: Kube, namespace: str, views: dict[str, planner.InstanceView]) -> None:
     """Instance status, written only where it changed."""
     for name, v in views.items():
         new = instance_status(v, v.observed.generation)
+        if new["phase"] == "CrashLoop" and v.observed.status.get("phase") != "CrashLoop":
+            post_instance_event(kube, namespace, name, "Warning", "CrashLoop",
+                                f"engine container restarted {new['restarts']} time(s) and waits in CrashLoopBackOff; "
+                                f"last exit: {new.get('lastExit', 'not recorded')}")
         if any(v.observed.status.get(k) != val for k, val in new.items()):
             try:
                 kube.patch(INSTANCE_KIND, namespace, name, {"status": new}, subresource="status")
@@ -286,11 +306,13 @@ def reconcile(kube: Kube, namespace: str, name: str,
     except KubeError as exc:
         if exc.status == 404:
             outcome.gone = True
+            gauges.forget(namespace, name)
             return outcome
         raise
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         outcome.gone = True  # the garbage collector takes the children
+        gauges.forget(namespace, name)
         return outcome
     generation = meta.get("generation")
     hs, validation = validate(body, engine_policy)
@@ -324,6 +346,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
     status = fleet_status(desired, observed, views, validation, generation, previous,
                           len(outcome.actions) - outcome.applied if outcome.actions else 0, outcome.errors,
                           error_reason=outcome.error_reason, progress_deadline_seconds=progress_deadline_seconds)
+    gauges.record(namespace, name, status, views)
     if changed(previous, status):
         try:
             kube.patch(KIND, namespace, name, {"status": status}, subresource="status")

@@ -89,6 +89,8 @@ def instance_phase(v: InstanceView) -> str:
     """The operator's view of an instance; switch phases belong to the role-switch controller."""
     if v.observed.phase in SWITCH_PHASES:
         return v.observed.phase
+    if any(p.crash_looping for p in v.pods if not p.deleting):
+        return "CrashLoop"
     return {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}.get(v.state, "Starting" if v.pods else "Pending")
 
 
@@ -98,9 +100,13 @@ def instance_status(v: InstanceView, generation: int | None) -> dict[str, Any]:
     status: dict[str, Any] = {
         "phase": instance_phase(v),
         "readyPods": sum(1 for p in pods if p.ready and not v.pod_outdated(p)),
+        "restarts": sum(p.restarts for p in pods),
         "podNames": [p.name for p in pods],
         "nodeNames": [p.node_name or "" for p in pods],
     }
+    last_exit = next((p.last_exit for p in pods if p.last_exit), None)
+    if last_exit:
+        status["lastExit"] = last_exit[:1024]
     if leader is not None and v.observed.phase not in SWITCH_PHASES:
         status["role"] = leader.annotations.get(ANNOTATION_ROLE, v.observed.spec.role)
     if generation is not None:
@@ -224,12 +230,11 @@ def fleet_status(
                    f"not ready: {', '.join(not_ready) or 'none'}; to roll: {', '.join(outdated) or 'none'}")
     conds.append(condition("Progressing", progressing, reason, message, generation, previous))
 
-    crash_looping = [v for v in views.values() if v.state != "Failed" and not v.available
-                     and any(p.restarts > 0 and not p.deleting for p in v.pods)]
     troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values() if v.state == "Failed"]
-    troubles += [f"{v.plan.name} is not ready and its engine restarted "
-                 f"{sum(p.restarts for p in v.pods)} time(s)" for v in crash_looping]
+    crash_looping = [v for v in views.values() if instance_phase(v) == "CrashLoop"]
+    troubles += [f"{v.plan.name} is crash looping ({instance_status(v, None).get('lastExit', 'no exit recorded')})"
+                 for v in crash_looping]
     if stuck:
         troubles.append(message)
     troubles += list(errors)
@@ -238,7 +243,7 @@ def fleet_status(
         (error_reason if errors else
          "Unschedulable" if any(v.state == "Pending" for v in views.values()) else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
-         "InstanceCrashLooping" if crash_looping else
+         "CrashLoop" if crash_looping else
          "ProgressDeadlineExceeded" if stuck else "AsExpected"),
         "; ".join(troubles) if troubles else "no instance is failing or unschedulable",
         generation, previous,

@@ -68,6 +68,8 @@ LABEL_NODE_RANK = "hybridserving.io/node-rank"
 LABEL_LEADER = "hybridserving.io/leader"
 LABEL_INSTANCE_ROLE = "hybridserving.io/instance-role"
 LABEL_COMPONENT = "hybridserving.io/component"
+# app.kubernetes.io/name of what each component runs.
+APP_NAMES = {"engine": "sglang", "router": "smg"}
 
 # The role annotation is what the engine launcher reads (downward API file); the hashes and
 # the restart generation say which configuration and which gang a pod belongs to.
@@ -97,6 +99,17 @@ ObjectKey = tuple[str, str]  # (kind, name)
 # --------------------------------------------------------------------------- observed state
 
 
+def describe_termination(terminated: Mapping[str, Any]) -> str:
+    """A container's last exit as people read it: exit code, reason, and the termination message."""
+    text = f"exit code {terminated.get('exitCode')}"
+    if terminated.get("reason"):
+        text += f" ({terminated['reason']})"
+    message = (terminated.get("message") or "").strip()
+    if message:
+        text += f": {message.splitlines()[-1][:300]}"
+    return text
+
+
 @dataclass(frozen=True)
 class ObservedPod:
     """What the planner reads of a pod."""
@@ -110,6 +123,8 @@ class ObservedPod:
     node_name: str | None = None
     deleting: bool = False
     restarts: int = 0
+    crash_looping: bool = False
+    last_exit: str | None = None
     unschedulable: str | None = None
     host_ports: tuple[int, ...] = ()
     owner_uids: tuple[str, ...] = ()
@@ -148,7 +163,12 @@ class ObservedPod:
         unschedulable = None
         if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
             unschedulable = scheduled.get("message") or "unschedulable"
-        restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
+        containers = status.get("containerStatuses") or []
+        restarts = sum(int(cs.get("restartCount") or 0) for cs in containers)
+        crash_looping = any(((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+                            for cs in containers)
+        last_exit = next((describe_termination(t) for cs in containers
+                          if (t := (cs.get("lastState") or {}).get("terminated"))), None)
         host_ports = tuple(
             int(p["hostPort"])
             for c in spec.get("containers") or []
@@ -169,6 +189,8 @@ class ObservedPod:
             node_name=spec.get("nodeName"),
             deleting=bool(meta.get("deletionTimestamp")),
             restarts=restarts,
+            crash_looping=crash_looping,
+            last_exit=last_exit,
             unschedulable=unschedulable,
             host_ports=host_ports,
             owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
@@ -500,11 +522,24 @@ def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[st
     }
 
 
+def standard_labels(hs: str, component: str) -> dict[str, str]:
+    """Kubernetes' recommended labels (app.kubernetes.io/*), so that generic tools (dashboards,
+    cost reports, `kubectl get -l`) group a fleet's objects; the selectors keep using ours."""
+    return {
+        "app.kubernetes.io/name": APP_NAMES.get(component, "hybridserving"),
+        "app.kubernetes.io/instance": hs,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "hybridserving",
+        "app.kubernetes.io/managed-by": "hybridserving-operator",
+    }
+
+
 def _meta(hs: HybridServing, name: str, owner: dict[str, Any], component: str, **labels: str) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": hs.metadata.namespace,
-        "labels": {LABEL_NAME: hs.metadata.name, LABEL_COMPONENT: component, **labels},
+        "labels": {**standard_labels(hs.metadata.name, component), LABEL_NAME: hs.metadata.name,
+                   LABEL_COMPONENT: component, **labels},
         "ownerReferences": [owner],
     }
 
@@ -588,6 +623,7 @@ def _plan_instance(
 def pod_labels(hs: str, instance: str, rank: int, role: Role, routable: bool) -> dict[str, str]:
     """Labels of one pod; the router's `role` label only on a leader that may take work."""
     labels = {
+        **standard_labels(hs, "engine"),
         LABEL_NAME: hs,
         LABEL_COMPONENT: "engine",
         LABEL_INSTANCE: instance,
@@ -639,6 +675,8 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
         container_ports.append(entry)
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
+        # The launcher's last log line (a crash loop's last exit) becomes the termination message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "image": spec.engine.image,
         "command": list(ENGINE_COMMAND),
         "env": env,
@@ -939,7 +977,7 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
                 "replicas": spec.router.replicas,
                 "selector": {"matchLabels": selector},
                 "template": {
-                    "metadata": {"labels": selector},
+                    "metadata": {"labels": {**standard_labels(hs.metadata.name, "router"), **selector}},
                     "spec": {
                         "serviceAccountName": name,
                         "securityContext": _pod_security(),

@@ -1,0 +1,181 @@
+"""Leader election on a coordination.k8s.io Lease: several operator replicas, one acting.
+
+The semantics are client-go's `leaderelection`: the leader renews `spec.renewTime` every
+`retry_seconds`; a standby takes the Lease over only when its record has not changed for
+`lease_seconds` as measured on the standby's own clock (so clock skew between nodes does not
+matter), and only with the resourceVersion it read (a 409 means another replica won). A leader
+that could not renew for `renew_deadline_seconds` (< `lease_seconds`) stops at once: acting after
+a standby may have taken over is the one thing it must not do, and the restarted process comes
+back as a standby. Every write the operator makes is also preconditioned (kube.py), so even two
+replicas that both believed they lead could not apply a stale decision twice.
+
+A graceful stop releases the Lease (empty holder), so a rolling update hands over at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hybridserving.controller.kube import Kube, KubeError
+
+log = logging.getLogger("hybridserving.controller.leadership")
+
+LEASE_KIND = "Lease"
+
+
+@dataclass(frozen=True)
+class Election:
+    """Which Lease decides, who this replica is, and the timing (client-go's defaults, scaled down)."""
+
+    namespace: str
+    identity: str
+    name: str = "hybridserving-operator"
+    lease_seconds: float = 8.0
+    renew_deadline_seconds: float = 6.0
+    retry_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.retry_seconds < self.renew_deadline_seconds < self.lease_seconds:
+            raise ValueError("leader election needs retry < renew deadline < lease duration")
+
+
+def micro_time(at: float) -> str:
+    """A MicroTime, as Lease times are written."""
+    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def exit_now() -> None:
+    log.critical("lost the leader lease; exiting so that no decision is made without it")
+    logging.shutdown()
+    os._exit(1)
+
+
+class Leadership:
+    """Acquire, hold and release one Lease for one replica."""
+
+    def __init__(self, kube: Kube, election: Election, *, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, on_lost: Callable[[], None] = exit_now) -> None:
+        self.kube = kube
+        self.election = election
+        self.clock = clock
+        self.wall = wall
+        self.on_lost = on_lost
+        self.leading = False
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._renewed_at = 0.0
+        self.stopped = threading.Event()
+
+    # ---- one attempt
+
+    def try_acquire_or_renew(self) -> bool:
+        """One read and at most one write; True when this replica holds the Lease afterwards."""
+        e = self.election
+        now = self.wall()
+        try:
+            lease = self.kube.get(LEASE_KIND, e.namespace, e.name)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            return self._create(now)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, self.clock()
+        duration = float(spec.get("leaseDurationSeconds") or e.lease_seconds)
+        if holder and holder != e.identity and self.clock() < self._observed_at + duration:
+            return False  # another replica holds a lease that has not run out
+        taking_over = holder != e.identity
+        new = {
+            "holderIdentity": e.identity,
+            "leaseDurationSeconds": math.ceil(e.lease_seconds),
+            "renewTime": micro_time(now),
+            "acquireTime": micro_time(now) if taking_over else spec.get("acquireTime") or micro_time(now),
+            "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (1 if taking_over and holder else 0),
+        }
+        try:
+            self.kube.patch(LEASE_KIND, e.namespace, e.name, {"spec": new},
+                            resource_version=lease["metadata"]["resourceVersion"])
+        except KubeError as exc:
+            if exc.conflict:
+                return False  # another replica wrote first
+            raise
+        if taking_over:
+            log.info("%s took the lease %s/%s from %r", e.identity, e.namespace, e.name, holder or "nobody")
+        return True
+
+    def _create(self, now: float) -> bool:
+        e = self.election
+        body = {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": e.name, "namespace": e.namespace},
+            "spec": {"holderIdentity": e.identity, "leaseDurationSeconds": math.ceil(e.lease_seconds),
+                     "acquireTime": micro_time(now), "renewTime": micro_time(now), "leaseTransitions": 0},
+        }
+        try:
+            self.kube.create(LEASE_KIND, e.namespace, body)
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        log.info("%s created the lease %s/%s", e.identity, e.namespace, e.name)
+        return True
+
+    def _attempt(self) -> bool:
+        try:
+            return self.try_acquire_or_renew()
+        except KubeError as exc:
+            log.warning("lease %s/%s: %s", self.election.namespace, self.election.name, exc)
+            return False
+
+    # ---- the loops
+
+    def acquire(self) -> None:
+        """Block until this replica leads (standby until then)."""
+        waiting_logged = False
+        while not self.stopped.is_set():
+            if self._attempt():
+                self.leading = True
+                self._renewed_at = self.clock()
+                return
+            if not waiting_logged:
+                log.info("standing by: the lease %s/%s is held by %s", self.election.namespace,
+                         self.election.name, (self._observed or ("?",))[0])
+                waiting_logged = True
+            self.stopped.wait(self.election.retry_seconds)
+
+    def hold(self) -> None:
+        """Renew until stopped; on a renewal gap past the deadline, give up leadership (on_lost)."""
+        while not self.stopped.wait(self.election.retry_seconds):
+            if self._attempt():
+                self._renewed_at = self.clock()
+            elif self.clock() - self._renewed_at > self.election.renew_deadline_seconds:
+                self.leading = False
+                self.on_lost()
+                return
+
+    def release(self) -> None:
+        """Hand the Lease back on a graceful stop, so that a standby takes it at once."""
+        self.stopped.set()
+        if not self.leading:
+            return
+        e = self.election
+        try:
+            lease = self.kube.get(LEASE_KIND, e.namespace, e.name)
+            if (lease.get("spec") or {}).get("holderIdentity") == e.identity:
+                self.kube.patch(LEASE_KIND, e.namespace, e.name,
+                                {"spec": {"holderIdentity": "", "leaseDurationSeconds": 1}},
+                                resource_version=lease["metadata"]["resourceVersion"])
+                log.info("%s released the lease %s/%s", e.identity, e.namespace, e.name)
+        except KubeError as exc:
+            log.warning("lease not released: %s", exc)
+        self.leading = False

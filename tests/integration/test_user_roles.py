@@ -1,0 +1,123 @@
+"""Roles for people on the real apiserver, by impersonation.
+
+The chart's view/edit ClusterRoles aggregate into the built-in view/edit roles, the on-call role
+aggregates its base rules, and the admission policy keeps an instance's spec and labels the
+operator's: a user bound only to the on-call role can switch or pin an instance and nothing
+else; the operator's ServiceAccount still writes specs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from hybridserving.devcluster import Cluster, bin_dir
+
+from test_chart import CHART, ROOT
+
+RELEASE, RELEASE_NS = "hs", "hs-system"
+OPERATOR = f"system:serviceaccount:{RELEASE_NS}:hs-hybridserving"
+
+
+def rendered_user_roles() -> list[dict]:
+    proc = subprocess.run([str(bin_dir() / "helm"), "template", RELEASE, str(CHART), "-n", RELEASE_NS,
+                           "--show-only", "templates/userroles.yaml"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def instance(name: str) -> dict:
+    return {
+        "apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServingInstance",
+        "metadata": {"name": name, "labels": {"hybridserving.io/name": "fleet"}},
+        "spec": {"role": "decode", "index": 0, "nodes": 1, "configHash": "abc", "restartGeneration": 0,
+                 "ports": {"http": 30000, "bootstrap": 30001, "distInit": 30002, "engineInfoBootstrap": 30003,
+                           "launcher": 30004}},
+    }
+
+
+@pytest.fixture(scope="module")
+def user_roles(cluster: Cluster):
+    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    for crd in ("hybridservings.hybridserving.io", "hybridservinginstances.hybridserving.io"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    docs = rendered_user_roles()
+    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+    yield docs
+    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input="\n---\n".join(json.dumps(d) for d in docs),
+                    check=False)
+
+
+def as_user(cluster: Cluster, user: str, *args: str, groups: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    flags = [f"--as={user}", *(f"--as-group={g}" for g in groups)]
+    return cluster.kubectl(*flags, *args, check=False)
+
+
+def bind(cluster: Cluster, namespace: str, role: str, user: str) -> None:
+    cluster.kubectl("create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}", f"--user={user}",
+                    "-n", namespace)
+
+
+def can(cluster: Cluster, user: str, verb: str, resource: str, namespace: str) -> bool:
+    return as_user(cluster, user, "auth", "can-i", verb, resource, "-n", namespace).stdout.strip() == "yes"
+
+
+def test_on_call_can_switch_and_pin_an_instance_but_not_change_it(cluster: Cluster, user_roles, namespace, wait_for):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(instance("fleet-0")))
+    bind(cluster, namespace, "hs-hybridserving-oncall", "alice")
+    # The aggregation controller fills the on-call role from its base rules.
+    wait_for(lambda: can(cluster, "alice", "patch", "hybridservinginstances.hybridserving.io", namespace),
+             timeout=30, what="the on-call role aggregated")
+    hsi = ["hybridservinginstance/fleet-0", "-n", namespace]
+
+    switched = as_user(cluster, "alice", "annotate", *hsi, "hybridserving.io/switch-to=prefill")
+    assert switched.returncode == 0, switched.stderr
+    pinned = as_user(cluster, "alice", "annotate", *hsi, "hybridserving.io/pinned=true")
+    assert pinned.returncode == 0, pinned.stderr
+    unpinned = as_user(cluster, "alice", "annotate", *hsi, "hybridserving.io/pinned-")
+    assert unpinned.returncode == 0, unpinned.stderr
+    got = json.loads(cluster.kubectl("get", *hsi, "-o", "json").stdout)
+    assert got["metadata"]["annotations"].get("hybridserving.io/switch-to") == "prefill"
+    assert "hybridserving.io/pinned" not in got["metadata"]["annotations"]
+
+    spec = as_user(cluster, "alice", "patch", *hsi, "--type=merge", "-p", '{"spec":{"role":"prefill"}}')
+    assert spec.returncode != 0 and "the spec of a HybridServingInstance belongs to the operator" in spec.stderr, spec
+    label = as_user(cluster, "alice", "label", *hsi, "hybridserving.io/name=other", "--overwrite")
+    assert label.returncode != 0 and "labels of a HybridServingInstance belong to the operator" in label.stderr
+    other = as_user(cluster, "alice", "annotate", *hsi, "hybridserving.io/switch=forged")
+    assert other.returncode != 0 and "only the hybridserving.io/switch-to and" in other.stderr
+    assert as_user(cluster, "alice", "delete", *hsi).returncode != 0
+    after = json.loads(cluster.kubectl("get", *hsi, "-o", "json").stdout)
+    assert after["spec"] == got["spec"] and after["metadata"]["labels"] == got["metadata"]["labels"]
+
+    # Fleets are read-only to on-call; what a runbook reads is readable.
+    assert can(cluster, "alice", "get", "hybridservings.hybridserving.io", namespace)
+    assert not can(cluster, "alice", "patch", "hybridservings.hybridserving.io", namespace)
+    assert can(cluster, "alice", "get", "pods/log", namespace)
+    assert not can(cluster, "alice", "get", "secrets", namespace)
+    assert not can(cluster, "alice", "patch", "hybridservinginstances.hybridserving.io", "default")
+
+    # The operator's ServiceAccount is the one identity that writes instance specs.
+    operator = as_user(cluster, OPERATOR, "patch", *hsi, "--type=merge", "-p", '{"spec":{"role":"prefill"}}',
+                       groups=("system:masters",))
+    assert operator.returncode == 0, operator.stderr
+
+
+def test_view_and_edit_aggregate_into_the_built_in_roles(cluster: Cluster, user_roles, namespace, wait_for):
+    bind(cluster, namespace, "view", "carol")
+    bind(cluster, namespace, "edit", "bob")
+    wait_for(lambda: can(cluster, "bob", "create", "hybridservings.hybridserving.io", namespace),
+             timeout=30, what="edit aggregated")
+    assert can(cluster, "carol", "list", "hybridservinginstances.hybridserving.io", namespace)
+    assert not can(cluster, "carol", "create", "hybridservings.hybridserving.io", namespace)
+    assert not can(cluster, "carol", "patch", "hybridservinginstances.hybridserving.io", namespace)
+    assert can(cluster, "bob", "delete", "hybridservings.hybridserving.io", namespace)
+    # edit may annotate instances, but their spec stays the operator's for editors too.
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(instance("fleet-1")))
+    hsi = ["hybridservinginstance/fleet-1", "-n", namespace]
+    assert as_user(cluster, "bob", "annotate", *hsi, "hybridserving.io/pinned=true").returncode == 0
+    spec = as_user(cluster, "bob", "patch", *hsi, "--type=merge", "-p", '{"spec":{"role":"prefill"}}')
+    assert spec.returncode != 0 and "belongs to the operator" in spec.stderr

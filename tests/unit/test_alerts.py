@@ -1,0 +1,192 @@
+"""The chart's alerts: rendered by the real `helm`, checked by the real `promtool test rules`.
+
+Each alert fires on series shaped as their exporters write them and stays quiet where it must
+(tests/unit/alerts/*.test.yaml); every series a rule reads is one that something exports (the
+operator, the SGLang simulator under SGLang's names, the launcher, the recorded smg 1.13.0
+exposition, or the kube-state-metrics series named below); every alert has its runbook.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from hybridserving.devcluster import bin_dir
+
+from test_chart_static import ROOT, render
+from test_dashboard import engine_series, launcher_series, operator_series
+
+ALERT_TESTS = pathlib.Path(__file__).parent / "alerts"
+RUNBOOKS = ROOT / "docs" / "runbooks"
+SMG_EXPOSITION = pathlib.Path(__file__).parent / "data" / "smg-1.13.0.metrics"
+# kube-state-metrics series the weights alert reads (kube-state-metrics docs/metrics/workload/pod-metrics.md).
+KUBE_STATE_METRICS = {"kube_pod_init_container_status_waiting_reason", "kube_pod_init_container_status_restarts_total"}
+ENABLED = ("monitoring.prometheusRule.enabled=true",)
+SERIES = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
+RECORDED = re.compile(r"^hybridserving:")
+
+
+def promtool_binary() -> pathlib.Path:
+    promtool = bin_dir() / "promtool"
+    if not promtool.exists():
+        pytest.fail(f"{promtool} is missing: build it with `bash tools/build-tools.sh` (or `make tools`)", pytrace=False)
+    return promtool
+
+
+def rule_groups(*sets: str) -> list[dict]:
+    (rule,) = [d for d in render(*ENABLED, *sets) if d["kind"] == "PrometheusRule"]
+    return rule["spec"]["groups"]
+
+
+def router_series() -> set[str]:
+    names = set()
+    for family in text_string_to_metric_families(SMG_EXPOSITION.read_text()):
+        names |= {s.name for s in family.samples}
+    return names
+
+
+def promtool_test(tmp_path: pathlib.Path, groups: list[dict], test_file: pathlib.Path) -> subprocess.CompletedProcess:
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    shutil.copy(test_file, tmp_path / test_file.name)
+    return subprocess.run([str(promtool_binary()), "test", "rules", test_file.name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def expressions(groups: list[dict]) -> str:
+    return "\n".join(r["expr"] for g in groups for r in g["rules"])
+
+
+def alerts(groups: list[dict]) -> list[dict]:
+    return [r for g in groups for r in g["rules"] if "alert" in r]
+
+
+# ------------------------------------------------------------------------------------------ promtool
+
+
+def test_rules_pass_promtool_check(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule_groups()}, sort_keys=False))
+    proc = subprocess.run([str(promtool_binary()), "check", "rules", "rules.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("test_file", sorted(ALERT_TESTS.glob("*.test.yaml")), ids=lambda p: p.stem)
+def test_alerts_fire_on_recorded_series(tmp_path: pathlib.Path, test_file: pathlib.Path) -> None:
+    proc = promtool_test(tmp_path, rule_groups(), test_file)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_promtool_catches_a_wrong_expectation(tmp_path: pathlib.Path) -> None:
+    """The rule tests can fail: the same case expecting the fleet alert 10 minutes early does."""
+    case = (ALERT_TESTS / "hybridserving-alerts.test.yaml").read_text()
+    wrong = case.replace("      - eval_time: 20m\n        alertname: HybridServingFleetNotReady",
+                         "      - eval_time: 10m\n        alertname: HybridServingFleetNotReady", 1)
+    assert wrong != case
+    broken = tmp_path / "case" / "wrong.test.yaml"
+    broken.parent.mkdir()
+    broken.write_text(wrong)
+    proc = promtool_test(tmp_path, rule_groups(), broken)
+    assert proc.returncode != 0
+    assert "HybridServingFleetNotReady" in proc.stdout + proc.stderr
+
+
+def test_every_alert_is_tested_firing() -> None:
+    cases = yaml.safe_load((ALERT_TESTS / "hybridserving-alerts.test.yaml").read_text())["tests"]
+    fired = {t["alertname"] for case in cases for t in case.get("alert_rule_test", []) if t["exp_alerts"]}
+    quiet = {t["alertname"] for case in cases for t in case.get("alert_rule_test", []) if not t["exp_alerts"]}
+    names = {a["alert"] for a in alerts(rule_groups())}
+    assert names == fired, f"alerts without a firing case: {names - fired}"
+    # Where an alert fires, some series it reads are there but must not fire it.
+    assert names - quiet <= {"HybridServingTTFTBudgetBurn", "HybridServingTPOTBudgetBurn"}, names - quiet
+
+
+def test_thresholds_follow_the_values(tmp_path: pathlib.Path) -> None:
+    """Other thresholds reach the rules, and the same series then fire other alerts: a 4 s TTFT
+    bucket and a KV threshold of 100 % make the cases that expect those alerts fail."""
+    groups = rule_groups("monitoring.prometheusRule.slo.ttftSeconds=4", "monitoring.prometheusRule.kvCacheUsage=1")
+    exprs = expressions(groups)
+    assert 'le=~"4(\\\\.0)?"' in exprs and ") > 1\n" in exprs
+    proc = promtool_test(tmp_path, groups, ALERT_TESTS / "hybridserving-alerts.test.yaml")
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "alertname: HybridServingKVCacheNearlyFull" in out and "alertname: HybridServingTTFTBudgetBurn" in out
+
+
+# ----------------------------------------------------------------------------- series and runbooks
+
+
+def test_every_series_a_rule_reads_is_exported() -> None:
+    exported = set(operator_series()) | set(engine_series()) | set(launcher_series()) | router_series()
+    exported |= KUBE_STATE_METRICS | {"up"}
+    groups = rule_groups()
+    recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    for group in groups:
+        for rule in group["rules"]:
+            for name in SERIES.findall(rule["expr"]):
+                if name in recorded:
+                    continue
+                assert not RECORDED.match(name), f"{name} is read but never recorded"
+                assert name in exported, f"{rule.get('alert') or rule.get('record')}: {name} is exported by nothing"
+
+
+def test_every_alert_has_a_runbook_and_the_index_lists_it() -> None:
+    index = (RUNBOOKS / "README.md").read_text()
+    for rule in alerts(rule_groups("monitoring.prometheusRule.runbookBaseUrl=https://runbooks.example/hs/")):
+        name = rule["alert"]
+        page = RUNBOOKS / f"{name}.md"
+        assert page.exists(), f"{name} has no runbook"
+        assert page.read_text().startswith(f"# {name}\n")
+        assert f"[{name}]({name}.md)" in index
+        assert rule["annotations"]["runbook_url"] == f"https://runbooks.example/hs/{name}.md"
+        assert rule["labels"]["severity"] in ("warning", "critical")
+    pages = {p.stem for p in RUNBOOKS.glob("*.md")} - {"README"}
+    assert pages == {r["alert"] for r in alerts(rule_groups())}, "a runbook without an alert"
+
+
+# --------------------------------------------------------------------------------------- monitors
+
+
+def test_monitoring_is_off_by_default() -> None:
+    kinds = {d["kind"] for d in render()}
+    assert not kinds & {"PodMonitor", "PrometheusRule", "ServiceMonitor"}
+
+
+def test_pod_monitors_scrape_engines_launchers_and_routers_with_the_jobs_the_rules_select() -> None:
+    docs = render("monitoring.podMonitors.enabled=true", "watchNamespaces={llm,batch}")
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
+    engines, routers = monitors["hs-hybridserving-engines"], monitors["hs-hybridserving-routers"]
+    assert engines["spec"]["selector"]["matchLabels"] == {"hybridserving.io/component": "engine",
+                                                          "hybridserving.io/leader": "true"}
+    assert routers["spec"]["selector"]["matchLabels"] == {"hybridserving.io/component": "router"}
+    for m in (engines, routers):
+        assert m["spec"]["namespaceSelector"] == {"matchNames": ["llm", "batch"]}
+    jobs = {}
+    for m in (engines, routers):
+        for ep in m["spec"]["podMetricsEndpoints"]:
+            relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
+            jobs[relabel["job"]["replacement"]] = ep["port"]
+            assert relabel["hybridserving"]["sourceLabels"] == ["__meta_kubernetes_pod_label_hybridserving_io_name"]
+    assert jobs == {"hybridserving-engine": "http", "hybridserving-launcher": "launcher", "hybridserving-router": "metrics"}
+    rules = expressions(rule_groups())
+    assert set(re.findall(r'job="(hybridserving-[a-z]+)"', rules)) == set(jobs) | {"hybridserving-operator"}
+
+
+def test_pod_monitors_cover_every_namespace_when_the_operator_does() -> None:
+    docs = render("monitoring.podMonitors.enabled=true", "watchAllNamespaces=true")
+    for d in docs:
+        if d["kind"] == "PodMonitor":
+            assert d["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_operator_service_monitor_keeps_the_fleet_namespace_and_names_its_job() -> None:
+    (sm,) = [d for d in render("metrics.serviceMonitor.enabled=true") if d["kind"] == "ServiceMonitor"]
+    (ep,) = sm["spec"]["endpoints"]
+    assert ep["honorLabels"] is True
+    assert {"targetLabel": "job", "replacement": "hybridserving-operator"} in ep["relabelings"]
+

@@ -1,0 +1,30 @@
+"""The chart with more than one operator replica: leader election on, a Lease Role, rolling updates."""
+
+from __future__ import annotations
+
+from test_chart_static import of_kind, operator_container, render, the
+
+
+def test_two_replicas_elect_a_leader_on_a_lease_of_their_own() -> None:
+    docs = render("replicaCount=2")
+    deployment = the(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    container = operator_container(docs)
+    assert "--leader-elect" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == "hs-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["hybridserving-operator"],
+         "verbs": ["get", "patch"]},
+    ]
+
+
+def test_one_replica_runs_without_election() -> None:
+    docs = render()
+    assert "--leader-elect" not in operator_container(docs)["args"]
+    assert not [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]

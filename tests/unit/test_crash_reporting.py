@@ -1,0 +1,108 @@
+"""Engine crashes where people look: instance status, an Event, the fleet's Degraded condition
+and the gauges the crash-loop alert reads, from what the kubelet reports on the pods.
+
+The kubelet side (restart counts, CrashLoopBackOff, the FallbackToLogsOnError message) is the
+pod runner's, checked here on its message rule; the whole chain runs in
+tests/e2e/test_crash_loop_e2e.py.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
+from hybridserving.controller import reconcile as rec
+from hybridserving.core.planner import ObservedPod, describe_termination
+from hybridserving_engine.podrunner.runner import termination_message
+
+from test_reconcile import NS, SPEC, MemoryApi, settle
+
+LAST_LINE = "engine crash loop: 5 consecutive engine failures, last exit status 3; exiting so that the container restarts"
+
+
+def crash_looping(pod: dict, restarts: int = 3) -> None:
+    pod["status"]["containerStatuses"] = [{
+        "name": "engine", "ready": False, "restartCount": restarts,
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": f"starting\n{LAST_LINE}"}},
+    }]
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+
+
+def _sample(name: str, label_names, labels) -> float | None:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, dict(zip(label_names, labels)))
+
+
+def test_a_crash_looping_pod_turns_its_instance_to_crash_loop_with_the_last_exit() -> None:
+    api = MemoryApi()
+    api.user_apply(SPEC)
+    settle(api)
+    pod = api.store[("Pod", "fleet-1-0")]
+    crash_looping(pod)
+    rec.reconcile(api, NS, "fleet")
+
+    inst = api.store[(INSTANCE_KIND, "fleet-1")]["status"]
+    assert inst["phase"] == "CrashLoop" and inst["restarts"] == 3
+    assert inst["lastExit"] == f"exit code 3 (Error): {LAST_LINE}"
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoop"
+    assert "fleet-1 is crash looping (exit code 3 (Error)" in degraded["message"]
+    events = [o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]
+    assert len(events) == 1
+    assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == INSTANCE_KIND
+    assert events[0]["involvedObject"]["name"] == "fleet-1" and LAST_LINE in events[0]["message"]
+    assert _sample("hybridserving_instance_crash_looping", ("namespace", "hybridserving", "hybridserving_instance"),
+                   (NS, "fleet", "fleet-1")) == 1
+    assert _sample("hybridserving_instance_restarts", ("namespace", "hybridserving", "hybridserving_instance"),
+                   (NS, "fleet", "fleet-1")) == 3
+    assert _sample("hybridserving_instance_crash_looping", ("namespace", "hybridserving", "hybridserving_instance"),
+                   (NS, "fleet", "fleet-0")) == 0
+    assert _sample("hybridserving_fleet_condition", ("namespace", "hybridserving", "type", "status"),
+                   (NS, "fleet", "Degraded", "True")) == 1
+
+    # Still looping: no second Event. Running again: Ready, the restarts and the last exit stay.
+    rec.reconcile(api, NS, "fleet")
+    assert len([o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]) == 1
+    pod["status"]["containerStatuses"][0]["state"] = {"running": {}}
+    pod["status"]["containerStatuses"][0]["ready"] = True
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    rec.reconcile(api, NS, "fleet")
+    inst = api.store[(INSTANCE_KIND, "fleet-1")]["status"]
+    assert inst["phase"] == "Ready" and inst["restarts"] == 3 and inst["lastExit"].startswith("exit code 3")
+    assert api.condition("Degraded")["status"] == "False"
+    assert _sample("hybridserving_instance_crash_looping", ("namespace", "hybridserving", "hybridserving_instance"),
+                   (NS, "fleet", "fleet-1")) == 0
+
+
+def test_a_deleted_fleet_leaves_no_series_behind() -> None:
+    api = MemoryApi()
+    api.user_apply(SPEC, name="gone")
+    rec.reconcile(api, NS, "gone")
+    labels = ("namespace", "hybridserving", "type", "status")
+    assert _sample("hybridserving_fleet_condition", labels, (NS, "gone", "Ready", "False")) == 1
+    del api.store[(KIND, "gone")]
+    rec.reconcile(api, NS, "gone")
+    assert _sample("hybridserving_fleet_condition", labels, (NS, "gone", "Ready", "False")) is None
+
+
+def test_observed_pods_read_the_kubelets_crash_loop() -> None:
+    body = {"metadata": {"name": "p"}, "status": {}}
+    crash_looping(body, restarts=7)
+    pod = ObservedPod.from_manifest(body)
+    assert pod.restarts == 7 and pod.crash_looping
+    assert pod.last_exit == f"exit code 3 (Error): {LAST_LINE}"
+    assert describe_termination({"exitCode": 137, "reason": "OOMKilled"}) == "exit code 137 (OOMKilled)"
+    assert not ObservedPod.from_manifest({"metadata": {"name": "q"}}).crash_looping
+
+
+def test_the_pod_runner_reports_the_logs_tail_as_the_kubelet_does(tmp_path: pathlib.Path) -> None:
+    log = tmp_path / "container.log"
+    log.write_text("".join(f"line {i}\n" for i in range(500)) + LAST_LINE + "\n")
+    fallback = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    message = termination_message(fallback, 3, log)
+    assert message.endswith(LAST_LINE) and len(message.splitlines()) <= 80 and len(message) <= 2048
+    assert termination_message(fallback, 0, log) == ""  # a clean exit keeps no message
+    assert termination_message({}, 3, log) == ""  # the default policy reads /dev/termination-log only
+    assert termination_message(fallback, 3, tmp_path / "missing.log") == ""
