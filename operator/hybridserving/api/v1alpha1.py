@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from hybridserving.api.base import ApiModel, cel
+from hybridserving.api.pods import EnvFromSource, EnvVarSource, GangSpec, PodTemplate
+from hybridserving.api.weights import WeightsSpec
 from hybridserving.core.profiles import ModelArchitecture
 
 GROUP = "hybridserving.io"
@@ -23,28 +26,6 @@ INSTANCE_PLURAL = "hybridservinginstances"
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
-
-
-def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry; `field_path` is relative to the node, e.g. "layout.dcp".
-
-    The apiserver wants fieldPath as a JSON path starting with "." and refuses the CRD otherwise.
-    """
-    entry = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = f".{field_path}"
-    if reason:
-        entry["reason"] = reason
-    return entry
-
-
-class ApiModel(BaseModel):
-    """Base: camelCase on the wire, unknown fields rejected (the CRD prunes them anyway)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 # --------------------------------------------------------------------------- model / engine
@@ -77,6 +58,11 @@ class ModelSpec(ApiModel):
         default=None, description="A custom architecture, when no built-in profile fits."
     )
     served_model_name: str | None = Field(default=None, max_length=256, description="--served-model-name.")
+    weights: WeightsSpec | None = Field(
+        default=None,
+        description="Where the weights come from (hub, PVC, node-local cache, OCI image); unset: the engine "
+        "reads model.path itself.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -89,8 +75,31 @@ class ModelSpec(ApiModel):
 
 
 class EnvVar(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", "valueFrom")
+            ]
+        }
+    )
+
     name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    value: str = Field(default="", max_length=4096)
+    value: str | None = Field(default=None, max_length=4096)
+    value_from: EnvVarSource | None = Field(
+        default=None, description="From a Secret key, a ConfigMap key or a pod field (Kubernetes' valueFrom)."
+    )
+
+    @model_validator(mode="after")
+    def _one_value(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: set value or valueFrom, not both")
+        return self
+
+    def to_pod(self) -> dict[str, Any]:
+        """The container env entry; a plain value defaults to empty as in Kubernetes."""
+        if self.value_from is not None:
+            return {"name": self.name, "valueFrom": self.value_from.to_wire()}
+        return {"name": self.name, "value": self.value or ""}
 
 
 class EngineSpec(ApiModel):
@@ -121,6 +130,9 @@ class EngineSpec(ApiModel):
         description="Extra SGLang flags appended to both roles' argv (validated by the engine's parser).",
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment for the engine.")
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list, max_length=16, description="All keys of Secrets or ConfigMaps as engine environment."
+    )
 
 
 class HardwareSpec(ApiModel):
@@ -236,6 +248,11 @@ class RoleSpec(ApiModel):
     prefix_caching: bool = Field(
         default=True,
         description="Keep the radix prefix cache on (prefill); off silently loses shared-prefix hits.",
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Partial pod template for this role's pods, merged after spec.podTemplate. A pod spec that "
+        "differs between roles makes a switched instance roll onto new pods.",
     )
 
     @property
@@ -380,6 +397,14 @@ class HybridServingSpec(ApiModel):
     router: RouterSpec = Field(default_factory=RouterSpec)
     role_switch: RoleSwitchSpec = Field(default_factory=RoleSwitchSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Partial pod template (Kubernetes field names) merged onto every engine pod: tolerations, "
+        "nodeSelector, affinity, priorityClassName, schedulerName, imagePullSecrets, resources, labels, "
+        "annotations, serviceAccountName, volumes and mounts, runtimeClassName. Fields the operator owns are "
+        "refused naming the field.",
+    )
+    gang: GangSpec = Field(default_factory=GangSpec, description="All-or-nothing admission of an instance's pods.")
 
     def role(self, role: Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
