@@ -32,7 +32,7 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, Hybri
 from hybridserving.controller import metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import Validation, changed, fleet_status, instance_status, now
-from hybridserving.core import layout, planner, privileges
+from hybridserving.core import layout, planner, privileges, surface
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.planner import LABEL_NAME, Action, DesiredState, Observed
 
@@ -85,7 +85,7 @@ def validate(body: dict[str, Any], engine_policy: EnginePolicy = EnginePolicy())
             for e in exc.errors()
         )
         return None, Validation(issues=(), parse_error=errors)
-    issues = [*layout.validate(hs.spec), *privileges.check(hs.spec, engine_policy)]
+    issues = [*layout.validate(hs.spec), *surface.check(hs.spec), *privileges.check(hs.spec, engine_policy)]
     return hs, Validation(issues=issues)
 
 
