@@ -470,6 +470,16 @@ class SwitchRecord(ApiModel):
     phase: str | None = None
 
 
+class WeightsStatus(ApiModel):
+    source: str = ""
+    cache: str = "None"
+    nodes_ready: int = Field(default=0, description="Nodes whose node-local copy is complete.")
+    nodes_filling: int = Field(default=0, description="Nodes downloading now.")
+    nodes_failed: int = Field(default=0, description="Nodes whose last download failed (pods retry).")
+    bytes: int = Field(default=0, description="Size of one complete copy.")
+    errors: list[str] = Field(default_factory=list, description="Last download errors, by node (bounded).")
+
+
 class HybridServingStatus(ApiModel):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(
@@ -482,6 +492,7 @@ class HybridServingStatus(ApiModel):
     capacity: CapacityStatus = Field(default_factory=CapacityStatus)
     switches: list[SwitchRecord] = Field(default_factory=list, description="Recent role switches, newest last (bounded).")
     ready: str = Field(default="False", description="Ready condition status, for printer columns.")
+    weights: WeightsStatus | None = Field(default=None, description="Where the model weights are, per node.")
 
 
 class ObjectMeta(ApiModel):

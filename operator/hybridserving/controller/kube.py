@@ -53,6 +53,7 @@ RESOURCES: dict[str, Resource] = {
     "PodDisruptionBudget": Resource("policy", "v1", "poddisruptionbudgets"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "Workload": Resource("scheduling.k8s.io", "v1alpha1", "workloads"),
 }
 
 # Kinds the operator owns besides instances and pods, listed on every reconcile.

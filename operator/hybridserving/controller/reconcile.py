@@ -32,7 +32,7 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, Hybri
 from hybridserving.controller import metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import Validation, changed, fleet_status, instance_status, now
-from hybridserving.core import layout, planner, privileges, surface
+from hybridserving.core import layout, planner, privileges, surface, weights
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.planner import LABEL_NAME, Action, DesiredState, Observed
 
@@ -54,7 +54,7 @@ class Outcome:
     gone: bool = False
 
 
-def observe(kube: Kube, namespace: str, name: str, hs_uid: str) -> Observed:
+def observe(kube: Kube, namespace: str, name: str, hs_uid: str, extra_kinds: tuple[str, ...] = ()) -> Observed:
     """Every child of the HybridServing: listed by its label, kept when ownership leads back to it."""
     selector = {LABEL_NAME: name}
     instances = [
@@ -68,7 +68,7 @@ def observe(kube: Kube, namespace: str, name: str, hs_uid: str) -> Observed:
         return bool(owners & {r.get("uid") for r in obj["metadata"].get("ownerReferences") or []})
 
     pods = [p for p in kube.list("Pod", namespace, selector) if ours(p)]
-    objects = [o for kind in OWNED_KINDS for o in kube.list(kind, namespace, selector) if ours(o)]
+    objects = [o for kind in (*OWNED_KINDS, *extra_kinds) for o in kube.list(kind, namespace, selector) if ours(o)]
     return Observed.from_manifests(instances, pods, objects)
 
 
@@ -143,7 +143,8 @@ def count_switches(observed: Observed, applied: list[Action]) -> None:
             metrics.ROLE_SWITCHES.labels(from_role, inst.spec.role).inc()
 
 
-def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warning: str | None) -> None:
+def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warning: str | None,
+                more_warnings: tuple[tuple[str, str], ...] = ()) -> None:
     """One Event per kind of decision this pass made, naming every object and the first reason."""
     grouped: dict[tuple[str, str], list[Action]] = defaultdict(list)
     for a in actions:
@@ -163,6 +164,7 @@ def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warn
         events.append(("Normal", reason, f"{verb} {kind} {names}: {group[0].reason}"))
     if warning:
         events.append(("Warning", "LayoutInvalid", warning))
+    events.extend(("Warning", reason, message) for reason, message in more_warnings)
     meta = hs_body["metadata"]
     for type_, reason, message in events:
         stamp = now()
@@ -177,6 +179,14 @@ def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warn
             })
         except KubeError as exc:  # events are best effort: never fail a reconcile on them
             log.debug("event not posted: %s", exc)
+
+
+def weights_warnings(previous: dict[str, Any] | None, current: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    """A Warning when more nodes fail to get the weights than before (running pods are not touched)."""
+    if not current or current.get("nodesFailed", 0) <= (previous or {}).get("nodesFailed", 0):
+        return ()
+    return (("WeightsFailed", f"weights from {current['source']} failed on {current['nodesFailed']} node(s); "
+             f"pods retry with back-off, running instances keep serving: {'; '.join(current['errors'])}"),)
 
 
 def report_instances(kube: Kube, namespace: str, views: dict[str, planner.InstanceView]) -> None:
@@ -209,7 +219,9 @@ def reconcile(kube: Kube, namespace: str, name: str,
         outcome.gone = True  # the garbage collector takes the children
         return outcome
     generation = meta.get("generation")
-    observed = observe(kube, namespace, name, meta["uid"])
+    # Workloads are listed only for fleets that ask for them: the API is alpha and often not served.
+    extra = ("Workload",) if ((body.get("spec") or {}).get("gang") or {}).get("mode") == "Workload" else ()
+    observed = observe(kube, namespace, name, meta["uid"], extra)
     hs, validation = validate(body, engine_policy)
     effective: HybridServing | None = hs if validation.valid else None
     if effective is None:
@@ -226,7 +238,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
         act(kube, namespace, todo, outcome)
     if outcome.applied:
         count_switches(observed, outcome.actions[: outcome.applied])
-        observed = observe(kube, namespace, name, meta["uid"])
+        observed = observe(kube, namespace, name, meta["uid"], extra)
     views = planner.view(desired, observed) if desired is not None else {}
     if not outcome.conflict:
         report_instances(kube, namespace, views)
@@ -237,14 +249,17 @@ def reconcile(kube: Kube, namespace: str, name: str,
         warning = validation.message()
     status = fleet_status(desired, observed, views, validation, generation, previous,
                           len(outcome.actions) - outcome.applied if outcome.actions else 0, outcome.errors)
+    if desired is not None and desired.spec.model.weights is not None:
+        status["weights"] = weights.summarize(desired.spec.model.weights, observed.pods.values())
     if changed(previous, status):
         try:
             kube.patch(KIND, namespace, name, {"status": status}, subresource="status")
         except KubeError as exc:
             if not exc.conflict:
                 raise
-    if outcome.applied or warning:
-        post_events(kube, body, outcome.actions[: outcome.applied], warning)
+    more = weights_warnings(previous.get("weights"), status.get("weights"))
+    if outcome.applied or warning or more:
+        post_events(kube, body, outcome.actions[: outcome.applied], warning, more)
     if outcome.conflict or outcome.errors:
         outcome.requeue_after = 1.0
     elif outcome.actions or status.get("ready") != "True":

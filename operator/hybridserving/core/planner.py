@@ -103,6 +103,7 @@ class ObservedPod:
     unschedulable: str | None = None
     host_ports: tuple[int, ...] = ()
     owner_uids: tuple[str, ...] = ()
+    weights_fill: tuple[str, str] | None = None  # the node-cache fill step: (state, detail)
 
     @property
     def instance(self) -> str:
@@ -162,6 +163,7 @@ class ObservedPod:
             unschedulable=unschedulable,
             host_ports=host_ports,
             owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
+            weights_fill=weights.fill_outcome(obj),
         )
 
 

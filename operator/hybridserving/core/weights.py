@@ -14,6 +14,8 @@ switches on that node start without a second download.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,3 +169,37 @@ def fill_outcome(pod: dict[str, Any]) -> tuple[str, str] | None:
             return "Failed", last["terminated"].get("message") or last["terminated"].get("reason") or "failed"
         return "Filling", ""
     return None
+
+
+def summarize(w: WeightsSpec, pods: Iterable[Any]) -> dict[str, Any]:
+    """Status of the weights across nodes: how many have them, how many fill, bytes, errors.
+
+    A node counts once, by its best outcome (a node where one pod filled the cache has the
+    weights even if another pod's earlier attempt failed). Sources mounted from a volume are
+    ready where a pod runs; their readiness shows in the pods' own status.
+    """
+    per_node: dict[str, tuple[str, str]] = {}
+    rank = {"Filled": 2, "Filling": 1, "Failed": 0}
+    for pod in pods:
+        if pod.weights_fill is None or not pod.node_name:
+            continue
+        best = per_node.get(pod.node_name)
+        if best is None or rank[pod.weights_fill[0]] > rank[best[0]]:
+            per_node[pod.node_name] = pod.weights_fill
+    filled = [detail for state, detail in per_node.values() if state == "Filled"]
+    size = 0
+    for detail in filled:
+        try:
+            size = max(size, int(json.loads(detail).get("bytes", 0)))
+        except (ValueError, AttributeError):
+            continue
+    errors = sorted({f"{node}: {detail[:200]}" for node, (state, detail) in per_node.items() if state == "Failed"})
+    return {
+        "source": w.uri,
+        "cache": w.cache,
+        "nodesReady": len(filled),
+        "nodesFilling": sum(1 for state, _ in per_node.values() if state == "Filling"),
+        "nodesFailed": len(errors),
+        "bytes": size,
+        "errors": errors[:5],
+    }
