@@ -35,6 +35,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="whether engine pods may use the host network (refused fleets get LayoutValid=False)")
     ap.add_argument("--engine-allow-ipc-lock", type=_flag, default=True, metavar="true|false",
                     help="whether engine pods may get IPC_LOCK (needed by RDMA)")
+    ap.add_argument("--webhook-port", type=int, default=0,
+                    help="serve the validating admission webhook on this port (0: off)")
+    ap.add_argument("--webhook-addr", default="0.0.0.0", help="address the webhook server binds")
+    ap.add_argument("--webhook-host", default=None,
+                    help="name the apiserver reaches the webhook by (in a cluster: <service>.<namespace>.svc)")
+    ap.add_argument("--webhook-cert-dir", default=None,
+                    help="tls.crt and tls.key (e.g. from cert-manager); default: a self-signed pair made at start")
     ap.add_argument("--verbose", "-v", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -49,6 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     handlers.OPTIONS.workers = args.workers
     handlers.OPTIONS.resync_seconds = args.resync_seconds
     handlers.OPTIONS.engine_policy = EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock)
+    if args.webhook_port:
+        from hybridserving.controller import admission  # registers the webhook handlers
+
+        cert_dir = args.webhook_cert_dir
+
+        @kopf.on.startup()
+        def serve_webhook(settings: kopf.OperatorSettings, **_: object) -> None:
+            admission.configure(
+                settings, addr=args.webhook_addr, port=args.webhook_port,
+                host=args.webhook_host or args.webhook_addr,
+                certfile=f"{cert_dir}/tls.crt" if cert_dir else None,
+                keyfile=f"{cert_dir}/tls.key" if cert_dir else None,
+            )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     asyncio.run(kopf.operator(
