@@ -118,7 +118,7 @@ def violations(node: dict[str, Any], value: Any, path: str = "") -> list[str]:
                 found += violations(node["properties"][key], item, f"{path}.{key}")
             elif isinstance(node.get("additionalProperties"), dict):
                 found += violations(node["additionalProperties"], item, f"{path}.{key}")
-            else:
+            elif not node.get("x-kubernetes-preserve-unknown-fields"):
                 found.append(f"{path}.{key}: unknown field (pruned)")
     return found
 

@@ -320,3 +320,38 @@ def test_kueue_gets_pod_group_labels_and_a_fleet_without_gang_is_unchanged() -> 
     assert pod["metadata"]["annotations"][gang.KUEUE_TOTAL] == "2"
     plain = planner.plan(fleet(), Observed())
     assert all(p.workload is None for p in plain.instances.values())
+
+
+# --------------------------------------------------------------------------- router
+
+
+def router_objects(hs: HybridServing) -> dict[tuple[str, str], dict[str, Any]]:
+    return {k: v for k, v in planner.plan(hs, Observed()).objects.items() if k[1] == "hs-router"}
+
+
+def test_the_router_has_probes_resources_and_scraped_metrics() -> None:
+    objs = router_objects(fleet())
+    container = objs[("Deployment", "hs-router")]["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+    assert container["args"][container["args"].index("--prometheus-host") + 1] == "0.0.0.0"
+    ports = {p["name"]: p["port"] for p in objs[("Service", "hs-router")]["spec"]["ports"]}
+    assert ports == {"http": 8000, "metrics": planner.ROUTER_METRICS_PORT}
+    assert ("PodDisruptionBudget", "hs-router") not in objs, "one replica: nothing to protect"
+
+
+def test_replicated_routers_get_a_budget_and_spread_and_lose_them_when_scaled_back() -> None:
+    hs = fleet(router={"replicas": 3, "resources": {"requests": {"cpu": "4"}}})
+    objs = router_objects(hs)
+    pdb = objs[("PodDisruptionBudget", "hs-router")]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {
+        planner.LABEL_NAME: "hs", planner.LABEL_COMPONENT: "router"}}}
+    pod = objs[("Deployment", "hs-router")]["spec"]["template"]["spec"]
+    assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "4"}, "limits": {}}
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    assert ("PodDisruptionBudget", "hs-router") in cluster.store
+    converge(cluster, fleet(router={"replicas": 1}))
+    assert ("PodDisruptionBudget", "hs-router") not in cluster.store

@@ -326,10 +326,20 @@ class NetworkSpec(ApiModel):
     spread_across_racks: bool = Field(default=False, description="Spread instances of a role across racks.")
 
 
+class Resources(ApiModel):
+    requests: dict[str, Annotated[str, Field(max_length=64)]] = Field(default_factory=dict)
+    limits: dict[str, Annotated[str, Field(max_length=64)]] = Field(default_factory=dict)
+
+
 class RouterSpec(ApiModel):
     enabled: bool = Field(default=True, description="Deploy an smg router with Kubernetes service discovery.")
     image: str = Field(default="lightseekorg/smg:1.13.0", max_length=512)
-    replicas: int = Field(default=1, ge=0, le=64)
+    replicas: int = Field(default=1, ge=0, le=64, description="Router replicas; two or more get a PodDisruptionBudget "
+                          "and are spread over nodes.")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "4Gi"}),
+        description="CPU/memory of each router replica (Kubernetes quantities).",
+    )
     port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port.")
     prefill_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "cache_aware"
     decode_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "power_of_two"

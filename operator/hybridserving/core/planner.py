@@ -37,7 +37,7 @@ from hybridserving.api.v1alpha1 import (
     HybridServingSpec,
     Role,
 )
-from hybridserving.core import flags, gang, podtemplate, ports, privileges, weights
+from hybridserving.core import flags, gang, podtemplate, ports, privileges, router, weights
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -767,6 +767,7 @@ def router_argv(hs: HybridServing, instances: Mapping[str, InstancePlan]) -> lis
         "--service-discovery-namespace", hs.metadata.namespace,
         "--prefill-policy", spec.router.prefill_policy,
         "--decode-policy", spec.router.decode_policy,
+        "--prometheus-host", "0.0.0.0",
         "--prometheus-port", str(ROUTER_METRICS_PORT),
     ]
 
@@ -776,7 +777,8 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
     name = router_name(hs.metadata.name)
     selector = {LABEL_NAME: hs.metadata.name, LABEL_COMPONENT: "router"}
     meta = lambda: _meta(hs, name, owner, "router")  # noqa: E731
-    return [
+    budget = router.disruption_budget(spec.router, meta(), selector)
+    return [*([budget] if budget else []),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -813,8 +815,10 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
                                     {"name": "http", "containerPort": spec.router.port, "protocol": "TCP"},
                                     {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
                                 ],
+                                **router.container_fields(spec.router),
                             }
                         ],
+                        **router.pod_fields(spec.router, selector),
                     },
                 },
             },
@@ -826,7 +830,9 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
             "spec": {
                 "selector": selector,
                 "ports": [
-                    {"name": "http", "port": spec.router.port, "targetPort": spec.router.port, "protocol": "TCP"}
+                    {"name": "http", "port": spec.router.port, "targetPort": spec.router.port, "protocol": "TCP"},
+                    {"name": router.METRICS_PORT_NAME, "port": ROUTER_METRICS_PORT, "targetPort": ROUTER_METRICS_PORT,
+                     "protocol": "TCP"},
                 ],
             },
         },
