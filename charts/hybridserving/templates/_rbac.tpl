@@ -45,6 +45,10 @@ them, and list/watch on Secrets would reveal their contents.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# One gang Workload per instance (spec.gang.mode: Workload).
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # The router may read pods of its namespace (service discovery); the operator holds that itself.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]

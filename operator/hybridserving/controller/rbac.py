@@ -49,6 +49,8 @@ RULES: tuple[Rule, ...] = (
     Rule("Application: the router's identity", "", ("serviceaccounts",), ("get", "list") + WRITE),
     Rule("Application: the router", "apps", ("deployments",), READ + WRITE),
     Rule("Application: per-role disruption budgets", "policy", ("poddisruptionbudgets",), READ + WRITE),
+    Rule("Application: one gang Workload per instance (spec.gang.mode: Workload)", "scheduling.k8s.io",
+         ("workloads",), ("get", "list") + WRITE),
     Rule("Application: the router may read pods of its namespace (service discovery)",
          "rbac.authorization.k8s.io", ("roles", "rolebindings"), ("get", "list") + WRITE),
     Rule("Application: an Event for every decision", "", ("events",), ("create",)),
