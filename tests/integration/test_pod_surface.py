@@ -140,7 +140,7 @@ def test_a_gang_that_does_not_fit_is_held_whole_until_it_fits(pool_fleet: Fleet)
                          decode={"replicas": 0, "layout": {"tp": 8}}))
     fleet.wait_for(lambda: len(fleet.pods()) == 2, timeout=60, what="gang pods created")
     workload = fleet.custom.get_namespaced_custom_object("scheduling.k8s.io", "v1alpha1", fleet.ns, "workloads",
-                                                         "gang-0")
+                                                         "gang-0-n2")
     assert workload["spec"]["podGroups"] == [{"name": "engine", "policy": {"gang": {"minCount": 2}}}]
     # Held whole: for a while no pod of the gang is bound, although the leader alone would fit on `free`.
     deadline = time.monotonic() + 15

@@ -290,17 +290,32 @@ def test_workload_gangs_each_instance_and_follow_it_through_garbage_collection()
     hs = fleet(gang={"mode": "Workload"}, prefill={"replicas": 2, "nodesPerInstance": 2, "layout": {"tp": 16}})
     cluster = FakeCluster()
     converge(cluster, hs)
-    workloads = {n: o for (k, n), o in cluster.store.items() if k == "Workload"}
+    workloads = {o["metadata"]["labels"][planner.LABEL_INSTANCE]: o for (k, _), o in cluster.store.items()
+                 if k == "Workload"}
     assert sorted(workloads) == [f"hs-{i}" for i in range(5)]
     insts = cluster.instances()
     for name, wl in workloads.items():
         nodes = insts[name]["spec"]["nodes"]
+        assert wl["metadata"]["name"] == f"{name}-n{nodes}"
         assert wl["spec"]["podGroups"] == [{"name": "engine", "policy": {"gang": {"minCount": nodes}}}]
         assert wl["metadata"]["ownerReferences"][0]["uid"] == insts[name]["metadata"]["uid"]
     for pod in cluster.pods().values():
         inst = pod["metadata"]["labels"][planner.LABEL_INSTANCE]
-        assert pod["spec"]["workloadRef"] == {"name": inst, "podGroup": "engine"}
+        assert pod["spec"]["workloadRef"] == {"name": workloads[inst]["metadata"]["name"], "podGroup": "engine"}
     assert cluster.reconcile(hs) == []
+
+
+def test_a_new_instance_size_is_a_new_workload_since_pod_groups_are_immutable() -> None:
+    hs = fleet(gang={"mode": "Workload"}, prefill={"replicas": 1, "layout": {"tp": 8}},
+               decode={"replicas": 0, "layout": {"tp": 8}})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    assert [n for k, n in cluster.store if k == "Workload"] == ["hs-0-n1"]
+    bigger = fleet(gang={"mode": "Workload"}, prefill={"replicas": 1, "nodesPerInstance": 2, "layout": {"tp": 16}},
+                   decode={"replicas": 0, "layout": {"tp": 8}})
+    converge(cluster, bigger)
+    assert [n for k, n in cluster.store if k == "Workload"] == ["hs-0-n2"]
+    assert all(p["spec"]["workloadRef"]["name"] == "hs-0-n2" for p in cluster.pods().values())
 
 
 def test_workloads_are_created_before_the_pods_that_wait_for_them() -> None:

@@ -33,20 +33,25 @@ def uses_workload(spec: HybridServingSpec) -> bool:
     return spec.gang.mode == "Workload"
 
 
+def workload_name(instance: str, nodes: int) -> str:
+    """Named by its size too: a Workload's pod groups are immutable, so a new size is a new Workload."""
+    return f"{instance}-n{nodes}"
+
+
 def workload(instance: str, namespace: str, nodes: int, metadata: dict[str, Any]) -> dict[str, Any]:
     """The Workload of one instance: one gang of all its pods."""
     return {
         "apiVersion": WORKLOAD_API_VERSION,
         "kind": WORKLOAD_KIND,
-        "metadata": {**metadata, "name": instance, "namespace": namespace},
+        "metadata": {**metadata, "name": workload_name(instance, nodes), "namespace": namespace},
         "spec": {"podGroups": [{"name": POD_GROUP, "policy": {"gang": {"minCount": nodes}}}]},
     }
 
 
-def pod_spec_fields(spec: HybridServingSpec, instance: str) -> dict[str, Any]:
+def pod_spec_fields(spec: HybridServingSpec, instance: str, nodes: int) -> dict[str, Any]:
     """Pod spec fields that put a pod into its instance's gang."""
     if uses_workload(spec):
-        return {"workloadRef": {"name": instance, "podGroup": POD_GROUP}}
+        return {"workloadRef": {"name": workload_name(instance, nodes), "podGroup": POD_GROUP}}
     return {}
 
 

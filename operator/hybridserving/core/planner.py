@@ -661,7 +661,7 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
         ]
     if pod_weights.init_containers:
         pod["initContainers"] = pod_weights.init_containers
-    pod.update(gang.pod_spec_fields(spec, instance))
+    pod.update(gang.pod_spec_fields(spec, instance, spec.role(role).nodes_per_instance))
     return podtemplate.apply_spec(pod, spec, role)
 
 
@@ -1042,7 +1042,7 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     # Anything of ours the plan no longer has (router turned off, a role's objects renamed).
     wanted = set(desired.objects) | {
         ("Service", n) for n, p in desired.instances.items() if p.service is not None
-    } | {("Workload", n) for n, p in desired.instances.items() if p.workload is not None}
+    } | {("Workload", p.workload["metadata"]["name"]) for p in desired.instances.values() if p.workload is not None}
     for key, obj in observed.objects.items():
         meta = obj.get("metadata") or {}
         owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
