@@ -81,6 +81,8 @@ def test_pods_reach_tainted_gpu_nodes_through_the_pod_template(pool_fleet: Fleet
         c.type == "PodScheduled" and c.status == "False" and "untolerated taint" in (c.message or "")
         for c in p.status.conditions) for p in fleet.pods().values()), timeout=60, what="pods refused by the taint")
     assert set(scheduled(fleet).values()) == {None}
+    fleet.wait_for(lambda: "untolerated taint" in fleet.condition("Degraded").get("message", ""), timeout=30,
+                   what="the taint named in Degraded")
 
     def add_template(spec: dict[str, Any]) -> None:
         spec["podTemplate"] = {
@@ -171,3 +173,43 @@ def test_without_gang_admission_the_leader_binds_alone(pool_fleet: Fleet) -> Non
     fleet.wait_for(lambda: scheduled(fleet).get("nogang-0-0") == nodes[0], timeout=60,
                    what="the leader bound alone, holding its GPUs")
     assert scheduled(fleet).get("nogang-0-1") is None
+
+
+def test_weights_from_a_read_only_many_claim_are_shared_by_every_pod(pool_fleet: Fleet) -> None:
+    fleet = pool_fleet
+    core = fleet.core
+    pv = f"models-{fleet.ns}"
+    core.create_persistent_volume({
+        "metadata": {"name": pv},
+        "spec": {"capacity": {"storage": "2Ti"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": "/srv/models"},
+                 "claimRef": {"namespace": fleet.ns, "name": "models"}},
+    })
+    try:
+        core.create_namespaced_persistent_volume_claim(fleet.ns, {
+            "metadata": {"name": "models"},
+            "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+                     "resources": {"requests": {"storage": "2Ti"}}},
+        })
+        fleet.wait_for(lambda: core.read_namespaced_persistent_volume_claim("models", fleet.ns).status.phase == "Bound",
+                       timeout=60, what="claim bound by the controller-manager")
+        fleet.apply(manifest("pvc", model={**PROFILE, "weights": {"uri": "pvc://models/deepseek-v3"}},
+                             podTemplate={"spec": {"tolerations": [TOLERATION]}}))
+        fleet.wait_settled()
+        pods = fleet.pods()
+        assert len(pods) == 2
+        for pod in pods.values():
+            (volume,) = [v for v in pod.spec.volumes if v.name == "weights"]
+            assert volume.persistent_volume_claim.claim_name == "models" and volume.persistent_volume_claim.read_only
+            (mount,) = [m for m in pod.spec.containers[0].volume_mounts if m.name == "weights"]
+            assert (mount.mount_path, mount.sub_path, mount.read_only) == ("/models/weights", "deepseek-v3", True)
+        config = core.read_namespaced_config_map("pvc-decode-config", fleet.ns).data["decode.json"]
+        argv = json.loads(config)["argv"]
+        assert argv[argv.index("--model-path") + 1] == "/models/weights"
+        assert argv[argv.index("--served-model-name") + 1] == "deepseek-ai/DeepSeek-V3"
+        # A claim that does not exist holds the pods, and the fleet says why.
+        fleet.edit(lambda spec: spec["model"]["weights"].update(uri="pvc://missing/deepseek-v3"))
+        fleet.wait_for(lambda: '"missing" not found' in fleet.condition("Degraded").get("message", ""),
+                       timeout=60, what="the missing claim reported in Degraded")
+    finally:
+        core.delete_persistent_volume(pv)
