@@ -68,7 +68,15 @@ def observe(kube: Kube, namespace: str, name: str, hs_uid: str, extra_kinds: tup
         return bool(owners & {r.get("uid") for r in obj["metadata"].get("ownerReferences") or []})
 
     pods = [p for p in kube.list("Pod", namespace, selector) if ours(p)]
-    objects = [o for kind in (*OWNED_KINDS, *extra_kinds) for o in kube.list(kind, namespace, selector) if ours(o)]
+    objects = [o for kind in OWNED_KINDS for o in kube.list(kind, namespace, selector) if ours(o)]
+    for kind in extra_kinds:
+        try:
+            objects += [o for o in kube.list(kind, namespace, selector) if ours(o)]
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            # Not served (an alpha API switched off): creating one fails and Degraded says so.
+            log.warning("%s/%s: %s is not served by this cluster", namespace, name, kind)
     return Observed.from_manifests(instances, pods, objects)
 
 
