@@ -70,4 +70,10 @@ them, and list/watch on Secrets would reveal their contents.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
+{{- if .Values.webhook.enabled }}
+# The admission webhook: the operator keeps its configuration (webhooks, CA bundle) current.
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+{{- end }}
 {{- end }}
