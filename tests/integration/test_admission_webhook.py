@@ -81,10 +81,13 @@ def test_the_configuration_fails_closed_for_creates_only_and_never_sees_deletes(
 
 def test_a_bad_layout_is_refused_at_apply_with_the_field_and_fix(guarded) -> None:
     c, _ = guarded
-    out = apply(c, doc("invalid/dcp-not-dividing-tp.yaml", "fleets"))
+    # A layout rule CEL cannot express (it depends on the model's layers).
+    out = apply(c, doc("invalid/kda-zigzag.yaml", "fleets"))
     assert out.returncode != 0
     assert "denied the request" in out.stderr
-    assert "spec.decode.layout.dcp" in out.stderr and "Fix:" in out.stderr
+    assert "spec.prefill.layout.cpStrategy" in out.stderr and "Fix: remove attnCp and cpStrategy" in out.stderr
+    capacity = apply(c, doc("invalid/weights-do-not-fit.yaml", "fleets"))
+    assert capacity.returncode != 0 and "denied the request" in capacity.stderr
     assert c.kubectl("-n", "fleets", "get", "hybridservings", "-o", "name").stdout.strip() == ""
     owned = apply(c, doc("invalid/pod-template-owned-gpus.yaml", "fleets"))
     assert owned.returncode != 0
@@ -98,9 +101,11 @@ def test_warnings_come_back_to_kubectl_and_a_bad_update_is_refused(guarded) -> N
     out = apply(c, body)
     assert out.returncode == 0, out.stderr
     assert "Warning: spec.prefill.podTemplate: prefill and decode pod templates differ" in out.stderr
-    body["spec"]["decode"]["layout"]["dcp"] = 3
+    body["spec"]["decode"]["podTemplate"] = {"spec": {"containers": [
+        {"name": "engine", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
     out = apply(c, body)
-    assert out.returncode != 0 and "spec.decode.layout" in out.stderr
+    assert out.returncode != 0 and "denied the request" in out.stderr
+    assert "spec.decode.podTemplate.spec.containers[engine].resources.limits[nvidia.com/gpu]" in out.stderr
 
 
 def test_an_outage_refuses_creates_but_lets_updates_and_deletes_through(guarded) -> None:

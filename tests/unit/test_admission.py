@@ -22,8 +22,8 @@ def body(name: str) -> dict[str, Any]:
 
 def test_a_bad_layout_is_refused_with_the_field_and_the_fix_of_validate() -> None:
     with pytest.raises(kopf.AdmissionError) as refused:
-        admission.review(body("invalid/dcp-not-dividing-tp.yaml"), None, "CREATE", [])
-    assert "spec.decode.layout.dcp" in str(refused.value) and "Fix:" in str(refused.value)
+        admission.review(body("invalid/kda-zigzag.yaml"), None, "CREATE", [])
+    assert "spec.prefill.layout.cpStrategy" in str(refused.value) and "Fix: remove attnCp" in str(refused.value)
     assert refused.value.code == 422
 
 
@@ -36,6 +36,12 @@ def test_owned_pod_fields_are_refused_and_warnings_come_back() -> None:
     doc["spec"]["prefill"]["podTemplate"] = {"spec": {"tolerations": [{"operator": "Exists"}]}}
     admission.review(doc, None, "CREATE", warnings)
     assert any(w.startswith("spec.prefill.podTemplate: prefill and decode pod templates differ") for w in warnings)
+
+
+def test_capacity_is_checked_at_admission_too() -> None:
+    with pytest.raises(kopf.AdmissionError) as refused:
+        admission.review(body("invalid/weights-do-not-fit.yaml"), None, "CREATE", [])
+    assert "spec.decode.layout.tp" in str(refused.value) and "weights" in str(refused.value)
 
 
 def test_malformed_input_is_refused_naming_the_field() -> None:
