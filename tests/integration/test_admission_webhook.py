@@ -36,7 +36,8 @@ class WebhookOperator:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hybridserving.controller", "--kubeconfig", str(self.cluster.kubeconfig),
              "--metrics-port", "0", "--webhook-port", str(self.port), "--webhook-addr", "127.0.0.1"],
-            stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+            env=dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), PYTHONUNBUFFERED="1"))
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -59,7 +60,11 @@ def guarded(make_cluster, tmp_path_factory):
         return out.returncode == 0 and len(json.loads(out.stdout)["webhooks"]) == 2
 
     try:
-        wait_for(configured, timeout=60, what="webhook configuration written by the operator")
+        try:
+            wait_for(configured, timeout=60, what="webhook configuration written by the operator")
+        except AssertionError as exc:
+            log = "\n".join(op.log.read_text(errors="replace").splitlines()[-40:])
+            raise AssertionError(f"{exc}\noperator log:\n{log}") from None
         yield c, op
     finally:
         op.stop()

@@ -15,6 +15,8 @@ Failure policy, per operation:
 * DELETE is never sent to the webhook, and updates that do not change the spec (labels,
   finalizers during deletion) or that belong to an object being deleted are always allowed.
 * Only the main resource is matched: status writes never depend on the webhook.
+* Both webhooks are persistent: an operator that stops (an upgrade, a drain) leaves them in
+  the configuration, so creates stay refused rather than admitted unchecked until it is back.
 """
 
 from __future__ import annotations
@@ -103,11 +105,13 @@ def review(body: dict[str, Any], old: dict[str, Any] | None, operation: str, war
             "; ".join(f"{i.path}: {i.message}. Fix: {i.fix}" for i in errors)[:8000], code=422)
 
 
-@kopf.on.validate(GROUP, VERSION, PLURAL, id="create", operations=["CREATE"], ignore_failures=False)
+@kopf.on.validate(GROUP, VERSION, PLURAL, id="create", operations=["CREATE"], ignore_failures=False,
+                  persistent=True)
 def check_create(body: kopf.Body, warnings: list[str], **_: Any) -> None:
     review(dict(body), None, "CREATE", warnings)
 
 
-@kopf.on.validate(GROUP, VERSION, PLURAL, id="update", operations=["UPDATE"], ignore_failures=True)
+@kopf.on.validate(GROUP, VERSION, PLURAL, id="update", operations=["UPDATE"], ignore_failures=True,
+                  persistent=True)
 def check_update(body: kopf.Body, old: kopf.BodyEssence | None, warnings: list[str], **_: Any) -> None:
     review(dict(body), dict(old) if old else None, "UPDATE", warnings)
