@@ -14,6 +14,7 @@ import yaml
 from test_operator import ROOT
 
 from hybridserving.devcluster import FleetSpec
+from hybridserving.testing.crds import apply_crds
 from hybridserving.testing.polling import wait_for
 from hybridserving_engine.simulator.process import free_ports
 
@@ -49,8 +50,7 @@ class WebhookOperator:
 def guarded(make_cluster, tmp_path_factory):
     c = make_cluster(FleetSpec(nodes=2), prefix="itx")
     c.up(timeout=120)
-    c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/hybridservings.hybridserving.io")
+    apply_crds(c)
     c.kubectl("create", "namespace", "fleets")
     op = WebhookOperator(c, tmp_path_factory.mktemp("operator") / "operator.log")
     op.start()

@@ -18,6 +18,7 @@ from kubernetes import client
 from test_operator import GROUP, ROOT, VERSION, Fleet, Operator
 
 from hybridserving.devcluster import FleetSpec
+from hybridserving.testing.crds import apply_crds
 
 TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -29,9 +30,7 @@ def gpu_pool(make_cluster, tmp_path_factory):
     """The cluster, its operator, and every node tainted like a GPU pool."""
     c = make_cluster(FleetSpec(nodes=4), prefix="itx")
     c.up(timeout=120)
-    c.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/hybridservings.hybridserving.io",
-              "crd/hybridservinginstances.hybridserving.io")
+    apply_crds(c)
     api = c.api_client()
     core = client.CoreV1Api(api)
     for node in core.list_node().items:
