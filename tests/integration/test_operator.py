@@ -22,6 +22,8 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from hybridserving.testing.crds import apply_crds
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUP, VERSION = "hybridserving.io", "v1alpha1"
 KILL_ROUNDS = int(os.environ.get("HYBRIDSERVING_KILL_ROUNDS", "8"))
@@ -69,9 +71,7 @@ class Operator:
 
 @pytest.fixture(scope="module")
 def crds(cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/hybridservings.hybridserving.io", "crd/hybridservinginstances.hybridserving.io")
+    apply_crds(cluster)
 
 
 @pytest.fixture(scope="module")

@@ -403,3 +403,21 @@ def test_every_value_is_in_the_schema() -> None:
 
     closed(schema, "values")
     render()
+
+
+def test_the_admission_webhook_is_off_by_default_and_wired_when_enabled() -> None:
+    docs = render()
+    assert not any("webhook" in a for a in operator_container(docs)["args"])
+    assert ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch") not in permissions(
+        [r for d in of_kind(docs, "ClusterRole") for r in d["rules"]])
+    docs = render("webhook.enabled=true")
+    args = operator_container(docs)["args"]
+    assert "--webhook-port=9443" in args
+    service = next(s for s in of_kind(docs, "Service") if s["metadata"]["name"].endswith("-webhook"))
+    assert f"--webhook-host={service['metadata']['name']}.{service['metadata']['namespace']}.svc" in args
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": "webhook", "protocol": "TCP"}]
+    pod_labels = the(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    rules = permissions([r for d in of_kind(docs, "ClusterRole") for r in d["rules"]])
+    assert {("admissionregistration.k8s.io", "validatingwebhookconfigurations", v)
+            for v in ("get", "list", "watch", "create", "patch")} <= rules

@@ -126,8 +126,13 @@ def _expected(spec: HybridServingSpec, role: Role, rank: int) -> dict[str, Any]:
     rs = spec.role(role)
     layout = rs.layout
     speculative = rs.speculative
+    # Mounted weights (a claim, an image, a node cache) load from the mount and keep serving under
+    # model.path; a hub source without cache lets the engine download the hub id itself.
+    weights = spec.model.weights
+    mounted = weights is not None and not (weights.uri.startswith("hf://") and weights.cache == "None")
+    model_path = spec.model.path if weights is None else "/models/weights" if mounted else weights.uri[len("hf://"):]
     expected: dict[str, Any] = {
-        "model_path": spec.model.path,
+        "model_path": model_path,
         "host": "0.0.0.0",
         "port": PORTS.http,
         "tp_size": layout.tp,
@@ -165,6 +170,8 @@ def _expected(spec: HybridServingSpec, role: Role, rank: int) -> dict[str, Any]:
     }
     if spec.model.served_model_name:
         expected["served_model_name"] = spec.model.served_model_name
+    elif mounted:
+        expected["served_model_name"] = spec.model.path
     return expected
 
 

@@ -49,6 +49,10 @@ them, and list/watch on Secrets would reveal their contents.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# One gang Workload per instance (spec.gang.mode: Workload).
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # The router may read pods of its namespace (service discovery); the operator holds that itself.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
@@ -70,4 +74,10 @@ them, and list/watch on Secrets would reveal their contents.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
+{{- if .Values.webhook.enabled }}
+# The admission webhook: the operator keeps its configuration (webhooks, CA bundle) current.
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+{{- end }}
 {{- end }}

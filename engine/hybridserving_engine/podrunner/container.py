@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +40,29 @@ def remap_path(value: str, mounts: Mapping[str, Path]) -> str:
     return value
 
 
+# Reads a `secretKeyRef` / `configMapKeyRef` selector's value (None when the key is absent).
+KeyReader = Callable[[str, Mapping[str, Any]], "str | None"]
+
+
 def container_environment(container: Mapping[str, Any], pod: Mapping[str, Any], mounts: Mapping[str, Path],
-                          base: Mapping[str, str] | None = None) -> dict[str, str]:
+                          base: Mapping[str, str] | None = None, read_key: KeyReader | None = None) -> dict[str, str]:
     """The environment of `container`: the runner's own (it plays the image's), then the pod's
-    `env` (values and downward-API fields, with mount paths remapped), then the runner's settings."""
+    `env` (values, downward-API fields and Secret/ConfigMap keys, with mount paths remapped),
+    then the runner's settings."""
     env = dict(os.environ if base is None else base)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     for entry in container.get("env") or []:
+        source = entry.get("valueFrom") or {}
         if "value" in entry:
             env[entry["name"]] = remap_path(str(entry["value"]), mounts)
-        elif "fieldRef" in (entry.get("valueFrom") or {}):
-            env[entry["name"]] = field_value(pod, entry["valueFrom"]["fieldRef"]["fieldPath"])
+        elif "fieldRef" in source:
+            env[entry["name"]] = field_value(pod, source["fieldRef"]["fieldPath"])
+        elif read_key is not None:
+            for kind in ("secretKeyRef", "configMapKeyRef"):
+                if kind in source:
+                    value = read_key(kind, source[kind])
+                    if value is not None:
+                        env[entry["name"]] = value
     env.update(BACKEND_ENV)
     env["HYBRIDSERVING_LAUNCHER_HOST"] = (pod.get("status") or {})["podIP"]
     env.setdefault("HYBRIDSERVING_LAUNCHER_PORT", str(LAUNCHER_PORT))

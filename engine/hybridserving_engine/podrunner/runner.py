@@ -12,6 +12,7 @@ the process when the pod goes, honouring its grace period.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import logging
 import os
@@ -121,7 +122,14 @@ class PodWorker:
         self.waiting_reason: str | None = "ContainerCreating"
         self._failures_in_a_row = 0
         self._volumes: dict[str, AtomicDirectory] = {}
+        self._host_dirs: dict[str, Path] = {}  # hostPath and claim volumes: outlive the pod
         self._materialised = False
+        self.init_containers: list[dict[str, Any]] = list(pod["spec"].get("initContainers") or [])
+        self._init_index = 0
+        self._init_process: ContainerProcess | None = None
+        self._init_retry_at = 0.0
+        self._init_failures = 0
+        self._init_statuses: dict[str, dict[str, Any]] = {}
         self._changed = threading.Event()
         self._terminate: float | None = None  # grace period, once the pod goes
         self._reported: tuple | None = None
@@ -161,7 +169,10 @@ class PodWorker:
                 self._changed.clear()
                 next_refresh = now + self.runner.volume_refresh_seconds
                 self._materialise()
-            if self.process is None or restart_at is not None:
+            if self._init_index < len(self.init_containers):
+                if self._materialised:
+                    self._step_init(now)
+            elif self.process is None or restart_at is not None:
                 if restart_at is not None and now >= restart_at and self._materialised:
                     self._start()
                     restart_at = None
@@ -186,13 +197,73 @@ class PodWorker:
         return min(self.runner.restart_backoff_seconds * 2 ** (self._failures_in_a_row - 1),
                    self.runner.restart_backoff_max_seconds)
 
+    def _step_init(self, now: float) -> None:
+        """Run the init containers one after the other; a failed one is retried with back-off."""
+        spec = self.init_containers[self._init_index]
+        name = spec["name"]
+        if self._init_process is None:
+            if now < self._init_retry_at:
+                return
+            env = container_environment(spec, self.pod, self._mounts(spec), read_key=self.runner.read_key_for(self.namespace))
+            env["HYBRIDSERVING_TERMINATION_LOG"] = str(self._termination_log(name))
+            self._termination_log(name).unlink(missing_ok=True)
+            self._init_process = ContainerProcess(container_command(spec, env), env, self.dir,
+                                                  self.dir / f"init-{name}.log")
+            self._init_process.start()
+            self.waiting_reason = "PodInitializing"
+            previous = self._init_statuses.get(name, {}).get("lastState")
+            self._init_statuses[name] = {"state": {"running": {"startedAt": now_rfc3339()}},
+                                         **({"lastState": previous} if previous else {})}
+            log.info("%s/%s: init container %s started", self.namespace, self.name, name)
+            return
+        code = self._init_process.exit_code()
+        if code is None:
+            return
+        log_file = self._termination_log(name)
+        message = log_file.read_text()[:4096] if log_file.exists() else ""
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message,
+                      "startedAt": rfc3339(self._init_process.started_at or time.time()), "finishedAt": now_rfc3339()}
+        self._init_process = None
+        if code == 0:
+            self._init_statuses[name] = {"state": {"terminated": terminated}}
+            self._init_index += 1
+            log.info("%s/%s: init container %s completed", self.namespace, self.name, name)
+            return
+        self._init_failures += 1
+        self._init_retry_at = now + min(self.runner.restart_backoff_seconds * 2 ** (self._init_failures - 1),
+                                        self.runner.restart_backoff_max_seconds)
+        self._init_statuses[name] = {"state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                     "lastState": {"terminated": terminated}}
+        log.warning("%s/%s: init container %s failed (%d): %s", self.namespace, self.name, name, code, message)
+
+    def _termination_log(self, container: str) -> Path:
+        return self.dir / f"termination-{container}"
+
+    def _mounts(self, container: dict[str, Any]) -> dict[str, Path]:
+        """Mount path -> local directory of every mounted volume of `container` (subPath honoured)."""
+        out: dict[str, Path] = {}
+        for m in container.get("volumeMounts") or []:
+            base = self._host_dirs.get(m["name"]) or (self._volumes[m["name"]].path if m["name"] in self._volumes
+                                                     else None)
+            if base is None:
+                continue
+            path = base / m["subPath"] if m.get("subPath") else base
+            if m["name"] in self._host_dirs:
+                path.mkdir(parents=True, exist_ok=True)
+            out[m["mountPath"]] = path
+        return out
+
     def _materialise(self) -> None:
         """Write every volume of the pod (ConfigMaps read now, downward API from the latest pod)."""
-        mounts = {m["name"] for m in self.container_spec.get("volumeMounts") or []}
+        mounts = {m["name"] for c in (self.container_spec, *self.init_containers) for m in c.get("volumeMounts") or []}
         pending: dict[str, dict[str, str]] = {}
         try:
             for volume in self.pod["spec"].get("volumes") or []:
                 if volume["name"] not in mounts:
+                    continue
+                host_dir = self.runner.host_directory(volume, self.namespace, self.pod["spec"].get("nodeName") or "")
+                if host_dir is not None:
+                    self._host_dirs[volume["name"]] = host_dir
                     continue
                 files = volume_files(volume, self.pod, self.runner.read_config_map_for(self.namespace))
                 pending[volume["name"]] = {} if files is None else {
@@ -213,9 +284,9 @@ class PodWorker:
         self._materialised = True
 
     def _start(self) -> None:
-        mounts = {m["mountPath"]: self._volumes[m["name"]].path
-                  for m in self.container_spec.get("volumeMounts") or [] if m["name"] in self._volumes}
-        env = container_environment(self.container_spec, self.pod, mounts)
+        mounts = self._mounts(self.container_spec)
+        env = container_environment(self.container_spec, self.pod, mounts,
+                                    read_key=self.runner.read_key_for(self.namespace))
         command = container_command(self.container_spec, env)
         self.process = ContainerProcess(command, env, self.dir, self.dir / "container.log")
         self.process.start()
@@ -245,6 +316,8 @@ class PodWorker:
         grace = min(grace, self.runner.shutdown_grace_seconds) if self.runner.stopping.is_set() else grace
         self.probe.ready = False
         self._report()  # a terminating pod is unready at once
+        if self._init_process is not None:
+            self._init_process.stop(grace)
         if self.process is not None:
             log.info("%s/%s: stopping (grace %.0f s)", self.namespace, self.name, grace)
             code = self.process.stop(grace)
@@ -256,7 +329,8 @@ class PodWorker:
     def _report(self) -> None:
         """Patch the pod's status when readiness, restarts or the container state changed."""
         running = self.process is not None and self.waiting_reason is None
-        key = (self.probe.ready and running and self._terminate is None, self.restarts, running, self.waiting_reason)
+        key = (self.probe.ready and running and self._terminate is None, self.restarts, running, self.waiting_reason,
+               repr(self._init_statuses))
         if key == self._reported:
             return
         ready = key[0]
@@ -282,7 +356,14 @@ class PodWorker:
                                   "message": f"containers with unready status: [{self.container_spec['name']}]"})}
             for kind in ("Ready", "ContainersReady")
         ]
-        body = {"status": {"conditions": conditions, "containerStatuses": [container]}}
+        body: dict[str, Any] = {"status": {"conditions": conditions, "containerStatuses": [container]}}
+        if self.init_containers:
+            body["status"]["initContainerStatuses"] = [
+                {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": "terminated" in
+                 self._init_statuses.get(c["name"], {}).get("state", {}), "restartCount": 0,
+                 **self._init_statuses.get(c["name"], {"state": {"waiting": {"reason": "PodInitializing"}}})}
+                for c in self.init_containers
+            ]
         try:
             self.runner.core.patch_namespaced_pod_status(self.name, self.namespace, body, _content_type=STRATEGIC_MERGE)
         except ApiException as e:
@@ -326,6 +407,33 @@ class PodRunner:
                     return None
                 raise
         return read
+
+    def read_key_for(self, namespace: str):
+        """Reads a Secret or ConfigMap key for an env `valueFrom` (None when absent)."""
+        def read(kind: str, selector: Mapping[str, Any]) -> str | None:
+            try:
+                if kind == "secretKeyRef":
+                    data = self.core.read_namespaced_secret(selector["name"], namespace).data or {}
+                    raw = data.get(selector["key"])
+                    return None if raw is None else base64.b64decode(raw).decode()
+                return (self.core.read_namespaced_config_map(selector["name"], namespace).data or {}).get(selector["key"])
+            except ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+        return read
+
+    def host_directory(self, volume: Mapping[str, Any], namespace: str, node: str) -> Path | None:
+        """The local directory behind a node's hostPath or a claim, or None for other volumes.
+
+        A hostPath belongs to its node (`nodes/<node>/<path>`), so pods on one fake node share
+        it and pods on another do not; a claim is shared storage (`claims/<namespace>/<claim>`).
+        """
+        if "hostPath" in volume:
+            return self.state_dir / "nodes" / node / volume["hostPath"]["path"].lstrip("/")
+        if "persistentVolumeClaim" in volume:
+            return self.state_dir / "claims" / namespace / volume["persistentVolumeClaim"]["claimName"]
+        return None
 
     def _on_fake_node(self, node: str | None) -> bool:
         if node and node not in self._nodes:

@@ -55,6 +55,7 @@ SCHEMA_KEYWORDS = (
     "additionalProperties",
     "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys",
+    "x-kubernetes-preserve-unknown-fields",
     "x-kubernetes-validations",
 )
 

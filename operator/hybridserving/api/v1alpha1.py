@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from hybridserving.api.base import ApiModel, cel
+from hybridserving.api.pods import EnvFromSource, EnvVarSource, GangSpec, PodTemplate
+from hybridserving.api.weights import WeightsSpec
 from hybridserving.core.profiles import ModelArchitecture
 
 GROUP = "hybridserving.io"
@@ -24,28 +27,6 @@ INSTANCE_PLURAL = "hybridservinginstances"
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
-
-
-def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry; `field_path` is relative to the node, e.g. "layout.dcp".
-
-    The apiserver wants fieldPath as a JSON path starting with "." and refuses the CRD otherwise.
-    """
-    entry = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = f".{field_path}"
-    if reason:
-        entry["reason"] = reason
-    return entry
-
-
-class ApiModel(BaseModel):
-    """Base: camelCase on the wire, unknown fields rejected (the CRD prunes them anyway)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 # --------------------------------------------------------------------------- model / engine
@@ -78,6 +59,11 @@ class ModelSpec(ApiModel):
         default=None, description="A custom architecture, when no built-in profile fits."
     )
     served_model_name: str | None = Field(default=None, max_length=256, description="--served-model-name.")
+    weights: WeightsSpec | None = Field(
+        default=None,
+        description="Where the weights come from (hub, PVC, node-local cache, OCI image); unset: the engine "
+        "reads model.path itself.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -90,8 +76,31 @@ class ModelSpec(ApiModel):
 
 
 class EnvVar(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", "valueFrom")
+            ]
+        }
+    )
+
     name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    value: str = Field(default="", max_length=4096)
+    value: str | None = Field(default=None, max_length=4096)
+    value_from: EnvVarSource | None = Field(
+        default=None, description="From a Secret key, a ConfigMap key or a pod field (Kubernetes' valueFrom)."
+    )
+
+    @model_validator(mode="after")
+    def _one_value(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: set value or valueFrom, not both")
+        return self
+
+    def to_pod(self) -> dict[str, Any]:
+        """The container env entry; a plain value defaults to empty as in Kubernetes."""
+        if self.value_from is not None:
+            return {"name": self.name, "valueFrom": self.value_from.to_wire()}
+        return {"name": self.name, "value": self.value or ""}
 
 
 class EngineSpec(ApiModel):
@@ -123,6 +132,9 @@ class EngineSpec(ApiModel):
         description="Extra SGLang flags appended to both roles' argv (validated by the engine's parser).",
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment for the engine.")
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list, max_length=16, description="All keys of Secrets or ConfigMaps as engine environment."
+    )
 
 
 GpuTypeName = Literal["H100", "H200", "H20", "B200", "B300", "GB200", "GB300"]
@@ -289,6 +301,11 @@ class RoleSpec(ApiModel):
         default=True,
         description="Keep the radix prefix cache on (prefill); off silently loses shared-prefix hits.",
     )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Partial pod template for this role's pods, merged after spec.podTemplate. A pod spec that "
+        "differs between roles makes a switched instance roll onto new pods.",
+    )
 
     @property
     def gpus_per_pod(self) -> int:
@@ -361,10 +378,20 @@ class NetworkSpec(ApiModel):
     spread_across_racks: bool = Field(default=False, description="Spread instances of a role across racks.")
 
 
+class Resources(ApiModel):
+    requests: dict[str, Annotated[str, Field(max_length=64)]] = Field(default_factory=dict)
+    limits: dict[str, Annotated[str, Field(max_length=64)]] = Field(default_factory=dict)
+
+
 class RouterSpec(ApiModel):
     enabled: bool = Field(default=True, description="Deploy an smg router with Kubernetes service discovery.")
     image: str = Field(default="lightseekorg/smg:1.13.0", max_length=512)
-    replicas: int = Field(default=1, ge=0, le=64)
+    replicas: int = Field(default=1, ge=0, le=64, description="Router replicas; two or more get a PodDisruptionBudget "
+                          "and are spread over nodes.")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "4Gi"}),
+        description="CPU/memory of each router replica (Kubernetes quantities).",
+    )
     port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port.")
     prefill_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "cache_aware"
     decode_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "power_of_two"
@@ -432,6 +459,14 @@ class HybridServingSpec(ApiModel):
     router: RouterSpec = Field(default_factory=RouterSpec)
     role_switch: RoleSwitchSpec = Field(default_factory=RoleSwitchSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Partial pod template (Kubernetes field names) merged onto every engine pod: tolerations, "
+        "nodeSelector, affinity, priorityClassName, schedulerName, imagePullSecrets, resources, labels, "
+        "annotations, serviceAccountName, volumes and mounts, runtimeClassName. Fields the operator owns are "
+        "refused naming the field.",
+    )
+    gang: GangSpec = Field(default_factory=GangSpec, description="All-or-nothing admission of an instance's pods.")
 
     def role(self, role: Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
@@ -510,6 +545,16 @@ class SwitchRecord(ApiModel):
     phase: str | None = None
 
 
+class WeightsStatus(ApiModel):
+    source: str = ""
+    cache: str = "None"
+    nodes_ready: int = Field(default=0, description="Nodes whose node-local copy is complete.")
+    nodes_filling: int = Field(default=0, description="Nodes downloading now.")
+    nodes_failed: int = Field(default=0, description="Nodes whose last download failed (pods retry).")
+    bytes: int = Field(default=0, description="Size of one complete copy.")
+    errors: list[str] = Field(default_factory=list, description="Last download errors, by node (bounded).")
+
+
 class HybridServingStatus(ApiModel):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(
@@ -525,6 +570,7 @@ class HybridServingStatus(ApiModel):
     switches: list[SwitchRecord] = Field(default_factory=list, max_length=20,
                                          description="Recent role switches, newest last (the last 20).")
     ready: str = Field(default="False", description="Ready condition status, for printer columns.")
+    weights: WeightsStatus | None = Field(default=None, description="Where the model weights are, per node.")
 
 
 class ObjectMeta(ApiModel):

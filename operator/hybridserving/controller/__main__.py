@@ -55,6 +55,13 @@ def arguments() -> argparse.ArgumentParser:
                     help="this replica in the Lease (default $POD_NAME)")
     ap.add_argument("--leader-elect-lease-seconds", type=float, default=8.0,
                     help="a standby takes over after the leader has not renewed for this long")
+    ap.add_argument("--webhook-port", type=int, default=0,
+                    help="serve the validating admission webhook on this port (0: off)")
+    ap.add_argument("--webhook-addr", default="0.0.0.0", help="address the webhook server binds")
+    ap.add_argument("--webhook-host", default=None,
+                    help="name the apiserver reaches the webhook by (in a cluster: <service>.<namespace>.svc)")
+    ap.add_argument("--webhook-cert-dir", default=None,
+                    help="tls.crt and tls.key (e.g. from cert-manager); default: a self-signed pair made at start")
     ap.add_argument("--verbose", "-v", action="store_true")
     return ap
 
@@ -88,6 +95,19 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.leader_elect_namespace, identity=args.leader_elect_identity,
             name=args.leader_elect_lease, lease_seconds=seconds,
             renew_deadline_seconds=seconds * 0.75, retry_seconds=min(2.0, seconds / 4))
+    if args.webhook_port:
+        from hybridserving.controller import admission  # registers the webhook handlers
+
+        cert_dir = args.webhook_cert_dir
+
+        @kopf.on.startup()
+        def serve_webhook(settings: kopf.OperatorSettings, **_: object) -> None:
+            admission.configure(
+                settings, addr=args.webhook_addr, port=args.webhook_port,
+                host=args.webhook_host or args.webhook_addr,
+                certfile=f"{cert_dir}/tls.crt" if cert_dir else None,
+                keyfile=f"{cert_dir}/tls.key" if cert_dir else None,
+            )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     asyncio.run(kopf.operator(

@@ -55,6 +55,7 @@ RESOURCES: dict[str, Resource] = {
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
     "Lease": Resource("coordination.k8s.io", "v1", "leases"),  # leader election (leadership.py)
+    "Workload": Resource("scheduling.k8s.io", "v1alpha1", "workloads"),
 }
 
 # Kinds the operator owns besides instances and pods, listed on every reconcile.

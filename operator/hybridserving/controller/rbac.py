@@ -51,6 +51,8 @@ RULES: tuple[Rule, ...] = (
     Rule("Application: per-role disruption budgets", "policy", ("poddisruptionbudgets",), READ + WRITE),
     Rule("Application: who may reach the engines (the fleet, its router, the operator)", "networking.k8s.io",
          ("networkpolicies",), READ + WRITE),
+    Rule("Application: one gang Workload per instance (spec.gang.mode: Workload)", "scheduling.k8s.io",
+         ("workloads",), ("get", "list") + WRITE),
     Rule("Application: the router may read pods of its namespace (service discovery)",
          "rbac.authorization.k8s.io", ("roles", "rolebindings"), ("get", "list") + WRITE),
     Rule("Application: an Event for every decision", "", ("events",), ("create",)),

@@ -43,7 +43,7 @@ from hybridserving.controller.status import (
     now,
     parse_time,
 )
-from hybridserving.core import layout, planner, privileges
+from hybridserving.core import layout, planner, privileges, surface, weights
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.planner import LABEL_NAME, Action, DesiredState, Observed
 
@@ -82,7 +82,7 @@ class Outcome:
         self.errors.append(message)
 
 
-def observe(kube: Kube, namespace: str, name: str, hs_uid: str) -> Observed:
+def observe(kube: Kube, namespace: str, name: str, hs_uid: str, extra_kinds: tuple[str, ...] = ()) -> Observed:
     """Every child of the HybridServing: listed by its label, kept when ownership leads back to it."""
     selector = {LABEL_NAME: name}
     instances = [
@@ -97,6 +97,14 @@ def observe(kube: Kube, namespace: str, name: str, hs_uid: str) -> Observed:
 
     pods = [p for p in kube.list("Pod", namespace, selector) if ours(p)]
     objects = [o for kind in OWNED_KINDS for o in kube.list(kind, namespace, selector) if ours(o)]
+    for kind in extra_kinds:
+        try:
+            objects += [o for o in kube.list(kind, namespace, selector) if ours(o)]
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            # Not served (an alpha API switched off): creating one fails and Degraded says so.
+            log.warning("%s/%s: %s is not served by this cluster", namespace, name, kind)
     return Observed.from_manifests(instances, pods, objects)
 
 
@@ -113,7 +121,7 @@ def validate(body: dict[str, Any], engine_policy: EnginePolicy = EnginePolicy())
             for e in exc.errors()
         )
         return None, Validation(issues=(), parse_error=errors)
-    issues = [*layout.validate(hs.spec), *privileges.check(hs.spec, engine_policy)]
+    issues = [*layout.validate(hs.spec), *surface.check(hs.spec), *privileges.check(hs.spec, engine_policy)]
     return hs, Validation(issues=issues)
 
 
@@ -193,7 +201,8 @@ def count_switches(observed: Observed, applied: list[Action]) -> None:
             metrics.ROLE_SWITCHES.labels(from_role, inst.spec.role).inc()
 
 
-def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warning: str | None) -> None:
+def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warning: str | None,
+                more_warnings: tuple[tuple[str, str], ...] = ()) -> None:
     """One Event per kind of decision this pass made, naming every object and the first reason."""
     grouped: dict[tuple[str, str], list[Action]] = defaultdict(list)
     for a in actions:
@@ -213,6 +222,7 @@ def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warn
         events.append(("Normal", reason, f"{verb} {kind} {names}: {group[0].reason}"))
     if warning:
         events.append(("Warning", "LayoutInvalid", warning))
+    events.extend(("Warning", reason, message) for reason, message in more_warnings)
     meta = hs_body["metadata"]
     for type_, reason, message in events:
         stamp = now()
@@ -243,6 +253,14 @@ def post_instance_event(kube: Kube, namespace: str, name: str, type_: str, reaso
         })
     except KubeError as exc:  # events are best effort: never fail a reconcile on them
         log.debug("event not posted: %s", exc)
+
+
+def weights_warnings(previous: dict[str, Any] | None, current: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    """A Warning when more nodes fail to get the weights than before (running pods are not touched)."""
+    if not current or current.get("nodesFailed", 0) <= (previous or {}).get("nodesFailed", 0):
+        return ()
+    return (("WeightsFailed", f"weights from {current['source']} failed on {current['nodesFailed']} node(s); "
+             f"pods retry with back-off, running instances keep serving: {'; '.join(current['errors'])}"),)
 
 
 def report_instances(kube: Kube, namespace: str, views: dict[str, planner.InstanceView]) -> None:
@@ -315,10 +333,12 @@ def reconcile(kube: Kube, namespace: str, name: str,
         gauges.forget(namespace, name)
         return outcome
     generation = meta.get("generation")
+    # Workloads are listed only for fleets that ask for them: the API is alpha and often not served.
+    extra = ("Workload",) if ((body.get("spec") or {}).get("gang") or {}).get("mode") == "Workload" else ()
     hs, validation = validate(body, engine_policy)
     # A name no label can carry has no children to find (validation reports the name), and the
     # apiserver would refuse the selector that looks for them.
-    observed = observe(kube, namespace, name, meta["uid"]) if planner.selectable(name) else Observed()
+    observed = observe(kube, namespace, name, meta["uid"], extra) if planner.selectable(name) else Observed()
     good = last_applied(observed, name)
     effective: HybridServing | None = hs if validation.valid else None
     if effective is None and good is not None:
@@ -334,7 +354,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
         act(kube, namespace, todo, outcome, owners)
     if outcome.applied:
         count_switches(observed, outcome.actions[: outcome.applied])
-        observed = observe(kube, namespace, name, meta["uid"])
+        observed = observe(kube, namespace, name, meta["uid"], extra)
     views = planner.view(desired, observed) if desired is not None else {}
     if not outcome.conflict:
         report_instances(kube, namespace, views)
@@ -347,14 +367,17 @@ def reconcile(kube: Kube, namespace: str, name: str,
                           len(outcome.actions) - outcome.applied if outcome.actions else 0, outcome.errors,
                           error_reason=outcome.error_reason, progress_deadline_seconds=progress_deadline_seconds)
     gauges.record(namespace, name, status, views)
+    if desired is not None and desired.spec.model.weights is not None:
+        status["weights"] = weights.summarize(desired.spec.model.weights, observed.pods.values())
     if changed(previous, status):
         try:
             kube.patch(KIND, namespace, name, {"status": status}, subresource="status")
         except KubeError as exc:
             if not exc.conflict:
                 raise
-    if outcome.applied or warning:
-        post_events(kube, body, outcome.actions[: outcome.applied], warning)
+    more = weights_warnings(previous.get("weights"), status.get("weights"))
+    if outcome.applied or warning or more:
+        post_events(kube, body, outcome.actions[: outcome.applied], warning, more)
     if outcome.errors:
         outcome.requeue_after = backoff_seconds(status)
     elif outcome.conflict:

@@ -20,6 +20,7 @@ from typing import Any
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.contract import PLACEHOLDERS, fill_placeholders
+from hybridserving.core import weights
 from hybridserving.core.layout import role_switch_capability
 
 # The launcher module of the engine image; argv from `render_argv` follows it.
@@ -77,9 +78,9 @@ def render_template(spec: HybridServingSpec, role: Role) -> list[str]:
     """The argv of one role with PLACEHOLDERS for the per-instance and per-pod values."""
     rs = spec.role(role)
     layout = rs.layout
-    argv = ["--model-path", spec.model.path]
-    if spec.model.served_model_name:
-        argv += ["--served-model-name", spec.model.served_model_name]
+    argv = ["--model-path", weights.engine_model_path(spec), *weights.engine_args(spec)]
+    if served := weights.served_model_name(spec):
+        argv += ["--served-model-name", served]
     argv += ["--host", "0.0.0.0", "--port", PLACEHOLDERS["port"]]
 
     argv += ["--tp-size", str(layout.tp)]

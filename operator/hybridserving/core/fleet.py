@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
-from hybridserving.core import capacity, flags, layout
+from hybridserving.core import capacity, flags, layout, surface
 from hybridserving.core.layout import LayoutIssue
 
 
@@ -100,7 +100,7 @@ def assess(spec: HybridServingSpec, leader_host: str = "<leader>") -> FleetAsses
     Capacity errors (weights that do not fit) are issues like any layout rule, so a spec
     with no room for KV is refused before a single pod asks for GPUs.
     """
-    issues = list(layout.validate(spec))
+    issues = [*layout.validate(spec), *surface.check(spec)]
     if layout.errors(issues):
         return FleetAssessment(issues=issues)
     arch = spec.architecture()

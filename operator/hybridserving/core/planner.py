@@ -52,7 +52,7 @@ from hybridserving.api.v1alpha1 import (
     HybridServingSpec,
     Role,
 )
-from hybridserving.core import flags, ports, privileges, resolution
+from hybridserving.core import flags, gang, podtemplate, ports, privileges, resolution, router, weights
 from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
 
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -128,6 +128,7 @@ class ObservedPod:
     unschedulable: str | None = None
     host_ports: tuple[int, ...] = ()
     owner_uids: tuple[str, ...] = ()
+    weights_fill: tuple[str, str] | None = None  # the node-cache fill step: (state, detail)
 
     @property
     def instance(self) -> str:
@@ -194,6 +195,7 @@ class ObservedPod:
             unschedulable=unschedulable,
             host_ports=host_ports,
             owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
+            weights_fill=weights.fill_outcome(obj),
         )
 
 
@@ -277,6 +279,7 @@ class InstancePlan:
     manifest: dict[str, Any]
     pods: list[dict[str, Any]]  # empty until the instance exists (pods need its uid as owner)
     service: dict[str, Any] | None
+    workload: dict[str, Any] | None = None  # gang admission (core.gang), owned by the instance
 
 
 @dataclass
@@ -559,7 +562,8 @@ def _plan_instance(
     restart_generation = existing.spec.restart_generation if existing else 0
     # The template is rendered once without hashes to hash it, then stamped.
     bare = [_pod_spec(hs, name, rank, role, inst_ports) for rank in range(nodes)]
-    template_hash = digest(bare)
+    extra_labels, extra_annotations = _pod_extra_metadata(spec, name, role, nodes)
+    template_hash = digest([bare, extra_labels, extra_annotations] if extra_labels or extra_annotations else bare)
     config_hash = template_hash + role_hashes[role]
     manifest = {
         "apiVersion": API_VERSION,
@@ -576,12 +580,14 @@ def _plan_instance(
     }
     pods: list[dict[str, Any]] = []
     service = None
+    workload = None
     if existing is not None and existing.uid:
         inst_owner = owner_reference(API_VERSION, INSTANCE_KIND, name, existing.uid)
         routable = existing.phase not in SWITCH_PHASES
         for rank in range(nodes):
-            labels = pod_labels(hs.metadata.name, name, rank, role, routable)
+            labels = {**extra_labels, **pod_labels(hs.metadata.name, name, rank, role, routable)}
             annotations = {
+                **extra_annotations,
                 ANNOTATION_ROLE: role,
                 ANNOTATION_TEMPLATE_HASH: template_hash,
                 ANNOTATION_CONFIG_HASH: config_hash,
@@ -606,6 +612,9 @@ def _plan_instance(
                 }
             )
         service = _instance_service(hs, name, inst_ports, inst_owner)
+        if gang.uses_workload(spec):
+            workload = gang.workload(name, hs.metadata.namespace, nodes,
+                                     _meta(hs, name, inst_owner, "engine", **{LABEL_INSTANCE: name}))
     return InstancePlan(
         name=name,
         index=index,
@@ -617,7 +626,15 @@ def _plan_instance(
         manifest=manifest,
         pods=pods,
         service=service,
+        workload=workload,
     )
+
+
+def _pod_extra_metadata(spec: HybridServingSpec, instance: str, role: Role, nodes: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations from the pod templates and the gang, under the operator's own."""
+    labels, annotations = podtemplate.metadata(spec, role)
+    gang_labels, gang_annotations = gang.pod_metadata(spec, instance, nodes)
+    return {**labels, **gang_labels}, {**annotations, **gang_annotations}
 
 
 def pod_labels(hs: str, instance: str, rank: int, role: Role, routable: bool) -> dict[str, str]:
@@ -659,8 +676,10 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
         # Forward-pass timing, which the role-switch policy reads, is off by default
         # (environ.py:479; managers/scheduler_components/metrics_reporter.py:325-341).
         {"name": "SGLANG_ENABLE_METRICS_DEVICE_TIMER", "value": "1"},
-        *({"name": e.name, "value": e.value} for e in spec.engine.env),
+        *(e.to_pod() for e in spec.engine.env),
     ]
+    pod_weights = weights.render(spec)
+    env += pod_weights.env
     container_ports = []
     for port_name, number in (
         ("http", p.http),
@@ -686,8 +705,11 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *pod_weights.mounts,
         ],
     }
+    if spec.engine.env_from:
+        container["envFrom"] = [source.to_wire() for source in spec.engine.env_from]
     ipc_lock = privileges.needs_ipc_lock(spec)
     container["securityContext"] = _container_security(("IPC_LOCK",) if ipc_lock else ())
     if not ipc_lock and not any(e.name == "HOME" for e in spec.engine.env):
@@ -729,6 +751,7 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
                 },
             },
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            *pod_weights.volumes,
         ],
         "affinity": _affinity(hs, instance, leader),
         "terminationGracePeriodSeconds": spec.role_switch.drain_timeout_seconds + EXIT_GRACE_SECONDS,
@@ -750,7 +773,10 @@ def _pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instan
                 "labelSelector": {"matchLabels": {LABEL_NAME: hs.metadata.name, LABEL_LEADER: "true"}},
             }
         ]
-    return pod
+    if pod_weights.init_containers:
+        pod["initContainers"] = pod_weights.init_containers
+    pod.update(gang.pod_spec_fields(spec, instance, spec.role(role).nodes_per_instance))
+    return podtemplate.apply_spec(pod, spec, role)
 
 
 # The unprivileged user engine and router containers run as (the operator image's user too).
@@ -943,6 +969,7 @@ def router_argv(hs: HybridServing, instances: Mapping[str, InstancePlan]) -> lis
         "--service-discovery-namespace", hs.metadata.namespace,
         "--prefill-policy", spec.router.prefill_policy,
         "--decode-policy", spec.router.decode_policy,
+        "--prometheus-host", "0.0.0.0",
         "--prometheus-port", str(ROUTER_METRICS_PORT),
     ]
 
@@ -952,7 +979,8 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
     name = router_name(hs.metadata.name)
     selector = {LABEL_NAME: hs.metadata.name, LABEL_COMPONENT: "router"}
     meta = lambda: _meta(hs, name, owner, "router")  # noqa: E731
-    return [
+    budget = router.disruption_budget(spec.router, meta(), selector)
+    return [*([budget] if budget else []),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -992,8 +1020,10 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
                                     {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
                                 ],
                                 "securityContext": _container_security(),
+                                **router.container_fields(spec.router),
                             }
                         ],
+                        **router.pod_fields(spec.router, selector),
                     },
                 },
             },
@@ -1005,7 +1035,9 @@ def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], ow
             "spec": {
                 "selector": selector,
                 "ports": [
-                    {"name": "http", "port": spec.router.port, "targetPort": spec.router.port, "protocol": "TCP"}
+                    {"name": "http", "port": spec.router.port, "targetPort": spec.router.port, "protocol": "TCP"},
+                    {"name": router.METRICS_PORT_NAME, "port": ROUTER_METRICS_PORT, "targetPort": ROUTER_METRICS_PORT,
+                     "protocol": "TCP"},
                 ],
             },
         },
@@ -1207,6 +1239,8 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
             continue
         if p.service is not None:
             sync(p.service, f"rendezvous Service of {name}")
+        if p.workload is not None:
+            sync(p.workload, f"gang Workload of {name}")
         actions.extend(_pod_actions(v, next_hash[name], name in gang_restarts))
 
     for (kind, name), obj in desired.objects.items():
@@ -1217,13 +1251,13 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     # Anything of ours the plan no longer has (router turned off, a role's objects renamed).
     wanted = set(desired.objects) | {
         ("Service", n) for n, p in desired.instances.items() if p.service is not None
-    }
+    } | {("Workload", p.workload["metadata"]["name"]) for p in desired.instances.values() if p.workload is not None}
     for key, obj in observed.objects.items():
         meta = obj.get("metadata") or {}
         owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
         if key not in wanted and owners & owned_uids and not meta.get("deletionTimestamp"):
             instance = (meta.get("labels") or {}).get(LABEL_INSTANCE)
-            if key[0] == "Service" and instance and instance not in desired.instances:
+            if key[0] in ("Service", "Workload") and instance and instance not in desired.instances:
                 continue  # goes with its instance (garbage collection)
             actions.append(Action("delete", key[0], key[1], "no longer part of the plan", uid=meta.get("uid")))
     return actions

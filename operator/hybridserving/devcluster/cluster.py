@@ -32,6 +32,11 @@ from typing import Any, Callable, Iterable
 from .nodes import KWOK_SELECTOR, FleetSpec, create_nodes
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Gang admission through the Workload API (scheduling.k8s.io/v1alpha1, alpha in 1.35): the
+# apiserver serves Workloads and pods' spec.workloadRef, the scheduler's gang plugin holds a
+# pod group until all of its pods fit. Pods without a workloadRef schedule as before.
+FEATURE_GATES = "GenericWorkload=true,GangScheduling=true"
+RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha1=true"
 BINARIES = COMPONENTS + ("kubectl",)
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -553,6 +558,8 @@ class Cluster:
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "--event-ttl=30m",
+            f"--feature-gates={FEATURE_GATES}",
+            f"--runtime-config={RUNTIME_CONFIG}",
             "--v=1",
         ])
         self._say(f"waiting for kube-apiserver on {server}")
@@ -601,6 +608,7 @@ class Cluster:
             "--bind-address=127.0.0.1",
             f"--secure-port={p.scheduler}",
             f"--cert-dir={pki / 'scheduler'}",
+            f"--feature-gates={FEATURE_GATES}",
             "--profiling=false",
             "--v=1",
         ])

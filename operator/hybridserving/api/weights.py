@@ -1,0 +1,99 @@
+"""Where the engine's weights come from.
+
+The shape is the one KServe (`storageUri`) and llm-d (`modelArtifacts.uri`) users already
+write: one URI whose scheme names the source, plus the secret that unlocks it.
+
+* `hf://org/model` — a hub repository; the token comes from a Secret key and reaches the
+  pods through `valueFrom` only (it never appears in an object the operator writes).
+  `cache: Node` fills a directory on each node once (an init step, under a per-node lock)
+  and every later pod on that node (restart, gang restart, role switch) reuses it.
+* `pvc://claim/sub/path` — a PersistentVolumeClaim mounted read-only by every pod
+  (ReadOnlyMany), filled by whatever the platform uses.
+* `oci://registry/repo:tag` — an OCI image mounted as a read-only volume (Kubernetes image
+  volumes, where the cluster supports them).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from hybridserving.api.base import ApiModel, cel
+
+URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|oci://[^\s]+)$"
+
+
+class SecretKeyRef(ApiModel):
+    name: str = Field(min_length=1, max_length=253, description="Secret in the fleet's namespace.")
+    key: str = Field(default="HF_TOKEN", min_length=1, max_length=253, description="Key holding the token.")
+
+
+class WeightsSpec(ApiModel):
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel("self.cache == 'None' || self.uri.startsWith('hf://')",
+                    "cache: Node fills a node-local directory from the hub; it applies to hf:// sources only "
+                    "(a PVC or image volume is already shared)", "cache"),
+                cel("!has(self.tokenSecretRef) || self.uri.startsWith('hf://')",
+                    "tokenSecretRef is the hub token; it applies to hf:// sources only", "tokenSecretRef"),
+            ]
+        }
+    }
+
+    uri: str = Field(
+        max_length=1024,
+        pattern=URI_PATTERN,
+        description="hf://org/model (hub), pvc://claim[/path] (PersistentVolumeClaim, mounted read-only) or "
+        "oci://image (image volume).",
+    )
+    revision: str | None = Field(
+        default=None, max_length=128, pattern=r"^[A-Za-z0-9._/-]+$",
+        description="Hub revision (branch, tag or commit); pin a commit for reproducible fleets.",
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Hub token from a Secret key; passed to pods by reference only."
+    )
+    endpoint: str | None = Field(
+        default=None, max_length=512, pattern=r"^https?://[^\s]+$",
+        description="Hub endpoint (HF_ENDPOINT) for a mirror or an in-cluster hub proxy.",
+    )
+    cache: Literal["None", "Node"] = Field(
+        default="None",
+        description="hf:// only. None: each engine downloads at start. Node: fill a node-local directory once "
+        "per node (an init step) and reuse it for every later pod there.",
+    )
+    node_cache_path: str = Field(
+        default="/var/lib/hybridserving/models", max_length=512, pattern=r"^/[^\s]*$",
+        description="Host directory of the node-local cache (cache: Node).",
+    )
+    size_bytes: int | None = Field(
+        default=None, ge=0, description="Expected size, to report download progress in status."
+    )
+
+    @model_validator(mode="after")
+    def _source_fits(self) -> WeightsSpec:
+        if self.cache != "None" and self.scheme != "hf":
+            raise ValueError("weights.cache: Node applies to hf:// sources only")
+        if self.token_secret_ref is not None and self.scheme != "hf":
+            raise ValueError("weights.tokenSecretRef applies to hf:// sources only")
+        return self
+
+    @property
+    def scheme(self) -> Literal["hf", "pvc", "oci"]:
+        scheme = self.uri.split("://", 1)[0]
+        assert scheme in ("hf", "pvc", "oci"), "the pattern admits these schemes only"
+        return scheme  # type: ignore[return-value]
+
+    @property
+    def location(self) -> str:
+        """The URI without its scheme: repo id, claim[/path] or image reference."""
+        return self.uri.split("://", 1)[1]
+
+    @property
+    def claim(self) -> tuple[str, str]:
+        """(claim name, sub path) of a pvc:// source."""
+        claim, _, sub = self.location.partition("/")
+        return claim, re.sub(r"/+$", "", sub)

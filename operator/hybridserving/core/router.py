@@ -1,0 +1,49 @@
+"""The router as a production component: probes, resources, spread, a disruption budget, metrics.
+
+smg (1.13) answers `/liveness` while its process serves and `/readiness` only once it has
+healthy workers of both roles in PD mode (503 before), so a router replica that lost its
+workers leaves the Service instead of answering 503 to clients. Metrics are served on their
+own port (`--prometheus-host/--prometheus-port`) and exposed on the router Service as
+`metrics`, which the chart's ServiceMonitor (or any scraper) selects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridserving.api.v1alpha1 import RouterSpec
+
+METRICS_PORT_NAME = "metrics"
+
+
+def container_fields(router: RouterSpec) -> dict[str, Any]:
+    """Probes and resources of the router container."""
+    return {
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5,
+                           "failureThreshold": 2, "timeoutSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "initialDelaySeconds": 10,
+                          "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 2},
+        "resources": router.resources.to_wire(),
+    }
+
+
+def pod_fields(router: RouterSpec, selector: dict[str, str]) -> dict[str, Any]:
+    """Replicas on different nodes where possible: one node's loss leaves the others routing."""
+    if router.replicas < 2:
+        return {}
+    return {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100,
+        "podAffinityTerm": {"labelSelector": {"matchLabels": selector}, "topologyKey": "kubernetes.io/hostname"},
+    }]}}}
+
+
+def disruption_budget(router: RouterSpec, meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any] | None:
+    """With two or more replicas, node drains take one router at a time (none to protect with one)."""
+    if router.replicas < 2:
+        return None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta,
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+    }
