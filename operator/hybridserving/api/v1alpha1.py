@@ -180,12 +180,13 @@ class HardwareSpec(ApiModel):
     )
     gpu_resource_name: str = Field(default="nvidia.com/gpu", max_length=253, description="Extended resource of GPUs.")
 
-    @model_validator(mode="after")
-    def _memory_from_type(self) -> HardwareSpec:
-        if self.gpu_memory_gib is None:
-            known = GPU_TYPES[self.gpu_type].memory_gib if self.gpu_type else DEFAULT_GPU_MEMORY_GIB
-            object.__setattr__(self, "gpu_memory_gib", known)
-        return self
+    @property
+    def memory_gib(self) -> float:
+        """Memory of one GPU: as declared, else the gpuType's, else an H200's. A property, not a
+        filled-in field, so the stored object stays what the apiserver's defaulting makes of it."""
+        if self.gpu_memory_gib is not None:
+            return self.gpu_memory_gib
+        return GPU_TYPES[self.gpu_type].memory_gib if self.gpu_type else DEFAULT_GPU_MEMORY_GIB
 
     @property
     def gpu(self) -> GpuType | None:

@@ -192,12 +192,12 @@ def pool_bytes(
     bytes between them without changing the per-GPU total this even split assumes.
     """
     fraction = DEFAULT_MEM_FRACTION_STATIC if mem_fraction_static is None else mem_fraction_static
-    static = hardware.gpu_memory_gib * GIB * fraction
+    static = hardware.memory_gib * GIB * fraction
     room = static - reserve_bytes
     if room <= 0:
         raise CapacityError(
             f"{role_name}.memFractionStatic",
-            f"{fraction} of {hardware.gpu_memory_gib} GiB leaves nothing after the "
+            f"{fraction} of {hardware.memory_gib} GiB leaves nothing after the "
             f"{reserve_bytes / GIB:.1f} GiB the engine reserves",
             f"raise {role_name}.memFractionStatic or check hardware.gpuMemoryGib",
         )
@@ -207,7 +207,7 @@ def pool_bytes(
         raise CapacityError(
             f"{role_name}.layout.tp",
             f"the weights take {weights / GIB:.1f} GiB per GPU at tp x pp = {layout.world_size}, "
-            f"but {fraction} of {hardware.gpu_memory_gib} GiB less the {reserve_bytes / GIB:.1f} GiB "
+            f"but {fraction} of {hardware.memory_gib} GiB less the {reserve_bytes / GIB:.1f} GiB "
             f"reserve leaves {room / GIB:.1f} GiB",
             _weights_fix(arch, layout, room, role_name),
         )

@@ -206,4 +206,4 @@ def required_compute_capability(resolved: ResolvedArgs) -> int | None:
 
 
 def hardware_memory_mib(hardware: HardwareSpec) -> float:
-    return float(hardware.gpu_memory_gib or 0.0) * MIB_PER_GIB
+    return float(hardware.memory_gib) * MIB_PER_GIB
