@@ -530,15 +530,3 @@ def test_selector_keys_and_router_privileges_the_plan_does_not_set_are_removed(f
     time.sleep(20)  # longer than a resync: an exact field the apiserver defaults would be patched again
     assert repaired(), "repaired for good"
     assert versions() == settled, "the repaired objects are not written again and again"
-
-
-def test_a_name_too_long_for_the_children_is_refused_naming_the_field(fleet: Fleet) -> None:
-    m = fixed_split()
-    m["metadata"]["name"] = "x" * 70
-    fleet.apply(m)
-    fleet.wait_for(lambda: fleet.condition("LayoutValid").get("status") == "False", timeout=60,
-                   what="LayoutValid=False")
-    assert "metadata.name" in fleet.condition("LayoutValid")["message"]
-    assert fleet.instances() == {}
-    custom = fleet.custom.list_namespaced_custom_object(GROUP, VERSION, fleet.ns, "hybridservings")["items"]
-    assert custom[0]["status"]["ready"] == "False"

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from hybridserving.devcluster import Cluster, bin_dir
+from hybridserving.testing.crds import apply_crds
 
-from test_chart import CHART, ROOT
+from test_chart import CHART
 
 RELEASE, RELEASE_NS = "hs", "hs-system"
 OPERATOR = f"system:serviceaccount:{RELEASE_NS}:hs-hybridserving"
@@ -41,9 +42,7 @@ def instance(name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def user_roles(cluster: Cluster):
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    for crd in ("hybridservings.hybridserving.io", "hybridservinginstances.hybridserving.io"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    apply_crds(cluster)
     docs = rendered_user_roles()
     cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
     yield docs

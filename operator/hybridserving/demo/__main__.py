@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         cluster.up()
         cluster.kubectl("apply", "--server-side", "--field-manager=hybridserving-crds", "-f", "-",
                         input="---\n".join(dump(doc) for doc in render_all().values()))
-        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        cluster.wait_established(doc["metadata"]["name"] for doc in render_all().values())
         say(f"operator and pod runner starting (logs in {workdir})")
         stack.start()
         say(f"kubectl apply -f {name}.yaml  (the embedded example fleet, engines on the SGLang simulator)")

@@ -348,6 +348,24 @@ class Cluster:
         config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
         return client.ApiClient(configuration=cfg)
 
+    def wait_established(self, crds: Iterable[str], timeout: float = 60) -> None:
+        """Wait until every named CRD is Established.
+
+        Polled rather than `kubectl wait`: right after a create a CRD has no status yet, and
+        kubectl 1.35's wait then fails at once instead of waiting.
+        """
+        pending = list(crds)
+        deadline = time.monotonic() + timeout
+        while pending:
+            out = self.kubectl("get", "crd", pending[0], "-o", "json", check=False)
+            conditions = (json.loads(out.stdout).get("status") or {}).get("conditions") or [] if out.returncode == 0 else []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"CRD {pending[0]} not Established within {timeout:.0f}s")
+            time.sleep(0.5)
+
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout: float = 60) -> subprocess.CompletedProcess:
         cmd = [str(bin_dir() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
