@@ -180,47 +180,23 @@ class Chaos:
 
 @dataclass
 class OperatorHandle:
-    """The session's operator process, which the operator-kill scenario replaces with its own."""
+    """The session's leader-elected operator replicas: the operator-kill scenario SIGKILLs the
+    leader and, after the outage, starts a fresh replica as a Deployment's ReplicaSet would."""
 
-    cluster: object
-    log: pathlib.Path
-    proc: object | None = None
-
-    def pid(self) -> int:
-        if self.proc is not None:
-            return self.proc.pid  # type: ignore[attr-defined]
-        kubeconfig = str(self.cluster.kubeconfig)  # type: ignore[attr-defined]
-        for entry in pathlib.Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"hybridserving.controller" in cmd and kubeconfig.encode() in cmd:
-                return int(entry.name)
-        raise LookupError("the operator process of this cluster was not found")
+    replicas: object
 
     def kill_and_restart(self, down_s: float) -> None:
-        from hybridserving.devcluster import stack
-
-        pid = self.pid()
-        os.kill(pid, signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(10)  # type: ignore[attr-defined]
+        leader = self.replicas.leader()  # type: ignore[attr-defined]
+        os.kill(leader.proc.pid, signal.SIGKILL)
+        leader.proc.wait(10)
         time.sleep(down_s)
-        self.proc = stack.start_operator(self.cluster, self.log)  # type: ignore[arg-type]
+        self.replicas.start()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
-def operator_handle(local_cluster, fleet_operator, tmp_path_factory: pytest.TempPathFactory):
-    """The session's operator; a replacement started by a scenario is stopped at the session's end."""
-    from hybridserving.devcluster import stack
-
-    handle = OperatorHandle(local_cluster, tmp_path_factory.mktemp("operator-restarted") / "operator.log")
-    yield handle
-    if handle.proc is not None:
-        stack.stop(handle.proc)  # type: ignore[arg-type]
+def operator_handle(fleet_operator) -> OperatorHandle:
+    """The session's operator; replicas it starts are stopped with the session's."""
+    return OperatorHandle(fleet_operator)
 
 
 def test_faults_under_steady_load(local_cluster, fleet_operator, pod_runner, discovering_router,

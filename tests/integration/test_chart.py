@@ -174,7 +174,7 @@ def test_install_upgrade_with_crd_change_uninstall(cluster: Cluster, core_v1, ap
     assert crd_printer_columns(cluster, crd_name) == before
 
     # uninstall: the operator and its RBAC go; the CRDs and the user's HybridServings stay.
-    helm(cluster, "uninstall", "hs", "-n", ns, "--wait", "--timeout", "60s")
+    helm(cluster, "uninstall", "hs", "-n", ns, "--wait", "--timeout", "150s")
     assert helm(cluster, "status", "hs", "-n", ns, check=False).returncode != 0
     with pytest.raises(ApiException) as gone:
         apps_v1.read_namespaced_deployment("hs-hybridserving", ns)

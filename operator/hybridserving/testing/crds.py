@@ -10,5 +10,5 @@ NAMES = ("hybridservings.hybridserving.io", "hybridservinginstances.hybridservin
 
 def apply_crds(cluster, timeout: float = 60) -> None:
     """Apply the CRDs and wait until both are Established."""
-    cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
     cluster.wait_established(NAMES, timeout=timeout)
