@@ -35,6 +35,8 @@ def manifest(endpoint: str) -> dict:
     doc["metadata"]["name"] = NAME
     doc["spec"]["prefill"]["replicas"] = 1
     doc["spec"]["decode"]["replicas"] = 1
+    # The test moves the only prefill instance to decode through an on-call switch: no floor forbids it.
+    doc["spec"]["roleSwitch"].update(minPrefill=0, minDecode=0)
     doc["spec"]["model"]["weights"] = {"uri": f"hf://{REPO}", "cache": "Node", "endpoint": endpoint,
                                        "tokenSecretRef": {"name": "hub-token", "key": "HF_TOKEN"}}
     doc["spec"]["engine"] = {"env": [
@@ -127,12 +129,13 @@ def test_weights_come_once_per_node_and_restarts_and_switches_reuse_them(hub_fle
     assert json.loads(fill["state"]["terminated"]["message"])["downloaded"] is False
     assert dict(hub.downloads) == {key: 2 for key in per_file()}, "no second download after a restart"
 
-    # A role switch (what the role-switch controller writes): pods follow in place, nothing downloads.
+    # A role switch (an on-call request, drained and verified like the policy's): the engine switches
+    # on the same pods, so nothing downloads.
     instance = victim.rsplit("-", 1)[0]
-    local_cluster.kubectl("-n", view.ns, "patch", "hybridservinginstance", instance, "--type=merge",
-                          "-p", json.dumps({"spec": {"role": "decode"}}))
+    local_cluster.kubectl("-n", view.ns, "annotate", "hybridservinginstance", instance,
+                          "hybridserving.io/switch-to=decode")
     wait_for(lambda: view.leaders()[victim]["metadata"]["labels"].get("hybridserving.io/role") == "decode"
-             and view.all_ready(), timeout=60, what="switched instance Ready")
+             and view.all_ready(), timeout=300, what="switched instance Ready")
     assert dict(hub.downloads) == {key: 2 for key in per_file()}, "no download for a role switch"
 
     # The token is only in its Secret: no object the operator wrote holds it.
