@@ -31,6 +31,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -212,7 +213,28 @@ def test_faults_under_steady_load(local_cluster, fleet_operator, pod_runner, dis
         _scenarios(chaos)
     finally:
         REPORT.write_text(json.dumps([o.__dict__ for o in chaos.outcomes] if chaos else [], indent=1))
+        bound = _bound_ports(local_cluster)
         local_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s", check=False)
+        # Pod objects go before their processes stop; the next test's pods may get the same loopback
+        # IPs, so wait until the fleet's engines and launchers have let go of their ports.
+        wait_for(lambda: not any(_listening(addr) for addr in bound), 120, "the fleet's ports released")
+
+
+def _bound_ports(cluster) -> list[tuple[str, int]]:
+    out = cluster.kubectl("-n", NAMESPACE, "get", "pods", "-o", "json", check=False)
+    if out.returncode != 0:
+        return []
+    return [(pod["status"]["podIP"], port["containerPort"])
+            for pod in json.loads(out.stdout)["items"] if (pod.get("status") or {}).get("podIP")
+            for container in pod["spec"]["containers"] for port in container.get("ports") or []]
+
+
+def _listening(addr: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(addr, timeout=0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 def _scenarios(chaos: Chaos) -> None:
