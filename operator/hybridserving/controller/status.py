@@ -22,13 +22,12 @@ from hybridserving.api.v1alpha1 import (
     HybridServingSpec,
     HybridServingStatus,
     InstanceStatus,
-    Role,
     RoleStatus,
 )
 from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core import capacity
 from hybridserving.core.desired import DesiredState
-from hybridserving.core.health import InstanceView
+from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
 from hybridserving.core.observed import Observed
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
@@ -108,7 +107,8 @@ def instance_phase(v: InstanceView) -> InstancePhase:
         return cast(InstancePhase, v.observed.phase)
     if any(p.crash_looping for p in v.pods if not p.deleting):
         return "CrashLoop"
-    return {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}.get(v.state, "Starting" if v.pods else "Pending")
+    settled: dict[InstanceState, InstancePhase] = {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}
+    return settled.get(v.state, "Starting" if v.pods else "Pending")
 
 
 def instance_status(v: InstanceView, generation: int | None) -> HybridServingInstanceStatus:
@@ -132,7 +132,7 @@ def instance_status(v: InstanceView, generation: int | None) -> HybridServingIns
         status.last_exit = last_exit[:1024]
     if leader is not None and v.observed.phase not in SWITCH_PHASES:
         role = leader.annotations.get(ANNOTATION_ROLE, v.observed.spec.role)
-        status.role = cast(Role, role) if role in ROLES else v.observed.spec.role
+        status.role = role if role in ROLES else v.observed.spec.role
     if generation is not None:
         status.observed_generation = generation
     return status
@@ -235,9 +235,11 @@ def fleet_status(
     outdated = [v.plan.name for v in views.values() if not v.current]
     progressing = bool(outdated) or pending_actions > 0 or not all_ready
     if desired.paused and outdated:
-        reason, message = "RolloutPaused", f"rollout paused with {len(outdated)} instance(s) to roll: {', '.join(outdated)}"
+        reason = "RolloutPaused"
+        message = f"rollout paused with {len(outdated)} instance(s) to roll: {', '.join(outdated)}"
     elif outdated:
-        reason, message = "RollingOut", f"{len(outdated)} instance(s) to roll, one role at a time: {', '.join(outdated)}"
+        reason = "RollingOut"
+        message = f"{len(outdated)} instance(s) to roll, one role at a time: {', '.join(outdated)}"
     elif progressing:
         reason, message = "Reconciling", f"{pending_actions} change(s) in flight, {ready_total}/{total} instances ready"
     else:

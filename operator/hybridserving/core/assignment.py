@@ -71,5 +71,5 @@ def held_role(existing: ObservedInstance | None, observed: Observed) -> Role | N
         return None
     role = roles.pop()
     if role in ROLES and role != existing.spec.role:
-        return role  # type: ignore[return-value]
+        return role
     return None

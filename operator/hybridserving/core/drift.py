@@ -53,8 +53,8 @@ def _same(observed: Any, desired: Any) -> bool:
         keys = set(observed) | set(desired)
         return all(_same(observed.get(k), desired.get(k)) for k in keys)
     if isinstance(desired, list) and isinstance(observed, list):
-        return len(observed) == len(desired) and all(_same(o, d) for o, d in zip(observed, desired))
-    return observed == desired
+        return len(observed) == len(desired) and all(_same(o, d) for o, d in zip(observed, desired, strict=True))
+    return bool(observed == desired)
 
 
 def extra_fields(observed: Mapping[str, Any], desired: Mapping[str, Any]) -> list[tuple[str, ...]]:
@@ -76,7 +76,7 @@ def extra_fields(observed: Mapping[str, Any], desired: Mapping[str, Any]) -> lis
     if kind == "Deployment":
         have_c = _at(observed, ("spec", "template", "spec", "containers")) or []
         want_c = _at(desired, ("spec", "template", "spec", "containers")) or []
-        for have, want in zip(have_c, want_c):
+        for have, want in zip(have_c, want_c, strict=False):
             if any(not _same(have.get(f), want.get(f)) for f in _EXACT_CONTAINER_FIELDS):
                 found.append(("spec", "template", "spec", "containers"))
                 break
@@ -104,7 +104,7 @@ def overlay_removals(desired: dict[str, Any], paths: list[tuple[str, ...]]) -> d
     """
     if not paths:
         return desired
-    body = json.loads(json.dumps(desired))
+    body: dict[str, Any] = json.loads(json.dumps(desired))
     for path in paths:
         if _at(desired, path) is not None:
             continue
@@ -128,5 +128,5 @@ def contains(observed: Any, desired: Any) -> bool:
     if isinstance(desired, list):
         if not isinstance(observed, list) or len(observed) != len(desired):
             return False
-        return all(contains(o, d) for o, d in zip(observed, desired))
-    return observed == desired
+        return all(contains(o, d) for o, d in zip(observed, desired, strict=True))
+    return bool(observed == desired)

@@ -34,7 +34,14 @@ from hybridserving.core.assignment import assign_instances
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.drift import contains, extra_fields, overlay_removals
 from hybridserving.core.health import view
-from hybridserving.core.naming import API_VERSION, LABEL_INSTANCE, applied_spec_name, digest, owner_reference, split_config_hash
+from hybridserving.core.naming import (
+    API_VERSION,
+    LABEL_INSTANCE,
+    applied_spec_name,
+    digest,
+    owner_reference,
+    split_config_hash,
+)
 from hybridserving.core.observed import ObjectKey, Observed
 from hybridserving.core.rendering import EngineAccess, fleet_objects, render_instance, role_config
 from hybridserving.core.rollout import pod_actions, select_rollout
@@ -124,7 +131,8 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     for name, p in desired.instances.items():
         existing = observed.instances.get(name)
         if existing is None:
-            actions.append(Action("create", INSTANCE_KIND, name, (Cause.SCALE_UP,), f"new {p.role} instance", p.manifest))
+            actions.append(Action("create", INSTANCE_KIND, name, (Cause.SCALE_UP,), f"new {p.role} instance",
+                                  p.manifest))
             continue
         if existing.deleting:
             continue
@@ -164,16 +172,15 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
 
     # Per-instance Services and pods, for instances whose spec is what the pods should run.
     for name, p in desired.instances.items():
-        v = views.get(name)
-        if v is None:
+        if name not in views:
             continue
         if p.service is not None:
             sync(p.service, f"rendezvous Service of {name}")
         if p.workload is not None:
             sync(p.workload, f"gang Workload of {name}")
-        actions.extend(pod_actions(v, next_hash[name], name in gang_restarts))
+        actions.extend(pod_actions(views[name], next_hash[name], name in gang_restarts))
 
-    for (kind, name), obj in desired.objects.items():
+    for (kind, _), obj in desired.objects.items():
         if kind != "ConfigMap":
             sync(obj, {"PodDisruptionBudget": "disruption budget", "NetworkPolicy": "engine network policy"}.get(
                 kind, f"router {kind}"))

@@ -176,7 +176,9 @@ def render_instance(
     )
 
 
-def _pod_extra_metadata(spec: HybridServingSpec, instance: str, role: Role, nodes: int) -> tuple[dict[str, str], dict[str, str]]:
+def _pod_extra_metadata(
+    spec: HybridServingSpec, instance: str, role: Role, nodes: int
+) -> tuple[dict[str, str], dict[str, str]]:
     """Labels and annotations from the pod templates and the gang, under the operator's own."""
     labels, annotations = podtemplate.metadata(spec, role)
     gang_labels, gang_annotations = gang.pod_metadata(spec, instance, nodes)
@@ -391,7 +393,9 @@ def _instance_service(hs: HybridServing, instance: str, p: InstancePorts, owner:
     }
 
 
-def _config_map(hs: HybridServing, role: Role, config: dict[str, Any], config_hash: str, owner: dict[str, Any]) -> dict[str, Any]:
+def _config_map(
+    hs: HybridServing, role: Role, config: dict[str, Any], config_hash: str, owner: dict[str, Any]
+) -> dict[str, Any]:
     meta = _meta(hs, config_map_name(hs.metadata.name, role), owner, "config")
     meta["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash}
     return {
@@ -452,7 +456,9 @@ class EngineAccess:
 
     operator_namespace: str | None = None
     operator_labels: Mapping[str, str] = field(
-        default_factory=lambda: {"app.kubernetes.io/part-of": "hybridserving", "app.kubernetes.io/component": "operator"}
+        default_factory=lambda: {
+            "app.kubernetes.io/part-of": "hybridserving", "app.kubernetes.io/component": "operator",
+        }
     )
 
 
@@ -516,11 +522,16 @@ def router_argv(hs: HybridServing, instances: Mapping[str, InstancePlan]) -> lis
     ]
 
 
-def _router_objects(hs: HybridServing, instances: Mapping[str, InstancePlan], owner: dict[str, Any]) -> list[dict[str, Any]]:
+def _router_objects(
+    hs: HybridServing, instances: Mapping[str, InstancePlan], owner: dict[str, Any]
+) -> list[dict[str, Any]]:
     spec = hs.spec
     name = router_name(hs.metadata.name)
     selector = {LABEL_NAME: hs.metadata.name, LABEL_COMPONENT: "router"}
-    meta = lambda: _meta(hs, name, owner, "router")  # noqa: E731
+
+    def meta() -> dict[str, Any]:
+        return _meta(hs, name, owner, "router")
+
     budget = router.disruption_budget(spec.router, meta(), selector)
     return [*([budget] if budget else []),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},

@@ -40,7 +40,10 @@ def pod_actions(v: InstanceView, config_hash: str, restarting: bool) -> list[Act
     target = GangTarget(p.role, config_hash, generation, p.nodes)
     live = [pod for pod in v.pods if not pod.deleting]
     if any(is_stale(pod, target) for pod in live):
-        cause, why = (Cause.GANG_RESTART, "gang restart") if restarting else (Cause.ROLLOUT, "rolling to the new configuration")
+        if restarting:
+            cause, why = Cause.GANG_RESTART, "gang restart"
+        else:
+            cause, why = Cause.ROLLOUT, "rolling to the new configuration"
         for pod in live:
             actions.append(Action("delete", "Pod", pod.name, (cause,), f"{why} of {p.name} (whole gang)", uid=pod.uid))
         return actions
@@ -69,7 +72,7 @@ def pod_actions(v: InstanceView, config_hash: str, restarting: bool) -> list[Act
 
 
 def _stamp(pod: dict[str, Any], generation: int) -> dict[str, Any]:
-    out = json.loads(json.dumps(pod))
+    out: dict[str, Any] = json.loads(json.dumps(pod))
     out["metadata"]["annotations"][ANNOTATION_RESTART_GENERATION] = str(generation)
     return out
 

@@ -303,7 +303,8 @@ def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig)
             return go("Done", outcome="Succeeded", message=state.message or f"serving as {state.to_role}")
         if elapsed > config.route_timeout_s and applied:
             return go("Done", outcome="Succeeded",
-                      message=f"serving as {state.to_role}; router label not seen within {config.route_timeout_s:.0f} s")
+                      message=f"serving as {state.to_role}; router label not seen within "
+                              f"{config.route_timeout_s:.0f} s")
         return state, want
 
     if s == "Restore":
