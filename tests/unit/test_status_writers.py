@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_reconcile import NS, MemoryApi, api, settle  # noqa: F401 (api: the fixture)
+import pytest
+from test_reconcile import NS, SPEC, MemoryApi, settle
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND
 from hybridserving.controller import reconcile as rec
@@ -18,6 +19,14 @@ from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
 
 INSTANCE = "fleet-0"
 UNROUTE_RECORD = SwitchState.start("prefill", "decode", "in-place", "test", 0.0).to_annotation()
+
+
+@pytest.fixture
+def api() -> MemoryApi:
+    """A fleet applied, nothing reconciled yet."""
+    fresh = MemoryApi()
+    fresh.user_apply(SPEC)
+    return fresh
 
 
 def instance(api: MemoryApi) -> dict[str, Any]:
