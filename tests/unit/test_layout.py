@@ -433,7 +433,7 @@ def test_bootstrap_ports_that_collide_with_allocated_ports_are_errors(host_netwo
 def test_clear_bootstrap_ports_plan(host_network: bool, port: int) -> None:
     """Every port the rule lets through, the planner can allocate around (it raised before)."""
     from hybridserving.api.v1alpha1 import HybridServing
-    from hybridserving.core import planner, rendering
+    from hybridserving.core import planner
     from hybridserving.core.observed import Observed
 
     spec = make({"transfer": {"bootstrapPort": port}, "network": {"hostNetwork": host_network},
@@ -446,8 +446,8 @@ def test_clear_bootstrap_ports_plan(host_network: bool, port: int) -> None:
 
 def test_every_variable_the_planner_sets_per_pod_is_owned() -> None:
     from hybridserving.core import planner, rendering
-    from hybridserving.core.observed import Observed
     from hybridserving.core.layout import OWNED_ENV
+    from hybridserving.core.observed import Observed
 
     hs = HybridServing.model_validate({"metadata": {"name": "f", "namespace": "d", "uid": "u"},
                                        "spec": make().to_wire()})
