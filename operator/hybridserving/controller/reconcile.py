@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec, WeightsStatus
 from hybridserving.controller import gauges, metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import (
@@ -384,7 +384,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
                           error_reason=outcome.error_reason, progress_deadline_seconds=progress_deadline_seconds)
     gauges.record(namespace, name, status, views)
     if desired is not None and desired.spec.model.weights is not None:
-        status["weights"] = weights.summarize(desired.spec.model.weights, observed.pods.values())
+        status["weights"] = wire(WeightsStatus.model_validate(
+            weights.summarize(desired.spec.model.weights, observed.pods.values())))
     if changed(previous, status):
         try:
             kube.patch(KIND, namespace, name, {"status": status}, subresource="status")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hybridserving.api.v1alpha1 import Role
 from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, split_config_hash
@@ -22,7 +23,7 @@ InstanceState = Literal["Ready", "Starting", "Pending", "Failed", "Missing"]
 class GangTarget:
     """What the pods of an instance should run: role, configuration, gang generation and size."""
 
-    role: str
+    role: Role
     config_hash: str
     restart_generation: int
     nodes: int

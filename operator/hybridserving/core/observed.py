@@ -17,7 +17,6 @@ from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_INSTA
 ObjectKey = tuple[str, str]  # (kind, name)
 
 
-
 def describe_termination(terminated: Mapping[str, Any]) -> str:
     """A container's last exit as people read it: exit code, reason, and the termination message."""
     text = f"exit code {terminated.get('exitCode')}"

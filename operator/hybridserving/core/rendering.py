@@ -597,7 +597,6 @@ def _router_objects(
     ]
 
 
-
 def fleet_objects(
     hs: HybridServing,
     configs: Mapping[Role, dict[str, Any]],
