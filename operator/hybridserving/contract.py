@@ -1,6 +1,6 @@
 """What the operator and the engine pod's launcher agree on, in one place both sides import.
 
-The operator renders pods and role configs (`core.planner`, `core.flags`); the launcher in the
+The operator renders pods and role configs (`core.rendering`, `core.flags`); the launcher in the
 engine image reads them (`hybridserving_engine.launcher`); the controller reads engines the way
 the launcher drains them. Names, paths, placeholders and the role-config keys live here so the two
 sides cannot drift. The standard library only: the engine image carries no pydantic models or

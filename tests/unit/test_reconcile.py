@@ -19,7 +19,7 @@ import pytest
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
-from hybridserving.core.planner import LABEL_NAME
+from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.switching import SwitchState
 from hybridserving.testing.patches import apply_merge_patch
 
