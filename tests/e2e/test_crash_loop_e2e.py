@@ -125,7 +125,7 @@ def test_a_crashing_engine_shows_crash_loop_and_fires_the_alert_expression(
         keys = sorted({k for scrape_ in recording for k in scrape_})
         input_series = []
         for name, labels in keys:
-            selector = ",".join([f'job="hybridserving-operator"'] + [f'{k}="{v}"' for k, v in labels])
+            selector = ",".join(['job="hybridserving-operator"'] + [f'{k}="{v}"' for k, v in labels])
             values = " ".join(str(s[(name, labels)]) if (name, labels) in s else "_" for s in recording)
             input_series.append({"series": f"{name}{{{selector}}}", "values": values})
         expected = [{"labels": f'{{namespace="{NAMESPACE}", hybridserving="crashy", hybridserving_instance="crashy-{i}"}}',

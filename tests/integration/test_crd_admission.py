@@ -8,6 +8,7 @@ here with objects that break it.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import pathlib
 import re
@@ -293,7 +294,7 @@ def test_status_writes_keep_every_field_and_feed_the_printer_columns(kubectl, ob
     # What `kubectl get` prints is the apiserver's Table rendering of the printer columns.
     shown_wide = kubectl("get", f"{PLURAL}.{GROUP}", name, "-n", namespace, "-o", "wide").stdout.splitlines()
     header, row = (re.split(r"\s{2,}", line.strip()) for line in shown_wide[:2])
-    cells = dict(zip([h.title() if h != "KV CAPACITY" else "KV Capacity" for h in header], row))
+    cells = dict(zip([h.title() if h != "KV CAPACITY" else "KV Capacity" for h in header], row, strict=False))
     shown = (cells["Ready"], cells["Prefill"], cells["Decode"], cells["KV Capacity"])
     assert shown == ("False", "2/2", "1/2", "1.9M tokens")
     assert cells["Profile"] == "deepseek-v3"
@@ -347,7 +348,7 @@ def test_conditions_follow_metav1_condition(objects, namespace):
                           ({"lastTransitionTime": "yesterday"}, "lastTransitionTime"),
                           ({"reason": "not ready"}, "reason"), ({"reason": ""}, "reason")):
         bad = {k: v for k, v in {**good, **change}.items() if v is not None}
-        message, fields = rejection(lambda: write(bad))
+        message, fields = rejection(functools.partial(write, bad))
         assert any(f.endswith(field) for f in fields), (fields, message)
 
 

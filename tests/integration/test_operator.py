@@ -378,7 +378,7 @@ def test_an_operator_killed_at_random_points_converges_without_duplicates_or_orp
         lambda s: s["prefill"].update(maxRunningRequests=rng.randint(1, 512)),
     ]
     kills = []
-    for round_ in range(KILL_ROUNDS):
+    for _ in range(KILL_ROUNDS):
         fleet.edit(rng.choice(changes))
         delay = rng.uniform(0.0, 2.0)
         time.sleep(delay)

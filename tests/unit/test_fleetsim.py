@@ -345,7 +345,7 @@ def ramp_trace():
     offsets = [0.0, 600.0, 1500.0]
     return traces.make_trace(
         "ramp",
-        np.concatenate([p.arrival_s + o for p, o in zip(parts, offsets)]),
+        np.concatenate([p.arrival_s + o for p, o in zip(parts, offsets, strict=True)]),
         np.concatenate([p.prompt_tokens for p in parts]),
         np.concatenate([p.output_tokens for p in parts]),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -172,7 +173,7 @@ def test_noisy_metrics_around_the_thresholds_do_not_flap(seed):
         # a balanced fleet whose prefill hovers just around its target, decode comfortably loaded
         f.step(float(t), 0.85 * (1 + rng.uniform(-0.15, 0.15)), 0.5 + rng.uniform(-0.1, 0.1), 0, 0.0)
     directions = [to for _, _, to in f.switches]
-    reversals = sum(1 for a, b in zip(directions, directions[1:]) if a != b)
+    reversals = sum(1 for a, b in itertools.pairwise(directions) if a != b)
     assert reversals == 0
 
 
@@ -294,7 +295,7 @@ def test_after_an_instance_lands_the_pressure_must_be_sustained_anew():
     for t in range(0, 300, 5):
         f.step(float(t), 1.0, 0.05, 200_000, 6.0)
     assert len(f.switches) >= 2
-    for (t0, _, _), (t1, _, _) in zip(f.switches, f.switches[1:]):
+    for (t0, _, _), (t1, _, _) in itertools.pairwise(f.switches):
         assert t1 - (t0 + 15) >= cfg.acute_sustain_s  # landed 15 s after the start
 
 

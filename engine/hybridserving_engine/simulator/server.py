@@ -431,8 +431,8 @@ class SimulatorServer:
             tokens = self._tokens(req)
             if not stream:
                 n = 0
-                async for n in tokens:
-                    pass
+                async for emitted in tokens:
+                    n = emitted
                 return web.json_response(self._generate_chunk(req, n, final=True))
         except RequestError as e:
             return _error(e.status, str(e))
@@ -489,8 +489,8 @@ class SimulatorServer:
             cid, created = f"cmpl-{req.rid}", int(time.time())
             if not stream:
                 n = 0
-                async for n in tokens:
-                    pass
+                async for emitted in tokens:
+                    n = emitted
                 return web.json_response({
                     "id": cid, "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": 0, "text": "".join(token_text(i) for i in range(n)), "logprobs": None,
@@ -532,8 +532,8 @@ class SimulatorServer:
             cid, created = f"chatcmpl-{req.rid}", int(time.time())
             if not stream:
                 n = 0
-                async for n in tokens:
-                    pass
+                async for emitted in tokens:
+                    n = emitted
                 return web.json_response({
                     "id": cid, "object": "chat.completion", "created": created, "model": model,
                     "choices": [{"index": 0,

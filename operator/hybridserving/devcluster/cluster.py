@@ -804,9 +804,9 @@ class Cluster:
         leftovers.update(_pids_referencing(marker))
         for pid in leftovers:
             say(f"killing leftover pid {pid}")
-            for fn in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            for kill in (os.killpg, os.kill):
                 try:
-                    fn()
+                    kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
         end = time.monotonic() + 5

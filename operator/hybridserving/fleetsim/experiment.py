@@ -15,11 +15,14 @@ of splits with free, instant switches and bounds every policy.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from hybridserving.api.v1alpha1 import RoleSwitchSpec, SloSpec
 from hybridserving.core.perfmodel import PerformanceModel
@@ -285,23 +288,23 @@ class Runner:
         sim.start(trace)
         meets_slo = self.w.slo
         end = float(trace.arrival_s[-1]) if len(trace) else 0.0
+
+        def served(split: int, start: float, horizon: float, window: np.ndarray) -> int:
+            twin = sim.fork()
+            twin.relabel(start, split)
+            twin.advance(horizon)
+            ok = (twin.ttft <= meets_slo.ttft_s) & (twin.tpot <= meets_slo.tpot_s)
+            return int(ok[window].sum())
+
         t = 0.0
         while t <= end:
             horizon = t + 2 * seg
             window = (trace.arrival_s >= t) & (trace.arrival_s < horizon)
-
-            def served(split: int) -> int:
-                twin = sim.fork()
-                twin.relabel(t, split)
-                twin.advance(horizon)
-                ok = (twin.ttft <= meets_slo.ttft_s) & (twin.tpot <= meets_slo.tpot_s)
-                return int(ok[window].sum())
-
-            tried = {k: served(k)}
+            tried = {k: served(k, t, horizon, window)}
             for step in (-1, 1):
                 j = k + step
                 while 1 <= j < self.n:
-                    tried[j] = served(j)
+                    tried[j] = served(j, t, horizon, window)
                     if tried[j] <= tried[j - step]:
                         break
                     j += step
@@ -318,6 +321,11 @@ class Runner:
         """A dynamic policy at `scale`, starting from the best static split at that rate."""
         k, _ = self.best_static(scale)
         return self.simulate(scale, k, make(), in_place=in_place, name=name, free=free)
+
+    def dynamic_score(self, scale: float, make: Callable[[], object], in_place: bool, name: str,
+                      free: bool = False) -> float:
+        """The score of a dynamic policy at `scale`: what the goodput search probes."""
+        return self.score(self.dynamic(scale, make, in_place, name, free=free), scale)
 
     def locate(self) -> float:
         """Coarse goodput of the best static split: the anchor of every policy's search."""
@@ -383,18 +391,19 @@ def compare(
         # Restart-based rebalancing relaunches the engine (the model's restart time), as planners do
         # today; the zero-cost relabel pays no switch time at all.
         in_place, free = sweep.in_place, sweep.free_switches
-        run = lambda s, make: runner.dynamic(s, make, in_place, name, free=free)  # noqa: E731
+        run = functools.partial(runner.dynamic, in_place=in_place, name=name, free=free)
         tried = []
         if len(sweep.grid) > 1:
             for setting in sweep.grid:
-                make = lambda setting=setting: sweep.make(**setting)  # noqa: E731
+                make = functools.partial(sweep.make, **setting)
                 a = [runner.score(run(s, make), s) for s in (ref, ref * SEARCH_STEP)]
                 tried.append((sum(a) / len(a), setting))
             best = max(tried, key=lambda x: x[0])[1]
         else:
             best = sweep.grid[0]
-        make = lambda: sweep.make(**best)  # noqa: E731
-        scale = runner.goodput(lambda s: runner.score(run(s, make), s), anchor)
+        make = functools.partial(sweep.make, **best)
+        scale = runner.goodput(functools.partial(runner.dynamic_score, make=make, in_place=in_place, name=name,
+                                                 free=free), anchor)
         at_rate = run(1.0, make)
         detail = (
             ", ".join(f"{k}={v}" for k, v in best.items()) + f" (swept {len(tried)}: " + ", ".join(f"{a:.3f}" for a, _ in tried) + ")"

@@ -208,7 +208,7 @@ class FleetSimulator:
         self.prompt = trace.prompt_tokens.tolist()
         self.output = trace.output_tokens.tolist()
         self.cached = trace.cached_tokens.tolist()
-        self.need = [self.model.request_kv_tokens(p + o) for p, o in zip(self.prompt, self.output)]
+        self.need = [self.model.request_kv_tokens(p + o) for p, o in zip(self.prompt, self.output, strict=True)]
         self.progress = [0] * n
         self.ttft = np.full(n, np.inf)
         self.tpot = np.full(n, np.inf)
