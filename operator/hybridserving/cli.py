@@ -191,7 +191,8 @@ def cmd_transfer_plan(args: argparse.Namespace, out: TextIO) -> int:
             _human_bytes(float(plan.path_bytes[:, d].sum())),
         ])
     write_table(rows, out)
-    out.write(f"bytes per path: {_human_bytes(float(plan.path_bytes.min()))} .. {_human_bytes(float(plan.path_bytes.max()))}\n")
+    least, most = _human_bytes(float(plan.path_bytes.min())), _human_bytes(float(plan.path_bytes.max()))
+    out.write(f"bytes per path: {least} .. {most}\n")
     out.write(
         f"total: {_human_bytes(plan.total_bytes)}; naive send-all-then-reshard: {_human_bytes(plan.naive_bytes)} "
         f"({plan.discarded_fraction:.0%} of it discarded)\n"

@@ -220,7 +220,9 @@ BAD_FLEETS = {
         "rdmaResourceName is required",
     ),
     "rdma devices that do not split per GPU": (
-        _both(_set("spec.transfer.ibDevices", ["mlx5_0", "mlx5_1", "mlx5_2"]), _set("spec.transfer.ibDevicesPerGpu", 2)),
+        _both(
+            _set("spec.transfer.ibDevices", ["mlx5_0", "mlx5_1", "mlx5_2"]), _set("spec.transfer.ibDevicesPerGpu", 2)
+        ),
         "spec.transfer.ibDevices",
         "ibDevicesPerGpu splits ibDevices",
     ),
@@ -311,8 +313,14 @@ def test_instance_status_round_trips(objects, namespace):
             "readyPods": 2,
             "podNames": [f"{name}-0", f"{name}-1"],
             "nodeNames": ["gpu-0", "gpu-1"],
-            "conditions": [{"type": "Ready", "status": "True", "reason": "EngineReady",
-                            "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "EngineReady",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
             "lastSwitch": "2026-01-01T00:00:00Z",
         }
     )
@@ -339,14 +347,23 @@ def test_conditions_follow_metav1_condition(objects, namespace):
 
     def write(condition: dict[str, Any]) -> Any:
         return objects.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": {"conditions": [condition]}})
+            GROUP, VERSION, namespace, PLURAL, name, {"status": {"conditions": [condition]}}
+        )
 
-    good = {"type": "Ready", "status": "False", "reason": "InstancesNotReady", "message": "",
-            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    good = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "InstancesNotReady",
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
     assert write(good)["status"]["conditions"][0]["reason"] == "InstancesNotReady"
-    for change, field in (({"lastTransitionTime": None}, "lastTransitionTime"),
-                          ({"lastTransitionTime": "yesterday"}, "lastTransitionTime"),
-                          ({"reason": "not ready"}, "reason"), ({"reason": ""}, "reason")):
+    for change, field in (
+        ({"lastTransitionTime": None}, "lastTransitionTime"),
+        ({"lastTransitionTime": "yesterday"}, "lastTransitionTime"),
+        ({"reason": "not ready"}, "reason"),
+        ({"reason": ""}, "reason"),
+    ):
         bad = {k: v for k, v in {**good, **change}.items() if v is not None}
         message, fields = rejection(functools.partial(write, bad))
         assert any(f.endswith(field) for f in fields), (fields, message)

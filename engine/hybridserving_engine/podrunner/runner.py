@@ -204,7 +204,8 @@ class PodWorker:
         if self._init_process is None:
             if now < self._init_retry_at:
                 return
-            env = container_environment(spec, self.pod, self._mounts(spec), read_key=self.runner.read_key_for(self.namespace))
+            env = container_environment(spec, self.pod, self._mounts(spec),
+                                        read_key=self.runner.read_key_for(self.namespace))
             env["HYBRIDSERVING_TERMINATION_LOG"] = str(self._termination_log(name))
             self._termination_log(name).unlink(missing_ok=True)
             self._init_process = ContainerProcess(container_command(spec, env), env, self.dir,
@@ -416,7 +417,8 @@ class PodRunner:
                     data = self.core.read_namespaced_secret(selector["name"], namespace).data or {}
                     raw = data.get(selector["key"])
                     return None if raw is None else base64.b64decode(raw).decode()
-                return (self.core.read_namespaced_config_map(selector["name"], namespace).data or {}).get(selector["key"])
+                config_map = self.core.read_namespaced_config_map(selector["name"], namespace)
+                return (config_map.data or {}).get(selector["key"])
             except ApiException as e:
                 if e.status == 404:
                     return None

@@ -28,7 +28,9 @@ from hybridserving.fleetsim.experiment import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("simulate", help="replay a trace through the fleet simulator under one role-switch policy")
+    p = subparsers.add_parser(
+        "simulate", help="replay a trace through the fleet simulator under one role-switch policy"
+    )
     p.add_argument("--trace", required=True, help="mix-shift | diurnal | agentic | mooncake | path to .csv/.jsonl")
     p.add_argument("--policy", required=True, choices=POLICIES)
     p.add_argument("--instances", type=int, default=8, help="instances of 8 GPUs (default 8)")

@@ -44,10 +44,16 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
     rows = [["INSTANCE", "ROLE", "RUNNING", "PHASE", "READY PODS", "NODES"]]
     for inst in sorted(instances, key=lambda i: i["spec"].get("index", 0)):
         st = inst.get("status") or {}
-        rows.append([
-            inst["metadata"]["name"], inst["spec"].get("role", "-"), st.get("role", "-"), st.get("phase", "-"),
-            f"{st.get('readyPods', 0)}/{inst['spec'].get('nodes', 1)}", ",".join(n for n in st.get("nodeNames") or [] if n) or "-",
-        ])
+        rows.append(
+            [
+                inst["metadata"]["name"],
+                inst["spec"].get("role", "-"),
+                st.get("role", "-"),
+                st.get("phase", "-"),
+                f"{st.get('readyPods', 0)}/{inst['spec'].get('nodes', 1)}",
+                ",".join(n for n in st.get("nodeNames") or [] if n) or "-",
+            ]
+        )
     write_table(rows, out, indent="  ")
     recent = (status.get("switches") or [])[-switches:]
     if recent:
@@ -75,7 +81,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     all_instances = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, INSTANCE_PLURAL)["items"]
     for hs in fleets:
         mine = [
-            i for i in all_instances
+            i
+            for i in all_instances
             if any(o.get("uid") == hs["metadata"]["uid"] for o in i["metadata"].get("ownerReferences") or [])
         ]
         render(hs, mine, out, args.switches)

@@ -3,8 +3,8 @@
 CEL in the CRD refuses what one field or a few neighbours can show; the layout rules,
 capacity, privileges and the pod surface need the operator's own code. The webhook runs
 the checks of `hybridserving validate` (`core.fleet.assess`: layout rules, pod surface, weights,
-capacity) and the chart's engine privileges, so a bad spec is refused at `kubectl apply` with the same field paths and fixes, and
-warnings come back as admission warnings.
+capacity) and the chart's engine privileges, so a bad spec is refused at `kubectl apply` with
+the same field paths and fixes, and warnings come back as admission warnings.
 
 Failure policy, per operation:
 

@@ -630,7 +630,8 @@ def _check_resolved(spec: HybridServingSpec, arch: ModelArchitecture) -> Issues:
         yield _issue("roles-page-size-agree", "spec.prefill.pageSize",
                      f"the engine resolves page size {prefill.page_size} on prefill and {decode.page_size} on "
                      "decode, and decode refuses a prefill with another page size",
-                     f"set spec.prefill.pageSize and spec.decode.pageSize both to {max(prefill.page_size, decode.page_size)}")
+                     "set spec.prefill.pageSize and spec.decode.pageSize both to "
+                     f"{max(prefill.page_size, decode.page_size)}")
     if prefill.kv_cache_dtype != decode.kv_cache_dtype:
         yield _issue("roles-kv-dtype-agree", "spec.prefill.kvCacheDtype",
                      f"prefill stores KV as {prefill.kv_cache_dtype} and decode as {decode.kv_cache_dtype}; "

@@ -292,7 +292,8 @@ def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig)
             return go("Done", outcome="Succeeded", message=state.message or f"serving as {state.to_role}")
         if elapsed > config.route_timeout_s and applied:
             return go("Done", outcome="Succeeded",
-                      message=f"serving as {state.to_role}; router label not seen within {config.route_timeout_s:.0f} s")
+                      message=f"serving as {state.to_role}; "
+                      f"router label not seen within {config.route_timeout_s:.0f} s")
         return state, want
 
     if s == "Restore":
@@ -300,8 +301,9 @@ def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig)
         if applied and launcher_back and obs.leader_label == state.from_role:
             return go("Done")
         if elapsed > config.restore_timeout_s:
-            return restart(f"could not restore {state.from_role} within {config.restore_timeout_s:.0f} s "
-                           f"(after: {state.message})")
+            return restart(
+                f"could not restore {state.from_role} within {config.restore_timeout_s:.0f} s (after: {state.message})"
+            )
         return state, want
 
     if s == "Restart":

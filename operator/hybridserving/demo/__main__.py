@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"operator and pod runner starting (logs in {workdir})")
         stack.start()
         say(f"kubectl apply -f {name}.yaml  (the embedded example fleet, engines on the SGLang simulator)")
-        cluster.kubectl("apply", "--server-side", "--field-manager=demo-user", "-f", "-", input=yaml.safe_dump(manifest))
+        cluster.kubectl("apply", "--server-side", "--field-manager=demo-user", "-f", "-",
+                        input=yaml.safe_dump(manifest))
         fleet = Fleet(cluster, namespace, name, manifest["spec"]["model"]["path"])
         _wait("the fleet to be Ready", lambda: (fleet.hs().get("status") or {}).get("ready") == "True", 180)
         say("fleet Ready:\n" + fleet.view())

@@ -358,7 +358,9 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while pending:
             out = self.kubectl("get", "crd", pending[0], "-o", "json", check=False)
-            conditions = (json.loads(out.stdout).get("status") or {}).get("conditions") or [] if out.returncode == 0 else []
+            conditions = (
+                (json.loads(out.stdout).get("status") or {}).get("conditions") or [] if out.returncode == 0 else []
+            )
             if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
                 pending.pop(0)
                 continue

@@ -92,8 +92,10 @@ def load_workload(key: str, directory: Path | None = None) -> Workload:
         conv = traces.read_azure_csv(d / "AzureLLMInferenceTrace_conv.csv")
         if key == "mix-shift":
             phases = tuple(600.0 * i for i in range(7))
-            return Workload(key, "(a) Azure code ⇄ conversation mix shift", traces.mix_shift(code, conv), DEFAULT_SLO, phases)
-        return Workload(key, "(b) diurnal swing (Azure lengths)", traces.diurnal(code, conv, peak_rate=30.0), DEFAULT_SLO)
+            return Workload(key, "(a) Azure code ⇄ conversation mix shift", traces.mix_shift(code, conv), DEFAULT_SLO,
+                            phases)
+        return Workload(key, "(b) diurnal swing (Azure lengths)", traces.diurnal(code, conv, peak_rate=30.0),
+                        DEFAULT_SLO)
     if key == "agentic":
         waves = tuple(1200.0 * i for i in range(4))
         return Workload(key, "(c) agentic sessions, 48 × 100K", traces.agentic_sessions(), LONG_CONTEXT_SLO, waves)
@@ -230,7 +232,9 @@ class Runner:
         key = round(scale, 9)
         if key not in self._traces:
             self._traces.clear()
-            self._traces[key] = self.w.trace.at_load(scale) if self.load_mode == "replicate" else self.w.trace.scaled(scale)
+            self._traces[key] = (
+                self.w.trace.at_load(scale) if self.load_mode == "replicate" else self.w.trace.scaled(scale)
+            )
         return self._traces[key]
 
     def bounds_at(self, scale: float) -> tuple[float, ...]:
@@ -245,7 +249,8 @@ class Runner:
         return phase_attainments(result, self.w.slo, self.bounds_at(scale))
 
     def simulate(
-        self, scale: float, initial_prefill: int, controller=None, in_place: bool = True, name: str = "static", free: bool = False
+        self, scale: float, initial_prefill: int, controller=None, in_place: bool = True, name: str = "static",
+        free: bool = False,
     ) -> SimResult:
         """One run; `free`: the fleet's switches take no time (drains still happen)."""
         model = replace(self.model, in_place_switch_s=0.0, relaunch_switch_s=0.0) if free else self.model
@@ -337,7 +342,8 @@ class Runner:
         if reference is None:
             reference = self.locate() or 1.0
         return search_goodput(
-            attainment_at, low=0.05, high=20.0, iterations=self.iterations, start=reference, step=SEARCH_STEP, lookahead=1
+            attainment_at, low=0.05, high=20.0, iterations=self.iterations, start=reference, step=SEARCH_STEP,
+            lookahead=1,
         )
 
 
@@ -367,19 +373,22 @@ def compare(
     out.reference_scale, out.best_static_split = ref, k_ref
     k1, _ = runner.best_static(1.0)
     at_rate = runner.statics(1.0)[k1 - 1]
-    out.reports["static"] = report(f"best static {k_ref}:{instances - k_ref}", workload.trace, gpus, static_scale, at_rate, slo, f"split {k1}:{instances - k1} at trace rate")
+    out.reports["static"] = report(f"best static {k_ref}:{instances - k_ref}", workload.trace, gpus, static_scale,
+                                   at_rate, slo, f"split {k1}:{instances - k1} at trace rate")
     out.at_reference["static"] = runner.statics(ref)[k_ref - 1]
     log(f"  static: goodput ×{static_scale:.3f}, split {k_ref}:{instances - k_ref}")
     if "hindsight" in policies:
         scale = runner.goodput(lambda s: runner.hindsight(s)[0], anchor)
-        out.reports["hindsight"] = report("hindsight oracle (free, instant)", workload.trace, gpus, scale, None, slo, f"segments {HINDSIGHT_SEGMENT_S:g} s")
+        out.reports["hindsight"] = report("hindsight oracle (free, instant)", workload.trace, gpus, scale, None, slo,
+                                          f"segments {HINDSIGHT_SEGMENT_S:g} s")
         _, run_ref = runner.hindsight(ref)
         if run_ref is not None:
             out.at_reference["hindsight"] = run_ref
         log(f"  hindsight: goodput ×{scale:.3f}")
     if "per-window" in policies:
         scale = runner.goodput(runner.per_window, anchor)
-        out.reports["per-window"] = report("per-window projection (5-min best split)", workload.trace, gpus, scale, None, slo)
+        out.reports["per-window"] = report("per-window projection (5-min best split)", workload.trace, gpus, scale,
+                                           None, slo)
         out.reports["per-window"] = replace(out.reports["per-window"], attainment_at_trace_rate=runner.per_window(1.0))
         log(f"  per-window: goodput ×{scale:.3f}")
 
@@ -406,7 +415,10 @@ def compare(
                                                  free=free), anchor)
         at_rate = run(1.0, make)
         detail = (
-            ", ".join(f"{k}={v}" for k, v in best.items()) + f" (swept {len(tried)}: " + ", ".join(f"{a:.3f}" for a, _ in tried) + ")"
+            ", ".join(f"{k}={v}" for k, v in best.items())
+            + f" (swept {len(tried)}: "
+            + ", ".join(f"{a:.3f}" for a, _ in tried)
+            + ")"
             if tried
             else "shipped defaults"
         )
@@ -440,7 +452,8 @@ class ScalingRow:
 
 
 def scaling_comparison(
-    code: Trace, conv: Trace, model: PerformanceModel | None = None, duration_s: float = 7200.0, peak_rate: float = 40.0, log=print
+    code: Trace, conv: Trace, model: PerformanceModel | None = None, duration_s: float = 7200.0,
+    peak_rate: float = 40.0, log=print,
 ) -> tuple[Workload, int, list[ScalingRow]]:
     """A diurnal day (`duration_s`, the rate swinging 0.3× → 1× → 0.3× of `peak_rate`): a fixed fleet
     sized for the peak (the fewest instances whose best split passes, every phase), ours with
@@ -448,7 +461,8 @@ def scaling_comparison(
     interval, swept), each paying 60 s pod start + the weight load for every launch."""
     model = model or fleet_model()
     trace = traces.diurnal(code, conv, duration_s=duration_s, peak_rate=peak_rate)
-    w = Workload("diurnal-scaling", f"diurnal day over {duration_s / 3600:g} h, peak {peak_rate:g} req/s", trace, DEFAULT_SLO)
+    w = Workload("diurnal-scaling", f"diurnal day over {duration_s / 3600:g} h, peak {peak_rate:g} req/s", trace,
+                 DEFAULT_SLO)
     bounds = w.bounds
     rows: list[ScalingRow] = []
 

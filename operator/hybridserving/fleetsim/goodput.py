@@ -157,7 +157,9 @@ class GoodputReport:
     detail: str = ""
 
 
-def report(policy: str, trace: Trace, gpus: int, scale: float, at_rate: SimResult | None, slo: Slo, detail: str = "") -> GoodputReport:
+def report(
+    policy: str, trace: Trace, gpus: int, scale: float, at_rate: SimResult | None, slo: Slo, detail: str = ""
+) -> GoodputReport:
     """Goodput figures for one policy: the rate scale found, as requests per second and per GPU."""
     rps = trace.rate * scale
     return GoodputReport(

@@ -39,7 +39,9 @@ class Controller(Protocol):
 
     name: str
 
-    def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list[Decision]: ...
+    def tick(
+        self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]
+    ) -> list[Decision]: ...
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,12 @@ class FleetSimulator:
         twin.pending = deque(self.pending)
         twin.events = list(self.events)
         twin.decisions = list(self.decisions)
-        twin.tl_t, twin.tl_p, twin.tl_d, twin.tl_up = list(self.tl_t), list(self.tl_p), list(self.tl_d), list(self.tl_up)
+        twin.tl_t, twin.tl_p, twin.tl_d, twin.tl_up = (
+            list(self.tl_t),
+            list(self.tl_p),
+            list(self.tl_d),
+            list(self.tl_up),
+        )
         twin.instances = [i.copy() for i in self.instances]
         return twin
 
