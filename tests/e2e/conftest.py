@@ -158,7 +158,14 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):
     import os
     import uuid
 
-    from hybridserving.devcluster import Cluster, DevClusterError, FleetSpec, MissingBinaries, find_binaries, reap_orphans
+    from hybridserving.devcluster import (
+        Cluster,
+        DevClusterError,
+        FleetSpec,
+        MissingBinaries,
+        find_binaries,
+        reap_orphans,
+    )
 
     try:
         find_binaries()

@@ -333,7 +333,8 @@ def test_an_invalid_update_is_reported_and_the_fleet_keeps_running(fleet: Fleet)
     fleet.wait_for(lambda: fleet.condition("LayoutValid").get("status") == "False", timeout=60,
                    what="LayoutValid=False")
     cond = fleet.condition("LayoutValid")
-    assert "spec.model.profile" in cond["message"] and cond["observedGeneration"] == fleet.get()["metadata"]["generation"]
+    assert "spec.model.profile" in cond["message"]
+    assert cond["observedGeneration"] == fleet.get()["metadata"]["generation"]
     time.sleep(3)
     assert fleet.uids() == before
     events = fleet.core.list_namespaced_event(fleet.ns).items

@@ -17,7 +17,8 @@ from hybridserving_engine.podrunner.runner import termination_message
 
 from test_reconcile import NS, SPEC, MemoryApi, settle
 
-LAST_LINE = "engine crash loop: 5 consecutive engine failures, last exit status 3; exiting so that the container restarts"
+LAST_LINE = ("engine crash loop: 5 consecutive engine failures, last exit status 3; "
+             "exiting so that the container restarts")
 
 
 def crash_looping(pod: dict, restarts: int = 3) -> None:

@@ -4,9 +4,10 @@ A dashboard whose query names a metric nobody exports shows "No data" forever an
 notices; so every series and label it uses is looked up in the code that exports it: SGLang's
 series in the engine simulator (which serves them under SGLang's names and labels), the
 operator's in hybridserving.controller.metrics, the launcher's in its registry, and the router's
-in an exposition recorded from the real smg 1.13.0 (tests/unit/data/smg-1.13.0.metrics). Grafana itself publishes no JSON Schema for
-dashboards on the registries reachable here (the grafana-foundation-sdk models decode leniently
-and validate nothing), so the structure Grafana needs is checked directly.
+in an exposition recorded from the real smg 1.13.0 (tests/unit/data/smg-1.13.0.metrics). Grafana
+itself publishes no JSON Schema for dashboards on the registries reachable here (the
+grafana-foundation-sdk models decode leniently and validate nothing), so the structure Grafana
+needs is checked directly.
 """
 
 from __future__ import annotations
