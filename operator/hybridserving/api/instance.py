@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
-from hybridserving.api.v1alpha1 import ApiModel, Condition, ObjectMeta, Role, cel
+from hybridserving.api.base import ApiModel, cel
+from hybridserving.api.v1alpha1 import Condition, ObjectMeta, Role
 
 InstancePhase = Literal["Pending", "Starting", "Ready", "CrashLoop", "Draining", "Switching", "Relaunching", "Failed"]
 

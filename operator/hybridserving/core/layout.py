@@ -755,8 +755,9 @@ def _check_role_switch(spec: HybridServingSpec) -> Issues:
                      f"{total} instances",
                      f"lower minPrefill/minDecode to at most {total} together, or add replicas")
         return
-    for role, floor, field in (("prefill", switch.min_prefill, "minPrefill"),
-                               ("decode", switch.min_decode, "minDecode")):
+    floors: tuple[tuple[Role, int, str], ...] = (("prefill", switch.min_prefill, "minPrefill"),
+                                                 ("decode", switch.min_decode, "minDecode"))
+    for role, floor, field in floors:
         replicas = spec.role(role).replicas
         if floor > replicas:
             yield _issue("role-switch-floor-above-replicas", f"spec.roleSwitch.{field}",
