@@ -99,7 +99,8 @@ def sglang_flags() -> dict[str, int | str | None]:
     text = resources.files("hybridserving_engine.simulator").joinpath("sglang_flags.json").read_text()
     table = json.loads(text)
     assert table["sglang_version"] == SGLANG_VERSION, "sglang_flags.json is for another SGLang release"
-    return table["flags"]
+    flags: dict[str, int | str | None] = table["flags"]
+    return flags
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,7 @@ def create_nodes(api_client: Any, spec: FleetSpec, cluster_name: str = "local") 
     re-running this is harmless.
     """
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     core = client.CoreV1Api(api_client)
     names = []
