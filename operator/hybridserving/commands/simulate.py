@@ -27,7 +27,7 @@ from hybridserving.fleetsim.experiment import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "simulate", help="replay a trace through the fleet simulator under one role-switch policy"
     )
@@ -72,7 +72,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
     elif args.policy == "per-window":
         attainment = runner.per_window(args.rate_scale)
-        at = runner.per_window
+
+        def at(s: float) -> float:
+            return runner.per_window(s)
+
     else:
         sweep = policy_sweeps(model, slo, quick=True)[args.policy]
         setting = sweep.grid[0]

@@ -84,7 +84,7 @@ class RestartRebalancer:
     headroom: float = 1.0
     name: str = "restart-based"
     _next_at: float | None = None
-    _samples: deque = field(default_factory=deque)
+    _samples: deque[tuple[float, RoleDemand]] = field(default_factory=deque)
 
     def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list[Decision]:
         self._samples.append((now, measure_demand(fleet, metrics, self.config, self.model)))
@@ -265,7 +265,9 @@ class ScalingPlanner:
     memory: PolicyMemory = field(default_factory=PolicyMemory)
     scaler_memory: ScalerMemory = field(default_factory=ScalerMemory)
 
-    def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list:
+    def tick(
+        self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]
+    ) -> list[Decision | ScaleAction]:
         decisions, self.memory = self.policy.decide_all(now, fleet, metrics, self.memory)
         moving = {d.instance for d in decisions}
         rest = [s for s in fleet if s.name not in moving]
@@ -291,7 +293,9 @@ class PlannerStyleScaler:
     _rebalancer: RestartRebalancer | None = None
     _next_at: float | None = None
 
-    def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list:
+    def tick(
+        self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]
+    ) -> list[ScaleAction]:
         if self._rebalancer is None:
             self._rebalancer = RestartRebalancer(
                 self.config, self.model, interval_s=self.interval_s, headroom=self.headroom

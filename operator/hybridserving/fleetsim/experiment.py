@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from hybridserving.fleetsim.goodput import (
     report,
     search_goodput,
 )
-from hybridserving.fleetsim.simulator import FleetConfig, FleetSimulator, SimResult
+from hybridserving.fleetsim.simulator import Controller, FleetConfig, FleetSimulator, SimResult
 from hybridserving.fleetsim.traces import Trace
 
 DEFAULT_SLO = Slo(ttft_s=2.0, tpot_s=0.050)
@@ -122,8 +122,8 @@ def shipped_config(slo: Slo) -> PolicyConfig:
 class Sweep:
     """Settings tried for one tunable policy, and the switch costs its fleet pays."""
 
-    grid: list[dict]
-    make: Callable[..., object]
+    grid: Sequence[Mapping[str, float]]
+    make: Callable[..., Controller]
     in_place: bool = True
     """Switches are in place (the engine's role switch, seconds) or relaunches (the model's
     restart time, as planners that scale roles up and down pay today)."""
@@ -136,7 +136,7 @@ def policy_sweeps(model: PerformanceModel, slo: Slo, quick: bool) -> dict[str, S
     to the goodput search; quick runs bisect less)."""
     base = shipped_config(slo)
 
-    def ours(cooldown_s: float, sustain_s: float, max_concurrent: int = 1):
+    def ours(cooldown_s: float, sustain_s: float, max_concurrent: int = 1) -> PolicyController:
         cfg = replace(base, cooldown_s=cooldown_s, sustain_s=sustain_s, max_concurrent=max_concurrent)
         return PolicyController(RoleSwitchPolicy(cfg, model))
 
@@ -249,7 +249,8 @@ class Runner:
         return phase_attainments(result, self.w.slo, self.bounds_at(scale))
 
     def simulate(
-        self, scale: float, initial_prefill: int, controller=None, in_place: bool = True, name: str = "static",
+        self, scale: float, initial_prefill: int, controller: Controller | None = None, in_place: bool = True,
+        name: str = "static",
         free: bool = False,
     ) -> SimResult:
         """One run; `free`: the fleet's switches take no time (drains still happen)."""
@@ -322,12 +323,13 @@ class Runner:
         score = self.score(result, scale)
         return (score, result) if score >= static_score else (static_score, None)
 
-    def dynamic(self, scale: float, make, in_place: bool, name: str, free: bool = False) -> SimResult:
+    def dynamic(self, scale: float, make: Callable[[], Controller], in_place: bool, name: str,
+                free: bool = False) -> SimResult:
         """A dynamic policy at `scale`, starting from the best static split at that rate."""
         k, _ = self.best_static(scale)
         return self.simulate(scale, k, make(), in_place=in_place, name=name, free=free)
 
-    def dynamic_score(self, scale: float, make: Callable[[], object], in_place: bool, name: str,
+    def dynamic_score(self, scale: float, make: Callable[[], Controller], in_place: bool, name: str,
                       free: bool = False) -> float:
         """The score of a dynamic policy at `scale`: what the goodput search probes."""
         return self.score(self.dynamic(scale, make, in_place, name, free=free), scale)
@@ -354,8 +356,8 @@ def compare(
     workload: Workload,
     instances: int = 8,
     quick: bool = False,
-    policies=POLICIES,
-    log=print,
+    policies: Sequence[str] = POLICIES,
+    log: Callable[[str], None] = print,
     model: PerformanceModel | None = None,
     load_mode: str = "replicate",
     overload: bool = False,
@@ -453,7 +455,7 @@ class ScalingRow:
 
 def scaling_comparison(
     code: Trace, conv: Trace, model: PerformanceModel | None = None, duration_s: float = 7200.0,
-    peak_rate: float = 40.0, log=print,
+    peak_rate: float = 40.0, log: Callable[[str], None] = print,
 ) -> tuple[Workload, int, list[ScalingRow]]:
     """A diurnal day (`duration_s`, the rate swinging 0.3× → 1× → 0.3× of `peak_rate`): a fixed fleet
     sized for the peak (the fewest instances whose best split passes, every phase), ours with
@@ -500,7 +502,7 @@ def scaling_comparison(
     start_p = max(1, round(start * 0.6))
     base = shipped_config(w.slo)
 
-    def scaled_run(controller, name: str) -> SimResult:
+    def scaled_run(controller: Controller | None, name: str) -> SimResult:
         cfg = FleetConfig(peak, start_p, model, initial_decode=start - start_p)
         return FleetSimulator(cfg, controller).run(trace, name)
 

@@ -41,7 +41,7 @@ class Controller(Protocol):
 
     def tick(
         self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]
-    ) -> list[Decision]: ...
+    ) -> Sequence[Decision | ScaleAction]: ...
 
 
 @dataclass(frozen=True)
@@ -604,6 +604,7 @@ class FleetSimulator:
         return out
 
     def _control(self, t: float) -> None:
+        assert self.controller is not None, "only a controlled fleet is ticked"
         fleet = [i.state() for i in self.instances]
         for decision in self.controller.tick(t, fleet, self.metrics(t)):
             self._apply(t, decision)
