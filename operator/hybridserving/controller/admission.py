@@ -113,5 +113,5 @@ def check_create(body: kopf.Body, warnings: list[str], **_: Any) -> None:
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id="update", operations=["UPDATE"], ignore_failures=True,
                   persistent=True)
-def check_update(body: kopf.Body, old: kopf.BodyEssence | None, warnings: list[str], **_: Any) -> None:
+def check_update(body: kopf.Body, warnings: list[str], old: kopf.BodyEssence | None = None, **_: Any) -> None:
     review(dict(body), dict(old) if old else None, "UPDATE", warnings)
