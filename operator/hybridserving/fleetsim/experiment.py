@@ -250,8 +250,7 @@ class Runner:
 
     def simulate(
         self, scale: float, initial_prefill: int, controller: Controller | None = None, in_place: bool = True,
-        name: str = "static",
-        free: bool = False,
+        name: str = "static", free: bool = False,
     ) -> SimResult:
         """One run; `free`: the fleet's switches take no time (drains still happen)."""
         model = replace(self.model, in_place_switch_s=0.0, relaunch_switch_s=0.0) if free else self.model
