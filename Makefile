@@ -32,7 +32,11 @@ verify: setup
 	$(VPY) -m hybridserving.api.crd --check
 	$(VENV)/bin/lint-imports
 
-lint: verify
+# Style and types (settings in pyproject.toml), then the layering and CRD drift checks.
+lint: setup
+	$(VENV)/bin/ruff check operator engine tests benchmarks tools
+	$(VENV)/bin/mypy
+	$(MAKE) verify
 
 unit: setup tools lint-tools sglang-parser
 	$(VPY) -m pytest tests/unit -q
@@ -44,7 +48,7 @@ e2e: setup tools
 	$(VPY) -m pytest tests/e2e -q
 
 # The README's test command: installs and builds what is missing, then runs every suite.
-test: setup tools lint-tools sglang-parser verify
+test: setup tools lint-tools sglang-parser lint
 	$(VPY) -m pytest tests -q
 
 # Every benchmark prints its figures; CI runs them after the tests.

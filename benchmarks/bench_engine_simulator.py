@@ -61,9 +61,10 @@ def start_host(n: int, time_scale: float) -> tuple[subprocess.Popen, list[int]]:
     try:
         for port in ports:
             wait_http(f"http://127.0.0.1:{port}/health", timeout=120)
-    except TimeoutError:
+    except TimeoutError as err:
         proc.kill()
-        raise RuntimeError(f"simulator host did not start; its log:\n{pathlib.Path(log.name).read_text()[-3000:]}")
+        log_tail = pathlib.Path(log.name).read_text()[-3000:]
+        raise RuntimeError(f"simulator host did not start; its log:\n{log_tail}") from err
     return proc, ports
 
 

@@ -36,13 +36,16 @@ def table(c: Comparison) -> str:
     """Goodput, attainment at the trace's rate, and at the reference rate (the best static split's
     goodput, where switching matters) attainment, switches, drain and switch seconds."""
     slo = c.workload.slo
+    load_how = "replicating requests on the trace clock" if c.load_mode == "replicate" else "dividing timestamps"
+    phases = ", ".join(f"{b:g}" for b in c.workload.bounds)
     rows = [
         f"{c.workload.title} — {len(c.workload.trace)} requests, {c.workload.trace.rate:.2f} req/s at scale 1, "
         f"{c.instances} instances × 8 GPUs; SLO TTFT ≤ {slo.ttft_s:g} s, TPOT ≤ {slo.tpot_s * 1e3:g} ms; "
         f"reference rate {c.workload.trace.rate * c.reference_scale:.2f} req/s (×{c.reference_scale:.3f})",
-        f"load varied by {'replicating requests on the trace clock' if c.load_mode == 'replicate' else 'dividing timestamps'}; "
-        f"a rate passes when the total and every phase reach 90 % (phases: {', '.join(f'{b:g}' for b in c.workload.bounds)} s)",
-        f"{'policy':<38}{'goodput req/s':>14}{'per GPU':>9}{'×static':>9}{'×oracle':>9}{'SLO@1×':>8}{'switches':>9}{'drain s':>9}{'switch s':>9}"
+        f"load varied by {load_how}; "
+        f"a rate passes when the total and every phase reach 90 % (phases: {phases} s)",
+        f"{'policy':<38}{'goodput req/s':>14}{'per GPU':>9}{'×static':>9}{'×oracle':>9}{'SLO@1×':>8}{'switches':>9}"
+        f"{'drain s':>9}{'switch s':>9}"
         f"{'SLO@ref':>9}{'worst phase@ref':>16}{'sw@ref':>8}{'drain@ref':>10}{'switch@ref':>11}  tuning",
     ]
     oracle = c.reports["hindsight"].goodput_rps if "hindsight" in c.reports else float("nan")
@@ -57,7 +60,8 @@ def table(c: Comparison) -> str:
             else f"{'—':>9}{'—':>16}{'—':>8}{'—':>10}{'—':>11}"
         )
         rows.append(
-            f"{r.policy:<38}{r.goodput_rps:>14.2f}{r.goodput_rps_per_gpu:>9.3f}{r.goodput_rps / static:>9.2f}{r.goodput_rps / oracle:>9.2f}"
+            f"{r.policy:<38}{r.goodput_rps:>14.2f}{r.goodput_rps_per_gpu:>9.3f}"
+            f"{r.goodput_rps / static:>9.2f}{r.goodput_rps / oracle:>9.2f}"
             f"{r.attainment_at_trace_rate:>8.3f}{r.switches:>9d}{r.drain_s:>9.0f}{r.switch_s:>9.0f}{at_ref}  {r.detail}"
         )
     return "\n".join(rows)
@@ -107,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", default="replicate", choices=("replicate", "compress"), help="how load is varied")
     ap.add_argument("--tuned", action="store_true", help="also sweep ours per workload ('ours, tuned')")
     ap.add_argument("--no-scaling", action="store_true", help="skip the scaling comparison")
-    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset (static and hindsight always run)")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="comma-separated subset (static and hindsight always run)")
     args = ap.parse_args(argv)
     if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
         print(f"traces not found in {traces_dir()}; set HYBRIDSERVING_TRACES", file=sys.stderr)
@@ -133,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             print("overload curve (load / best static goodput load: best static score, ours score, ours − static):")
             for f, st, ours in c.overload:
                 print(f"  {f:4.2f}×  static {st:.3f}  ours {ours:.3f}  {ours - st:+.3f}")
-        png = plot_runs(out / f"role_switch_{key}.png", w.trace.at_load(c.reference_scale) if args.load == "replicate" else w.trace.scaled(c.reference_scale), c.plotted, w.slo)
+        shown = w.trace.at_load(c.reference_scale) if args.load == "replicate" else w.trace.scaled(c.reference_scale)
+        png = plot_runs(out / f"role_switch_{key}.png", shown, c.plotted, w.slo)
         print(f"plot: {png}")
 
     failures = []
@@ -145,22 +151,26 @@ def main(argv: list[str] | None = None) -> int:
             # own split built), so it is reported beside the bound, not checked against it.
             if name not in ("hindsight", "per-window") and r.goodput_rps > bound * (1 + 1e-9):
                 failures.append(f"{key}: {name} {r.goodput_rps:.2f} > hindsight {bound:.2f}")
-        print(f"  {key}: hindsight {bound:.2f} req/s ≥ every policy: {'PASS' if not any(f.startswith(key + ':') for f in failures) else 'FAIL'}")
+        passed = not any(f.startswith(key + ":") for f in failures)
+        print(f"  {key}: hindsight {bound:.2f} req/s ≥ every policy: {'PASS' if passed else 'FAIL'}")
 
     print("\n== targets (ours = shipped defaults, one configuration for every workload)")
     for key in ("mix-shift", "diurnal"):
         if key in results:
-            print(verdict(f"({'a' if key == 'mix-shift' else 'b'}) ours / hindsight oracle", ratio(results[key], "ours", "hindsight"), 0.92))
+            label = "(a)" if key == "mix-shift" else "(b)"
+            print(verdict(f"{label} ours / hindsight oracle", ratio(results[key], "ours", "hindsight"), 0.92))
     if "mix-shift" in results:
         a = results["mix-shift"]
         gain = ratio(a, "hindsight", "static")
         print(verdict("(a) ours / best static", ratio(a, "ours", "static"), 1.20, gain, "hindsight / best static"))
         for peer in ("restart-based", "splitwise"):
-            print(verdict(f"(a) ours / {peer}", ratio(a, "ours", peer), 1.15, ratio(a, "hindsight", peer), f"hindsight / {peer}"))
+            print(verdict(f"(a) ours / {peer}", ratio(a, "ours", peer), 1.15, ratio(a, "hindsight", peer),
+                          f"hindsight / {peer}"))
     for key, c in results.items():
         if c.overload:
             worst = min(ours - st for _, st, ours in c.overload)
-            print(f"{'MET   ' if worst >= -0.02 else 'MISSED'} {key} overload 0.8×–1.2×: ours − static ≥ {worst:+.3f} (target ≥ −0.02)")
+            print(f"{'MET   ' if worst >= -0.02 else 'MISSED'} {key} overload 0.8×–1.2×: "
+                  f"ours − static ≥ {worst:+.3f} (target ≥ −0.02)")
     for key, label in (("mooncake", "(d)"), ("agentic", "(c)")):
         if key in results:
             print(verdict(f"{label} ours / best static", ratio(results[key], "ours", "static"), 0.98))
@@ -171,23 +181,31 @@ def main(argv: list[str] | None = None) -> int:
         conv = traces.read_azure_csv(d / "AzureLLMInferenceTrace_conv.csv")
         print("\n== scaling on a diurnal day", flush=True)
         w, peak, rows = scaling_comparison(code, conv, model=model, log=lambda s: print(s, flush=True))
-        print(f"{w.title}; SLO TTFT ≤ 2 s, TPOT ≤ 50 ms; launch = {model.launch_seconds():.0f} s (pod start + weight load)")
-        print(f"{'fleet':<40}{'SLO':>7}{'worst phase':>12}{'misses':>8}{'GPU-h':>8}{'ups':>5}{'downs':>6}{'switches':>9}  setting")
+        print(f"{w.title}; SLO TTFT ≤ 2 s, TPOT ≤ 50 ms; "
+              f"launch = {model.launch_seconds():.0f} s (pod start + weight load)")
+        print(f"{'fleet':<40}{'SLO':>7}{'worst phase':>12}{'misses':>8}{'GPU-h':>8}{'ups':>5}{'downs':>6}"
+              f"{'switches':>9}  setting")
         for r in rows:
-            print(f"{r.name:<40}{r.attainment:>7.3f}{r.worst_phase:>12.3f}{r.misses:>8d}{r.gpu_hours:>8.1f}{r.scale_ups:>5d}{r.scale_downs:>6d}{r.switches:>9d}  {r.detail}")
+            print(f"{r.name:<40}{r.attainment:>7.3f}{r.worst_phase:>12.3f}{r.misses:>8d}{r.gpu_hours:>8.1f}"
+                  f"{r.scale_ups:>5d}{r.scale_downs:>6d}{r.switches:>9d}  {r.detail}")
         fixed, ours, planners = rows[0], rows[1], rows[2:]
         equal = ours.worst_phase >= 0.9 and ours.attainment >= fixed.attainment - 0.01
         print(
-            f"{'MET   ' if equal and ours.gpu_hours <= 0.7 * fixed.gpu_hours else 'MISSED'} scaling vs peak-sized fleet: "
-            f"GPU-hours {ours.gpu_hours / fixed.gpu_hours:.2f}× (target ≤ 0.70) at SLO {ours.attainment:.3f} vs {fixed.attainment:.3f}, "
+            f"{'MET   ' if equal and ours.gpu_hours <= 0.7 * fixed.gpu_hours else 'MISSED'} "
+            "scaling vs peak-sized fleet: "
+            f"GPU-hours {ours.gpu_hours / fixed.gpu_hours:.2f}× (target ≤ 0.70) "
+            f"at SLO {ours.attainment:.3f} vs {fixed.attainment:.3f}, "
             f"worst phase {ours.worst_phase:.3f}"
         )
-        peers = [p for p in planners if p.gpu_hours <= ours.gpu_hours * 1.05] or [min(planners, key=lambda p: p.gpu_hours)]
+        peers = [p for p in planners if p.gpu_hours <= ours.gpu_hours * 1.05] or [
+            min(planners, key=lambda p: p.gpu_hours)
+        ]
         best = min(peers, key=lambda p: p.misses)
         factor = best.misses / max(1, ours.misses)
         print(
             f"{'MET   ' if factor >= 1.2 else 'MISSED'} scaling vs planner-style at ≤ ours' GPU-hours (+5 %): "
-            f"{factor:.2f}× fewer misses (target ≥ 1.2; planner {best.misses} at {best.gpu_hours:.1f} GPU-h [{best.detail}], ours {ours.misses} at {ours.gpu_hours:.1f})"
+            f"{factor:.2f}× fewer misses (target ≥ 1.2; planner {best.misses} at {best.gpu_hours:.1f} GPU-h "
+            f"[{best.detail}], ours {ours.misses} at {ours.gpu_hours:.1f})"
         )
 
     per_hour, n, simulated = speed(args.quick, args.gpu)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import overload
 
+
+@overload
+def flag_value(argv: list[str], flag: str, default: str) -> str: ...
+@overload
+def flag_value(argv: list[str], flag: str, default: None = None) -> str | None: ...
 def flag_value(argv: list[str], flag: str, default: str | None = None) -> str | None:
     """The value of `flag` (`--flag v` or `--flag=v`), the last one winning as in argparse."""
     value = default

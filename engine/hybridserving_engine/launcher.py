@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,7 +132,7 @@ def load_role_config(config_dir: Path, role: str) -> RoleConfig:
     nnodes = int(data.get("nnodes", len(ranks) if ranks is not None else 1))
     if ranks is not None and len(ranks) != nnodes:
         raise ConfigError(f"{path} lists {len(ranks)} rank argvs for nnodes={nnodes}")
-    for entry in [argv] if argv is not None else ranks:
+    for entry in [argv] if argv is not None else ranks or []:
         if not isinstance(entry, list) or not all(isinstance(a, str) for a in entry):
             raise ConfigError(f"{path}: every argv must be a list of strings")
     graph_gb = data.get("decode_cuda_graph_memory_gb")
@@ -182,13 +183,13 @@ class Settings:
     preflight: str = "enforce"
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> Settings:
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
         e = dict(os.environ if env is None else env)
 
         def num(name: str, default: float) -> float:
             return float(e.get(name, default))
 
-        values = dict(
+        values: dict[str, Any] = dict(
             config_dir=Path(e.get(ENV_CONFIG_DIR, CONFIG_DIR)),
             role_file=Path(e.get(ENV_ROLE_FILE, ROLE_FILE)),
             node_rank=int(e.get(ENV_NODE_RANK, "0")),
@@ -247,7 +248,7 @@ class SwitchRecord:
     outcome: str = "InProgress"
     message: str = ""
     finished: float | None = None
-    steps: list[dict] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
     def advance(self, step: str, message: str = "") -> None:
         self.step = step
@@ -258,7 +259,7 @@ class SwitchRecord:
         self.outcome, self.message, self.finished = outcome, message, time.time()
         self.advance(outcome, message)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "fromRole": self.from_role, "toRole": self.to_role, "mode": self.mode, "step": self.step,
             "outcome": self.outcome, "message": self.message, "started": self.started,
@@ -333,7 +334,7 @@ class Launcher:
         self.phase, self.message = phase, message
         self.metrics.show(phase, self.role)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return {
             "role": self.role,
             "desiredRole": self.desired_role,
@@ -441,13 +442,16 @@ class Launcher:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
 
-    async def engine_loads(self) -> dict | None:
+    async def engine_loads(self) -> dict[str, Any] | None:
         try:
             async with self._client().get(
                 engine_url(self.argv, self.settings.node_rank) + "/v1/loads",
                 params={"include": "core,disagg,queues"},
             ) as resp:
-                return await resp.json() if resp.status == 200 else None
+                if resp.status != 200:
+                    return None
+                loads: dict[str, Any] = await resp.json()
+                return loads
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
             return None
 
@@ -493,6 +497,7 @@ class Launcher:
             if not self._preflight():
                 await self._terminate.wait()
                 return 1
+            assert self.role is not None, "a role is read before the engine first starts"
             await self.start_engine(self.role)
             watcher = asyncio.create_task(self._watch_role_file())
             try:
@@ -522,6 +527,7 @@ class Launcher:
     def _preflight(self) -> bool:
         if self.settings.backend != "sglang" or self.settings.preflight == "off":
             return True
+        assert self.role is not None, "preflight runs once the role is read"
         argv = self._config(self.role).argv_for(self.settings.node_rank)
         require_rdma = os.environ.get("HYBRIDSERVING_PREFLIGHT_RDMA", "1") != "0"
         problems = preflight.check(argv, self.probes, require_rdma=require_rdma)
@@ -552,7 +558,7 @@ class Launcher:
         while not self._terminate.is_set():
             if self._role_changed.is_set():
                 self._role_changed.clear()
-                if self.desired_role != self.role:
+                if self.desired_role is not None and self.desired_role != self.role:
                     await self.switch_role(self.desired_role)
                     continue
             if self.proc is not None and self.proc.returncode is not None:
@@ -569,7 +575,9 @@ class Launcher:
 
     async def _wait_any(self, seconds: float) -> None:
         """Wait for SIGTERM, a role change, the engine's exit or `seconds`, whichever comes first."""
-        waits = [asyncio.create_task(self._terminate.wait()), asyncio.create_task(self._role_changed.wait())]
+        waits: list[asyncio.Task[Any]] = [
+            asyncio.create_task(self._terminate.wait()), asyncio.create_task(self._role_changed.wait())
+        ]
         if self.proc is not None and self.proc.returncode is None:
             waits.append(asyncio.create_task(self.proc.wait()))
         _, pending = await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
@@ -577,6 +585,8 @@ class Launcher:
             task.cancel()
 
     async def _restart_after_crash(self) -> None:
+        assert self.proc is not None, "called for an engine that has exited"
+        assert self.role is not None, "an engine ran, so its role is known"
         code = self.proc.returncode
         self.last_exit_code = code
         self.proc = None
@@ -618,6 +628,7 @@ class Launcher:
 
     async def switch_role(self, to_role: str) -> SwitchRecord:
         from_role = self.role
+        assert from_role is not None, "a switch starts from the role the engine serves"
         record = SwitchRecord(from_role, to_role, self._switch_mode(from_role, to_role))
         self.last_switch = record
         self.switch_count += 1
@@ -648,7 +659,7 @@ class Launcher:
             return
         self.set_phase("Switching", f"POST /pd_role_switch new_role={to_role}")
         record.advance("Switching")
-        body: dict = {"new_role": to_role}
+        body: dict[str, Any] = {"new_role": to_role}
         graph_gb = self._config(to_role).decode_cuda_graph_memory_gb
         if to_role == "decode" and graph_gb is not None:
             body["decode_cuda_graph_memory_gb"] = graph_gb
@@ -682,7 +693,9 @@ class Launcher:
         level is the start-up configuration and keeps the old role after a switch (lines 863-892)."""
         try:
             async with self._client().get(engine_url(self.argv, 0) + "/model_info") as resp:
-                return (await resp.json()).get("disaggregation_mode")
+                info: dict[str, Any] = await resp.json()
+                mode: str | None = info.get("disaggregation_mode")
+                return mode
         except (aiohttp.ClientError, json.JSONDecodeError):
             return None
 

@@ -23,7 +23,8 @@ INFINIBAND_CLASS = "/sys/class/infiniband"
 def _torch_gpu_count() -> int:
     import torch  # imported here: the launcher itself must start without torch
 
-    return torch.cuda.device_count()
+    count: int = torch.cuda.device_count()
+    return count
 
 
 def _infiniband_devices() -> list[str]:

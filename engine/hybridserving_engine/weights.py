@@ -20,6 +20,7 @@ a JSON object on success, the error on failure.
 from __future__ import annotations
 
 import fcntl
+import http.client
 import json
 import logging
 import os
@@ -56,10 +57,11 @@ class Source:
             headers["Authorization"] = f"Bearer {self.token}"
         return urllib.request.Request(url, headers=headers)
 
-    def _open(self, path: str, timeout: float = 60.0):
+    def _open(self, path: str, timeout: float = 60.0) -> http.client.HTTPResponse:
         url = f"{self.endpoint.rstrip('/')}/{path}"
         try:
-            return urllib.request.urlopen(self._request(url), timeout=timeout)
+            response: http.client.HTTPResponse = urllib.request.urlopen(self._request(url), timeout=timeout)
+            return response
         except urllib.error.HTTPError as e:
             hint = {401: "the token is missing or wrong (check weights.tokenSecretRef)",
                     403: "the token has no access to this repository (gated: accept its terms)",

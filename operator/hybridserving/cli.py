@@ -191,7 +191,8 @@ def cmd_transfer_plan(args: argparse.Namespace, out: TextIO) -> int:
             _human_bytes(float(plan.path_bytes[:, d].sum())),
         ])
     write_table(rows, out)
-    out.write(f"bytes per path: {_human_bytes(float(plan.path_bytes.min()))} .. {_human_bytes(float(plan.path_bytes.max()))}\n")
+    least, most = _human_bytes(float(plan.path_bytes.min())), _human_bytes(float(plan.path_bytes.max()))
+    out.write(f"bytes per path: {least} .. {most}\n")
     out.write(
         f"total: {_human_bytes(plan.total_bytes)}; naive send-all-then-reshard: {_human_bytes(plan.naive_bytes)} "
         f"({plan.discarded_fraction:.0%} of it discarded)\n"
@@ -234,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args, out or sys.stdout)
+    command: Callable[[argparse.Namespace, TextIO], int] = args.func
+    return command(args, out or sys.stdout)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,9 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ManifestInvalid(source, [ManifestError(where, f"malformed YAML: {problem}", "fix the YAML syntax")]) from None
+        raise ManifestInvalid(
+            source, [ManifestError(where, f"malformed YAML: {problem}", "fix the YAML syntax")]
+        ) from None
     found = [parse_document(d, source) for d in docs if isinstance(d, dict) and d.get("kind") == "HybridServing"]
     if not found:
         raise ManifestInvalid(

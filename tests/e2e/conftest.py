@@ -158,7 +158,14 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):
     import os
     import uuid
 
-    from hybridserving.devcluster import Cluster, DevClusterError, FleetSpec, MissingBinaries, find_binaries, reap_orphans
+    from hybridserving.devcluster import (
+        Cluster,
+        DevClusterError,
+        FleetSpec,
+        MissingBinaries,
+        find_binaries,
+        reap_orphans,
+    )
 
     try:
         find_binaries()
@@ -203,14 +210,25 @@ class OperatorReplicas:
         (port,) = free_ports(1)
         log = self.directory / f"{identity}.log"
         proc = stack.start_operator(
-            self.cluster, log, "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--leader-elect",
-            "--leader-elect-namespace", self.LEASE_NAMESPACE, "--leader-elect-identity", identity)
+            self.cluster,
+            log,
+            "--metrics-port",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
+            "--leader-elect",
+            "--leader-elect-namespace",
+            self.LEASE_NAMESPACE,
+            "--leader-elect-identity",
+            identity,
+        )
         self.replicas.append(OperatorReplica(identity, proc, log, f"http://127.0.0.1:{port}"))
         return self.replicas[-1]
 
     def holder(self) -> str:
-        out = self.cluster.kubectl("-n", self.LEASE_NAMESPACE, "get", "lease", self.LEASE, "-o",
-                                   "jsonpath={.spec.holderIdentity}", check=False)
+        out = self.cluster.kubectl(
+            "-n", self.LEASE_NAMESPACE, "get", "lease", self.LEASE, "-o", "jsonpath={.spec.holderIdentity}", check=False
+        )
         return out.stdout.strip() if out.returncode == 0 else ""
 
     def leader(self, timeout: float = 60) -> OperatorReplica:
@@ -266,8 +284,7 @@ def discovering_router(local_cluster, tmp_path: pathlib.Path):
     routers: list[stack.Router] = []
 
     def start(namespace: str, deployment: str) -> str:
-        routers.append(stack.start_router(local_cluster, namespace, deployment,
-                                          tmp_path / f"router{len(routers)}.log"))
+        routers.append(stack.start_router(local_cluster, namespace, deployment, tmp_path / f"router{len(routers)}.log"))
         return routers[-1].url
 
     yield start

@@ -125,27 +125,41 @@ def test_a_crashing_engine_shows_crash_loop_and_fires_the_alert_expression(
         keys = sorted({k for scrape_ in recording for k in scrape_})
         input_series = []
         for name, labels in keys:
-            selector = ",".join([f'job="hybridserving-operator"'] + [f'{k}="{v}"' for k, v in labels])
+            selector = ",".join(['job="hybridserving-operator"'] + [f'{k}="{v}"' for k, v in labels])
             values = " ".join(str(s[(name, labels)]) if (name, labels) in s else "_" for s in recording)
             input_series.append({"series": f"{name}{{{selector}}}", "values": values})
-        expected = [{"labels": f'{{namespace="{NAMESPACE}", hybridserving="crashy", hybridserving_instance="crashy-{i}"}}',
-                     "value": 1} for i in (0, 1)]
+        expected = [
+            {
+                "labels": f'{{namespace="{NAMESPACE}", hybridserving="crashy", hybridserving_instance="crashy-{i}"}}',
+                "value": 1,
+            }
+            for i in (0, 1)
+        ]
         case = {
             "rule_files": [],
             "evaluation_interval": "1s",
-            "tests": [{
-                "interval": "1s",
-                "input_series": input_series,
-                "promql_expr_test": [{
-                    "expr": f"count by (namespace, hybridserving, hybridserving_instance) ({alert_expr()})",
-                    "eval_time": f"{len(recording) - 1}s",
-                    "exp_samples": expected,
-                }],
-            }],
+            "tests": [
+                {
+                    "interval": "1s",
+                    "input_series": input_series,
+                    "promql_expr_test": [
+                        {
+                            "expr": f"count by (namespace, hybridserving, hybridserving_instance) ({alert_expr()})",
+                            "eval_time": f"{len(recording) - 1}s",
+                            "exp_samples": expected,
+                        }
+                    ],
+                }
+            ],
         }
         (tmp_path / "recorded.test.yaml").write_text(yaml.safe_dump(case, sort_keys=False))
-        proc = subprocess.run([str(bin_dir() / "promtool"), "test", "rules", "recorded.test.yaml"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [str(bin_dir() / "promtool"), "test", "rules", "recorded.test.yaml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
     finally:
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)

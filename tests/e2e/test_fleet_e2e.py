@@ -109,7 +109,8 @@ class Fleet:
 
     def router_workers(self) -> dict[str, str]:
         """URL → worker type of the healthy workers the router holds."""
-        return {w["url"]: w["worker_type"] for w in get_json(self.router + "/workers")["workers"] if w.get("is_healthy")}
+        workers = get_json(self.router + "/workers")["workers"]
+        return {w["url"]: w["worker_type"] for w in workers if w.get("is_healthy")}
 
     def serving(self) -> bool:
         """Every leader ready and registered with the router under its role."""

@@ -66,7 +66,8 @@ class View:
         """Ready after its weights step ran: kwok marks a new pod Ready before the pod runner starts it,
         and only the runner writes the fill's outcome (its termination message)."""
         status = pod.get("status", {})
-        filled = any(s["name"] == core_weights.FILL_CONTAINER and (s.get("state") or {}).get("terminated", {}).get("message")
+        filled = any(s["name"] == core_weights.FILL_CONTAINER
+                     and (s.get("state") or {}).get("terminated", {}).get("message")
                      for s in status.get("initContainerStatuses") or [])
         return filled and any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
 

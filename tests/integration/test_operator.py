@@ -333,7 +333,8 @@ def test_an_invalid_update_is_reported_and_the_fleet_keeps_running(fleet: Fleet)
     fleet.wait_for(lambda: fleet.condition("LayoutValid").get("status") == "False", timeout=60,
                    what="LayoutValid=False")
     cond = fleet.condition("LayoutValid")
-    assert "spec.model.profile" in cond["message"] and cond["observedGeneration"] == fleet.get()["metadata"]["generation"]
+    assert "spec.model.profile" in cond["message"]
+    assert cond["observedGeneration"] == fleet.get()["metadata"]["generation"]
     time.sleep(3)
     assert fleet.uids() == before
     events = fleet.core.list_namespaced_event(fleet.ns).items
@@ -378,7 +379,7 @@ def test_an_operator_killed_at_random_points_converges_without_duplicates_or_orp
         lambda s: s["prefill"].update(maxRunningRequests=rng.randint(1, 512)),
     ]
     kills = []
-    for round_ in range(KILL_ROUNDS):
+    for _ in range(KILL_ROUNDS):
         fleet.edit(rng.choice(changes))
         delay = rng.uniform(0.0, 2.0)
         time.sleep(delay)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from test_operator import GROUP, ROOT, VERSION, Fleet, Operator
+from test_operator import GROUP, VERSION, Fleet, Operator
 
 from hybridserving.devcluster import FleetSpec
 from hybridserving.testing.crds import apply_crds

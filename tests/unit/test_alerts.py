@@ -35,7 +35,8 @@ RECORDED = re.compile(r"^hybridserving:")
 def promtool_binary() -> pathlib.Path:
     promtool = bin_dir() / "promtool"
     if not promtool.exists():
-        pytest.fail(f"{promtool} is missing: build it with `bash tools/build-tools.sh` (or `make tools`)", pytrace=False)
+        pytest.fail(f"{promtool} is missing: build it with `bash tools/build-tools.sh` (or `make tools`)",
+                    pytrace=False)
     return promtool
 
 
@@ -172,7 +173,9 @@ def test_pod_monitors_scrape_engines_launchers_and_routers_with_the_jobs_the_rul
             relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
             jobs[relabel["job"]["replacement"]] = ep["port"]
             assert relabel["hybridserving"]["sourceLabels"] == ["__meta_kubernetes_pod_label_hybridserving_io_name"]
-    assert jobs == {"hybridserving-engine": "http", "hybridserving-launcher": "launcher", "hybridserving-router": "metrics"}
+    assert jobs == {
+        "hybridserving-engine": "http", "hybridserving-launcher": "launcher", "hybridserving-router": "metrics"
+    }
     rules = expressions(rule_groups())
     assert set(re.findall(r'job="(hybridserving-[a-z]+)"', rules)) == set(jobs) | {"hybridserving-operator"}
 

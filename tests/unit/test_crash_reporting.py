@@ -17,7 +17,8 @@ from hybridserving_engine.podrunner.runner import termination_message
 
 from test_reconcile import NS, SPEC, MemoryApi, settle
 
-LAST_LINE = "engine crash loop: 5 consecutive engine failures, last exit status 3; exiting so that the container restarts"
+LAST_LINE = ("engine crash loop: 5 consecutive engine failures, last exit status 3; "
+             "exiting so that the container restarts")
 
 
 def crash_looping(pod: dict, restarts: int = 3) -> None:
@@ -32,7 +33,7 @@ def crash_looping(pod: dict, restarts: int = 3) -> None:
 def _sample(name: str, label_names, labels) -> float | None:
     from prometheus_client import REGISTRY
 
-    return REGISTRY.get_sample_value(name, dict(zip(label_names, labels)))
+    return REGISTRY.get_sample_value(name, dict(zip(label_names, labels, strict=True)))
 
 
 def test_a_crash_looping_pod_turns_its_instance_to_crash_loop_with_the_last_exit() -> None:

@@ -173,7 +173,10 @@ def test_rendering_is_deterministic():
 
 @pytest.mark.parametrize(
     "name, kind, plural, short",
-    [(HS_FILE, "HybridServing", "hybridservings", "hs"), (HSI_FILE, "HybridServingInstance", "hybridservinginstances", "hsi")],
+    [
+        (HS_FILE, "HybridServing", "hybridservings", "hs"),
+        (HSI_FILE, "HybridServingInstance", "hybridservinginstances", "hsi"),
+    ],
 )
 def test_names_version_and_status_subresource(name, kind, plural, short):
     crd = CRDS[name]
@@ -393,7 +396,8 @@ MINIMAL_INSTANCE = {
 
 
 @pytest.mark.parametrize(
-    "name, model, minimal", [(HS_FILE, HybridServing, MINIMAL_FLEET), (HSI_FILE, HybridServingInstance, MINIMAL_INSTANCE)]
+    "name, model, minimal",
+    [(HS_FILE, HybridServing, MINIMAL_FLEET), (HSI_FILE, HybridServingInstance, MINIMAL_INSTANCE)],
 )
 def test_schema_defaults_are_the_model_defaults(name, model, minimal):
     schema = schema_of(name)
@@ -401,7 +405,8 @@ def test_schema_defaults_are_the_model_defaults(name, model, minimal):
     assert violations(schema, defaulted) == []
     parsed = model.model_validate(defaulted)
     # What the apiserver stores is exactly what the operator's model makes of the same input.
-    assert defaulted["spec"] == model.model_validate(minimal).spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    expected = model.model_validate(minimal).spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert defaulted["spec"] == expected
     assert parsed.spec == model.model_validate(minimal).spec
     status_node = schema["properties"]["status"]
     status_model = type(parsed).model_fields["status"].annotation.__args__[0]
@@ -418,8 +423,12 @@ def test_a_full_fleet_status_is_written_without_loss():
         ],
         prefill=RoleStatus(desired=2, ready=2, updated=2, summary="2/2"),
         decode=RoleStatus(desired=2, ready=1, updated=2, summary="1/2"),
-        instances=[InstanceStatus(name="fleet-prefill-0", role="prefill", phase="Ready", nodes=["gpu-0"], generation="ab12")],
-        capacity=CapacityStatus(decode_tokens_per_instance=1_000_000, decode_tokens_total=2_000_000, summary="2.0M tokens"),
+        instances=[
+            InstanceStatus(name="fleet-prefill-0", role="prefill", phase="Ready", nodes=["gpu-0"], generation="ab12")
+        ],
+        capacity=CapacityStatus(
+            decode_tokens_per_instance=1_000_000, decode_tokens_total=2_000_000, summary="2.0M tokens"
+        ),
         switches=[
             SwitchRecord(instance="fleet-decode-1", from_role="decode", to_role="prefill", mode="in-place",
                          reason="prefill queue above target", outcome="Succeeded", started="2026-01-01T00:00:00Z",

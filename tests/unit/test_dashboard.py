@@ -4,9 +4,10 @@ A dashboard whose query names a metric nobody exports shows "No data" forever an
 notices; so every series and label it uses is looked up in the code that exports it: SGLang's
 series in the engine simulator (which serves them under SGLang's names and labels), the
 operator's in hybridserving.controller.metrics, the launcher's in its registry, and the router's
-in an exposition recorded from the real smg 1.13.0 (tests/unit/data/smg-1.13.0.metrics). Grafana itself publishes no JSON Schema for
-dashboards on the registries reachable here (the grafana-foundation-sdk models decode leniently
-and validate nothing), so the structure Grafana needs is checked directly.
+in an exposition recorded from the real smg 1.13.0 (tests/unit/data/smg-1.13.0.metrics). Grafana
+itself publishes no JSON Schema for dashboards on the registries reachable here (the
+grafana-foundation-sdk models decode leniently and validate nothing), so the structure Grafana
+needs is checked directly.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ SMG_EXPOSITION = pathlib.Path(__file__).parent / "data" / "smg-1.13.0.metrics"
 # the chart's PodMonitors add the fleet and instance from the pod's labels.
 SCRAPE_LABELS = {"namespace", "pod", "instance", "job", "le", "hybridserving", "hybridserving_instance"}
 METRIC = re.compile(r"\b(sglang:[a-z_]+|hybridserving_[a-z_]+|smg_[a-z_]+)\b")
-SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
-            "summary": ("_sum", "_count", "")}
+SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gauge": ("",),
+    "summary": ("_sum", "_count", ""),
+}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool"}
 
 
@@ -175,11 +180,20 @@ def test_template_variables_are_defined_and_used() -> None:
 
 def test_dashboard_covers_the_fleet() -> None:
     exprs = " ".join(t["expr"] for _, t in queries(load()))
-    for needed in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
-                   "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
-                   "hybridserving_role_switches_total", "hybridserving_reconciles_total",
-                   "smg_worker_pool_size", "smg_pd_ttft_seconds_bucket", "smg_http_responses_total",
-                   "hybridserving_instance_crash_looping", "hybridserving_launcher_engine_restarts_total"):
+    for needed in (
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:inter_token_latency_seconds_bucket",
+        "hybridserving_role_switches_total",
+        "hybridserving_reconciles_total",
+        "smg_worker_pool_size",
+        "smg_pd_ttft_seconds_bucket",
+        "smg_http_responses_total",
+        "hybridserving_instance_crash_looping",
+        "hybridserving_launcher_engine_restarts_total",
+    ):
         assert needed in exprs
     assert "by (le, engine_type)" in exprs  # quantiles are per role
 

@@ -98,7 +98,9 @@ def test_transfer_plan_command_reproduces_domain_figures() -> None:
     data = json.loads(out)
     assert data["totalBytes"] == 78 * 576 * 32768
     assert data["naiveBytes"] == 4 * 78 * 576 * 32768
-    code, out = run("transfer-plan", "--model", "glm-5.2", "--prefill-cp", "8", "--decode-dcp", "4", "--tokens", "32768")
+    code, out = run(
+        "transfer-plan", "--model", "glm-5.2", "--prefill-cp", "8", "--decode-dcp", "4", "--tokens", "32768"
+    )
     assert code == 0 and "0-9" in out and "75% of it discarded" in out
 
 
@@ -125,6 +127,9 @@ def test_render_prints_every_object_the_operator_creates(name: str) -> None:
 
 
 def test_render_refuses_an_invalid_fleet() -> None:
-    code, out = run("render", "-f", str(ROOT / "examples" / "invalid" / sorted(
-        p.name for p in (ROOT / "examples" / "invalid").glob("*.yaml"))[0]))
+    code, out = run(
+        "render",
+        "-f",
+        str(ROOT / "examples" / "invalid" / sorted(p.name for p in (ROOT / "examples" / "invalid").glob("*.yaml"))[0]),
+    )
     assert code != 0

@@ -89,7 +89,10 @@ def test_agentic_sessions_grow_context_and_hit_the_cache():
     assert (t.cached_tokens > 0).mean() > 0.5 and np.all(t.cached_tokens < t.prompt_tokens)
 
 
-@pytest.mark.skipif(not (TRACES / "conversation_trace.jsonl").exists(), reason=f"public traces not found at {TRACES} (set HYBRIDSERVING_TRACES)")
+@pytest.mark.skipif(
+    not (TRACES / "conversation_trace.jsonl").exists(),
+    reason=f"public traces not found at {TRACES} (set HYBRIDSERVING_TRACES)",
+)
 def test_reads_the_first_rows_of_the_real_traces():
     code = traces.read_azure_csv(TRACES / "AzureLLMInferenceTrace_code.csv", limit=200)
     conv = traces.read_azure_csv(TRACES / "AzureLLMInferenceTrace_conv.csv", limit=200)
@@ -202,7 +205,9 @@ def test_restart_based_leaves_a_fleet_alone_at_low_steady_load():
     # moves (a split proportional to the two roles' pressures would thin decode to one instance).
     cfg = PolicyConfig(min_prefill=1, min_decode=1)
     probe = PlannerProbe(RestartRebalancer(cfg, MODEL, interval_s=60))
-    r = FleetSimulator(FleetConfig(6, 3, MODEL, in_place=False), probe).run(poisson(2.0, 1800, 2000, 300), "restart-based")
+    r = FleetSimulator(FleetConfig(6, 3, MODEL, in_place=False), probe).run(
+        poisson(2.0, 1800, 2000, 300), "restart-based"
+    )
     assert r.switches == 0 and r.timeline_decode.min() == 3
     need_p, need_d = probe.inner.needs(probe.inner.predicted_demand(), 6)
     assert need_p is not None and need_d is not None and need_p <= 3 and need_d <= 3
@@ -212,7 +217,9 @@ def test_restart_based_moves_to_a_short_role_one_relaunch_at_a_time_never_below_
     # Prompt-heavy steady load on a 1:5 fleet: prefill is short, decode has instances to spare.
     cfg = PolicyConfig(min_prefill=1, min_decode=1)
     probe = PlannerProbe(RestartRebalancer(cfg, MODEL, interval_s=60))
-    r = FleetSimulator(FleetConfig(6, 1, MODEL, in_place=False), probe).run(poisson(3.0, 3600, 8000, 50), "restart-based")
+    r = FleetSimulator(FleetConfig(6, 1, MODEL, in_place=False), probe).run(
+        poisson(3.0, 3600, 8000, 50), "restart-based"
+    )
     assert r.switches >= 1 and all(to == "prefill" for _, to, *_ in probe.moves)
     # Every move pays the model's restart time, and the receiver gets nothing before it has passed.
     assert r.switch_s == pytest.approx(r.switches * MODEL.relaunch_switch_s)
@@ -231,11 +238,19 @@ def test_restart_based_moves_to_a_short_role_one_relaunch_at_a_time_never_below_
 def test_splitwise_triggers_on_the_least_loaded_prefill_queue_and_borrows_one_at_a_time():
     cfg = PolicyConfig(min_prefill=1, min_decode=1)
     sw = SplitwiseMixedPool(cfg, queue_threshold_tokens=8192)
-    fleet = [InstanceState("p0", "prefill"), InstanceState("p1", "prefill"), InstanceState("d0", "decode"), InstanceState("d1", "decode"), InstanceState("d2", "decode")]
+    fleet = [
+        InstanceState("p0", "prefill"),
+        InstanceState("p1", "prefill"),
+        InstanceState("d0", "decode"),
+        InstanceState("d1", "decode"),
+        InstanceState("d2", "decode"),
+    ]
     m = {
         "p0": InstanceMetrics("prefill", prefill_queue_tokens=20000),
         "p1": InstanceMetrics("prefill", prefill_queue_tokens=1000),
-        "d0": InstanceMetrics("decode", kv_usage=0.2), "d1": InstanceMetrics("decode", kv_usage=0.1), "d2": InstanceMetrics("decode", kv_usage=0.3),
+        "d0": InstanceMetrics("decode", kv_usage=0.2),
+        "d1": InstanceMetrics("decode", kv_usage=0.1),
+        "d2": InstanceMetrics("decode", kv_usage=0.3),
     }
     assert sw.tick(0.0, fleet, m) == []  # the best prefill instance still has room
     m["p1"] = InstanceMetrics("prefill", prefill_queue_tokens=9000)
@@ -260,14 +275,16 @@ def test_zero_cost_relabel_pays_no_switch_time():
 def test_restart_based_and_splitwise_run_and_respect_floors():
     cfg = PolicyConfig(max_concurrent=8, min_prefill=1, min_decode=1, cooldown_s=0)
     for inner in (RestartRebalancer(cfg, MODEL, interval_s=60), SplitwiseMixedPool(cfg)):
-        r = FleetSimulator(FleetConfig(6, 3, MODEL, in_place=not isinstance(inner, RestartRebalancer)), Checked(inner, cfg)).run(
-            shifting_trace(), inner.name
-        )
+        r = FleetSimulator(
+            FleetConfig(6, 3, MODEL, in_place=not isinstance(inner, RestartRebalancer)), Checked(inner, cfg)
+        ).run(shifting_trace(), inner.name)
         assert np.isfinite(r.ttft_s).all()
 
 
 def test_goodput_search_finds_the_threshold_of_a_monotone_curve():
-    assert search_goodput(lambda s: 1.0 if s <= 2.5 else 0.5, low=0.1, high=10, iterations=20) == pytest.approx(2.5, rel=1e-3)
+    assert search_goodput(lambda s: 1.0 if s <= 2.5 else 0.5, low=0.1, high=10, iterations=20) == pytest.approx(
+        2.5, rel=1e-3
+    )
     assert search_goodput(lambda s: 0.0) == 0.0
 
 
@@ -293,7 +310,9 @@ def test_goodput_search_looks_past_a_dip_and_reports_the_highest_passing_rate():
     curve = lambda s: 1.0 if s <= 2.0 or 2.2 < s <= 2.6 else 0.0  # noqa: E731 - a dip at 2.0..2.2
     found = search_goodput(curve, start=1.0, step=1.1, iterations=4)
     assert 2.4 < found <= 2.6
-    assert search_goodput(lambda s: 1.0 if s <= 0.3 else 0.0, start=1.0, step=1.25, iterations=6) == pytest.approx(0.3, rel=0.03)
+    assert search_goodput(lambda s: 1.0 if s <= 0.3 else 0.0, start=1.0, step=1.25, iterations=6) == pytest.approx(
+        0.3, rel=0.03
+    )
 
 
 class CheckedScaling:
@@ -341,11 +360,15 @@ class CheckedScaling:
 
 def ramp_trace():
     """Low load, a peak several times higher, then low again (conversation-like requests)."""
-    parts = [poisson(4.0, 600, 1500, 150, seed=3), poisson(24.0, 900, 1500, 150, seed=4), poisson(4.0, 1500, 1500, 150, seed=5)]
+    parts = [
+        poisson(4.0, 600, 1500, 150, seed=3),
+        poisson(24.0, 900, 1500, 150, seed=4),
+        poisson(4.0, 1500, 1500, 150, seed=5),
+    ]
     offsets = [0.0, 600.0, 1500.0]
     return traces.make_trace(
         "ramp",
-        np.concatenate([p.arrival_s + o for p, o in zip(parts, offsets)]),
+        np.concatenate([p.arrival_s + o for p, o in zip(parts, offsets, strict=True)]),
         np.concatenate([p.prompt_tokens for p in parts]),
         np.concatenate([p.output_tokens for p in parts]),
     )
@@ -395,7 +418,9 @@ def test_hindsight_oracle_is_at_least_the_best_static_split_and_ours():
     for scale in (1.0, 1.5):
         bound, _ = runner.hindsight(scale)
         assert bound >= runner.best_static(scale)[1]
-        ours = runner.dynamic(scale, lambda: PolicyController(RoleSwitchPolicy(shipped_config(DEFAULT_SLO), MODEL)), True, "ours")
+        ours = runner.dynamic(
+            scale, lambda: PolicyController(RoleSwitchPolicy(shipped_config(DEFAULT_SLO), MODEL)), True, "ours"
+        )
         assert bound >= runner.score(ours, scale)
 
 
@@ -404,7 +429,9 @@ def test_load_is_varied_on_the_trace_clock_and_nested():
     low, high = t.at_load(0.5), t.at_load(2.5)
     assert abs(len(low) - 500) < 60 and abs(len(high) - 2500) < 60
     assert high.duration_s == pytest.approx(t.duration_s, abs=3.0)  # phases keep their length
-    assert set(low.arrival_s.tolist()) <= set(t.at_load(0.7).arrival_s.tolist())  # a higher load keeps what a lower one has
+    assert set(low.arrival_s.tolist()) <= set(
+        t.at_load(0.7).arrival_s.tolist()
+    )  # a higher load keeps what a lower one has
 
 
 def test_relabel_is_instant_and_keeps_old_work_running():

@@ -116,7 +116,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         overlaid(GLM, {"prefill": {"layout": {"tp": 8, "attnCp": 8, "cpStrategy": "interleave"}}}),
         "spec.prefill.layout.tp"),
     "dsa-prefill-cp-single-node": (
-        overlaid(GLM, {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2, "attnCp": 8, "cpStrategy": "interleave"}}}),
+        overlaid(GLM, {"prefill": {"nodesPerInstance": 2,
+                                   "layout": {"pp": 2, "attnCp": 8, "cpStrategy": "interleave"}}}),
         overlaid(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave"}}}),
         "spec.prefill.nodesPerInstance"),
     "dsa-dcp-in-pd": (overlaid(GLM, {"decode": {"layout": {"dcp": 4}}}),
@@ -188,7 +189,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         overlaid(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE"}}}),
         overlaid(KIMI, {"decode": {"speculative": {"algorithm": "EAGLE", "draftModelPath": "org/k3-draft"}}}),
         "spec.decode.speculative.draftModelPath"),
-    "vision-encoder-heads-tp": (KIMI, overlaid(KIMI, {"prefill": {"layout": {"tp": 4}}, "decode": {"layout": {"tp": 4}}}),
+    "vision-encoder-heads-tp": (KIMI,
+                                overlaid(KIMI, {"prefill": {"layout": {"tp": 4}}, "decode": {"layout": {"tp": 4}}}),
                                 "spec.prefill.layout.tp"),
     "prefill-prefix-caching": ({"prefill": {"prefixCaching": False}}, {"decode": {"prefixCaching": False}},
                                "spec.prefill.prefixCaching"),
@@ -429,7 +431,8 @@ def test_bootstrap_ports_that_collide_with_allocated_ports_are_errors(host_netwo
     assert _with_rule(validate(spec), "bootstrap-port-distinct")
 
 
-@pytest.mark.parametrize("host_network, port", [(False, 8998), (True, 8998), (False, 40000), (True, 1024), (True, 20191)])
+@pytest.mark.parametrize("host_network, port",
+                         [(False, 8998), (True, 8998), (False, 40000), (True, 1024), (True, 20191)])
 def test_clear_bootstrap_ports_plan(host_network: bool, port: int) -> None:
     """Every port the rule lets through, the planner can allocate around (it raised before)."""
     from hybridserving.api.v1alpha1 import HybridServing

@@ -176,7 +176,9 @@ def test_env_value_from_secret_and_config_map_and_env_from_reach_the_engine() ->
     assert env["API_KEY"] == {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}}}
     assert env["LOG_LEVEL"]["valueFrom"] == {"configMapKeyRef": {"name": "tuning", "key": "log"}}
     assert env["PLAIN"] == {"name": "PLAIN", "value": "x"}
-    assert eng["envFrom"] == [{"configMapRef": {"name": "nccl-tuning"}}, {"prefix": "X_", "secretRef": {"name": "extra"}}]
+    assert eng["envFrom"] == [
+        {"configMapRef": {"name": "nccl-tuning"}}, {"prefix": "X_", "secretRef": {"name": "extra"}}
+    ]
 
 
 @pytest.mark.parametrize("env", [
@@ -203,7 +205,8 @@ def flag(args: list[str], name: str) -> str | None:
 def test_a_pvc_source_mounts_the_claim_read_only_and_serves_under_the_model_id() -> None:
     hs = fleet(model={"weights": {"uri": "pvc://models/deepseek-v3"}})
     pod = next(iter(pods_of(hs).values()))
-    assert {"name": "weights", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["spec"]["volumes"]
+    assert {"name": "weights", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} \
+        in pod["spec"]["volumes"]
     assert {"name": "weights", "mountPath": weights.MOUNT_PATH, "readOnly": True, "subPath": "deepseek-v3"} \
         in engine(pod)["volumeMounts"]
     assert flag(argv(hs), "--model-path") == weights.MOUNT_PATH
@@ -218,12 +221,16 @@ def test_a_node_cache_fills_once_per_node_with_the_token_by_reference_only() -> 
     (fill,) = pod["spec"]["initContainers"]
     assert fill["name"] == "weights" and fill["command"] == ["hybridserving-weights"]
     env = {e["name"]: e for e in fill["env"]}
-    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub-token", "key": "HF_TOKEN"}}}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub-token", "key": "HF_TOKEN"}}
+    }
     assert env["HYBRIDSERVING_WEIGHTS_REVISION"]["value"] == "abc123"
     key = weights.cache_key(hs.spec.model.weights)  # type: ignore[arg-type]
     assert env["HYBRIDSERVING_WEIGHTS_DIR"]["value"] == f"/cache/{key}"
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "weights")
-    assert volume == {"name": "weights", "hostPath": {"path": "/var/lib/hybridserving/models", "type": "DirectoryOrCreate"}}
+    assert volume == {
+        "name": "weights", "hostPath": {"path": "/var/lib/hybridserving/models", "type": "DirectoryOrCreate"}
+    }
     mount = next(m for m in engine(pod)["volumeMounts"] if m["name"] == "weights")
     assert mount == {"name": "weights", "mountPath": weights.MOUNT_PATH, "readOnly": True, "subPath": key}
     assert "HF_TOKEN" not in {e["name"] for e in engine(pod)["env"]}, "the engine reads the local copy"
@@ -252,8 +259,8 @@ def test_a_hub_source_without_cache_lets_the_engine_download_with_its_revision()
 def test_an_oci_source_is_an_image_volume() -> None:
     hs = fleet(model={"weights": {"uri": "oci://registry.example/models/dsv3:fp8"}})
     pod = next(iter(pods_of(hs).values()))
-    assert {"name": "weights", "image": {"reference": "registry.example/models/dsv3:fp8", "pullPolicy": "IfNotPresent"}} \
-        in pod["spec"]["volumes"]
+    image = {"reference": "registry.example/models/dsv3:fp8", "pullPolicy": "IfNotPresent"}
+    assert {"name": "weights", "image": image} in pod["spec"]["volumes"]
 
 
 @pytest.mark.parametrize("w", [

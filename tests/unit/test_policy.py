@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -27,7 +28,9 @@ def fleet(prefill: int, decode: int, **kw) -> list[InstanceState]:
     ]
 
 
-def metrics_for(states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, wait_s: float = 0.0, prealloc: int = 0):
+def metrics_for(
+    states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, wait_s: float = 0.0, prealloc: int = 0
+):
     out = {}
     for i, s in enumerate(states):
         if s.role == "prefill":
@@ -143,7 +146,9 @@ class Fleet:
 @settings(max_examples=40, deadline=None)
 @given(
     loads=st.lists(
-        st.tuples(st.floats(0, 1), st.floats(0, 1), st.integers(0, 200_000), st.floats(0, 10)), min_size=20, max_size=120
+        st.tuples(st.floats(0, 1), st.floats(0, 1), st.integers(0, 200_000), st.floats(0, 10)),
+        min_size=20,
+        max_size=120,
     ),
     max_concurrent=st.integers(1, 3),
     min_prefill=st.integers(1, 3),
@@ -151,7 +156,9 @@ class Fleet:
     pinned=st.sets(st.sampled_from(["p0", "p1", "d0", "d1", "d2"])),
 )
 def test_invariants_hold_at_every_tick_under_arbitrary_load(loads, max_concurrent, min_prefill, min_decode, pinned):
-    cfg = PolicyConfig(max_concurrent=max_concurrent, min_prefill=min_prefill, min_decode=min_decode, cooldown_s=60, sustain_s=10)
+    cfg = PolicyConfig(
+        max_concurrent=max_concurrent, min_prefill=min_prefill, min_decode=min_decode, cooldown_s=60, sustain_s=10
+    )
     f = Fleet(4, 4, cfg, pinned)
     for i, (util, kv, queue, wait) in enumerate(loads):
         # each load holds for 30 s so that sustained pressure can actually trigger switches
@@ -172,7 +179,7 @@ def test_noisy_metrics_around_the_thresholds_do_not_flap(seed):
         # a balanced fleet whose prefill hovers just around its target, decode comfortably loaded
         f.step(float(t), 0.85 * (1 + rng.uniform(-0.15, 0.15)), 0.5 + rng.uniform(-0.1, 0.1), 0, 0.0)
     directions = [to for _, _, to in f.switches]
-    reversals = sum(1 for a, b in zip(directions, directions[1:]) if a != b)
+    reversals = sum(1 for a, b in itertools.pairwise(directions) if a != b)
     assert reversals == 0
 
 
@@ -183,12 +190,20 @@ def test_decisions_are_deterministic():
     assert policy.decide(10.0, states, m) == policy.decide(10.0, states, m)
 
 
-def decode_metrics(states, kv: float, running: int, prealloc: int = 0, prefill_util: float = 1.0, queue_tokens: int = 60_000):
+def decode_metrics(
+    states, kv: float, running: int, prealloc: int = 0, prefill_util: float = 1.0, queue_tokens: int = 60_000
+):
     """Prefill saturated with a queue; decode at `kv` usage with `running` requests each."""
     out = {}
     for s in states:
         if s.role == "prefill":
-            out[s.name] = InstanceMetrics("prefill", prefill_queue_tokens=queue_tokens, prefill_queue_reqs=4, prefill_wait_s=3.0, utilization=prefill_util)
+            out[s.name] = InstanceMetrics(
+                "prefill",
+                prefill_queue_tokens=queue_tokens,
+                prefill_queue_reqs=4,
+                prefill_wait_s=3.0,
+                utilization=prefill_util,
+            )
         else:
             out[s.name] = InstanceMetrics("decode", kv_usage=kv, running_reqs=running, prealloc_queue_reqs=prealloc)
     return out
@@ -245,7 +260,9 @@ def test_memory_round_trips_through_a_dict():
     states = fleet(3, 5)
     memory = policy.observe(10.0, states, metrics_for(states, 0.9, 0.4, 20_000, 1.0), PolicyMemory())
     assert PolicyMemory.from_dict(memory.to_dict()) == memory
-    assert PolicyMemory.from_dict({"prefill_pressure_since": 5, "unknown": 1}) == PolicyMemory(prefill_pressure_since=5.0)
+    assert PolicyMemory.from_dict({"prefill_pressure_since": 5, "unknown": 1}) == PolicyMemory(
+        prefill_pressure_since=5.0
+    )
     assert PolicyMemory.from_dict(None) == PolicyMemory()
 
 
@@ -294,7 +311,7 @@ def test_after_an_instance_lands_the_pressure_must_be_sustained_anew():
     for t in range(0, 300, 5):
         f.step(float(t), 1.0, 0.05, 200_000, 6.0)
     assert len(f.switches) >= 2
-    for (t0, _, _), (t1, _, _) in zip(f.switches, f.switches[1:]):
+    for (t0, _, _), (t1, _, _) in itertools.pairwise(f.switches):
         assert t1 - (t0 + 15) >= cfg.acute_sustain_s  # landed 15 s after the start
 
 
@@ -338,7 +355,13 @@ def test_a_short_kv_wait_is_not_an_acute_decode_overload_but_a_long_one_is():
     def metrics(prealloc: int, running: int):
         m = metrics_for(states, 0.5, 0.95)
         for name in ("d0", "d1"):
-            m[name] = InstanceMetrics("decode", kv_usage=0.95, running_reqs=running, prealloc_queue_reqs=prealloc, output_tokens_per_request=20)
+            m[name] = InstanceMetrics(
+                "decode",
+                kv_usage=0.95,
+                running_reqs=running,
+                prealloc_queue_reqs=prealloc,
+                output_tokens_per_request=20,
+            )
         return m
 
     assert not policy.acute(states, metrics(prealloc=2, running=200))["decode"]

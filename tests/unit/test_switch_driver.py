@@ -110,7 +110,7 @@ class FakeEngines:
     def sample_many(self, targets):
         self.calls += 1
         out = {}
-        for name, (engine_url, launcher_url, switching, scrape) in targets.items():
+        for name, (engine_url, _launcher_url, switching, scrape) in targets.items():
             ip = engine_url.split("//")[1].split(":")[0]
             if ip in self.by_ip:
                 out[name] = self.by_ip[ip].sample(switching, scrape)

@@ -113,7 +113,7 @@ def test_layers_and_pages_partition_and_bytes_add_up(shape):
     assert counts.max() - counts.min() <= 1 and np.all(np.diff(counts) <= 0)
     everything = np.sort(np.concatenate(plan.pages))
     assert np.array_equal(everything, np.arange(-(-tokens // page)))
-    for rank, (owned, slots) in enumerate(zip(plan.pages, plan.slots)):
+    for rank, (owned, slots) in enumerate(zip(plan.pages, plan.slots, strict=True)):
         assert np.all(owned % dcp == rank) and np.array_equal(slots, np.arange(len(owned)))
     assert plan.rank_tokens.sum() == tokens
     assert plan.total_bytes == layers * tokens * plan.bytes_per_token_layer

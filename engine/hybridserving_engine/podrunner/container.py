@@ -118,7 +118,7 @@ class ContainerProcess:
         self.env = env
         self.workdir = workdir
         self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
         # The container's processes as last seen: an engine whose launcher died is reparented
         # away from it, yet still belongs to the container.

@@ -19,13 +19,13 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from hybridserving_engine.podrunner.container import ContainerProcess, container_command, container_environment
@@ -114,7 +114,10 @@ class PodWorker:
         if len(pod["spec"]["containers"]) > 1:
             log.warning("%s/%s: only its first container, %s, is run", self.namespace, self.name,
                         self.container_spec["name"])
-        self.pod_ip = loopback_ip(pod)
+        pod_ip = loopback_ip(pod)
+        if pod_ip is None:
+            raise ValueError(f"{self.namespace}/{self.name}: only pods with a loopback IP are run")
+        self.pod_ip = pod_ip
         self.probe = ReadinessProbe.from_container(self.container_spec, self.pod_ip, runner.probe_period_seconds)
         self.process: ContainerProcess | None = None
         self.restarts = 0
@@ -132,7 +135,7 @@ class PodWorker:
         self._init_statuses: dict[str, dict[str, Any]] = {}
         self._changed = threading.Event()
         self._terminate: float | None = None  # grace period, once the pod goes
-        self._reported: tuple | None = None
+        self._reported: tuple[object, ...] | None = None
         self.thread = threading.Thread(target=self._run, name=f"pod-{self.name}", daemon=True)
 
     # ---- called from the watch thread
@@ -194,7 +197,7 @@ class PodWorker:
         if time.time() - self.process.started_at > self.runner.backoff_reset_seconds:
             self._failures_in_a_row = 0
         self._failures_in_a_row += 1
-        return min(self.runner.restart_backoff_seconds * 2 ** (self._failures_in_a_row - 1),
+        return min(self.runner.restart_backoff_seconds * 2.0 ** (self._failures_in_a_row - 1),
                    self.runner.restart_backoff_max_seconds)
 
     def _step_init(self, now: float) -> None:
@@ -204,7 +207,8 @@ class PodWorker:
         if self._init_process is None:
             if now < self._init_retry_at:
                 return
-            env = container_environment(spec, self.pod, self._mounts(spec), read_key=self.runner.read_key_for(self.namespace))
+            env = container_environment(spec, self.pod, self._mounts(spec),
+                                        read_key=self.runner.read_key_for(self.namespace))
             env["HYBRIDSERVING_TERMINATION_LOG"] = str(self._termination_log(name))
             self._termination_log(name).unlink(missing_ok=True)
             self._init_process = ContainerProcess(container_command(spec, env), env, self.dir,
@@ -345,6 +349,7 @@ class PodWorker:
             "restartCount": self.restarts,
         }
         if running:
+            assert self.process is not None and self.process.started_at is not None, "a running container started"
             container["state"] = {"running": {"startedAt": rfc3339(self.process.started_at)}}
         else:
             container["state"] = {"waiting": {"reason": self.waiting_reason}}
@@ -398,7 +403,7 @@ class PodRunner:
         self.workers: dict[str, PodWorker] = {}
         self._nodes: set[str] = set()
 
-    def read_config_map_for(self, namespace: str):
+    def read_config_map_for(self, namespace: str) -> Callable[[str], Mapping[str, str] | None]:
         def read(name: str) -> Mapping[str, str] | None:
             try:
                 return self.core.read_namespaced_config_map(name, namespace).data or {}
@@ -408,7 +413,7 @@ class PodRunner:
                 raise
         return read
 
-    def read_key_for(self, namespace: str):
+    def read_key_for(self, namespace: str) -> Callable[[str, Mapping[str, Any]], str | None]:
         """Reads a Secret or ConfigMap key for an env `valueFrom` (None when absent)."""
         def read(kind: str, selector: Mapping[str, Any]) -> str | None:
             try:
@@ -416,7 +421,8 @@ class PodRunner:
                     data = self.core.read_namespaced_secret(selector["name"], namespace).data or {}
                     raw = data.get(selector["key"])
                     return None if raw is None else base64.b64decode(raw).decode()
-                return (self.core.read_namespaced_config_map(selector["name"], namespace).data or {}).get(selector["key"])
+                config_map = self.core.read_namespaced_config_map(selector["name"], namespace)
+                return (config_map.data or {}).get(selector["key"])
             except ApiException as e:
                 if e.status == 404:
                     return None
@@ -430,14 +436,17 @@ class PodRunner:
         it and pods on another do not; a claim is shared storage (`claims/<namespace>/<claim>`).
         """
         if "hostPath" in volume:
-            return self.state_dir / "nodes" / node / volume["hostPath"]["path"].lstrip("/")
+            host_path: str = volume["hostPath"]["path"]
+            return self.state_dir / "nodes" / node / host_path.lstrip("/")
         if "persistentVolumeClaim" in volume:
-            return self.state_dir / "claims" / namespace / volume["persistentVolumeClaim"]["claimName"]
+            claim: str = volume["persistentVolumeClaim"]["claimName"]
+            return self.state_dir / "claims" / namespace / claim
         return None
 
     def _on_fake_node(self, node: str | None) -> bool:
         if node and node not in self._nodes:
-            self._nodes = {n.metadata.name for n in self.core.list_node(label_selector=self.node_selector).items}
+            nodes = self.core.list_node(label_selector=self.node_selector).items
+            self._nodes = {n.metadata.name for n in nodes if n.metadata is not None and n.metadata.name}
         return node in self._nodes
 
     def observe(self, event_type: str, pod: dict[str, Any]) -> None:
@@ -467,10 +476,10 @@ class PodRunner:
         worker.thread.start()
 
     def _list(self) -> tuple[list[dict[str, Any]], str]:
-        kwargs = {"label_selector": ENGINE_SELECTOR}
-        result = (self.core.list_namespaced_pod(self.namespace, **kwargs) if self.namespace
-                  else self.core.list_pod_for_all_namespaces(**kwargs))
+        result = (self.core.list_namespaced_pod(self.namespace, label_selector=ENGINE_SELECTOR) if self.namespace
+                  else self.core.list_pod_for_all_namespaces(label_selector=ENGINE_SELECTOR))
         pods = [self.core.api_client.sanitize_for_serialization(p) for p in result.items]
+        assert result.metadata is not None and result.metadata.resource_version is not None, "lists are versioned"
         return pods, result.metadata.resource_version
 
     def run(self) -> None:

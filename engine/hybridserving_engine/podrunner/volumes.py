@@ -41,7 +41,8 @@ def field_value(pod: Mapping[str, Any], field_path: str) -> str:
         if field_path == prefix:
             return "\n".join(f"{k}={_quote(v)}" for k, v in sorted(mapping.items()))
         if field_path.startswith(prefix + "['") and field_path.endswith("']"):
-            return mapping.get(field_path[len(prefix) + 2:-2], "")
+            value: str = mapping.get(field_path[len(prefix) + 2:-2], "")
+            return value
     simple = {
         "metadata.name": meta.get("name"),
         "metadata.namespace": meta.get("namespace"),

@@ -36,7 +36,7 @@ class Room:
     """One request's rendezvous: the decode side's slot reservation and the prefill side's result."""
 
     decode_ready: asyncio.Event = field(default_factory=asyncio.Event)
-    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    done: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class BootstrapServer:
@@ -47,8 +47,8 @@ class BootstrapServer:
         self.port = port
         self.timeout_s = timeout_s
         self.rooms: dict[int, Room] = {}
-        self.rank_table: dict[tuple[int, int, int, int], dict] = {}
-        self.layout: dict | None = None
+        self.rank_table: dict[tuple[int, int, int, int], dict[str, Any]] = {}
+        self.layout: dict[str, Any] | None = None
         self.expected_ranks = 0
         self.room_to_dp_rank: dict[int, int] = {}
         self.app = web.Application()
@@ -74,7 +74,7 @@ class BootstrapServer:
 
     # ---- registration (what the prefill ranks do at start-up)
 
-    def register(self, registration: dict) -> None:
+    def register(self, registration: dict[str, Any]) -> None:
         """Record one prefill rank, as `PUT /route` does."""
         if self.layout is None:
             self.layout = {
@@ -114,7 +114,8 @@ class BootstrapServer:
         names = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
         if not all(q.get(n) for n in names):
             return web.Response(text="Missing inputs for bootstrap server.", status=400)
-        key = tuple(int(q[n]) for n in names)
+        dp_rank, cp_rank, tp_rank, pp_rank = (int(q[n]) for n in names)
+        key = (dp_rank, cp_rank, tp_rank, pp_rank)
         if not self.ready():
             return web.Response(
                 text=f"Prefill server not fully registered yet ({len(self.rank_table)} workers registered).",
@@ -157,7 +158,7 @@ class BootstrapServer:
             self.rooms.pop(room_id, None)
             raise HandoffError(f"no decode peer registered room {room_id} within {self.timeout_s:.0f} s") from None
 
-    def publish(self, room_id: int, result: dict) -> None:
+    def publish(self, room_id: int, result: dict[str, Any]) -> None:
         """Prefill side: the KV of `room_id` has landed on the decode peer."""
         room = self.rooms.pop(room_id, None)
         if room is not None and not room.done.done():
@@ -235,7 +236,7 @@ class KvReceiver:
                 return resp.status, await resp.json()
             return resp.status, await resp.text()
 
-    def _check_layout(self, info: dict) -> None:
+    def _check_layout(self, info: dict[str, Any]) -> None:
         """The decode side's sanity checks on the prefill it pairs with
         (`disaggregation/common/conn.py:1320-1334`)."""
         if info.get("page_size") is not None and info["page_size"] != self.page_size:
@@ -248,13 +249,13 @@ class KvReceiver:
                 f"server has kv_cache_dtype={self.kv_cache_dtype}. Both servers must use the same --kv-cache-dtype "
                 "value.")
 
-    async def receive(self, host: str, port: int, room_id: int, prompt_tokens: int) -> dict:
+    async def receive(self, host: str, port: int, room_id: int, prompt_tokens: int) -> dict[str, Any]:
         """Announce the reserved slots for `room_id` and return once the prefill has sent the KV."""
         rank_ip, rank_port = await self._prefill_rank(host, port)
         url = f"http://{rank_ip}:{rank_port}/sim/kv/{room_id}"
         try:
             async with self._client().post(url, json={"prompt_tokens": prompt_tokens}) as resp:
-                body = await resp.json()
+                body: dict[str, Any] = await resp.json()
                 if resp.status != 200:
                     raise HandoffError(body.get("error", f"hand-over failed with HTTP {resp.status}"))
                 return body

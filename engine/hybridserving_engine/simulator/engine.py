@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridserving.core.perfmodel import PerformanceModel
 
@@ -65,7 +66,7 @@ class SimRequest:
     bootstrap_room: int | None = None
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     arrival: float = field(default_factory=time.monotonic)
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
     generated: int = 0
     kv_reserved: int = 0
     first_token_at: float | None = None
@@ -113,7 +114,7 @@ class SimulatedEngine:
         self.switch_in_progress = False
         self.paused = False
         self.kv_used = 0
-        self.active: dict[SimRequest, asyncio.Task] = {}
+        self.active: dict[SimRequest, asyncio.Task[None]] = {}
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.prealloc: deque[SimRequest] = deque()
@@ -125,7 +126,7 @@ class SimulatedEngine:
         self.last_transfer_ms = 0.0
         self._wake = asyncio.Event()
         self._clock = 0.0
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -213,7 +214,7 @@ class SimulatedEngine:
         if req.peer_handoff:
             self.bootstrap_queue.add(req)
             try:
-                assert self.bootstrap is not None
+                assert self.bootstrap is not None and req.bootstrap_room is not None
                 await self.bootstrap.wait_for_decode(req.bootstrap_room)
             finally:
                 self.bootstrap_queue.discard(req)
@@ -226,6 +227,7 @@ class SimulatedEngine:
         self.inflight.discard(req)
         self._record_transfer(req.prompt_tokens, seconds)
         if req.peer_handoff and self.bootstrap is not None:
+            assert req.bootstrap_room is not None, "a peer hand-off has a room"
             self.bootstrap.publish(req.bootstrap_room, {"room": req.bootstrap_room, "tokens": req.prompt_tokens,
                                                        "transfer_seconds": seconds})
         self._release(req)
@@ -240,6 +242,7 @@ class SimulatedEngine:
         try:
             if req.peer_handoff and self.transfer_backend != "fake":
                 started = time.monotonic()
+                assert req.bootstrap_host is not None and req.bootstrap_room is not None, "a peer hand-off has both"
                 await self.receiver.receive(req.bootstrap_host, req.bootstrap_port or 8998, req.bootstrap_room,
                                             req.prompt_tokens)
                 self._record_transfer(req.prompt_tokens, time.monotonic() - started)
@@ -288,6 +291,7 @@ class SimulatedEngine:
         for group in (self.bootstrap_queue, self.inflight, self.transfer):
             group.discard(req)
         if self.role == "prefill" and req.peer_handoff and self.bootstrap is not None:
+            assert req.bootstrap_room is not None, "a peer hand-off has a room"
             self.bootstrap.fail(req.bootstrap_room, f"prefill request {req.rid} ended before its KV was sent")
         self._release(req)
 
@@ -385,6 +389,7 @@ class SimulatedEngine:
             req.first_token_at = now
             m.t(m.time_to_first_token, req.streaming).observe(now - req.arrival)
         else:
+            assert req.last_token_at is not None, "a token followed the first one"
             m.t(m.inter_token_latency).observe(now - req.last_token_at)
         req.last_token_at = now
         req.generated += 1
@@ -430,7 +435,7 @@ class SimulatedEngine:
         (`managers/scheduler_components/metrics_reporter.py:1303-1315`). It is no measure of load."""
         return -1.0 if self.role == "prefill" else 0.0
 
-    def load(self) -> dict:
+    def load(self) -> dict[str, Any]:
         """One DP rank's entry of `/v1/loads` (SGLang's LoadSnapshot, all sections)."""
         cap = self.perf.kv_capacity_tokens
         num_total = sum(r.prompt_tokens + r.generated for r in self.running)

@@ -8,6 +8,7 @@ simulator produces them on demand, from `HYBRIDSERVING_SIM_FAULTS` at start-up o
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Faults:
             faults.update({name: value or True})
         return faults
 
-    def update(self, changes: dict) -> None:
+    def update(self, changes: dict[str, Any]) -> None:
         aliases = {"slow": "slow_factor", "crash_after": "crash_after_s"}
         for name, value in changes.items():
             field = aliases.get(name, name)
@@ -43,5 +44,5 @@ class Faults:
             elif field != "crash":
                 raise ValueError(f"unknown fault {name!r}")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 
+from typing import TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 # SGLang exports from a multiprocess registry, which has no `*_created` series; match it.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
+
+Metric = TypeVar("Metric", Counter, Gauge, Histogram)
 
 # SGLang's default buckets (observability/metrics_collector.py).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -131,10 +135,11 @@ class EngineMetrics:
 
     # ---- helpers that keep the label plumbing in one place
 
-    def s(self, metric):  # noqa: ANN001, ANN201 - a labelled child of a scheduler metric
+    def s(self, metric: Metric) -> Metric:
+        """A labelled child of a scheduler metric."""
         return metric.labels(**self.scheduler_labels)
 
-    def t(self, metric, streaming: bool | None = None):  # noqa: ANN001, ANN201
+    def t(self, metric: Metric, streaming: bool | None = None) -> Metric:
         if streaming is None:
             return metric.labels(**self.tokenizer_labels)
         return metric.labels(**self.tokenizer_labels, is_streaming=str(streaming).lower())

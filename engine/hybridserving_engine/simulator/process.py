@@ -71,8 +71,8 @@ class SimulatorProcess:
         self.argv = argv
         self.port = int(argv[argv.index("--port") + 1])
         self.url = f"http://127.0.0.1:{self.port}"
-        out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
-        self._log = out if log_path else None
+        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115 - closed in stop()
+        out = self._log if self._log is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hybridserving_engine.simulator", *argv],
             env=env or simulator_env(), stdout=out, stderr=subprocess.STDOUT,

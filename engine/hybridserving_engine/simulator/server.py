@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -107,7 +108,7 @@ class SimulatorServer:
         self._runner: web.AppRunner | None = None
 
     def _performance_model(self) -> PerformanceModel:
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if self.resolved.max_running_requests:
             kwargs["max_running_requests"] = self.resolved.max_running_requests
         return PerformanceModel.for_role(
@@ -162,6 +163,7 @@ class SimulatorServer:
     def _register_prefill_ranks(self) -> None:
         """What every prefill rank does at start-up: `PUT /route` with its layout and address."""
         a = self.args
+        assert self.bootstrap is not None, "prefill ranks register with their own bootstrap server"
         attn_tp = max(1, a.tp_size // (a.attn_dp_size * a.attn_cp_size))
         for dp in range(a.attn_dp_size):
             for cp in range(a.attn_cp_size):
@@ -183,8 +185,9 @@ class SimulatorServer:
                         })
 
     def _load_balance_method(self) -> str:
-        if self.args.load_balance_method != "auto":
-            return self.args.load_balance_method
+        method: str = self.args.load_balance_method
+        if method != "auto":
+            return method
         return "follow_bootstrap_room" if self.role == "prefill" else "round_robin"
 
     # ------------------------------------------------------------------ routes
@@ -238,7 +241,7 @@ class SimulatorServer:
         ok = not self.shutting_down and self.engine.healthy and not self.engine.paused
         return web.Response(status=200 if ok else 503)
 
-    def server_info_dict(self) -> dict:
+    def server_info_dict(self) -> dict[str, Any]:
         a = self.args
         resolved = {k: v for k, v in vars(a).items()}
         # The top level is the start-up configuration (`build_server_info` over the resolved
@@ -275,7 +278,7 @@ class SimulatorServer:
             "simulator_time_scale": self.options.time_scale,
         }
 
-    def _internal_state(self) -> dict:
+    def _internal_state(self) -> dict[str, Any]:
         return {
             "last_gen_throughput": self.engine.gen_throughput(),
             "load": self.engine.load()["num_running_reqs"],
@@ -307,7 +310,7 @@ class SimulatorServer:
             "simulator": True,
         })
 
-    def _model_card(self, name: str) -> dict:
+    def _model_card(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": int(self.startup_time), "owned_by": "sglang",
                 "root": name, "parent": None, "max_model_len": self.engine.context_length}
 
@@ -363,7 +366,7 @@ class SimulatorServer:
 
     # ------------------------------------------------------------------ generation
 
-    def _request(self, body: dict, prompt_tokens: int, max_new_tokens: int, streaming: bool) -> SimRequest:
+    def _request(self, body: dict[str, Any], prompt_tokens: int, max_new_tokens: int, streaming: bool) -> SimRequest:
         for key in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
             if isinstance(body.get(key), list):
                 raise RequestError(400, "batched requests are not supported by the simulator")
@@ -391,7 +394,7 @@ class SimulatorServer:
             else:
                 return
 
-    async def _stream(self, request: web.Request, chunks: AsyncIterator[dict]) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, chunks: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
@@ -404,7 +407,7 @@ class SimulatorServer:
         await resp.write_eof()
         return resp
 
-    async def _json_body(self, request: web.Request) -> dict:
+    async def _json_body(self, request: web.Request) -> dict[str, Any]:
         try:
             body = await request.json()
         except json.JSONDecodeError as e:
@@ -431,20 +434,20 @@ class SimulatorServer:
             tokens = self._tokens(req)
             if not stream:
                 n = 0
-                async for n in tokens:
-                    pass
+                async for emitted in tokens:
+                    n = emitted
                 return web.json_response(self._generate_chunk(req, n, final=True))
         except RequestError as e:
             return _error(e.status, str(e))
 
-        async def chunks() -> AsyncIterator[dict]:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
             async for n in tokens:
                 yield self._generate_chunk(req, n, final=False)
             yield self._generate_chunk(req, req.generated, final=True)
 
         return await self._stream(request, chunks())
 
-    def _generate_chunk(self, req: SimRequest, n: int, final: bool) -> dict:
+    def _generate_chunk(self, req: SimRequest, n: int, final: bool) -> dict[str, Any]:
         reason = req.finish_reason if final else None
         return {
             "text": "".join(token_text(i) for i in range(n)),
@@ -462,7 +465,7 @@ class SimulatorServer:
         }
 
     @staticmethod
-    def _usage(req: SimRequest) -> dict:
+    def _usage(req: SimRequest) -> dict[str, Any]:
         return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.generated,
                 "completion_tokens": req.generated, "prompt_tokens_details": None}
 
@@ -489,8 +492,8 @@ class SimulatorServer:
             cid, created = f"cmpl-{req.rid}", int(time.time())
             if not stream:
                 n = 0
-                async for n in tokens:
-                    pass
+                async for emitted in tokens:
+                    n = emitted
                 return web.json_response({
                     "id": cid, "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": 0, "text": "".join(token_text(i) for i in range(n)), "logprobs": None,
@@ -502,7 +505,7 @@ class SimulatorServer:
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-        async def chunks() -> AsyncIterator[dict]:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
             async for n in tokens:
                 yield {"id": cid, "object": "text_completion", "created": created, "model": model,
                        "choices": [{"index": 0, "text": token_text(n - 1), "logprobs": None,
@@ -532,8 +535,8 @@ class SimulatorServer:
             cid, created = f"chatcmpl-{req.rid}", int(time.time())
             if not stream:
                 n = 0
-                async for n in tokens:
-                    pass
+                async for emitted in tokens:
+                    n = emitted
                 return web.json_response({
                     "id": cid, "object": "chat.completion", "created": created, "model": model,
                     "choices": [{"index": 0,
@@ -547,7 +550,7 @@ class SimulatorServer:
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-        async def chunks() -> AsyncIterator[dict]:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
             async for n in tokens:
                 delta = {"content": token_text(n - 1)}
                 if n == 1:

@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from pydantic.config import JsonDict
 from pydantic.alias_generators import to_camel
 
 
-def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> JsonDict:
     """One `x-kubernetes-validations` entry; `field_path` is relative to the node, e.g. "layout.dcp".
 
     The apiserver wants fieldPath as a JSON path starting with "." and refuses the CRD otherwise.
     """
-    entry = {"rule": rule, "message": message}
+    entry: JsonDict = {"rule": rule, "message": message}
     if field_path:
         entry["fieldPath"] = f".{field_path}"
     if reason:

@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
-from hybridserving.api.v1alpha1 import ApiModel, Condition, ObjectMeta, Role, cel
+from hybridserving.api.base import ApiModel, cel
+from hybridserving.api.v1alpha1 import Condition, ObjectMeta, Role
 
 InstancePhase = Literal["Pending", "Starting", "Ready", "CrashLoop", "Draining", "Switching", "Relaunching", "Failed"]
 
@@ -32,7 +33,9 @@ class InstancePorts(ApiModel):
                 cel(
                     " && ".join(
                         f"self.{a} != self.{b}"
-                        for a, b in combinations(("http", "bootstrap", "distInit", "engineInfoBootstrap", "launcher"), 2)
+                        for a, b in combinations(
+                            ("http", "bootstrap", "distInit", "engineInfoBootstrap", "launcher"), 2
+                        )
                     ),
                     "http, bootstrap, distInit, engineInfoBootstrap and launcher must be five distinct ports",
                 )
@@ -45,9 +48,7 @@ class InstancePorts(ApiModel):
         description="KV-transfer bootstrap server (--disaggregation-bootstrap-port); decode "
         "instances reach prefill through it."
     )
-    dist_init: Port = Field(
-        description="torch.distributed rendezvous of the instance's pods (--dist-init-addr port)."
-    )
+    dist_init: Port = Field(description="torch.distributed rendezvous of the instance's pods (--dist-init-addr port).")
     engine_info_bootstrap: Port = Field(
         description="Port on which the leader publishes the engine's rank layout to its workers."
     )
@@ -90,11 +91,7 @@ class HybridServingInstanceSpec(ApiModel):
         default=0,
         ge=0,
         description="Bump to restart the whole gang (all pods of the instance) once.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("self >= oldSelf", "restartGeneration may only increase")
-            ]
-        },
+        json_schema_extra={"x-kubernetes-validations": [cel("self >= oldSelf", "restartGeneration may only increase")]},
     )
 
 
@@ -112,10 +109,13 @@ class HybridServingInstanceStatus(ApiModel):
     )
     ready_pods: int = Field(default=0, ge=0, le=64, description="Pods of the instance whose engine is ready.")
     restarts: int = Field(
-        default=0, ge=0, description="restarts: container restarts of the instance's current pods, as the kubelet counts them."
+        default=0,
+        ge=0,
+        description="restarts: container restarts of the instance's current pods, as the kubelet counts them.",
     )
     last_exit: str | None = Field(
-        default=None, max_length=1024,
+        default=None,
+        max_length=1024,
         description="lastExit: how an engine container of the instance last ended (exit code, reason, its last "
         "message line); set once a container has restarted.",
     )

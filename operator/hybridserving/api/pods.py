@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, WithJsonSchema, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.config import JsonDict
 
 from hybridserving.api.base import ApiModel, cel
 
@@ -26,7 +27,7 @@ OWNED_POD_SPEC_FIELDS: dict[str, str] = {
 }
 
 
-def _owned_spec_rules() -> list[dict[str, str]]:
+def _owned_spec_rules() -> list[JsonDict]:
     return [
         cel(f"!has(self.{field})", f"{field} is set by the operator from {owner}; remove it from the pod template",
             field, "FieldValueForbidden")
@@ -79,15 +80,16 @@ class FieldSelector(ApiModel):
 
 
 class EnvVarSource(ApiModel):
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
+    model_config = ConfigDict(
+        **ApiModel.model_config,
+        json_schema_extra={
             "x-kubernetes-validations": [
                 cel("(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0) + "
                     "(has(self.fieldRef) ? 1 : 0) == 1",
                     "valueFrom needs exactly one of secretKeyRef, configMapKeyRef or fieldRef"),
             ]
-        }
-    }
+        },
+    )
 
     secret_key_ref: KeySelector | None = None
     config_map_key_ref: KeySelector | None = None

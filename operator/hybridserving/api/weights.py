@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from hybridserving.api.base import ApiModel, cel
 
@@ -31,8 +31,9 @@ class SecretKeyRef(ApiModel):
 
 
 class WeightsSpec(ApiModel):
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
+    model_config = ConfigDict(
+        **ApiModel.model_config,
+        json_schema_extra={
             "x-kubernetes-validations": [
                 cel("self.cache == 'None' || self.uri.startsWith('hf://')",
                     "cache: Node fills a node-local directory from the hub; it applies to hf:// sources only "
@@ -40,8 +41,8 @@ class WeightsSpec(ApiModel):
                 cel("!has(self.tokenSecretRef) || self.uri.startsWith('hf://')",
                     "tokenSecretRef is the hub token; it applies to hf:// sources only", "tokenSecretRef"),
             ]
-        }
-    }
+        },
+    )
 
     uri: str = Field(
         max_length=1024,

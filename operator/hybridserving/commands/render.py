@@ -23,7 +23,7 @@ from hybridserving.core.fleet import assess
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("render", help="print the Kubernetes objects the operator would create (YAML)")
     p.add_argument("-f", "--file", required=True, help="a HybridServing manifest")
     p.add_argument("-n", "--namespace", default="default", help="namespace of manifests that name none")

@@ -27,8 +27,10 @@ from hybridserving.fleetsim.experiment import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("simulate", help="replay a trace through the fleet simulator under one role-switch policy")
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="replay a trace through the fleet simulator under one role-switch policy"
+    )
     p.add_argument("--trace", required=True, help="mix-shift | diurnal | agentic | mooncake | path to .csv/.jsonl")
     p.add_argument("--policy", required=True, choices=POLICIES)
     p.add_argument("--instances", type=int, default=8, help="instances of 8 GPUs (default 8)")
@@ -70,7 +72,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
     elif args.policy == "per-window":
         attainment = runner.per_window(args.rate_scale)
-        at = runner.per_window
+
+        def at(s: float) -> float:
+            return runner.per_window(s)
+
     else:
         sweep = policy_sweeps(model, slo, quick=True)[args.policy]
         setting = sweep.grid[0]

@@ -9,13 +9,13 @@ it reads the same facts the operator wrote, nothing recomputed.
 from __future__ import annotations
 
 import argparse
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
 from hybridserving.commands.output import write_table
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("status", help="the fleet at a glance: instances, roles, phases, capacity, switches")
     p.add_argument("name", nargs="?", help="one HybridServing (default: every one in the namespace)")
     p.add_argument("-n", "--namespace", default="default")
@@ -44,10 +44,16 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
     rows = [["INSTANCE", "ROLE", "RUNNING", "PHASE", "READY PODS", "NODES"]]
     for inst in sorted(instances, key=lambda i: i["spec"].get("index", 0)):
         st = inst.get("status") or {}
-        rows.append([
-            inst["metadata"]["name"], inst["spec"].get("role", "-"), st.get("role", "-"), st.get("phase", "-"),
-            f"{st.get('readyPods', 0)}/{inst['spec'].get('nodes', 1)}", ",".join(n for n in st.get("nodeNames") or [] if n) or "-",
-        ])
+        rows.append(
+            [
+                inst["metadata"]["name"],
+                inst["spec"].get("role", "-"),
+                st.get("role", "-"),
+                st.get("phase", "-"),
+                f"{st.get('readyPods', 0)}/{inst['spec'].get('nodes', 1)}",
+                ",".join(n for n in st.get("nodeNames") or [] if n) or "-",
+            ]
+        )
     write_table(rows, out, indent="  ")
     recent = (status.get("switches") or [])[-switches:]
     if recent:
@@ -65,17 +71,23 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
     config.load_kube_config(config_file=args.kubeconfig)
     api = client.CustomObjectsApi()
+    # The client types custom objects as `object`; they are the JSON the apiserver sent.
     if args.name:
-        fleets = [api.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, args.name)]
+        fleets = [cast(dict[str, Any], api.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL,
+                                                                        args.name))]
     else:
-        fleets = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL)["items"]
+        listed = cast(dict[str, Any], api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL))
+        fleets = listed["items"]
     if not fleets:
         out.write(f"no HybridServing in namespace {args.namespace}\n")
         return 0
-    all_instances = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, INSTANCE_PLURAL)["items"]
+    all_instances = cast(
+        dict[str, Any], api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, INSTANCE_PLURAL)
+    )["items"]
     for hs in fleets:
         mine = [
-            i for i in all_instances
+            i
+            for i in all_instances
             if any(o.get("uid") == hs["metadata"]["uid"] for o in i["metadata"].get("ownerReferences") or [])
         ]
         render(hs, mine, out, args.switches)

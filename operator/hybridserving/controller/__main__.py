@@ -51,7 +51,8 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE", ""),
                     help="namespace of the Lease (default $POD_NAMESPACE)")
     ap.add_argument("--leader-elect-lease", default="hybridserving-operator", help="name of the Lease")
-    ap.add_argument("--leader-elect-identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+    ap.add_argument("--leader-elect-identity",
+                    default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
                     help="this replica in the Lease (default $POD_NAME)")
     ap.add_argument("--leader-elect-lease-seconds", type=float, default=8.0,
                     help="a standby takes over after the leader has not renewed for this long")

@@ -3,8 +3,8 @@
 CEL in the CRD refuses what one field or a few neighbours can show; the layout rules,
 capacity, privileges and the pod surface need the operator's own code. The webhook runs
 the checks of `hybridserving validate` (`core.fleet.assess`: layout rules, pod surface, weights,
-capacity) and the chart's engine privileges, so a bad spec is refused at `kubectl apply` with the same field paths and fixes, and
-warnings come back as admission warnings.
+capacity) and the chart's engine privileges, so a bad spec is refused at `kubectl apply` with
+the same field paths and fixes, and warnings come back as admission warnings.
 
 Failure policy, per operation:
 
@@ -113,5 +113,5 @@ def check_create(body: kopf.Body, warnings: list[str], **_: Any) -> None:
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id="update", operations=["UPDATE"], ignore_failures=True,
                   persistent=True)
-def check_update(body: kopf.Body, old: kopf.BodyEssence | None, warnings: list[str], **_: Any) -> None:
+def check_update(body: kopf.Body, warnings: list[str], old: kopf.BodyEssence | None = None, **_: Any) -> None:
     review(dict(body), dict(old) if old else None, "UPDATE", warnings)

@@ -229,6 +229,6 @@ class Engines:
 
     def sample_many(self, targets: Mapping[str, tuple[str, str | None, bool, bool]]) -> dict[str, EngineSample]:
         """`sample` for several instances in parallel: name → (engine, launcher, switching, scrape)."""
-        futures = {name: self.pool.submit(lambda t=t: self.sample(t[0], t[1], switching=t[2], scrape=t[3]))
+        futures = {name: self.pool.submit(self.sample, t[0], t[1], switching=t[2], scrape=t[3])
                    for name, t in targets.items()}
         return {name: f.result() for name, f in futures.items()}

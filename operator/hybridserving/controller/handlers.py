@@ -139,7 +139,8 @@ async def stop(**_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def fleet_changed(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+def fleet_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+    assert namespace is not None, "HybridServing is namespaced"
     key = (namespace, name)
     if event.get("type") == "DELETED":
         runtime().queue.forget(key)
@@ -147,7 +148,8 @@ def fleet_changed(event: dict[str, Any], namespace: str, name: str, **_: Any) ->
         runtime().queue.add(key)
 
 
-def _child_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
+def _child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    assert namespace is not None, "a fleet's children live in its namespace"
     runtime().queue.add((namespace, labels[LABEL_NAME]))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_KIND, INSTANCE_PLURAL, KIND, PLURAL, VERSION
 

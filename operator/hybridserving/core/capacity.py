@@ -311,12 +311,13 @@ def _footprints(
     role_name: Role,
 ) -> tuple[RankFootprint, RankFootprint]:
     """The footprint of `layout` with DCP 1 and as declared: the two sides of every gain."""
-    return tuple(
+    without_dcp, declared = (
         rank_footprint(
             arch, candidate, index=index, speculative=speculative, kv_cache_dtype=kv_cache_dtype, role_name=role_name
         )
         for candidate in (layout.model_copy(update={"dcp": 1}), layout)
     )
+    return without_dcp, declared
 
 
 def capacity_gain(

@@ -630,7 +630,8 @@ def _check_resolved(spec: HybridServingSpec, arch: ModelArchitecture) -> Issues:
         yield _issue("roles-page-size-agree", "spec.prefill.pageSize",
                      f"the engine resolves page size {prefill.page_size} on prefill and {decode.page_size} on "
                      "decode, and decode refuses a prefill with another page size",
-                     f"set spec.prefill.pageSize and spec.decode.pageSize both to {max(prefill.page_size, decode.page_size)}")
+                     "set spec.prefill.pageSize and spec.decode.pageSize both to "
+                     f"{max(prefill.page_size, decode.page_size)}")
     if prefill.kv_cache_dtype != decode.kv_cache_dtype:
         yield _issue("roles-kv-dtype-agree", "spec.prefill.kvCacheDtype",
                      f"prefill stores KV as {prefill.kv_cache_dtype} and decode as {decode.kv_cache_dtype}; "
@@ -754,8 +755,9 @@ def _check_role_switch(spec: HybridServingSpec) -> Issues:
                      f"{total} instances",
                      f"lower minPrefill/minDecode to at most {total} together, or add replicas")
         return
-    for role, floor, field in (("prefill", switch.min_prefill, "minPrefill"),
-                               ("decode", switch.min_decode, "minDecode")):
+    floors: tuple[tuple[Role, int, str], ...] = (("prefill", switch.min_prefill, "minPrefill"),
+                                                 ("decode", switch.min_decode, "minDecode"))
+    for role, floor, field in floors:
         replicas = spec.role(role).replicas
         if floor > replicas:
             yield _issue("role-switch-floor-above-replicas", f"spec.roleSwitch.{field}",

@@ -249,7 +249,8 @@ class PerformanceModel:
 
     def transfer_seconds(self, tokens: int) -> float:
         """Prefill → decode KV hand-over of `tokens` over the RDMA link."""
-        return (self.transfer_latency_s + tokens * self.kv_wire_bytes_per_token / self.link_bytes_per_second) * self.time_scale
+        wire_s = tokens * self.kv_wire_bytes_per_token / self.link_bytes_per_second
+        return (self.transfer_latency_s + wire_s) * self.time_scale
 
     def request_kv_tokens(self, context_tokens: int) -> int:
         """Pool slots one request occupies: its context plus its fixed recurrent state (the frontier)."""

@@ -312,8 +312,9 @@ def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig)
         if applied and launcher_back and obs.leader_label == state.from_role:
             return go("Done")
         if elapsed > config.restore_timeout_s:
-            return restart(f"could not restore {state.from_role} within {config.restore_timeout_s:.0f} s "
-                           f"(after: {state.message})")
+            return restart(
+                f"could not restore {state.from_role} within {config.restore_timeout_s:.0f} s (after: {state.message})"
+            )
         return state, want
 
     if s == "Restart":

@@ -14,6 +14,7 @@ index keys and any per-request state go with the request outside these figures.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,7 @@ class TransferPlan:
 
     def layer_ranges(self) -> list[tuple[int, int]]:
         bounds = self.layer_bounds.tolist()
-        return list(zip(bounds[:-1], bounds[1:]))
+        return list(itertools.pairwise(bounds))
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready digest: counts and first/last pages, never the page arrays themselves."""
@@ -120,7 +121,7 @@ class TransferPlan:
                     "tokens": int(self.rank_tokens[rank]),
                     "bytes": int(self.path_bytes[:, rank].sum()),
                 }
-                for rank, (owned, slots) in enumerate(zip(self.pages, self.slots))
+                for rank, (owned, slots) in enumerate(zip(self.pages, self.slots, strict=True))
             ],
             "paths": self.path_bytes.size,
             "pathBytes": self.path_bytes.tolist(),

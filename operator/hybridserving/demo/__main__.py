@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -39,7 +39,7 @@ def say(message: str) -> None:
     print(f"[{time.monotonic() - T0:6.1f}s] {message}", flush=True)
 
 
-def _wait(what: str, check, timeout: float, interval: float = 1.0) -> Any:
+def _wait(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -60,7 +60,8 @@ class Fleet:
         return json.loads(self.cluster.kubectl(*args).stdout)
 
     def hs(self) -> dict[str, Any]:
-        return self._get(PLURAL, self.name)
+        fleet: dict[str, Any] = self._get(PLURAL, self.name)
+        return fleet
 
     def instances(self) -> list[dict[str, Any]]:
         uid = self.hs()["metadata"]["uid"]
@@ -112,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"operator and pod runner starting (logs in {workdir})")
         stack.start()
         say(f"kubectl apply -f {name}.yaml  (the embedded example fleet, engines on the SGLang simulator)")
-        cluster.kubectl("apply", "--server-side", "--field-manager=demo-user", "-f", "-", input=yaml.safe_dump(manifest))
+        cluster.kubectl("apply", "--server-side", "--field-manager=demo-user", "-f", "-",
+                        input=yaml.safe_dump(manifest))
         fleet = Fleet(cluster, namespace, name, manifest["spec"]["model"]["path"])
         _wait("the fleet to be Ready", lambda: (fleet.hs().get("status") or {}).get("ready") == "True", 180)
         say("fleet Ready:\n" + fleet.view())

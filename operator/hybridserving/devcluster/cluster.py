@@ -27,9 +27,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .nodes import KWOK_SELECTOR, FleetSpec, create_nodes
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 # Gang admission through the Workload API (scheduling.k8s.io/v1alpha1, alpha in 1.35): the
@@ -280,7 +283,7 @@ class Cluster:
         self.fleet = fleet or FleetSpec()
         self.dir = (root or clusters_dir()) / name
         self.progress: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._t0 = time.monotonic()
 
     # ---------------------------------------------------------------- paths
@@ -307,7 +310,8 @@ class Cluster:
 
     def state(self) -> dict[str, Any]:
         try:
-            return json.loads(self.state_file.read_text())
+            state: dict[str, Any] = json.loads(self.state_file.read_text())
+            return state
         except (OSError, ValueError):
             return {}
 
@@ -325,7 +329,8 @@ class Cluster:
 
     @property
     def token(self) -> str:
-        return self.state()["token"]
+        token: str = self.state()["token"]
+        return token
 
     @property
     def ca_path(self) -> pathlib.Path:
@@ -340,7 +345,7 @@ class Cluster:
 
     # ---------------------------------------------------------------- clients
 
-    def api_client(self):
+    def api_client(self) -> ApiClient:
         """A ``kubernetes.client.ApiClient`` for this cluster."""
         from kubernetes import client, config
 
@@ -358,7 +363,9 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while pending:
             out = self.kubectl("get", "crd", pending[0], "-o", "json", check=False)
-            conditions = (json.loads(out.stdout).get("status") or {}).get("conditions") or [] if out.returncode == 0 else []
+            conditions = (
+                (json.loads(out.stdout).get("status") or {}).get("conditions") or [] if out.returncode == 0 else []
+            )
             if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
                 pending.pop(0)
                 continue
@@ -367,7 +374,7 @@ class Cluster:
             time.sleep(0.5)
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
-                timeout: float = 60) -> subprocess.CompletedProcess:
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:
         cmd = [str(bin_dir() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, input=input, timeout=timeout)
         if check and proc.returncode != 0:
@@ -743,22 +750,24 @@ class Cluster:
             return False
 
     @staticmethod
-    def _sa_exists(api) -> bool:
+    def _sa_exists(api: ApiClient) -> bool:
         from kubernetes import client
         client.CoreV1Api(api).read_namespaced_service_account("default", "default")
         return True
 
     @staticmethod
-    def _nodes_ready(api, names: list[str]) -> bool:
+    def _nodes_ready(api: ApiClient, names: list[str]) -> bool:
         from kubernetes import client
         nodes = {n.metadata.name: n for n in client.CoreV1Api(api).list_node(
-            label_selector=KWOK_SELECTOR).items}
+            label_selector=KWOK_SELECTOR).items if n.metadata is not None}
         for name in names:
             node = nodes.get(name)
             if node is None:
                 return False
-            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-            tainted = any(t.key.startswith("node.kubernetes.io/") for t in (node.spec.taints or []))
+            conditions = (node.status.conditions if node.status else None) or []
+            ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+            taints = (node.spec.taints if node.spec else None) or []
+            tainted = any(t.key.startswith("node.kubernetes.io/") for t in taints)
             if not ready or tainted:
                 return False
         return True
@@ -804,9 +813,9 @@ class Cluster:
         leftovers.update(_pids_referencing(marker))
         for pid in leftovers:
             say(f"killing leftover pid {pid}")
-            for fn in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            for kill in (os.killpg, os.kill):
                 try:
-                    fn()
+                    kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
         end = time.monotonic() + 5

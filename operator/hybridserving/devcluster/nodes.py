@@ -187,7 +187,7 @@ def create_nodes(api_client: Any, spec: FleetSpec, cluster_name: str = "local") 
     re-running this is harmless.
     """
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     core = client.CoreV1Api(api_client)
     names = []
@@ -195,7 +195,8 @@ def create_nodes(api_client: Any, spec: FleetSpec, cluster_name: str = "local") 
         name = manifest["metadata"]["name"]
         names.append(name)
         try:
-            created = core.create_node(body=manifest)
+            # The client serialises a manifest dict as it does a V1Node; its signature names only the model.
+            created = core.create_node(body=manifest)  # type: ignore[arg-type]
             capacity = (created.status.capacity or {}) if created.status else {}
             if capacity.get("cpu") != manifest["status"]["capacity"]["cpu"]:
                 core.patch_node_status(name, {"status": manifest["status"]})

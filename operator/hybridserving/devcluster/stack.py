@@ -18,19 +18,20 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridserving_engine.simulator.process import free_ports
 
 from .cluster import Cluster
 
 
-def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+def stop(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """SIGTERM, then SIGKILL after `timeout`: the operator and the pod runner drain on SIGTERM."""
     if proc.poll() is None:
         proc.terminate()
@@ -41,7 +42,7 @@ def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
             proc.wait()
 
 
-def start_operator(cluster: Cluster, log: pathlib.Path, *extra: str) -> subprocess.Popen:
+def start_operator(cluster: Cluster, log: pathlib.Path, *extra: str) -> subprocess.Popen[bytes]:
     """`python -m hybridserving.controller` out of cluster, metrics off (nothing binds a wildcard)."""
     return _start_logged(
         [sys.executable, "-m", "hybridserving.controller", "--kubeconfig", str(cluster.kubeconfig),
@@ -55,7 +56,7 @@ def start_operator(cluster: Cluster, log: pathlib.Path, *extra: str) -> subproce
 POD_SHUTDOWN_GRACE_SECONDS = 10
 
 
-def start_pod_runner(cluster: Cluster, state_dir: pathlib.Path) -> subprocess.Popen:
+def start_pod_runner(cluster: Cluster, state_dir: pathlib.Path) -> subprocess.Popen[bytes]:
     """The pod runner with probes, restarts and volume refreshes at one-second periods."""
     return _start_logged(
         [sys.executable, "-m", "hybridserving_engine.podrunner", "--kubeconfig", str(cluster.kubeconfig),
@@ -81,13 +82,14 @@ def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 @dataclass
 class Router:
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     url: str
     log: pathlib.Path
 
-    def workers(self) -> list[dict]:
+    def workers(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(self.url + "/workers", timeout=5) as resp:
-            return json.load(resp).get("workers", [])
+            workers: list[dict[str, Any]] = json.load(resp).get("workers", [])
+            return workers
 
 
 def start_router(cluster: Cluster, namespace: str, deployment: str, log: pathlib.Path,
@@ -123,7 +125,7 @@ class Stack:
 
     cluster: Cluster
     workdir: pathlib.Path
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self, *operator_args: str) -> Stack:
         self.procs.append(start_operator(self.cluster, self.workdir / "operator.log", *operator_args))
@@ -141,7 +143,7 @@ class Stack:
         self.procs.clear()
 
 
-def launcher_url(pod: dict) -> str:
+def launcher_url(pod: dict[str, Any]) -> str:
     """The launcher of a running pod, at its pod IP and the port the operator named `launcher`."""
     for container in pod["spec"]["containers"]:
         for port in container.get("ports") or []:

@@ -84,7 +84,7 @@ class RestartRebalancer:
     headroom: float = 1.0
     name: str = "restart-based"
     _next_at: float | None = None
-    _samples: deque = field(default_factory=deque)
+    _samples: deque[tuple[float, RoleDemand]] = field(default_factory=deque)
 
     def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list[Decision]:
         self._samples.append((now, measure_demand(fleet, metrics, self.config, self.model)))
@@ -108,8 +108,12 @@ class RestartRebalancer:
         need_p, need_d = self.needs(demand, n)
         return [
             Decision(
-                donor.name, donor.role, receiver, "relaunch",
-                f"planned split {want}:{n - want} (needs prefill {need_p}, decode {need_d}) from {have}:{n - have}", 0.0,
+                donor.name,
+                donor.role,
+                receiver,
+                "relaunch",
+                f"planned split {want}:{n - want} (needs prefill {need_p}, decode {need_d}) from {have}:{n - have}",
+                0.0,
             )
         ]
 
@@ -149,7 +153,10 @@ class RestartRebalancer:
         need_p, need_d = self.needs(demand, n)
         if need_p is not None and need_d is not None and need_p + need_d <= n:
             return min(max(have, need_p), n - need_d)
-        worst = {k: max(self.pressure("prefill", demand, k), self.pressure("decode", demand, n - k)) for k in range(lo, hi + 1)}
+        worst = {
+            k: max(self.pressure("prefill", demand, k), self.pressure("decode", demand, n - k))
+            for k in range(lo, hi + 1)
+        }
         return min(worst, key=lambda k: (round(worst[k], 9), abs(k - have)))
 
     def _floor(self, role: Role) -> int:
@@ -200,7 +207,11 @@ class SplitwiseMixedPool:
             wants: Role = "prefill" if prefill_hot else "decode"
             if any(s.phase != "serving" and s.target_role == wants for s in fleet):
                 return []  # the instance borrowed for this need has not landed yet
-            if wants == "prefill" and len(decode) > 1 and sum(m.kv_usage for m in decode) / (len(decode) - 1) >= self.kv_full:
+            if (
+                wants == "prefill"
+                and len(decode) > 1
+                and sum(m.kv_usage for m in decode) / (len(decode) - 1) >= self.kv_full
+            ):
                 return []  # the decode instances left could not hold the KV in use
             donor = _least_loaded(fleet, metrics, other_role(wants), floor=self._floor(other_role(wants)))
             return [Decision(donor.name, donor.role, wants, "in-place", "mixed pool borrow", 0.0)] if donor else []
@@ -254,11 +265,15 @@ class ScalingPlanner:
     memory: PolicyMemory = field(default_factory=PolicyMemory)
     scaler_memory: ScalerMemory = field(default_factory=ScalerMemory)
 
-    def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list:
+    def tick(
+        self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]
+    ) -> list[Decision | ScaleAction]:
         decisions, self.memory = self.policy.decide_all(now, fleet, metrics, self.memory)
         moving = {d.instance for d in decisions}
         rest = [s for s in fleet if s.name not in moving]
-        actions, self.scaler_memory = self.scaler.decide(now, rest, metrics, self.policy.demand_of(self.memory), self.scaler_memory)
+        actions, self.scaler_memory = self.scaler.decide(
+            now, rest, metrics, self.policy.demand_of(self.memory), self.scaler_memory
+        )
         return [*decisions, *actions]
 
 
@@ -278,9 +293,13 @@ class PlannerStyleScaler:
     _rebalancer: RestartRebalancer | None = None
     _next_at: float | None = None
 
-    def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list:
+    def tick(
+        self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]
+    ) -> list[ScaleAction]:
         if self._rebalancer is None:
-            self._rebalancer = RestartRebalancer(self.config, self.model, interval_s=self.interval_s, headroom=self.headroom)
+            self._rebalancer = RestartRebalancer(
+                self.config, self.model, interval_s=self.interval_s, headroom=self.headroom
+            )
         rb = self._rebalancer
         rb._samples.append((now, measure_demand(fleet, metrics, self.config, self.model)))
         while rb._samples and rb._samples[0][0] <= now - self.interval_s:

@@ -15,11 +15,14 @@ of splits with free, instant switches and bounds every policy.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from hybridserving.api.v1alpha1 import RoleSwitchSpec, SloSpec
 from hybridserving.core.perfmodel import PerformanceModel
@@ -43,7 +46,7 @@ from hybridserving.fleetsim.goodput import (
     report,
     search_goodput,
 )
-from hybridserving.fleetsim.simulator import FleetConfig, FleetSimulator, SimResult
+from hybridserving.fleetsim.simulator import Controller, FleetConfig, FleetSimulator, SimResult
 from hybridserving.fleetsim.traces import Trace
 
 DEFAULT_SLO = Slo(ttft_s=2.0, tpot_s=0.050)
@@ -89,8 +92,10 @@ def load_workload(key: str, directory: Path | None = None) -> Workload:
         conv = traces.read_azure_csv(d / "AzureLLMInferenceTrace_conv.csv")
         if key == "mix-shift":
             phases = tuple(600.0 * i for i in range(7))
-            return Workload(key, "(a) Azure code ⇄ conversation mix shift", traces.mix_shift(code, conv), DEFAULT_SLO, phases)
-        return Workload(key, "(b) diurnal swing (Azure lengths)", traces.diurnal(code, conv, peak_rate=30.0), DEFAULT_SLO)
+            return Workload(key, "(a) Azure code ⇄ conversation mix shift", traces.mix_shift(code, conv), DEFAULT_SLO,
+                            phases)
+        return Workload(key, "(b) diurnal swing (Azure lengths)", traces.diurnal(code, conv, peak_rate=30.0),
+                        DEFAULT_SLO)
     if key == "agentic":
         waves = tuple(1200.0 * i for i in range(4))
         return Workload(key, "(c) agentic sessions, 48 × 100K", traces.agentic_sessions(), LONG_CONTEXT_SLO, waves)
@@ -117,8 +122,8 @@ def shipped_config(slo: Slo) -> PolicyConfig:
 class Sweep:
     """Settings tried for one tunable policy, and the switch costs its fleet pays."""
 
-    grid: list[dict]
-    make: Callable[..., object]
+    grid: Sequence[Mapping[str, float]]
+    make: Callable[..., Controller]
     in_place: bool = True
     """Switches are in place (the engine's role switch, seconds) or relaunches (the model's
     restart time, as planners that scale roles up and down pay today)."""
@@ -131,7 +136,7 @@ def policy_sweeps(model: PerformanceModel, slo: Slo, quick: bool) -> dict[str, S
     to the goodput search; quick runs bisect less)."""
     base = shipped_config(slo)
 
-    def ours(cooldown_s: float, sustain_s: float, max_concurrent: int = 1):
+    def ours(cooldown_s: float, sustain_s: float, max_concurrent: int = 1) -> PolicyController:
         cfg = replace(base, cooldown_s=cooldown_s, sustain_s=sustain_s, max_concurrent=max_concurrent)
         return PolicyController(RoleSwitchPolicy(cfg, model))
 
@@ -227,7 +232,9 @@ class Runner:
         key = round(scale, 9)
         if key not in self._traces:
             self._traces.clear()
-            self._traces[key] = self.w.trace.at_load(scale) if self.load_mode == "replicate" else self.w.trace.scaled(scale)
+            self._traces[key] = (
+                self.w.trace.at_load(scale) if self.load_mode == "replicate" else self.w.trace.scaled(scale)
+            )
         return self._traces[key]
 
     def bounds_at(self, scale: float) -> tuple[float, ...]:
@@ -242,7 +249,8 @@ class Runner:
         return phase_attainments(result, self.w.slo, self.bounds_at(scale))
 
     def simulate(
-        self, scale: float, initial_prefill: int, controller=None, in_place: bool = True, name: str = "static", free: bool = False
+        self, scale: float, initial_prefill: int, controller: Controller | None = None, in_place: bool = True,
+        name: str = "static", free: bool = False,
     ) -> SimResult:
         """One run; `free`: the fleet's switches take no time (drains still happen)."""
         model = replace(self.model, in_place_switch_s=0.0, relaunch_switch_s=0.0) if free else self.model
@@ -285,23 +293,23 @@ class Runner:
         sim.start(trace)
         meets_slo = self.w.slo
         end = float(trace.arrival_s[-1]) if len(trace) else 0.0
+
+        def served(split: int, start: float, horizon: float, window: np.ndarray) -> int:
+            twin = sim.fork()
+            twin.relabel(start, split)
+            twin.advance(horizon)
+            ok = (twin.ttft <= meets_slo.ttft_s) & (twin.tpot <= meets_slo.tpot_s)
+            return int(ok[window].sum())
+
         t = 0.0
         while t <= end:
             horizon = t + 2 * seg
             window = (trace.arrival_s >= t) & (trace.arrival_s < horizon)
-
-            def served(split: int) -> int:
-                twin = sim.fork()
-                twin.relabel(t, split)
-                twin.advance(horizon)
-                ok = (twin.ttft <= meets_slo.ttft_s) & (twin.tpot <= meets_slo.tpot_s)
-                return int(ok[window].sum())
-
-            tried = {k: served(k)}
+            tried = {k: served(k, t, horizon, window)}
             for step in (-1, 1):
                 j = k + step
                 while 1 <= j < self.n:
-                    tried[j] = served(j)
+                    tried[j] = served(j, t, horizon, window)
                     if tried[j] <= tried[j - step]:
                         break
                     j += step
@@ -314,10 +322,16 @@ class Runner:
         score = self.score(result, scale)
         return (score, result) if score >= static_score else (static_score, None)
 
-    def dynamic(self, scale: float, make, in_place: bool, name: str, free: bool = False) -> SimResult:
+    def dynamic(self, scale: float, make: Callable[[], Controller], in_place: bool, name: str,
+                free: bool = False) -> SimResult:
         """A dynamic policy at `scale`, starting from the best static split at that rate."""
         k, _ = self.best_static(scale)
         return self.simulate(scale, k, make(), in_place=in_place, name=name, free=free)
+
+    def dynamic_score(self, scale: float, make: Callable[[], Controller], in_place: bool, name: str,
+                      free: bool = False) -> float:
+        """The score of a dynamic policy at `scale`: what the goodput search probes."""
+        return self.score(self.dynamic(scale, make, in_place, name, free=free), scale)
 
     def locate(self) -> float:
         """Coarse goodput of the best static split: the anchor of every policy's search."""
@@ -329,7 +343,8 @@ class Runner:
         if reference is None:
             reference = self.locate() or 1.0
         return search_goodput(
-            attainment_at, low=0.05, high=20.0, iterations=self.iterations, start=reference, step=SEARCH_STEP, lookahead=1
+            attainment_at, low=0.05, high=20.0, iterations=self.iterations, start=reference, step=SEARCH_STEP,
+            lookahead=1,
         )
 
 
@@ -340,8 +355,8 @@ def compare(
     workload: Workload,
     instances: int = 8,
     quick: bool = False,
-    policies=POLICIES,
-    log=print,
+    policies: Sequence[str] = POLICIES,
+    log: Callable[[str], None] = print,
     model: PerformanceModel | None = None,
     load_mode: str = "replicate",
     overload: bool = False,
@@ -359,19 +374,22 @@ def compare(
     out.reference_scale, out.best_static_split = ref, k_ref
     k1, _ = runner.best_static(1.0)
     at_rate = runner.statics(1.0)[k1 - 1]
-    out.reports["static"] = report(f"best static {k_ref}:{instances - k_ref}", workload.trace, gpus, static_scale, at_rate, slo, f"split {k1}:{instances - k1} at trace rate")
+    out.reports["static"] = report(f"best static {k_ref}:{instances - k_ref}", workload.trace, gpus, static_scale,
+                                   at_rate, slo, f"split {k1}:{instances - k1} at trace rate")
     out.at_reference["static"] = runner.statics(ref)[k_ref - 1]
     log(f"  static: goodput ×{static_scale:.3f}, split {k_ref}:{instances - k_ref}")
     if "hindsight" in policies:
         scale = runner.goodput(lambda s: runner.hindsight(s)[0], anchor)
-        out.reports["hindsight"] = report("hindsight oracle (free, instant)", workload.trace, gpus, scale, None, slo, f"segments {HINDSIGHT_SEGMENT_S:g} s")
+        out.reports["hindsight"] = report("hindsight oracle (free, instant)", workload.trace, gpus, scale, None, slo,
+                                          f"segments {HINDSIGHT_SEGMENT_S:g} s")
         _, run_ref = runner.hindsight(ref)
         if run_ref is not None:
             out.at_reference["hindsight"] = run_ref
         log(f"  hindsight: goodput ×{scale:.3f}")
     if "per-window" in policies:
         scale = runner.goodput(runner.per_window, anchor)
-        out.reports["per-window"] = report("per-window projection (5-min best split)", workload.trace, gpus, scale, None, slo)
+        out.reports["per-window"] = report("per-window projection (5-min best split)", workload.trace, gpus, scale,
+                                           None, slo)
         out.reports["per-window"] = replace(out.reports["per-window"], attainment_at_trace_rate=runner.per_window(1.0))
         log(f"  per-window: goodput ×{scale:.3f}")
 
@@ -383,21 +401,25 @@ def compare(
         # Restart-based rebalancing relaunches the engine (the model's restart time), as planners do
         # today; the zero-cost relabel pays no switch time at all.
         in_place, free = sweep.in_place, sweep.free_switches
-        run = lambda s, make: runner.dynamic(s, make, in_place, name, free=free)  # noqa: E731
+        run = functools.partial(runner.dynamic, in_place=in_place, name=name, free=free)
         tried = []
         if len(sweep.grid) > 1:
             for setting in sweep.grid:
-                make = lambda setting=setting: sweep.make(**setting)  # noqa: E731
+                make = functools.partial(sweep.make, **setting)
                 a = [runner.score(run(s, make), s) for s in (ref, ref * SEARCH_STEP)]
                 tried.append((sum(a) / len(a), setting))
             best = max(tried, key=lambda x: x[0])[1]
         else:
             best = sweep.grid[0]
-        make = lambda: sweep.make(**best)  # noqa: E731
-        scale = runner.goodput(lambda s: runner.score(run(s, make), s), anchor)
+        make = functools.partial(sweep.make, **best)
+        scale = runner.goodput(functools.partial(runner.dynamic_score, make=make, in_place=in_place, name=name,
+                                                 free=free), anchor)
         at_rate = run(1.0, make)
         detail = (
-            ", ".join(f"{k}={v}" for k, v in best.items()) + f" (swept {len(tried)}: " + ", ".join(f"{a:.3f}" for a, _ in tried) + ")"
+            ", ".join(f"{k}={v}" for k, v in best.items())
+            + f" (swept {len(tried)}: "
+            + ", ".join(f"{a:.3f}" for a, _ in tried)
+            + ")"
             if tried
             else "shipped defaults"
         )
@@ -431,7 +453,8 @@ class ScalingRow:
 
 
 def scaling_comparison(
-    code: Trace, conv: Trace, model: PerformanceModel | None = None, duration_s: float = 7200.0, peak_rate: float = 40.0, log=print
+    code: Trace, conv: Trace, model: PerformanceModel | None = None, duration_s: float = 7200.0,
+    peak_rate: float = 40.0, log: Callable[[str], None] = print,
 ) -> tuple[Workload, int, list[ScalingRow]]:
     """A diurnal day (`duration_s`, the rate swinging 0.3× → 1× → 0.3× of `peak_rate`): a fixed fleet
     sized for the peak (the fewest instances whose best split passes, every phase), ours with
@@ -439,7 +462,8 @@ def scaling_comparison(
     interval, swept), each paying 60 s pod start + the weight load for every launch."""
     model = model or fleet_model()
     trace = traces.diurnal(code, conv, duration_s=duration_s, peak_rate=peak_rate)
-    w = Workload("diurnal-scaling", f"diurnal day over {duration_s / 3600:g} h, peak {peak_rate:g} req/s", trace, DEFAULT_SLO)
+    w = Workload("diurnal-scaling", f"diurnal day over {duration_s / 3600:g} h, peak {peak_rate:g} req/s", trace,
+                 DEFAULT_SLO)
     bounds = w.bounds
     rows: list[ScalingRow] = []
 
@@ -477,7 +501,7 @@ def scaling_comparison(
     start_p = max(1, round(start * 0.6))
     base = shipped_config(w.slo)
 
-    def scaled_run(controller, name: str) -> SimResult:
+    def scaled_run(controller: Controller | None, name: str) -> SimResult:
         cfg = FleetConfig(peak, start_p, model, initial_decode=start - start_p)
         return FleetSimulator(cfg, controller).run(trace, name)
 

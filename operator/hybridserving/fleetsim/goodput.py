@@ -10,6 +10,7 @@ reports the highest rate that passed among everything it probed.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -96,7 +97,7 @@ def phase_attainments(result: SimResult, slo: Slo, bounds: Sequence[float]) -> l
     """Attainment of the requests arriving in each phase [bounds[i], bounds[i+1]) (1.0 when empty)."""
     meets = result.meets(slo.ttft_s, slo.tpot_s)
     out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         mask = (result.arrival_s >= lo) & (result.arrival_s < hi)
         out.append(float(meets[mask].mean()) if mask.any() else 1.0)
     return out
@@ -125,7 +126,7 @@ def oracle_phase_score(static_results: list[SimResult], slo: Slo, window_s: floa
     best, total = _per_window_best(static_results, slo, window_s)
     scores = [best.sum() / total.sum() if total.sum() else 1.0]
     starts = np.arange(len(best)) * window_s
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         mask = (starts >= lo) & (starts < hi)
         if total[mask].sum():
             scores.append(best[mask].sum() / total[mask].sum())
@@ -156,7 +157,9 @@ class GoodputReport:
     detail: str = ""
 
 
-def report(policy: str, trace: Trace, gpus: int, scale: float, at_rate: SimResult | None, slo: Slo, detail: str = "") -> GoodputReport:
+def report(
+    policy: str, trace: Trace, gpus: int, scale: float, at_rate: SimResult | None, slo: Slo, detail: str = ""
+) -> GoodputReport:
     """Goodput figures for one policy: the rate scale found, as requests per second and per GPU."""
     rps = trace.rate * scale
     return GoodputReport(

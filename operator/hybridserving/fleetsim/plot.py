@@ -30,7 +30,9 @@ def plot_runs(path: str | Path, trace: Trace, results: Sequence[SimResult], slo:
     twin.plot(t, tokens / np.maximum(out, 1), color="tab:orange", alpha=0.7, label="prefill:decode tokens")
     load_ax.set_ylabel("requests/s")
     twin.set_ylabel("new prompt / output tokens")
-    load_ax.set_title(f"{trace.name}: load, split and SLO attainment (TTFT ≤ {slo.ttft_s:g} s, TPOT ≤ {slo.tpot_s * 1e3:g} ms)")
+    load_ax.set_title(
+        f"{trace.name}: load, split and SLO attainment (TTFT ≤ {slo.ttft_s:g} s, TPOT ≤ {slo.tpot_s * 1e3:g} ms)"
+    )
     for r in results:
         split_ax.step(r.timeline_t / 60.0, r.timeline_prefill, where="post", label=r.policy)
         good, total = windowed_good(r, slo, window_s)

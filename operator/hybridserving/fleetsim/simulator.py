@@ -39,7 +39,9 @@ class Controller(Protocol):
 
     name: str
 
-    def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list[Decision]: ...
+    def tick(
+        self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]
+    ) -> Sequence[Decision | ScaleAction]: ...
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ class FleetSimulator:
         self.prompt = trace.prompt_tokens.tolist()
         self.output = trace.output_tokens.tolist()
         self.cached = trace.cached_tokens.tolist()
-        self.need = [self.model.request_kv_tokens(p + o) for p, o in zip(self.prompt, self.output)]
+        self.need = [self.model.request_kv_tokens(p + o) for p, o in zip(self.prompt, self.output, strict=True)]
         self.progress = [0] * n
         self.ttft = np.full(n, np.inf)
         self.tpot = np.full(n, np.inf)
@@ -306,7 +308,12 @@ class FleetSimulator:
         twin.pending = deque(self.pending)
         twin.events = list(self.events)
         twin.decisions = list(self.decisions)
-        twin.tl_t, twin.tl_p, twin.tl_d, twin.tl_up = list(self.tl_t), list(self.tl_p), list(self.tl_d), list(self.tl_up)
+        twin.tl_t, twin.tl_p, twin.tl_d, twin.tl_up = (
+            list(self.tl_t),
+            list(self.tl_p),
+            list(self.tl_d),
+            list(self.tl_up),
+        )
         twin.instances = [i.copy() for i in self.instances]
         return twin
 
@@ -597,6 +604,7 @@ class FleetSimulator:
         return out
 
     def _control(self, t: float) -> None:
+        assert self.controller is not None, "only a controlled fleet is ticked"
         fleet = [i.state() for i in self.instances]
         for decision in self.controller.tick(t, fleet, self.metrics(t)):
             self._apply(t, decision)

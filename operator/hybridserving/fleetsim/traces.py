@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -77,7 +78,10 @@ class Trace:
             arrivals.append((self.arrival_s + shift)[keep])
             keeps.append(keep)
         arrival = np.concatenate(arrivals)
-        pick = lambda a: np.concatenate([a[k] for k in keeps])  # noqa: E731
+
+        def pick(column: np.ndarray) -> np.ndarray:
+            return np.concatenate([column[k] for k in keeps])
+
         order = np.argsort(arrival, kind="stable")
         return Trace(
             f"{self.name}@{load:g}",
@@ -99,7 +103,10 @@ class Trace:
         )
 
 
-def make_trace(name: str, arrival_s, prompt_tokens, output_tokens, cached_tokens=None) -> Trace:
+def make_trace(
+    name: str, arrival_s: ArrayLike, prompt_tokens: ArrayLike, output_tokens: ArrayLike,
+    cached_tokens: ArrayLike | None = None,
+) -> Trace:
     """Sort by arrival and normalise dtypes; prompts and outputs are at least one token."""
     arrival = np.asarray(arrival_s, dtype=np.float64)
     order = np.argsort(arrival, kind="stable")
@@ -203,7 +210,11 @@ def diurnal(
     prefill:decode ratio moves with the load. Lengths are drawn from the real traces.
     """
     rng = np.random.default_rng(seed)
-    phase = lambda t: 0.5 - 0.5 * np.cos(2 * np.pi * t / duration_s)  # noqa: E731 - 0 at the ends, 1 mid-day
+
+    def phase(t: np.ndarray) -> np.ndarray:
+        """0 at the ends of the day, 1 mid-day."""
+        return 0.5 - 0.5 * np.cos(2 * np.pi * t / duration_s)
+
     # Thinned Poisson process with rate peak·(trough + (1 - trough)·phase).
     n_max = rng.poisson(peak_rate * duration_s)
     t = np.sort(rng.uniform(0, duration_s, n_max))
