@@ -84,7 +84,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     if OPTIONS.election is not None:
         # Standby until this replica leads: kopf starts no watch before the startup handlers end,
         # so a standby neither reconciles nor switches anything.
-        leadership = Leadership(kube, OPTIONS.election)
+        leadership = Leadership(kube.sibling("lease"), OPTIONS.election)
         await asyncio.to_thread(leadership.acquire)
         threading.Thread(target=leadership.hold, name="lease", daemon=True).start()
     metrics.LEADER.set(1)
@@ -120,7 +120,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
                        leadership=leadership)
     # Role switches: every fleet the queue knows, ticked every few seconds.
     _runtime.switcher = asyncio.create_task(
-        role_switching.run(kube, lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds),
+        role_switching.run(kube.sibling("switch"), lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds),
         name="role-switch")
 
 

@@ -653,8 +653,10 @@ async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *
                 try:
                     report = await asyncio.to_thread(controller.tick, *key)
                 except Exception:  # noqa: BLE001 - one fleet's trouble never stops the others
+                    metrics.ROLE_SWITCH_TICKS.labels("error").inc()
                     log.exception("%s/%s: role-switch tick failed", *key)
                     continue
+                metrics.ROLE_SWITCH_TICKS.labels("skipped" if report.skipped else "ran").inc()
                 # A fleet with switching off and nothing in flight is looked at less often.
                 skip_until[key] = ticks + (IDLE_FLEET_EVERY if report.skipped else 0)
             await asyncio.sleep(max(0.1, interval - (time.monotonic() - started)))
