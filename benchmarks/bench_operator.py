@@ -151,7 +151,8 @@ def steady_reads(op: OperatorProcess, custom: Any, namespace: str, name: str, pa
         done = op.metric("hybridserving_reconciles_total")
         custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "hybridservings", name,
                                               {"metadata": {"annotations": {"bench.hybridserving.io/poke": str(i)}}})
-        wait(lambda: op.metric("hybridserving_reconciles_total") > done, 30, "reconcile after a poke", interval=0.05)
+        wait(lambda done=done: op.metric("hybridserving_reconciles_total") > done, 30,  # type: ignore[misc]
+             "reconcile after a poke", interval=0.05)
         time.sleep(1.0)
     rec1, sw1 = op.reads("reconcile"), op.reads("switch")
     n_passes = op.metric("hybridserving_reconciles_total") - passes0
@@ -259,7 +260,8 @@ def main() -> int:
               f"{one['pods_running_s']:.2f}s, fleet Ready {one['fleet_ready_s']:.2f}s after apply")
         print(f"steady state: {one['steady_state_writes_per_reconcile']:.0f} API writes per reconcile; "
               f"{one['operator_writes_idle_20s']:.0f} writes by the idle operator in 20 s")
-        print(f"steady state, the running operator: API reads per reconcile pass {describe(one['reads_per_reconcile'])} "
+        print(f"steady state, the running operator: API reads per reconcile pass "
+              f"{describe(one['reads_per_reconcile'])} "
               f"over {one['passes']:.0f} passes; per role-switch tick {describe(one['reads_per_switch_tick'])} "
               f"over {one['ticks']:.0f} ticks")
     if args.only in (None, "many"):

@@ -23,6 +23,7 @@ from hybridserving.api.v1alpha1 import GROUP, INSTANCE_KIND, INSTANCE_PLURAL, KI
 from hybridserving.controller import metrics
 
 FIELD_MANAGER = "hybridserving-operator"
+Objects = list[dict[str, Any]]  # as read: JSON objects of one kind
 REQUEST_TIMEOUT = 30.0
 
 
@@ -59,7 +60,7 @@ RESOURCES: dict[str, Resource] = {
     "Workload": Resource("scheduling.k8s.io", "v1alpha1", "workloads"),
 }
 
-# Kinds the operator owns besides instances and pods, listed on every reconcile.
+# Kinds the operator owns besides instances and pods, observed on every reconcile.
 OWNED_KINDS = ("ConfigMap", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding",
                "Deployment")
 
@@ -156,6 +157,10 @@ class Kube:
         return self._call("GET", RESOURCES[kind].path(namespace, name))
 
     def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return self.list_versioned(kind, namespace, labels)[0]
+
+    def list_versioned(self, kind: str, namespace: str, labels: dict[str, str]) -> tuple[Objects, str | None]:
+        """The objects and the list's resourceVersion (the state they were read at)."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
         self._count_read("list", kind)
         result = self._call("GET", RESOURCES[kind].path(namespace), query={"labelSelector": selector})
@@ -163,7 +168,7 @@ class Kube:
         for item in items:  # lists leave out kind and apiVersion on their items
             item.setdefault("kind", kind)
             item.setdefault("apiVersion", result.get("apiVersion", ""))
-        return items
+        return items, (result.get("metadata") or {}).get("resourceVersion")
 
     # -- writes
 
