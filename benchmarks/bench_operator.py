@@ -161,6 +161,27 @@ def steady_reads(op: OperatorProcess, custom: Any, namespace: str, name: str, pa
             "reads_per_reconcile": per(rec1, rec0, n_passes), "reads_per_switch_tick": per(sw1, sw0, n_ticks)}
 
 
+def repair_reads(op: OperatorProcess, core: Any, custom: Any, namespace: str, name: str,
+                 instances: int) -> dict[str, Any]:
+    """Reads per reconcile pass while the operator brings back an engine pod that was deleted (passes that act)."""
+    rec0, passes0 = op.reads("reconcile"), op.metric("hybridserving_reconciles_total")
+    victim = sorted(p.metadata.name for p in engine_pods(core, namespace))[0]
+    core.delete_namespaced_pod(victim, namespace)
+
+    def repaired() -> bool:
+        pods = engine_pods(core, namespace)
+        fleet = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "hybridservings", name)
+        return (sum(p.status.phase == "Running" and not p.metadata.deletion_timestamp for p in pods) == instances
+                and (fleet.get("status") or {}).get("ready") == "True")
+
+    wait(lambda: not repaired(), 30, "pod deletion seen", interval=0.05)
+    seconds = wait(repaired, 120, "pod repaired")
+    time.sleep(2)
+    n_passes = op.metric("hybridserving_reconciles_total") - passes0
+    return {"repair_s": seconds, "repair_passes": n_passes,
+            "reads_per_repair_pass": per(op.reads("reconcile"), rec0, n_passes)}
+
+
 def describe(reads: dict[str, float]) -> str:
     return f"{sum(reads.values()):.1f} (" + (", ".join(f"{k} {v:.2f}" for k, v in reads.items()) or "none") + ")"
 
@@ -196,10 +217,11 @@ def bench_single_fleet(instances: int) -> dict[str, Any]:
         time.sleep(20)
         op_idle_writes = op.metric("hybridserving_actions_total") - op_writes_before
         reads = steady_reads(op, custom, "bench", "big", passes=5)
+        repair = repair_reads(op, core, custom, "bench", "big", instances)
         op.stop()
         return {"instances": instances, "pods_created_s": created, "pods_running_s": running,
                 "fleet_ready_s": ready, "steady_state_writes_per_reconcile": steady_writes / 3,
-                "operator_writes_idle_20s": op_idle_writes, **reads}
+                "operator_writes_idle_20s": op_idle_writes, **reads, **repair}
     finally:
         cluster.down()
 
@@ -264,6 +286,8 @@ def main() -> int:
               f"{describe(one['reads_per_reconcile'])} "
               f"over {one['passes']:.0f} passes; per role-switch tick {describe(one['reads_per_switch_tick'])} "
               f"over {one['ticks']:.0f} ticks")
+        print(f"an engine pod deleted: repaired and Ready in {one['repair_s']:.1f}s over {one['repair_passes']:.0f} "
+              f"passes, API reads per pass {describe(one['reads_per_repair_pass'])}")
     if args.only in (None, "many"):
         results["many_fleets"] = many = bench_many_fleets(args.fleets, args.instances, args.nodes, args.workers)
         print(f"{many['fleets']} fleets x {args.instances} instances ({many['instances']} pods) on {many['nodes']} "
