@@ -43,7 +43,7 @@ class Options:
     relist_seconds: float = 600.0  # the read cache LISTs a fleet's objects again after this long
     engine_policy: EnginePolicy = field(default_factory=EnginePolicy)
     progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS
-    kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks
+    kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks (its API client)
     switch_interval_seconds: float = role_switching.TICK_SECONDS  # role-switch controller tick
     election: Election | None = None  # leader election (several replicas); None: this replica always acts
 
