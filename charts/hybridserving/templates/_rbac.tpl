@@ -36,7 +36,7 @@ them, and list/watch on Secrets would reveal their contents.
 # The router's identity.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The router.
 - apiGroups: ["apps"]
   resources: ["deployments"]
@@ -56,7 +56,7 @@ them, and list/watch on Secrets would reveal their contents.
 # The router may read pods of its namespace (service discovery); the operator holds that itself.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # An Event for every decision.
 - apiGroups: [""]
   resources: ["events"]

@@ -30,6 +30,9 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--kubeconfig", default=None, help="outside a cluster: the kubeconfig (default $KUBECONFIG)")
     ap.add_argument("--workers", type=int, default=4, help="HybridServings reconciled in parallel")
     ap.add_argument("--resync-seconds", type=float, default=60.0, help="reconcile every fleet at least this often")
+    ap.add_argument("--relist-seconds", type=float, default=600.0,
+                    help="the read cache LISTs a fleet's objects again after this long (bounds how long a deletion "
+                    "that fell between two watches can go unseen)")
     ap.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server binds")
     ap.add_argument("--health-port", type=int, default=0,
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     handlers.OPTIONS.workers = args.workers
     handlers.OPTIONS.resync_seconds = args.resync_seconds
+    handlers.OPTIONS.relist_seconds = args.relist_seconds
     handlers.OPTIONS.engine_policy = engine_policy(args)
     handlers.OPTIONS.progress_deadline_seconds = args.progress_deadline_seconds
     if args.leader_elect:

@@ -1,11 +1,10 @@
 """kopf wiring: every watch event becomes "reconcile this HybridServing", nothing more.
 
 No create/update/delete handlers: those are edge-triggered and make kopf write progress
-annotations and finalizers onto the HybridServing. Only `on.event` handlers, which keep no
-state: events on the HybridServing and on its children (found by the
-`hybridserving.io/name` label) feed one coalescing queue, a resync adds every known
-HybridServing every `resync_seconds` (healing drift on kinds that are not watched), and
-kopf's initial listing on start-up is the resume.
+annotations and finalizers onto the HybridServing. Only `on.event` handlers: events on the
+HybridServing and on its children (found by the `hybridserving.io/name` label) feed the read
+cache (cache.py) and one coalescing queue, a resync adds every known HybridServing every
+`resync_seconds`, and kopf's initial listing on start-up is the resume.
 """
 
 from __future__ import annotations
@@ -13,16 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
+from hybridserving.api.v1alpha1 import GROUP, INSTANCE_KIND, KIND, PLURAL, VERSION
 from hybridserving.controller import metrics
 from hybridserving.controller.leadership import Election, Leadership
 from hybridserving.controller import switching as role_switching
-from hybridserving.controller.kube import Kube
+from hybridserving.controller.cache import CachedKube, ObjectCache
+from hybridserving.controller.kube import OWNED_KINDS, RESOURCES, Kube
 from hybridserving.controller.queue import Key, WorkQueue
 from hybridserving.controller.reconcile import reconcile
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
@@ -39,9 +40,10 @@ class Options:
     kubeconfig: str | None = None
     workers: int = 4
     resync_seconds: float = 60.0
+    relist_seconds: float = 600.0  # the read cache LISTs a fleet's objects again after this long
     engine_policy: EnginePolicy = field(default_factory=EnginePolicy)
     progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS
-    kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks
+    kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks (its API client)
     switch_interval_seconds: float = role_switching.TICK_SECONDS  # role-switch controller tick
     election: Election | None = None  # leader election (several replicas); None: this replica always acts
 
@@ -54,6 +56,7 @@ class Runtime:
     kube: Kube
     queue: WorkQueue
     resync: asyncio.Task[None]
+    cache: ObjectCache
     switcher: asyncio.Task[None] | None = None  # the role-switch controller (controller/switching.py)
     leadership: Leadership | None = None
 
@@ -79,12 +82,15 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
-    kube = OPTIONS.kube or Kube.from_environment(OPTIONS.kubeconfig, pool_size=OPTIONS.workers * 2 + 2)
+    direct = OPTIONS.kube or Kube.from_environment(OPTIONS.kubeconfig, pool_size=OPTIONS.workers * 2 + 2)
+    # Reads of what the handlers below watch come from the cache they feed; writes feed it too.
+    cache = ObjectCache(CACHED_KINDS, max_age=OPTIONS.relist_seconds)
+    kube = CachedKube(direct.api, cache)
     leadership = None
     if OPTIONS.election is not None:
         # Standby until this replica leads: kopf starts no watch before the startup handlers end,
         # so a standby neither reconciles nor switches anything.
-        leadership = Leadership(kube, OPTIONS.election)
+        leadership = Leadership(direct.sibling("lease"), OPTIONS.election)
         await asyncio.to_thread(leadership.acquire)
         threading.Thread(target=leadership.hold, name="lease", daemon=True).start()
     metrics.LEADER.set(1)
@@ -117,10 +123,10 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
                 queue.add(key)
 
     _runtime = Runtime(kube=kube, queue=queue, resync=asyncio.create_task(resync(), name="resync"),
-                       leadership=leadership)
+                       cache=cache, leadership=leadership)
     # Role switches: every fleet the queue knows, ticked every few seconds.
     _runtime.switcher = asyncio.create_task(
-        role_switching.run(kube, lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds),
+        role_switching.run(kube.sibling("switch"), lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds),
         name="role-switch")
 
 
@@ -142,27 +148,29 @@ async def stop(**_: Any) -> None:
 def fleet_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
     assert namespace is not None, "HybridServing is namespaced"
     key = (namespace, name)
+    runtime().cache.apply_event(KIND, event["type"], dict(event["object"]))
     if event.get("type") == "DELETED":
         runtime().queue.forget(key)
     else:
         runtime().queue.add(key)
 
 
-def _child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+# Every kind a reconcile observes is watched, so the cache can answer for all of them (the
+# alpha Workload excepted: it is listed only for fleets that ask for it).
+CACHED_KINDS = (KIND, INSTANCE_KIND, "Pod", *OWNED_KINDS)
+_KIND_OF_PLURAL = {RESOURCES[kind].plural: kind for kind in CACHED_KINDS}
+
+
+def _child_changed(event: kopf.RawEvent, resource: kopf.Resource, namespace: str | None,
+                   labels: kopf.Labels, **_: Any) -> None:
     assert namespace is not None, "a fleet's children live in its namespace"
+    runtime().cache.apply_event(_KIND_OF_PLURAL[resource.plural], event["type"], dict(event["object"]))
     runtime().queue.add((namespace, labels[LABEL_NAME]))
 
 
 # Children whose changes the fleet must react to at once: pods (readiness, failures, deletions),
 # instances (role switches), and what the router and the rendezvous depend on.
-for _group, _version, _plural in (
-    (GROUP, VERSION, INSTANCE_PLURAL),
-    ("", "v1", "pods"),
-    ("", "v1", "services"),
-    ("", "v1", "configmaps"),
-    ("apps", "v1", "deployments"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("networking.k8s.io", "v1", "networkpolicies"),
-):
-    kopf.on.event(_group, _version, _plural, labels={LABEL_NAME: kopf.PRESENT},
-                  id=f"{_plural}-changed")(_child_changed)
+for _kind in CACHED_KINDS[1:]:
+    _resource = RESOURCES[_kind]
+    kopf.on.event(_resource.group, _resource.version, _resource.plural, labels={LABEL_NAME: kopf.PRESENT},
+                  id=f"{_resource.plural}-changed")(_child_changed)

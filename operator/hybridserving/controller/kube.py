@@ -2,7 +2,7 @@
 
 Every read and write the reconcile makes goes through `Kube`, by kind name, as plain JSON
 dicts (the same shapes the planner builds and reads). Keeping it in one place lets the unit
-tests inject faults (409s, 500s) without a cluster and lets the benchmarks count writes.
+tests inject faults (409s, 500s) without a cluster and lets the benchmarks count reads and writes.
 Writes are JSON merge patches carrying preconditions (resourceVersion or uid), so a stale
 read turns into a 409 and a retry instead of overwriting someone else's change.
 """
@@ -20,8 +20,10 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_KIND, INSTANCE_PLURAL, KIND, PLURAL, VERSION
+from hybridserving.controller import metrics
 
 FIELD_MANAGER = "hybridserving-operator"
+Objects = list[dict[str, Any]]  # as read: JSON objects of one kind
 REQUEST_TIMEOUT = 30.0
 
 
@@ -58,7 +60,7 @@ RESOURCES: dict[str, Resource] = {
     "Workload": Resource("scheduling.k8s.io", "v1alpha1", "workloads"),
 }
 
-# Kinds the operator owns besides instances and pods, listed on every reconcile.
+# Kinds the operator owns besides instances and pods, observed on every reconcile.
 OWNED_KINDS = ("ConfigMap", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding",
                "Deployment")
 
@@ -78,12 +80,23 @@ class KubeError(Exception):
 
 
 class Kube:
-    """Typed-by-kind JSON access to the API, with a count of writes by (verb, kind)."""
+    """Typed-by-kind JSON access to the API, with a count of reads and writes by (verb, kind).
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    `component` names the part of the operator that reads through this instance (the
+    `hybridserving_api_reads_total` label); `sibling` gives another part its own count over
+    the same connection pool.
+    """
+
+    def __init__(self, api_client: client.ApiClient, component: str = "reconcile") -> None:
         self.api = api_client
+        self.component = component
         self.writes: Counter[tuple[str, str]] = Counter()
+        self.reads: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
+
+    def sibling(self, component: str) -> Kube:
+        """The same API access, counted as `component`'s."""
+        return Kube(self.api, component)
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None, pool_size: int = 16) -> Kube:
@@ -132,19 +145,30 @@ class Kube:
         with self._lock:
             self.writes[(verb, kind)] += 1
 
+    def _count_read(self, verb: str, kind: str) -> None:
+        with self._lock:
+            self.reads[(verb, kind)] += 1
+        metrics.API_READS.labels(self.component, verb, kind).inc()
+
     # -- reads
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        self._count_read("get", kind)
         return self._call("GET", RESOURCES[kind].path(namespace, name))
 
     def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return self.list_versioned(kind, namespace, labels)[0]
+
+    def list_versioned(self, kind: str, namespace: str, labels: dict[str, str]) -> tuple[Objects, str | None]:
+        """The objects and the list's resourceVersion (the state they were read at)."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        self._count_read("list", kind)
         result = self._call("GET", RESOURCES[kind].path(namespace), query={"labelSelector": selector})
         items = result.get("items") or []
         for item in items:  # lists leave out kind and apiVersion on their items
             item.setdefault("kind", kind)
             item.setdefault("apiVersion", result.get("apiVersion", ""))
-        return items
+        return items, (result.get("metadata") or {}).get("resourceVersion")
 
     # -- writes
 

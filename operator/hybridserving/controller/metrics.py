@@ -15,6 +15,11 @@ ACTIONS = Counter(
     ["verb", "kind", "cause"],
 )
 ACTION_ERRORS = Counter("hybridserving_action_errors_total", "Writes the API refused (not conflicts).", ["kind"])
+API_READS = Counter(
+    "hybridserving_api_reads_total",
+    "GETs and LISTs sent to the API server, by the part of the operator that made them (reconcile, switch, lease).",
+    ["component", "verb", "kind"],
+)
 CONFLICTS = Counter("hybridserving_conflicts_total", "Passes cut short by a 409/404 (retried from a fresh read).")
 ROLE_SWITCHES = Counter(
     "hybridserving_role_switches_total", "Instances whose pods the operator moved to a new role (in place).",
@@ -32,6 +37,11 @@ ROLE_SWITCH_OUTCOMES = Counter(
     "hybridserving_role_switch_outcomes_total",
     "Role switches finished, by reason, outcome (Succeeded, Aborted, Refused, Failed) and mode.",
     ["reason", "outcome", "mode"],
+)
+ROLE_SWITCH_TICKS = Counter(
+    "hybridserving_role_switch_ticks_total",
+    "Role-switch ticks of one fleet, by result (ran, skipped: switching off and nothing in flight, error).",
+    ["result"],
 )
 ROLE_SWITCH_PHASE_SECONDS = Histogram(
     "hybridserving_role_switch_phase_seconds",

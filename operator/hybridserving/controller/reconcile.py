@@ -1,8 +1,9 @@
 """One level-triggered reconcile of one HybridServing: observe, plan, act, report.
 
-It reads everything it needs from the cluster on every pass and keeps nothing in memory,
-so any trigger (an event on the HybridServing or on a child, a resync, a restart) runs the
-same code to the same result. The steps:
+It reads everything it needs on every pass and keeps no state of its own, so any trigger
+(an event on the HybridServing or on a child, a resync, a restart) runs the same code to the
+same result. In the operator those reads come from the read cache (controller/cache.py), which
+the watches and the pass's own writes keep current. The steps:
 
 1. observe: the HybridServing and every object labelled with its name, kept only when the
    ownerReferences lead back to it;
@@ -370,6 +371,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
         act(kube, namespace, todo, outcome, owners)
     if outcome.applied:
         count_switches(observed, outcome.actions[: outcome.applied])
+        # The state after the writes: through the cache, their own responses (no request).
         observed = observe(kube, namespace, name, meta["uid"], extra)
     views = view(desired, observed) if desired is not None else {}
     if not outcome.conflict:

@@ -1,6 +1,7 @@
 """The role-switch controller: observe the fleet, ask the policy, drive each switch, report.
 
-Every few seconds, for each HybridServing, one `tick`:
+Every few seconds, for each HybridServing, one `tick` (each fleet in its own task, so a slow or
+failing fleet delays only itself):
 
 1. observe: the HybridServing, its instances and their leader pods (through `kube.py`), and each
    leader's engine and launcher (through `engines.py`: `/v1/loads`, `/metrics`, `/ready`,
@@ -27,6 +28,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,6 +60,10 @@ TICK_SECONDS = 2.0
 HISTORY_LIMIT = 20
 IDLE_FLEET_EVERY = 10
 """A fleet with switching off and nothing in flight is looked at every this many ticks."""
+ERROR_BACKOFF_MAX_SECONDS = 60.0
+"""A fleet whose ticks keep failing retries after 2, 4, 8 … intervals, at most this long."""
+TICK_THREADS = 8
+"""Fleets ticking at the same time (each tick is blocking API and engine reads)."""
 
 
 class KubeLike(Protocol):
@@ -636,29 +642,56 @@ def _upsert(history: list[dict[str, Any]], entry: dict[str, Any]) -> None:
 
 async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *,
               interval: float = TICK_SECONDS, engines: EnginesLike | None = None,
-              controller: SwitchController | None = None) -> None:
-    """Tick every known fleet every `interval` seconds until cancelled (one fleet at a time)."""
+              controller: SwitchController | None = None, threads: int = TICK_THREADS) -> None:
+    """Tick every known fleet every `interval` seconds until cancelled, each fleet on its own.
+
+    One asyncio task per fleet, its ticks in a thread pool of `threads`: a fleet whose API calls
+    or engines hang holds one thread and delays only itself, and a fleet whose tick fails retries
+    after a backoff while the others keep their pace. The set of fleets is read every interval;
+    a fleet that left it has its task cancelled and its memory dropped.
+    """
     own = None
     if controller is None:
         own = Engines() if engines is None else None
         controller = SwitchController(kube, engines or own)  # type: ignore[arg-type]
-    skip_until: dict[tuple[str, str], int] = {}
-    ticks = 0
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="role-switch")
+    tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
     try:
         while True:
-            started = time.monotonic()
-            ticks += 1
-            for key in list(fleets()):
-                if skip_until.get(key, 0) > ticks:
-                    continue
-                try:
-                    report = await asyncio.to_thread(controller.tick, *key)
-                except Exception:  # noqa: BLE001 - one fleet's trouble never stops the others
-                    log.exception("%s/%s: role-switch tick failed", *key)
-                    continue
-                # A fleet with switching off and nothing in flight is looked at less often.
-                skip_until[key] = ticks + (IDLE_FLEET_EVERY if report.skipped else 0)
-            await asyncio.sleep(max(0.1, interval - (time.monotonic() - started)))
+            known = set(fleets())
+            for key in known - tasks.keys():
+                tasks[key] = asyncio.create_task(_tick_fleet(controller, key, interval, pool),
+                                                 name=f"role-switch {key[0]}/{key[1]}")
+            for key in tasks.keys() - known:
+                tasks.pop(key).cancel()
+                controller.forget(*key)
+            await asyncio.sleep(interval)
     finally:
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        pool.shutdown(wait=False, cancel_futures=True)
         if own is not None:
             own.close()
+
+
+async def _tick_fleet(controller: SwitchController, key: tuple[str, str], interval: float,
+                      pool: ThreadPoolExecutor) -> None:
+    """One fleet's ticks, forever: every interval, less often while idle, backing off while failing."""
+    loop = asyncio.get_running_loop()
+    failures = 0
+    while True:
+        started = time.monotonic()
+        try:
+            report = await loop.run_in_executor(pool, controller.tick, *key)
+        except Exception:  # noqa: BLE001 - a failing tick is retried; it never ends the fleet's task
+            failures += 1
+            metrics.ROLE_SWITCH_TICKS.labels("error").inc()
+            log.exception("%s/%s: role-switch tick failed (%d in a row)", *key, failures)
+            delay = min(ERROR_BACKOFF_MAX_SECONDS, interval * 2 ** min(failures, 16))
+        else:
+            failures = 0
+            metrics.ROLE_SWITCH_TICKS.labels("skipped" if report.skipped else "ran").inc()
+            # A fleet with switching off and nothing in flight is looked at less often.
+            delay = interval * (IDLE_FLEET_EVERY if report.skipped else 1) - (time.monotonic() - started)
+        await asyncio.sleep(max(0.1 * interval, delay))
