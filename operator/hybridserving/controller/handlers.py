@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
