@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 from hybridserving.devcluster.stack import launcher_url
 from hybridserving.testing.completions import complete, stream_completion
 from hybridserving.testing.polling import wait_for

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 from hybridserving.testing.completions import stream_completion
 from hybridserving.testing.scrape import metric_sum
 

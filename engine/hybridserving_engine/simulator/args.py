@@ -21,7 +21,7 @@ from importlib import resources
 
 from hybridserving.api.v1alpha1 import GPU_TYPES
 from hybridserving.core import resolution
-from hybridserving.core.profiles import resolve_profile
+from hybridserving.api.profiles import resolve_profile
 from hybridserving.core.resolution import ResolvedArgs
 
 log = logging.getLogger("hybridserving.simulator")

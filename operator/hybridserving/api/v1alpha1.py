@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 from hybridserving.api.base import ApiModel, cel
 from hybridserving.api.pods import EnvFromSource, EnvVarSource, GangSpec, PodTemplate
 from hybridserving.api.weights import WeightsSpec
-from hybridserving.core.profiles import ModelArchitecture
+from hybridserving.api.profiles import ModelArchitecture, resolve_profile
 
 GROUP = "hybridserving.io"
 VERSION = "v1alpha1"
@@ -474,8 +474,6 @@ class HybridServingSpec(ApiModel):
 
     def architecture(self) -> ModelArchitecture:
         """The model's figures, from the built-in profile or the custom architecture."""
-        from hybridserving.core.profiles import resolve_profile
-
         if self.model.architecture is not None:
             return self.model.architecture
         assert self.model.profile is not None

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridserving.api.v1alpha1 import HardwareSpec, HybridServingSpec, Role, RoleSpec
-from hybridserving.core.profiles import ModelArchitecture
+from hybridserving.api.profiles import ModelArchitecture
 
 MIB_PER_GIB = 1024
 # speculative_hook.py:1086-1094: EAGLE-family decoding without --max-running-requests.

@@ -19,9 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from hybridserving_engine.simulator.process import free_ports
-
-from .cluster import Cluster
+from .cluster import Cluster, free_ports
 
 
 def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -24,7 +24,7 @@ from typing import Callable
 from hybridserving.api.v1alpha1 import RoleSwitchSpec, SloSpec
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.policy import FleetScaler, PolicyConfig, RoleSwitchPolicy, ScalingConfig
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 from hybridserving.fleetsim import traces
 from hybridserving.fleetsim.baselines import (
     PlannerStyleScaler,
