@@ -18,7 +18,7 @@ import time
 import httpx
 
 from hybridserving.devcluster.stack import launcher_url
-from hybridserving.testing.polling import wait_for
+from support.polling import wait_for
 
 from test_role_switch_e2e import SHORT_PROMPT, Load, bring_up, manifest, report, tear_down
 

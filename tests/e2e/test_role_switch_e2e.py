@@ -26,7 +26,7 @@ import httpx
 import yaml
 
 from hybridserving.devcluster.stack import launcher_url
-from hybridserving.testing.polling import wait_for
+from support.polling import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = "deepseek-ai/DeepSeek-V3"

@@ -15,8 +15,8 @@ import httpx
 
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import PROFILES
-from hybridserving.testing.completions import stream_completion
-from hybridserving.testing.scrape import metric_sum
+from support.completions import stream_completion
+from support.scrape import metric_sum
 
 TIME_SCALE = 1.0
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 90  # 4,050 bytes: 1,013 simulated tokens

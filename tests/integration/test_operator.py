@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from hybridserving.testing.crds import apply_crds
+from support.crds import apply_crds
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUP, VERSION = "hybridserving.io", "v1alpha1"

@@ -18,7 +18,7 @@ from kubernetes import client
 from test_operator import GROUP, ROOT, VERSION, Fleet, Operator
 
 from hybridserving.devcluster import FleetSpec
-from hybridserving.testing.crds import apply_crds
+from support.crds import apply_crds
 
 TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hybridserving.devcluster import Cluster, bin_dir
-from hybridserving.testing.crds import apply_crds
+from support.crds import apply_crds
 
 from test_chart import CHART
 

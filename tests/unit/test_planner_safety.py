@@ -12,7 +12,7 @@ import pytest
 from hybridserving.api.v1alpha1 import HybridServing
 from hybridserving.core import planner
 from hybridserving.core.planner import LABEL_COMPONENT, LABEL_NAME, EngineAccess, Observed
-from hybridserving.testing.patches import apply_merge_patch
+from support.patches import apply_merge_patch
 
 
 def fleet(**spec: Any) -> HybridServing:

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from test_planner import FakeCluster, converge, fleet, uids
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, HybridServing
 from hybridserving.core import gang, planner, podtemplate, surface, weights
 from hybridserving.core.planner import Observed
+from support.apiserver import FakeCluster
+from support.fleets import converge, fleet, uids
 
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 

@@ -19,9 +19,9 @@ from hybridserving.api.v1alpha1 import ROLES, HybridServing, HybridServingSpec, 
 from hybridserving.core.flags import EnginePorts, in_place_role_switch, render_argv
 from hybridserving.core.layout import OWNED_FLAGS, errors, validate
 from hybridserving.api.profiles import PROFILES
-from hybridserving.testing.patches import overlaid
+from support.patches import overlaid
 from hybridserving.core.sglang_options import OPTIONS, resolve
-from hybridserving.testing.sglang_parser import (
+from support.sglang_parser import (
     SGLangArgs,
     SGLangArgvError,
     SGLangParserUnavailable,

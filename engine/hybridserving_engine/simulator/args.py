@@ -4,7 +4,7 @@ The operator renders one argv per role for SGLang; the simulator must accept exa
 accepts. It parses the flags that change what it serves with SGLang's names, aliases and
 defaults, and accepts every other flag of the 0.5.23 parser with its arity from
 `sglang_flags.json` (dumped from the wheel's own parser by
-`python -m hybridserving.testing.sglang_parser --dump-flags`; a test keeps it in step), so an
+`python -m support.sglang_parser --dump-flags` in tests/; a test keeps it in step), so an
 unknown or ambiguous flag exits with status 2 as `sglang serve` does. A few of SGLang's own
 start-up rejections are repeated here, so that a layout SGLang would refuse does not start as a
 simulator either.

@@ -60,7 +60,7 @@ def resolve(token: str, options: frozenset[str] | None = None) -> Resolution | N
 
 
 # Every option string of `sglang serve`'s parser in SGLang 0.5.23
-# (`python -m hybridserving.testing.sglang_parser --dump-flags`).
+# (`python -m support.sglang_parser --dump-flags`, in tests/).
 OPTIONS: frozenset[str] = frozenset({
     "--abort-on-priority-when-disabled", "--admin-api-key", "--allow-auto-truncate", "--allowed-media-domains",
     "--api-key", "--asr-max-buffer-seconds", "--asr-max-concurrent-sessions", "--attention-backend",

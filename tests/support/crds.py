@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
-CRDS = pathlib.Path(__file__).resolve().parents[3] / "crds"
+CRDS = pathlib.Path(__file__).resolve().parents[2] / "crds"
 NAMES = ("hybridservings.hybridserving.io", "hybridservinginstances.hybridserving.io")
 
 

@@ -29,7 +29,7 @@ the parser (see ``docs/sglang-parser.md``):
   parser produced without torch's help, or a loud failure of the harness.
 
 This file is imported in two places: by tests in the project venv (the public
-functions) and as ``python -m hybridserving.testing.sglang_parser`` in the cache
+functions) and as ``python -m support.sglang_parser`` in the cache
 venv (:func:`main`). It must keep to the standard library.
 """
 
@@ -142,15 +142,15 @@ def sglang_python() -> Path:
 def dump_flags() -> dict[str, Any]:
     """Every option of the wheel's parser with its argparse nargs (what the simulator accepts)."""
     proc = subprocess.run(
-        [str(sglang_python()), "-m", "hybridserving.testing.sglang_parser", "--dump-flags"],
+        [str(sglang_python()), "-m", "support.sglang_parser", "--dump-flags"],
         capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": str(_operator_root()), "PYTHONNOUSERSITE": "1"},
+        env={**os.environ, "PYTHONPATH": str(_tests_root()), "PYTHONNOUSERSITE": "1"},
     )
     return json.loads(proc.stdout)
 
 
-def _operator_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+def _tests_root() -> Path:
+    return Path(__file__).resolve().parents[1]
 
 
 def parse_many(
@@ -178,7 +178,7 @@ def parse_many(
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),
         "LANG": "C.UTF-8",
-        "PYTHONPATH": str(_operator_root()),
+        "PYTHONPATH": str(_tests_root()),
         "PYTHONNOUSERSITE": "1",
     }
     child_env.update(env or {})
@@ -190,7 +190,7 @@ def parse_many(
             [
                 str(python),
                 "-m",
-                "hybridserving.testing.sglang_parser",
+                "support.sglang_parser",
                 "--argv-json",
                 str(request),
                 "--out",
@@ -534,7 +534,7 @@ _SELF_CHECK: list[tuple[list[str], str | None]] = [
 def main(args: Sequence[str] | None = None) -> int:
     """Entry point of the subprocess; see :func:`parse_many` for the protocol."""
     cli = argparse.ArgumentParser(
-        prog="python -m hybridserving.testing.sglang_parser",
+        prog="python -m support.sglang_parser",
         description=f"Parse argv lists with sglang {SGLANG_VERSION}'s ServerArgs parser.",
     )
     cli.add_argument("--argv-json", type=Path, help="JSON file: a list of argv lists")
