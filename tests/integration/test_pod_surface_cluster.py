@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from test_operator import GROUP, ROOT, VERSION, Fleet, Operator
 
 from hybridserving.devcluster import FleetSpec
+from support.cluster_fleet import GROUP, VERSION, Fleet, Operator
 from support.crds import apply_crds
 
 TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

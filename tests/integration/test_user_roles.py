@@ -17,7 +17,7 @@ import yaml
 from hybridserving.devcluster import Cluster, bin_dir
 from support.crds import apply_crds
 
-from test_chart import CHART
+from support.chart import CHART
 
 RELEASE, RELEASE_NS = "hs", "hs-system"
 OPERATOR = f"system:serviceaccount:{RELEASE_NS}:hs-hybridserving"

@@ -9,8 +9,6 @@ single step, not just at the end.
 
 from __future__ import annotations
 
-import copy
-import itertools
 import random
 from typing import Any
 
@@ -24,10 +22,8 @@ from hybridserving.core import planner, ports
 from hybridserving.core.planner import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_ROLE,
-    LABEL_INSTANCE,
     LABEL_LEADER,
     LABEL_ROLE,
-    Action,
     Observed,
 )
 from hybridserving.core.switching import SwitchState

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,7 +18,6 @@ import pytest
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
-from hybridserving.core.planner import LABEL_NAME
 from hybridserving.core.switching import SwitchState
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
