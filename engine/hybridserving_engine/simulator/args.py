@@ -30,8 +30,6 @@ SGLANG_VERSION = "0.5.23"
 DEFAULT_PROFILE = "glm-5.2"
 DEFAULT_CONTEXT_LENGTH = 131072
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
-# Backends whose KV manager implements `supports_role_switch` in 0.5.23.
-ROLE_SWITCH_BACKENDS = ("mooncake", "mooncake_tcp", "mori", "ascend")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -603,7 +603,7 @@ class HybridServing(ApiModel):
 
     @model_validator(mode="after")
     def _name_is_dns_label(self) -> HybridServing:
-        # Child names are "<name>-<role>-<index>[-<rank>]"; keep them within 63 characters.
+        # Child names are "<name>-<index>-<rank>" and "<name>-<role>-config"; keep them within 63 characters.
         import re
 
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?", self.metadata.name):

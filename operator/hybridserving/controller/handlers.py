@@ -76,9 +76,6 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     # The reconcile posts its own Events; kopf's log-to-Event posting would double them.
     settings.posting.enabled = False
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration")
     kube = OPTIONS.kube or Kube.from_environment(OPTIONS.kubeconfig, pool_size=OPTIONS.workers * 2 + 2)
     leadership = None
     if OPTIONS.election is not None:

@@ -43,8 +43,6 @@ class InstanceMetrics:
     role: Role
     prefill_queue_reqs: int = 0
     prefill_queue_tokens: int = 0
-    prefill_wait_s: float = 0.0
-    """Age of the oldest queued prompt."""
     utilization: float = 0.0
     """Fraction of the recent interval the scheduler was running a forward pass (`sglang:utilization`)."""
     kv_usage: float = 0.0
@@ -201,91 +199,6 @@ class Decision:
     reason: str
     expected_benefit_s: float
     """Instance-seconds of overload removed over the horizon, net of the switch's cost."""
-
-
-@dataclass(frozen=True)
-class RolePressure:
-    """Load of one role normalised to its target (1.0 = full), over its serving instances."""
-
-    role: Role
-    pressure: float
-    serving: int
-    incoming: int
-    """Instances draining or switching towards this role."""
-
-
-def prefill_pressure(metrics: Sequence[InstanceMetrics], config: PolicyConfig) -> float:
-    """Busy fraction against the target, or the queue's age against the TTFT limit if worse.
-
-    Utilisation says how close prefill is to saturating before queues form; the oldest wait and
-    the TTFT p90 say how far past saturation it already is.
-    """
-    if not metrics:
-        return 0.0
-    util = sum(m.utilization for m in metrics) / len(metrics) / config.target_utilization
-    wait = sum(m.prefill_wait_s for m in metrics) / len(metrics) / config.ttft_slo_s
-    ttft = [m.ttft_p90_s / config.ttft_slo_s for m in metrics if m.ttft_p90_s is not None]
-    slo = sum(ttft) / len(ttft) if ttft else 0.0
-    return max(util, 2.0 * wait, slo)
-
-
-def decode_pressure(metrics: Sequence[InstanceMetrics], config: PolicyConfig, model: PerformanceModel) -> float:
-    """KV usage against its target, or token throughput against what the role can emit within TPOT.
-
-    Step time grows with the batch, so a decode instance's throughput saturates: the batch
-    alone understates how close it is to the cliff. The throughput ratio (tokens per second
-    now, over tokens per second at the largest batch that still meets TPOT) is linear in the
-    demand, which is what projecting "one instance fewer" needs. Requests waiting for KV slots
-    (the prealloc queue) count as demand on top.
-    """
-    if not metrics:
-        return 0.0
-    n = len(metrics)
-    running = sum(m.running_reqs for m in metrics)
-    waiting = sum(m.prealloc_queue_reqs for m in metrics)
-    usage = sum(m.kv_usage for m in metrics) / n
-    kv = usage / config.target_kv_usage
-    if running and waiting:
-        kv *= (running + waiting) / running
-    throughput = 0.0
-    if running:
-        batch = (running + waiting) / n
-        resident = usage * model.kv_capacity_tokens
-        per_request = resident / max(1.0, running / n)
-        limit = max_batch_within_tpot(model, config.tpot_slo_s, per_request)
-        rate = batch / model.decode_step_seconds(max(1, round(batch)), int(resident * batch / max(1.0, running / n)))
-        best = limit / model.decode_step_seconds(limit, int(per_request * limit))
-        throughput = rate / best / config.target_utilization
-    tpot = [m.tpot_p90_s / config.tpot_slo_s for m in metrics if m.tpot_p90_s is not None]
-    slo = sum(tpot) / len(tpot) if tpot else 0.0
-    return max(kv, throughput, slo)
-
-
-def max_batch_within_tpot(model: PerformanceModel, tpot_slo_s: float, context_tokens: float = 0.0) -> int:
-    """Largest batch of requests holding `context_tokens` each whose step still meets TPOT."""
-    per_request = (model.decode_per_request_s + model.decode_per_context_token_s * context_tokens) * model.time_scale
-    fixed = (model.decode_base_s + model.decode_dcp_comm_s) * model.time_scale
-    room = tpot_slo_s * model.time_scale - fixed
-    if per_request <= 0 or room <= 0:
-        return 1
-    return max(1, min(model.max_running_requests, int(room / per_request)))
-
-
-def role_pressures(
-    fleet: Sequence[InstanceState],
-    metrics: Mapping[str, InstanceMetrics],
-    config: PolicyConfig,
-    model: PerformanceModel,
-) -> dict[Role, RolePressure]:
-    out: dict[Role, RolePressure] = {}
-    for role in ("prefill", "decode"):
-        serving = [s for s in fleet if s.role == role and s.phase == "serving"]
-        incoming = sum(1 for s in fleet if s.phase in ("draining", "switching") and s.target_role == role)
-        ms = [metrics[s.name] for s in serving if s.name in metrics]
-        p = prefill_pressure(ms, config) if role == "prefill" else decode_pressure(ms, config, model)
-        out[role] = RolePressure(role, p, len(serving), incoming)
-    return out
-
 
 
 # --------------------------------------------------------------------------------------------

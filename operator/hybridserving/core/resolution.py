@@ -43,12 +43,6 @@ class ResolvedArgs:
 
     attn_dp: int = 1
 
-    @property
-    def running_requests_per_attn_dp_rank(self) -> int | None:
-        """The cap each attention-DP rank schedules under: the server's cap split over its DP
-        ranks (`model_executor/pool_configurator.py:1140-1142`)."""
-        return None if self.max_running_requests is None else self.max_running_requests // self.attn_dp
-
     def to_dict(self) -> dict[str, object]:
         return {
             "chunked_prefill_size": self.chunked_prefill_size,
