@@ -143,7 +143,9 @@ class FakeCluster(MemoryApi):
 
     def __init__(self, nodes: int = 16, ready_after: int = 1) -> None:
         super().__init__()
-        self.nodes = {f"node-{i}": {"domain": f"nvl-{i // NODES_PER_DOMAIN}", "gpus": GPUS} for i in range(nodes)}
+        self.nodes: dict[str, dict[str, Any]] = {
+            f"node-{i}": {"domain": f"nvl-{i // NODES_PER_DOMAIN}", "gpus": GPUS} for i in range(nodes)
+        }
         self.ready_after = ready_after
         self.pod_uids_seen: dict[str, list[str]] = {}
 
@@ -259,7 +261,7 @@ class FakeCluster(MemoryApi):
     def unavailable(self, hs: HybridServing) -> dict[str, int]:
         desired = planner.plan(hs, self.observed())
         views = planner.view(desired, self.observed())
-        out = {role: 0 for role in ROLES}
+        out: dict[str, int] = {role: 0 for role in ROLES}
         for v in views.values():
             if not v.available:
                 out[v.plan.role] += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 import subprocess
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 import yaml
@@ -26,10 +27,10 @@ def helm_binary() -> pathlib.Path:
 
 def kube_version() -> str:
     """The Kubernetes version the tools are built for, so templates see the same Capabilities."""
-    return read_versions()["K8S_VERSION"].lstrip("v")
+    return str(read_versions()["K8S_VERSION"]).lstrip("v")
 
 
-def helm(*args: str) -> subprocess.CompletedProcess:
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, timeout=60)
 
 
@@ -40,7 +41,7 @@ def template_args(sets: Iterable[str]) -> list[str]:
     return args
 
 
-def render(*sets: str) -> list[dict]:
+def render(*sets: str) -> list[dict[str, Any]]:
     proc = helm(*template_args(sets))
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -49,19 +50,19 @@ def render(*sets: str) -> list[dict]:
 def render_error(*sets: str) -> str:
     proc = helm(*template_args(sets))
     assert proc.returncode != 0, f"helm template accepted {sets}"
-    return proc.stderr
+    return str(proc.stderr)
 
 
-def of_kind(docs: list[dict], kind: str) -> list[dict]:
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
-def the(docs: list[dict], kind: str) -> dict:
+def the(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = of_kind(docs, kind)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
 
 
-def operator_container(docs: list[dict]) -> dict:
+def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     (container,) = the(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
-    return container
+    return dict(container)

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from hybridserving.devcluster import Cluster
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUP, VERSION = "hybridserving.io", "v1alpha1"
 
@@ -57,13 +59,14 @@ class Operator:
 class Fleet:
     """One HybridServing in one namespace, and ways to look at what the operator made of it."""
 
-    def __init__(self, cluster, api_client, namespace: str, wait_for: Callable[..., Any], op: Operator) -> None:
+    def __init__(self, cluster: Cluster, api_client: Any, namespace: str, wait_for: Callable[..., Any],
+                 op: Operator) -> None:
         from kubernetes import client
 
         self.cluster = cluster
         self.ns = namespace
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+        self.core: Any = client.CoreV1Api(api_client)
+        self.custom: Any = client.CustomObjectsApi(api_client)
         self.wait_for = wait_for
         self.op = op
         self.name = ""
@@ -82,7 +85,9 @@ class Fleet:
                                                    {"spec": spec})
 
     def get(self) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, "hybridservings", self.name)
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, "hybridservings",
+                                                                       self.name)
+        return obj
 
     def instances(self) -> dict[str, dict[str, Any]]:
         items = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.ns, "hybridservinginstances")["items"]

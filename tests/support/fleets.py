@@ -5,11 +5,13 @@ invariants checked after every single step."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from hybridserving.api.v1alpha1 import HybridServing
 from hybridserving.controller import reconcile as rec
-from hybridserving.core.planner import LABEL_INSTANCE, LABEL_LEADER, LABEL_ROLE
+from hybridserving.controller.kube import Kube
+from hybridserving.contract import LABEL_ROLE
+from hybridserving.core.planner import LABEL_INSTANCE, LABEL_LEADER
 from support.apiserver import NS, FakeCluster, MemoryApi
 
 SPEC: dict[str, Any] = {
@@ -22,7 +24,7 @@ SPEC: dict[str, Any] = {
 def settle(api: MemoryApi, passes: int = 10) -> rec.Outcome:
     """Reconcile, letting pods run, until a pass asks for nothing."""
     for _ in range(passes):
-        outcome = rec.reconcile(api, NS, "fleet")
+        outcome = rec.reconcile(cast(Kube, api), NS, "fleet")  # MemoryApi has Kube's methods
         api.run_pods()
         if not outcome.actions:
             return outcome

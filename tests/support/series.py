@@ -18,7 +18,7 @@ def series_of(metrics: Iterable[MetricWrapperBase]) -> dict[str, set[str]]:
     """Sample name -> label names, for prometheus_client metric objects."""
     out: dict[str, set[str]] = {}
     for m in metrics:
-        for suffix in SUFFIXES[m._type]:
+        for suffix in SUFFIXES[str(m._type)]:
             out[m._name + suffix] = set(m._labelnames)
     return out
 

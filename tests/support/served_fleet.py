@@ -8,10 +8,13 @@ import json
 import pathlib
 import threading
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import yaml
 
+from hybridserving.devcluster import Cluster
 from support.polling import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -19,8 +22,8 @@ MODEL = "deepseek-ai/DeepSeek-V3"
 SHORT_PROMPT = "The quick brown fox jumps over the lazy dog. " * 90  # ~1,000 simulated tokens
 
 
-def manifest(name: str, *, backend: str, time_scale: float, startup_seconds: float | None) -> dict:
-    doc = yaml.safe_load((ROOT / "examples" / "role-switch.yaml").read_text())
+def manifest(name: str, *, backend: str, time_scale: float, startup_seconds: float | None) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "role-switch.yaml").read_text())
     doc["metadata"]["name"] = name
     spec = doc["spec"]
     spec["prefill"]["replicas"] = 1
@@ -81,19 +84,20 @@ class Load:
 
 
 class FleetUnderTest:
-    def __init__(self, cluster, namespace: str, name: str) -> None:
+    def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
         self.cluster, self.namespace, self.name = cluster, namespace, name
         self.router = ""
 
-    def kubectl_json(self, *args: str) -> dict:
-        return json.loads(self.cluster.kubectl("-n", self.namespace, *args, "-o", "json").stdout)
+    def kubectl_json(self, *args: str) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self.cluster.kubectl("-n", self.namespace, *args, "-o", "json").stdout)
+        return out
 
-    def leaders(self) -> dict[str, dict]:
+    def leaders(self) -> dict[str, dict[str, Any]]:
         pods = self.kubectl_json("get", "pods", "-l", f"hybridserving.io/name={self.name},hybridserving.io/leader=true")
         return {p["metadata"]["labels"]["hybridserving.io/instance"]: p for p in pods["items"]
                 if not p["metadata"].get("deletionTimestamp")}
 
-    def router_workers(self) -> Counter:
+    def router_workers(self) -> Counter[str]:
         workers = httpx.get(self.router + "/workers", timeout=5, trust_env=False).json()["workers"]
         return Counter(w["worker_type"] for w in workers if w.get("is_healthy"))
 
@@ -104,19 +108,21 @@ class FleetUnderTest:
                  and p["metadata"]["labels"].get("hybridserving.io/role")]
         return len(ready) == prefill + decode and self.router_workers() == Counter(prefill=prefill, decode=decode)
 
-    def status(self) -> dict:
-        return self.kubectl_json("get", "hybridserving", self.name).get("status") or {}
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self.kubectl_json("get", "hybridserving", self.name).get("status") or {}
+        return status
 
-    def finished_switch(self) -> dict | None:
+    def finished_switch(self) -> dict[str, Any] | None:
         return next((s for s in self.status().get("switches", []) if s["outcome"] != "InProgress"), None)
 
-    def events(self) -> list[dict]:
+    def events(self) -> list[dict[str, Any]]:
         items = self.kubectl_json("get", "events")["items"]
         return sorted((e for e in items if e["reason"].startswith("RoleSwitch") and e["reason"] != "RoleSwitch"),
                       key=lambda e: e["metadata"]["creationTimestamp"])
 
 
-def bring_up(cluster, router_fixture, namespace: str, doc: dict) -> FleetUnderTest:
+def bring_up(cluster: Cluster, router_fixture: Callable[[str, str], str], namespace: str,
+             doc: dict[str, Any]) -> FleetUnderTest:
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(doc))
     f = FleetUnderTest(cluster, namespace, doc["metadata"]["name"])
@@ -127,11 +133,11 @@ def bring_up(cluster, router_fixture, namespace: str, doc: dict) -> FleetUnderTe
     return f
 
 
-def tear_down(cluster, namespace: str) -> None:
+def tear_down(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
 
 
-def report(f: FleetUnderTest, switch: dict, loads: list[Load]) -> None:
+def report(f: FleetUnderTest, switch: dict[str, Any], loads: list[Load]) -> None:
     print(f"\n[{f.namespace}] {switch['instance']} {switch['fromRole']} -> {switch['toRole']} ({switch['mode']}) "
           f"{switch['outcome']}; started {switch['started']} finished {switch['finished']}")
     print(f"  steps: {switch['phase']}")
