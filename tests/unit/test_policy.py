@@ -27,7 +27,7 @@ def fleet(prefill: int, decode: int, **kw) -> list[InstanceState]:
     ]
 
 
-def metrics_for(states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, prealloc: int = 0):
+def metrics_for(states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, wait_s: float = 0.0, prealloc: int = 0):
     out = {}
     for i, s in enumerate(states):
         if s.role == "prefill":
@@ -35,6 +35,7 @@ def metrics_for(states, prefill_util: float, decode_kv: float, queue_tokens: int
                 "prefill",
                 prefill_queue_tokens=queue_tokens + i,
                 prefill_queue_reqs=1 if queue_tokens else 0,
+                prefill_wait_s=wait_s,
                 utilization=prefill_util,
             )
         else:
@@ -187,7 +188,7 @@ def decode_metrics(states, kv: float, running: int, prealloc: int = 0, prefill_u
     out = {}
     for s in states:
         if s.role == "prefill":
-            out[s.name] = InstanceMetrics("prefill", prefill_queue_tokens=queue_tokens, prefill_queue_reqs=4, utilization=prefill_util)
+            out[s.name] = InstanceMetrics("prefill", prefill_queue_tokens=queue_tokens, prefill_queue_reqs=4, prefill_wait_s=3.0, utilization=prefill_util)
         else:
             out[s.name] = InstanceMetrics("decode", kv_usage=kv, running_reqs=running, prealloc_queue_reqs=prealloc)
     return out
