@@ -1,6 +1,6 @@
 """What the operator and the engine pod's launcher agree on, in one place both sides import.
 
-The operator renders pods and role configs (`core.planner`, `core.flags`); the launcher in the
+The operator renders pods and role configs (`core.rendering`, `core.flags`); the launcher in the
 engine image reads them (`hybridserving_engine.launcher`); the controller reads engines the way
 the launcher drains them. Names, paths, placeholders and the role-config keys live here so the two
 sides cannot drift. The standard library only: the engine image carries no pydantic models or
@@ -9,10 +9,29 @@ operator code for it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib import resources
 from typing import Any
 
 ROLES = ("prefill", "decode")
+
+# The SGLang release both sides are written against (engine/, docs/engine-contract.md).
+SGLANG_VERSION = "0.5.23"
+
+
+@cache
+def sglang_flags() -> dict[str, int | str | None]:
+    """Every option of SGLang's `sglang serve` parser with its argparse nargs, dumped from the
+    pinned wheel (`python -m support.sglang_parser --dump-flags` in tests/; a test keeps the file
+    equal to the parser). The operator resolves `engine.extraArgs` against it and the
+    SGLang simulator accepts exactly these flags, so both read this one table."""
+    table = json.loads(resources.files("hybridserving").joinpath("sglang_flags.json").read_text())
+    if table["sglang_version"] != SGLANG_VERSION:
+        raise RuntimeError(f"sglang_flags.json is for SGLang {table['sglang_version']}, not {SGLANG_VERSION}")
+    flags: dict[str, int | str | None] = table["flags"]
+    return flags
 
 # The router-facing role label of a leader pod, and the pod annotation the launcher reads (through a
 # downward-API file) for its role; same key.

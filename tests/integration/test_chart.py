@@ -270,12 +270,17 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
                     return check()
                 return probe
 
-            instances = wait_for(running_and(lambda: custom.list_namespaced_custom_object(
-                GROUP, VERSION, fleet_ns, "hybridservinginstances")["items"]), timeout=120,
-                what=f"HybridServingInstances in {fleet_ns}; operator log: {log}")
+            def all_instances() -> list[dict] | None:
+                """2 prefill + 2 decode in the example; the operator creates them one write at a time."""
+                listed = custom.list_namespaced_custom_object(GROUP, VERSION, fleet_ns, "hybridservinginstances")
+                items = listed["items"]
+                return items if len(items) >= 4 else None
+
+            instances = wait_for(running_and(all_instances), timeout=120,
+                                 what=f"the example's four HybridServingInstances in {fleet_ns}; operator log: {log}")
             pods = wait_for(running_and(lambda: core.list_namespaced_pod(fleet_ns).items), timeout=120,
                             what=f"engine pods in {fleet_ns}; operator log: {log}")
-            assert len(instances) >= 4  # 2 prefill + 2 decode in the example
+            assert len(instances) >= 4
             assert pods
             cluster.kubectl("delete", FLEETS, "dsv3-flex", "-n", fleet_ns, "--timeout=60s")
         text = log.read_text()

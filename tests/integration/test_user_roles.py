@@ -1,7 +1,7 @@
 """Roles for people on the real apiserver, by impersonation.
 
 The chart's view/edit ClusterRoles aggregate into the built-in view/edit roles, the on-call role
-aggregates its base rules, and the admission policy keeps an instance's spec and labels the
+grants what the runbooks need, and the admission policy keeps an instance's spec and labels the
 operator's: a user bound only to the on-call role can switch or pin an instance and nothing
 else; the operator's ServiceAccount still writes specs.
 """
@@ -67,9 +67,11 @@ def can(cluster: Cluster, user: str, verb: str, resource: str, namespace: str) -
 def test_on_call_can_switch_and_pin_an_instance_but_not_change_it(cluster: Cluster, user_roles, namespace, wait_for):
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(instance("fleet-0")))
     bind(cluster, namespace, "hs-hybridserving-oncall", "alice")
-    # The aggregation controller fills the on-call role from its base rules.
+    # The RBAC authorizer sees a new binding once its informer has it.
     wait_for(lambda: can(cluster, "alice", "patch", "hybridservinginstances.hybridserving.io", namespace),
-             timeout=30, what="the on-call role aggregated")
+             timeout=30, what="the on-call binding in effect")
+    assert can(cluster, "alice", "get", "pods/log", namespace)
+    assert not can(cluster, "alice", "delete", "hybridservinginstances.hybridserving.io", namespace)
     hsi = ["hybridservinginstance/fleet-0", "-n", namespace]
 
     switched = as_user(cluster, "alice", "annotate", *hsi, "hybridserving.io/switch-to=prefill")

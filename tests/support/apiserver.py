@@ -23,8 +23,10 @@ from typing import Any
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing
 from hybridserving.controller.kube import KubeError
-from hybridserving.core import planner
-from hybridserving.core.planner import LABEL_NAME, Action, Observed
+from hybridserving.core import health, planner
+from hybridserving.core.actions import Action
+from hybridserving.core.naming import LABEL_NAME
+from hybridserving.core.observed import Observed
 from support.patches import apply_merge_patch
 
 NS = "serving"
@@ -260,7 +262,7 @@ class FakeCluster(MemoryApi):
 
     def unavailable(self, hs: HybridServing) -> dict[str, int]:
         desired = planner.plan(hs, self.observed())
-        views = planner.view(desired, self.observed())
+        views = health.view(desired, self.observed())
         out: dict[str, int] = {role: 0 for role in ROLES}
         for v in views.values():
             if not v.available:

@@ -11,7 +11,7 @@ from hybridserving.api.v1alpha1 import HybridServing
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import Kube
 from hybridserving.contract import LABEL_ROLE
-from hybridserving.core.planner import LABEL_INSTANCE, LABEL_LEADER
+from hybridserving.core.naming import LABEL_INSTANCE, LABEL_LEADER
 from support.apiserver import NS, FakeCluster, MemoryApi
 
 SPEC: dict[str, Any] = {

@@ -253,8 +253,20 @@ def test_no_secret_access_at_all(sets: tuple[str, ...]) -> None:
 
 def operator_cluster_roles(docs: list[dict]) -> list[dict]:
     """The operator's own ClusterRoles (the roles for people are checked in test_user_roles.py)."""
-    people = ("-view", "-edit", "-oncall", "-oncall-base")
+    people = ("-view", "-edit", "-oncall")
     return [r for r in of_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith(people)]
+
+
+def test_no_role_of_the_release_is_aggregated() -> None:
+    """The aggregation controller writes an aggregated ClusterRole by server-side apply
+    (pkg/controller/clusterroleaggregation, `ClusterRoles().Apply` with no UID precondition), so
+    an apply racing `helm uninstall` recreates the role without the release's labels: uninstall
+    --wait never finishes and the next install is refused. Aggregating *into* the built-in roles
+    is safe; a release-owned role must list its rules itself."""
+    for sets in [(), ("watchAllNamespaces=true",)]:
+        for role in of_kind(render(*sets), "ClusterRole"):
+            assert "aggregationRule" not in role, role["metadata"]["name"]
+            assert role["rules"], role["metadata"]["name"]
 
 
 def test_cluster_role_is_read_only() -> None:

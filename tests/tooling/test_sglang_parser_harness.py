@@ -175,7 +175,7 @@ def test_the_simulators_flag_table_is_the_wheels_parser():
     """The SGLang simulator accepts exactly these flags (and exits 2 on any other), so the table
     must be what `sglang serve`'s parser holds; regenerate it with
     `python -m support.sglang_parser --dump-flags` from the cache venv."""
-    from hybridserving_engine.simulator.args import sglang_flags
+    from hybridserving.contract import sglang_flags
 
     try:
         table = sglang_parser.dump_flags()

@@ -12,7 +12,7 @@ import pathlib
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
-from hybridserving.core.planner import ObservedPod, describe_termination
+from hybridserving.core.observed import ObservedPod, describe_termination
 from hybridserving_engine.podrunner.runner import termination_message
 
 from support.apiserver import NS, MemoryApi

@@ -434,22 +434,24 @@ def test_clear_bootstrap_ports_plan(host_network: bool, port: int) -> None:
     """Every port the rule lets through, the planner can allocate around (it raised before)."""
     from hybridserving.api.v1alpha1 import HybridServing
     from hybridserving.core import planner
+    from hybridserving.core.observed import Observed
 
     spec = make({"transfer": {"bootstrapPort": port}, "network": {"hostNetwork": host_network},
                  "prefill": {"replicas": 3}, "decode": {"replicas": 3}})
     assert not _with_rule(validate(spec), "bootstrap-port-distinct")
     hs = HybridServing.model_validate({"metadata": {"name": "f", "namespace": "d", "uid": "u"},
                                        "spec": spec.to_wire()})
-    assert len(planner.plan(hs, planner.Observed()).instances) == 6
+    assert len(planner.plan(hs, Observed()).instances) == 6
 
 
 def test_every_variable_the_planner_sets_per_pod_is_owned() -> None:
-    from hybridserving.core import planner
+    from hybridserving.core import planner, rendering
     from hybridserving.core.layout import OWNED_ENV
+    from hybridserving.core.observed import Observed
 
     hs = HybridServing.model_validate({"metadata": {"name": "f", "namespace": "d", "uid": "u"},
                                        "spec": make().to_wire()})
-    inst = next(iter(planner.plan(hs, planner.Observed()).instances.values()))
-    env = planner._pod_spec(hs, inst.name, 0, inst.role, inst.ports)["containers"][0]["env"]
+    inst = next(iter(planner.plan(hs, Observed()).instances.values()))
+    env = rendering.pod_spec(hs, inst.name, 0, inst.role, inst.ports)["containers"][0]["env"]
     rendered = {e["name"] for e in env if e["name"].startswith("HYBRIDSERVING_")}
     assert rendered == OWNED_ENV

@@ -18,14 +18,10 @@ from hypothesis import strategies as st
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
 from hybridserving.controller.kube import KubeError
-from hybridserving.core import planner, ports
-from hybridserving.core.planner import (
-    ANNOTATION_CONFIG_HASH,
-    ANNOTATION_ROLE,
-    LABEL_LEADER,
-    LABEL_ROLE,
-    Observed,
-)
+from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
+from hybridserving.core import health, planner, ports, rendering
+from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, LABEL_LEADER, LABEL_NAME
+from hybridserving.core.observed import Observed
 from hybridserving.core.switching import SwitchState
 from support.apiserver import FakeCluster
 from support.fleets import check_invariants, converge, fleet, uids
@@ -107,14 +103,14 @@ def test_multi_node_instances_keep_their_gang_in_one_nvlink_domain() -> None:
 
 def test_switching_fleets_tell_the_launcher_the_decode_graph_memory_and_keep_a_decode_radix_cache() -> None:
     hs = fleet(roleSwitch={"enabled": True})
-    decode = planner.role_config(hs.spec, "decode")
+    decode = rendering.role_config(hs.spec, "decode")
     # SGLang's own decode-graph reserve (arg_groups/memory_hook.py:357-377): 512 x 2 MiB at tp 8 on 141 GiB.
     assert decode["decode_cuda_graph_memory_gb"] == 1.0
     assert "--disaggregation-decode-enable-radix-cache" in decode["argv"]
-    assert "decode_cuda_graph_memory_gb" not in planner.role_config(hs.spec, "prefill")
+    assert "decode_cuda_graph_memory_gb" not in rendering.role_config(hs.spec, "prefill")
     static = fleet()
-    assert "decode_cuda_graph_memory_gb" not in planner.role_config(static.spec, "decode")
-    assert "--disaggregation-decode-enable-radix-cache" not in planner.role_config(static.spec, "decode")["argv"]
+    assert "decode_cuda_graph_memory_gb" not in rendering.role_config(static.spec, "decode")
+    assert "--disaggregation-decode-enable-radix-cache" not in rendering.role_config(static.spec, "decode")["argv"]
 
 
 def test_host_network_fleets_get_distinct_port_blocks_and_node_level_isolation() -> None:
@@ -354,7 +350,7 @@ def test_objects_of_others_are_never_touched() -> None:
     converge(cluster, hs)
     stranger = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "someone-else", "namespace": "ns", "uid": "x",
-                             "labels": {planner.LABEL_NAME: "hs"}, "ownerReferences": [{"uid": "other"}]}}
+                             "labels": {LABEL_NAME: "hs"}, "ownerReferences": [{"uid": "other"}]}}
     cluster.store[("ConfigMap", "someone-else")] = stranger
     assert cluster.reconcile(hs) == []
 
@@ -365,7 +361,7 @@ def test_unschedulable_instances_are_reported_and_block_nothing_else() -> None:
     for _ in range(8):
         cluster.reconcile(hs)
         cluster.advance()
-    views = planner.view(planner.plan(hs, cluster.observed()), cluster.observed())
+    views = health.view(planner.plan(hs, cluster.observed()), cluster.observed())
     states = sorted(v.state for v in views.values())
     assert states == ["Pending", "Ready", "Ready", "Ready", "Ready"]
     pending = next(v for v in views.values() if v.state == "Pending")
@@ -424,7 +420,7 @@ def test_the_planner_is_deterministic() -> None:
 
 def test_the_router_discovers_leaders_by_role_in_the_fleet_namespace() -> None:
     hs = fleet()
-    argv = planner.router_argv(hs, planner.plan(hs, Observed()).instances)
+    argv = rendering.router_argv(hs, planner.plan(hs, Observed()).instances)
     joined = " ".join(argv)
     assert "--prefill-selector hybridserving.io/name=hs hybridserving.io/role=prefill" in joined
     assert "--decode-selector hybridserving.io/name=hs hybridserving.io/role=decode" in joined

@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 
 from hybridserving.api.v1alpha1 import HybridServing
-from hybridserving.core import planner
-from hybridserving.core.planner import LABEL_COMPONENT, LABEL_NAME, EngineAccess, Observed
+from hybridserving.core import planner, rendering
+from hybridserving.core.actions import Action
+from hybridserving.core.naming import LABEL_COMPONENT, LABEL_NAME
+from hybridserving.core.observed import Observed
+from hybridserving.core.rendering import EngineAccess
 from support.patches import apply_merge_patch
 
 
@@ -73,21 +76,21 @@ def test_named_ports_of_the_policy_exist_on_every_engine_pod() -> None:
     policy = desired.objects[("NetworkPolicy", "hs-engines")]["spec"]
     names = {p["port"] for rule in policy["ingress"] for p in rule.get("ports", [])}
     inst = next(iter(desired.instances.values()))
-    pod_spec = planner._pod_spec(hs, inst.name, 0, inst.role, inst.ports)
+    pod_spec = rendering.pod_spec(hs, inst.name, 0, inst.role, inst.ports)
     assert names <= {p["name"] for p in pod_spec["containers"][0]["ports"]}
 
 
 def test_engine_pods_are_restricted_unless_a_privilege_was_granted() -> None:
     hs = fleet()
     inst = next(iter(planner.plan(hs, Observed()).instances.values()))
-    pod = planner._pod_spec(hs, inst.name, 0, inst.role, inst.ports)
+    pod = rendering.pod_spec(hs, inst.name, 0, inst.role, inst.ports)
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     container = pod["containers"][0]["securityContext"]
     assert container == {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
     rdma = fleet(transfer={"rdmaResourceCount": 1, "rdmaResourceName": "rdma/hca"})
-    pod = planner._pod_spec(rdma, inst.name, 0, inst.role, inst.ports)
+    pod = rendering.pod_spec(rdma, inst.name, 0, inst.role, inst.ports)
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     assert "runAsNonRoot" not in pod["securityContext"], "a capability is not effective for a non-root user"
 
@@ -115,7 +118,7 @@ def converged(hs: HybridServing) -> Observed:
     return obs
 
 
-def drift_actions(hs: HybridServing, obs: Observed) -> list[planner.Action]:
+def drift_actions(hs: HybridServing, obs: Observed) -> list[Action]:
     return [a for a in planner.diff(planner.plan(hs, obs), obs) if a.kind not in ("HybridServingInstance",)]
 
 

@@ -9,8 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, HybridServing
+from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core import gang, planner, podtemplate, surface, weights
-from hybridserving.core.planner import Observed
+from hybridserving.core.naming import LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME
+from hybridserving.core.observed import Observed
+from hybridserving.core.rendering import ROUTER_METRICS_PORT, role_config
 from support.apiserver import FakeCluster
 from support.fleets import converge, fleet, uids
 
@@ -70,7 +73,7 @@ def test_fleet_then_role_templates_land_on_every_pod_of_that_role_only() -> None
         decode={"podTemplate": {"spec": {"schedulerName": "gang-scheduler"}}},
     )
     pods = pods_of(hs)
-    roles = {p["metadata"]["annotations"][planner.ANNOTATION_ROLE] for p in pods.values()}
+    roles = {p["metadata"]["annotations"][ANNOTATION_ROLE] for p in pods.values()}
     assert roles == {"prefill", "decode"}
     for pod in pods.values():
         spec, meta = pod["spec"], pod["metadata"]
@@ -83,7 +86,7 @@ def test_fleet_then_role_templates_land_on_every_pod_of_that_role_only() -> None
         assert eng["resources"]["requests"] == {"nvidia.com/gpu": "8", "cpu": "16", "memory": "512Gi"}
         assert eng["resources"]["limits"] == {"nvidia.com/gpu": "8"}
         assert {"name": "scratch", "mountPath": "/scratch"} in eng["volumeMounts"]
-        decode = meta["annotations"][planner.ANNOTATION_ROLE] == "decode"
+        decode = meta["annotations"][ANNOTATION_ROLE] == "decode"
         assert spec.get("schedulerName") == ("gang-scheduler" if decode else None)
 
 
@@ -191,7 +194,7 @@ def test_ambiguous_env_is_refused(env: dict[str, Any]) -> None:
 
 
 def argv(hs: HybridServing, role: str = "decode") -> list[str]:
-    return planner.role_config(hs.spec, role)["argv"]  # type: ignore[arg-type]
+    return role_config(hs.spec, role)["argv"]  # type: ignore[arg-type]
 
 
 def flag(args: list[str], name: str) -> str | None:
@@ -291,7 +294,7 @@ def test_workload_gangs_each_instance_and_follow_it_through_garbage_collection()
     hs = fleet(gang={"mode": "Workload"}, prefill={"replicas": 2, "nodesPerInstance": 2, "layout": {"tp": 16}})
     cluster = FakeCluster()
     converge(cluster, hs)
-    workloads = {o["metadata"]["labels"][planner.LABEL_INSTANCE]: o for (k, _), o in cluster.store.items()
+    workloads = {o["metadata"]["labels"][LABEL_INSTANCE]: o for (k, _), o in cluster.store.items()
                  if k == "Workload"}
     assert sorted(workloads) == [f"hs-{i}" for i in range(5)]
     insts = cluster.instances()
@@ -301,7 +304,7 @@ def test_workload_gangs_each_instance_and_follow_it_through_garbage_collection()
         assert wl["spec"]["podGroups"] == [{"name": "engine", "policy": {"gang": {"minCount": nodes}}}]
         assert wl["metadata"]["ownerReferences"][0]["uid"] == insts[name]["metadata"]["uid"]
     for pod in cluster.pods().values():
-        inst = pod["metadata"]["labels"][planner.LABEL_INSTANCE]
+        inst = pod["metadata"]["labels"][LABEL_INSTANCE]
         assert pod["spec"]["workloadRef"] == {"name": workloads[inst]["metadata"]["name"], "podGroup": "engine"}
     assert cluster.reconcile(hs) == []
 
@@ -353,7 +356,7 @@ def test_the_router_has_probes_resources_and_scraped_metrics() -> None:
     assert container["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     assert container["args"][container["args"].index("--prometheus-host") + 1] == "0.0.0.0"
     ports = {p["name"]: p["port"] for p in objs[("Service", "hs-router")]["spec"]["ports"]}
-    assert ports == {"http": 8000, "metrics": planner.ROUTER_METRICS_PORT}
+    assert ports == {"http": 8000, "metrics": ROUTER_METRICS_PORT}
     assert ("PodDisruptionBudget", "hs-router") not in objs, "one replica: nothing to protect"
 
 
@@ -362,7 +365,7 @@ def test_replicated_routers_get_a_budget_and_spread_and_lose_them_when_scaled_ba
     objs = router_objects(hs)
     pdb = objs[("PodDisruptionBudget", "hs-router")]
     assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {
-        planner.LABEL_NAME: "hs", planner.LABEL_COMPONENT: "router"}}}
+        LABEL_NAME: "hs", LABEL_COMPONENT: "router"}}}
     pod = objs[("Deployment", "hs-router")]["spec"]["template"]["spec"]
     assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert pod["containers"][0]["resources"] == {"requests": {"cpu": "4"}, "limits": {}}

@@ -22,7 +22,7 @@ from hybridserving.controller import reconcile as rec
 from hybridserving.controller.engines import EngineSample, Scrape
 from hybridserving.controller.kube import KubeError
 from hybridserving.controller.switching import SwitchController
-from hybridserving.core.planner import ANNOTATION_ROLE, LABEL_ROLE
+from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.core.switching import ANNOTATION_PINNED, ANNOTATION_SWITCH, ANNOTATION_SWITCH_TO
 
 FLEET_SPEC: dict[str, Any] = {

@@ -3,8 +3,7 @@
 The operator renders one argv per role for SGLang; the simulator must accept exactly what SGLang
 accepts. It parses the flags that change what it serves with SGLang's names, aliases and
 defaults, and accepts every other flag of the 0.5.23 parser with its arity from
-`sglang_flags.json` (dumped from the wheel's own parser by
-`python -m support.sglang_parser --dump-flags` in tests/; a test keeps it in step), so an
+the flag table the operator resolves `engine.extraArgs` against (`hybridserving.contract.sglang_flags`), so an
 unknown or ambiguous flag exits with status 2 as `sglang serve` does. A few of SGLang's own
 start-up rejections are repeated here, so that a layout SGLang would refuse does not start as a
 simulator either.
@@ -13,20 +12,18 @@ simulator either.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from dataclasses import dataclass
-from importlib import resources
 
 from hybridserving.api.v1alpha1 import GPU_TYPES
+from hybridserving.contract import sglang_flags
 from hybridserving.core import resolution
 from hybridserving.api.profiles import resolve_profile
 from hybridserving.core.resolution import ResolvedArgs
 
 log = logging.getLogger("hybridserving.simulator")
 
-SGLANG_VERSION = "0.5.23"
 DEFAULT_PROFILE = "glm-5.2"
 DEFAULT_CONTEXT_LENGTH = 131072
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
@@ -90,14 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
             else:
                 p.add_argument(option, nargs=nargs, dest=dest, default=None, help=argparse.SUPPRESS)
     return p
-
-
-def sglang_flags() -> dict[str, int | str | None]:
-    """Every option of SGLang 0.5.23's `sglang serve` parser and its argparse nargs."""
-    text = resources.files("hybridserving_engine.simulator").joinpath("sglang_flags.json").read_text()
-    table = json.loads(text)
-    assert table["sglang_version"] == SGLANG_VERSION, "sglang_flags.json is for another SGLang release"
-    return table["flags"]
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,12 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hybridserving.contract import SGLANG_VERSION
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import resolve_profile
 
 from hybridserving_engine.simulator.args import (
     DEFAULT_CONTEXT_LENGTH,
-    SGLANG_VERSION,
     FlagError,
     SimulatorOptions,
     parse_server_args,

@@ -18,6 +18,7 @@ import yaml
 from hybridserving.api.v1alpha1 import HybridServing
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, load_manifests
 from hybridserving.core import planner
+from hybridserving.core.observed import Observed
 from hybridserving.core.fleet import assess
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -32,13 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def render(hs: HybridServing) -> list[dict[str, Any]]:
     """Every object the planner wants for `hs` on an empty cluster, in apply order."""
-    first = planner.plan(hs, planner.Observed())
+    first = planner.plan(hs, Observed())
     created = []
     for inst in first.instances.values():
         manifest = copy.deepcopy(inst.manifest)
         manifest["metadata"]["uid"] = PLACEHOLDER_UID
         created.append(manifest)
-    desired = planner.plan(hs, planner.Observed.from_manifests(instances=created))
+    desired = planner.plan(hs, Observed.from_manifests(instances=created))
     objects: list[dict[str, Any]] = list(desired.objects.values())
     for inst in desired.instances.values():
         objects.append(inst.manifest)

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridserving.controller import metrics
-from hybridserving.core.planner import SWITCH_PHASES, InstanceView
+from hybridserving.core.health import InstanceView
+from hybridserving.core.switching import SWITCH_PHASES
 
 STATUSES = ("True", "False", "Unknown")
 

@@ -26,7 +26,7 @@ from hybridserving.controller.kube import Kube
 from hybridserving.controller.queue import Key, WorkQueue
 from hybridserving.controller.reconcile import reconcile
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
-from hybridserving.core.planner import LABEL_NAME
+from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.privileges import EnginePolicy
 
 log = logging.getLogger("hybridserving.controller")

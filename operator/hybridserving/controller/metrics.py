@@ -9,7 +9,11 @@ DURATION = Histogram(
     "hybridserving_reconcile_duration_seconds", "Time of one reconcile pass.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
-ACTIONS = Counter("hybridserving_actions_total", "Writes the planner asked for and the API accepted.", ["verb", "kind"])
+ACTIONS = Counter(
+    "hybridserving_actions_total",
+    "Writes the planner asked for and the API accepted, by verb, kind and cause (core.actions.Cause).",
+    ["verb", "kind", "cause"],
+)
 ACTION_ERRORS = Counter("hybridserving_action_errors_total", "Writes the API refused (not conflicts).", ["kind"])
 CONFLICTS = Counter("hybridserving_conflicts_total", "Passes cut short by a 409/404 (retried from a fresh read).")
 ROLE_SWITCHES = Counter(

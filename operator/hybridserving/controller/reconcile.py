@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec, WeightsStatus
 from hybridserving.controller import gauges, metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import (
@@ -42,12 +42,23 @@ from hybridserving.controller.status import (
     instance_status,
     now,
     parse_time,
+    wire,
 )
+from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core import layout, planner, privileges, surface, weights
+from hybridserving.core.actions import Action, Cause
+from hybridserving.core.desired import DesiredState
+from hybridserving.core.health import InstanceView, view
+from hybridserving.core.naming import API_VERSION, LABEL_NAME, applied_spec_name, selectable
+from hybridserving.core.observed import Observed
 from hybridserving.core.privileges import EnginePolicy
-from hybridserving.core.planner import LABEL_NAME, Action, DesiredState, Observed
+from hybridserving.core.rendering import EngineAccess
 
 log = logging.getLogger("hybridserving.controller")
+
+# The Event reason of a group of writes with one of these causes (the first that applies), else
+# the verb and kind ("CreatedPod", "DeletedInstance").
+EVENT_REASONS = {Cause.GANG_RESTART: "GangRestart", Cause.ROLLOUT: "RollingUpdate", Cause.ROLE_SWITCH: "RoleSwitch"}
 
 # How soon to look again while something is still moving (pods start, old pods go away).
 FOLLOW_UP_SECONDS = 2.0
@@ -127,7 +138,7 @@ def validate(body: dict[str, Any], engine_policy: EnginePolicy = EnginePolicy())
 
 def last_applied(observed: Observed, name: str) -> HybridServingSpec | None:
     """The spec the fleet was last planned from, if one was ever valid."""
-    obj = observed.objects.get(("ConfigMap", planner.applied_spec_name(name)))
+    obj = observed.objects.get(("ConfigMap", applied_spec_name(name)))
     if obj is None:
         return None
     try:
@@ -186,18 +197,18 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
             metrics.ACTION_ERRORS.labels(action.kind).inc()
             continue
         outcome.applied += 1
-        metrics.ACTIONS.labels(action.verb, action.kind).inc()
+        metrics.ACTIONS.labels(action.verb, action.kind, action.cause.value).inc()
 
 
 def count_switches(observed: Observed, applied: list[Action]) -> None:
     """A switch is adopted once: when the instance's hash takes the new role's flags half."""
     for action in applied:
-        if action.kind != INSTANCE_KIND or "role switched" not in action.reason:
+        if action.kind != INSTANCE_KIND or Cause.ROLE_SWITCH not in action.causes:
             continue
         inst = observed.instances[action.name]
         leader = next((p for p in observed.pods_of(action.name) if p.rank == 0), None)
         if leader is not None:
-            from_role = leader.annotations.get(planner.ANNOTATION_ROLE, "")
+            from_role = leader.annotations.get(ANNOTATION_ROLE, "")
             metrics.ROLE_SWITCHES.labels(from_role, inst.spec.role).inc()
 
 
@@ -212,12 +223,8 @@ def post_events(kube: Kube, hs_body: dict[str, Any], actions: list[Action], warn
         reason = {
             "create": "Created", "patch": "Updated", "delete": "Deleted",
         }[verb] + kind.replace("HybridServingInstance", "Instance")
-        if any("gang restart" in a.reason for a in group):
-            reason = "GangRestart"
-        elif any("rolling" in a.reason for a in group):
-            reason = "RollingUpdate"
-        elif any("role switched" in a.reason for a in group):
-            reason = "RoleSwitch"
+        causes = {c for a in group for c in a.causes}
+        reason = next((EVENT_REASONS[c] for c in EVENT_REASONS if c in causes), reason)
         names = ", ".join(a.name for a in group[:20]) + (f" and {len(group) - 20} more" if len(group) > 20 else "")
         events.append(("Normal", reason, f"{verb} {kind} {names}: {group[0].reason}"))
     if warning:
@@ -245,7 +252,7 @@ def post_instance_event(kube: Kube, namespace: str, name: str, type_: str, reaso
     try:
         kube.create("Event", namespace, {
             "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": planner.API_VERSION, "kind": INSTANCE_KIND, "name": name,
+            "involvedObject": {"apiVersion": API_VERSION, "kind": INSTANCE_KIND, "name": name,
                                "namespace": namespace},
             "type": type_, "reason": reason, "message": message[:1000],
             "source": {"component": "hybridserving-operator"},
@@ -263,20 +270,29 @@ def weights_warnings(previous: dict[str, Any] | None, current: dict[str, Any] | 
              f"pods retry with back-off, running instances keep serving: {'; '.join(current['errors'])}"),)
 
 
-def report_instances(kube: Kube, namespace: str, views: dict[str, planner.InstanceView]) -> None:
-    """Instance status, written only where it changed."""
+def report_instances(kube: Kube, namespace: str, views: dict[str, InstanceView]) -> None:
+    """Instance status, written only where it changed, and only on the instance as observed.
+
+    The write is conditional on the instance's resourceVersion: the role-switch controller may
+    have started a switch since (its record, then the phase it owns), and a status computed
+    before that must not land over it; the next pass computes it afresh.
+    """
     for name, v in views.items():
-        new = instance_status(v, v.observed.generation)
-        if new["phase"] == "CrashLoop" and v.observed.status.get("phase") != "CrashLoop":
+        status = instance_status(v, v.observed.generation)
+        new = wire(status)
+        if not any(v.observed.status.get(k) != val for k, val in new.items()):
+            continue
+        try:
+            kube.patch(INSTANCE_KIND, namespace, name, {"status": new}, subresource="status",
+                       resource_version=v.observed.resource_version or None)
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+            continue
+        if new.get("phase") == "CrashLoop" and v.observed.status.get("phase") != "CrashLoop":
             post_instance_event(kube, namespace, name, "Warning", "CrashLoop",
-                                f"engine container restarted {new['restarts']} time(s) and waits in CrashLoopBackOff; "
-                                f"last exit: {new.get('lastExit', 'not recorded')}")
-        if any(v.observed.status.get(k) != val for k, val in new.items()):
-            try:
-                kube.patch(INSTANCE_KIND, namespace, name, {"status": new}, subresource="status")
-            except KubeError as exc:
-                if not exc.conflict:
-                    raise
+                                f"engine container restarted {status.restarts} time(s) and waits in CrashLoopBackOff; "
+                                f"last exit: {status.last_exit or 'not recorded'}")
 
 
 def backoff_seconds(previous_status: dict[str, Any], at: float | None = None) -> float:
@@ -290,7 +306,7 @@ def backoff_seconds(previous_status: dict[str, Any], at: float | None = None) ->
 
 
 def plan_safely(effective: HybridServing, meta: dict[str, Any], fallback: HybridServingSpec | None,
-                observed: Observed, access: planner.EngineAccess, outcome: Outcome) -> DesiredState | None:
+                observed: Observed, access: EngineAccess, outcome: Outcome) -> DesiredState | None:
     """The plan of `effective`, or of the last applied spec when planning raises.
 
     Validation is meant to catch every input the planner cannot plan; should one slip
@@ -338,14 +354,14 @@ def reconcile(kube: Kube, namespace: str, name: str,
     hs, validation = validate(body, engine_policy)
     # A name no label can carry has no children to find (validation reports the name), and the
     # apiserver would refuse the selector that looks for them.
-    observed = observe(kube, namespace, name, meta["uid"], extra) if planner.selectable(name) else Observed()
+    observed = observe(kube, namespace, name, meta["uid"], extra) if selectable(name) else Observed()
     good = last_applied(observed, name)
     effective: HybridServing | None = hs if validation.valid else None
     if effective is None and good is not None:
         effective = HybridServing.model_validate({"metadata": meta, "spec": good.to_wire()})
     desired: DesiredState | None = None
     if effective is not None:
-        access = planner.EngineAccess(operator_namespace=engine_policy.operator_namespace)
+        access = EngineAccess(operator_namespace=engine_policy.operator_namespace)
         desired = plan_safely(effective, meta, good, observed, access, outcome)
     if desired is not None:
         outcome.actions = planner.diff(desired, observed)
@@ -355,7 +371,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
     if outcome.applied:
         count_switches(observed, outcome.actions[: outcome.applied])
         observed = observe(kube, namespace, name, meta["uid"], extra)
-    views = planner.view(desired, observed) if desired is not None else {}
+    views = view(desired, observed) if desired is not None else {}
     if not outcome.conflict:
         report_instances(kube, namespace, views)
     previous = body.get("status") or {}
@@ -368,7 +384,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
                           error_reason=outcome.error_reason, progress_deadline_seconds=progress_deadline_seconds)
     gauges.record(namespace, name, status, views)
     if desired is not None and desired.spec.model.weights is not None:
-        status["weights"] = weights.summarize(desired.spec.model.weights, observed.pods.values())
+        status["weights"] = wire(WeightsStatus.model_validate(
+            weights.summarize(desired.spec.model.weights, observed.pods.values())))
     if changed(previous, status):
         try:
             kube.patch(KIND, namespace, name, {"status": status}, subresource="status")

@@ -11,24 +11,40 @@ import datetime as dt
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
-from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec
-from hybridserving.core import capacity
-from hybridserving.core.layout import LayoutIssue
-from hybridserving.core.planner import (
-    ANNOTATION_ROLE,
-    SWITCH_PHASES,
-    DesiredState,
-    InstanceView,
-    Observed,
+from hybridserving.api.base import ApiModel
+from hybridserving.api.instance import HybridServingInstanceStatus, InstancePhase
+from hybridserving.api.v1alpha1 import (
+    ROLES,
+    CapacityStatus,
+    Condition,
+    HybridServingSpec,
+    HybridServingStatus,
+    InstanceStatus,
+    RoleStatus,
 )
+from hybridserving.contract import ANNOTATION_ROLE
+from hybridserving.core import capacity
+from hybridserving.core.desired import DesiredState
+from hybridserving.core.health import InstanceState, InstanceView
+from hybridserving.core.layout import LayoutIssue
+from hybridserving.core.observed import Observed
+from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "LayoutValid", "RoleSwitching")
 
 # How long a fleet may keep Progressing before status says it is stuck (a Deployment's
 # progressDeadlineSeconds). Generous: a large model takes many minutes to load.
 PROGRESS_DEADLINE_SECONDS = 1800.0
+
+
+def wire(status: ApiModel) -> dict[str, Any]:
+    """A status model as the status subresource takes it: camelCase, no nulls, and only the
+    fields this writer set. A status field has one writer: the reconcile never sends a field
+    the role-switch controller owns (`switches`, `lastSwitch`, `phase` during a switch), so
+    its merge patches cannot write over them."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
 
 
 def now() -> str:
@@ -85,69 +101,77 @@ def unschedulable_message(desired: DesiredState, v: InstanceView) -> str:
     return f"{v.plan.name} ({v.plan.role}) {needs}; scheduler: {scheduler}"
 
 
-def instance_phase(v: InstanceView) -> str:
+def instance_phase(v: InstanceView) -> InstancePhase:
     """The operator's view of an instance; switch phases belong to the role-switch controller."""
     if v.observed.phase in SWITCH_PHASES:
-        return v.observed.phase
+        return cast(InstancePhase, v.observed.phase)
     if any(p.crash_looping for p in v.pods if not p.deleting):
         return "CrashLoop"
-    return {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}.get(v.state, "Starting" if v.pods else "Pending")
+    settled: dict[InstanceState, InstancePhase] = {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}
+    return settled.get(v.state, "Starting" if v.pods else "Pending")
 
 
-def instance_status(v: InstanceView, generation: int | None) -> dict[str, Any]:
+def instance_status(v: InstanceView, generation: int | None) -> HybridServingInstanceStatus:
+    """The fields of an instance's status the reconcile owns, from what it observed.
+
+    `phase` is left out while the role-switch controller owns it (`switch_owns_phase`), and
+    `lastSwitch` always: that controller writes them.
+    """
     pods = [p for p in v.pods if not p.deleting]
     leader = next((p for p in pods if p.rank == 0), None)
-    status: dict[str, Any] = {
-        "phase": instance_phase(v),
-        "readyPods": sum(1 for p in pods if p.ready and not v.pod_outdated(p)),
-        "restarts": sum(p.restarts for p in pods),
-        "podNames": [p.name for p in pods],
-        "nodeNames": [p.node_name or "" for p in pods],
-    }
+    status = HybridServingInstanceStatus(
+        ready_pods=sum(1 for p in pods if p.ready and not v.stale(p)),
+        restarts=sum(p.restarts for p in pods),
+        pod_names=[p.name for p in pods],
+        node_names=[p.node_name or "" for p in pods],
+    )
+    if not switch_owns_phase(v.observed.annotations.get(ANNOTATION_SWITCH), v.observed.phase):
+        status.phase = instance_phase(v)
     last_exit = next((p.last_exit for p in pods if p.last_exit), None)
     if last_exit:
-        status["lastExit"] = last_exit[:1024]
+        status.last_exit = last_exit[:1024]
     if leader is not None and v.observed.phase not in SWITCH_PHASES:
-        status["role"] = leader.annotations.get(ANNOTATION_ROLE, v.observed.spec.role)
+        role = leader.annotations.get(ANNOTATION_ROLE, v.observed.spec.role)
+        status.role = role if role in ROLES else v.observed.spec.role
     if generation is not None:
-        status["observedGeneration"] = generation
+        status.observed_generation = generation
     return status
 
 
-def capacity_status(spec: HybridServingSpec, decode_instances: int) -> dict[str, Any]:
+def capacity_status(spec: HybridServingSpec, decode_instances: int) -> CapacityStatus:
     """KV capacity per instance from the layout; zeros with a reason when the layout has none."""
     try:
         arch = spec.architecture()
         decode = capacity.instance_capacity(arch, spec.decode, spec.hardware, role_name="decode")
         prefill = capacity.instance_capacity(arch, spec.prefill, spec.hardware, role_name="prefill")
     except (capacity.CapacityError, KeyError, ValueError) as exc:
-        return {"summary": f"no capacity: {exc}"}
+        return CapacityStatus(summary=f"no capacity: {exc}")
     per_instance = decode.tokens
-    return {
-        "decodeTokensPerInstance": per_instance,
-        "decodeTokensTotal": per_instance * decode_instances,
-        "prefillTokensPerInstance": prefill.tokens,
-        "bytesPerTokenPerRank": int(decode.footprint.per_token),
-        "summary": f"{per_instance / 1e6:.2f}M tokens per decode instance, "
+    return CapacityStatus(
+        decode_tokens_per_instance=per_instance,
+        decode_tokens_total=per_instance * decode_instances,
+        prefill_tokens_per_instance=prefill.tokens,
+        bytes_per_token_per_rank=int(decode.footprint.per_token),
+        summary=f"{per_instance / 1e6:.2f}M tokens per decode instance, "
         f"{per_instance * decode_instances / 1e6:.2f}M in {decode_instances}",
-    }
+    )
 
 
 def condition(
     type_: str, ok: bool | None, reason: str, message: str, generation: int | None,
     previous: Mapping[str, Mapping[str, Any]],
-) -> dict[str, Any]:
-    status = "Unknown" if ok is None else ("True" if ok else "False")
+) -> Condition:
+    status: Literal["True", "False", "Unknown"] = "Unknown" if ok is None else ("True" if ok else "False")
     old = previous.get(type_) or {}
     changed = old.get("status") != status
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message[:4000],
-        "observedGeneration": generation,
-        "lastTransitionTime": now() if changed or not old.get("lastTransitionTime") else old["lastTransitionTime"],
-    }
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message[:4000],
+        observed_generation=generation,
+        last_transition_time=now() if changed or not old.get("lastTransitionTime") else old["lastTransitionTime"],
+    )
 
 
 def fleet_status(
@@ -173,8 +197,7 @@ def fleet_status(
     """
     previous = {c.get("type"): c for c in (previous_status or {}).get("conditions") or []}
     clock = time.time() if at is None else at
-    conds: list[dict[str, Any]] = []
-    status: dict[str, Any] = {"observedGeneration": generation}
+    conds: list[Condition] = []
     if validation.valid:
         warnings = [i for i in validation.issues if i.severity == "warning"]
         conds.append(condition("LayoutValid", True, "LayoutValid",
@@ -191,32 +214,32 @@ def fleet_status(
                 continue
             conds.append(condition(type_, None if type_ != "Ready" else False, "NoValidSpec",
                                    "no valid spec has been applied yet", generation, previous))
-        status.update(conditions=conds, ready="False")
-        return status
+        return wire(HybridServingStatus(observed_generation=generation, conditions=conds, ready="False"))
 
-    per_role: dict[str, dict[str, Any]] = {}
+    per_role: dict[str, RoleStatus] = {}
     for role in ROLES:
         planned = [p for p in desired.instances.values() if p.role == role]
         role_views = [v for v in views.values() if v.plan.role == role]
         ready = sum(1 for v in role_views if v.available)
-        updated = sum(1 for v in role_views if v.current and not any(v.pod_outdated(p) for p in v.pods))
-        per_role[role] = {"desired": len(planned), "ready": ready, "updated": updated,
-                          "summary": f"{ready}/{len(planned)}"}
-    status.update(per_role)
-    total = sum(r["desired"] for r in per_role.values())
-    ready_total = sum(r["ready"] for r in per_role.values())
+        updated = sum(1 for v in role_views if v.current and not any(v.stale(p) for p in v.pods))
+        per_role[role] = RoleStatus(desired=len(planned), ready=ready, updated=updated,
+                                    summary=f"{ready}/{len(planned)}")
+    total = sum(r.desired for r in per_role.values())
+    ready_total = sum(r.ready for r in per_role.values())
     all_ready = ready_total == total and len(views) == total
     conds.append(condition(
         "Ready", all_ready, "AllInstancesReady" if all_ready else "InstancesNotReady",
-        f"prefill {per_role['prefill']['summary']}, decode {per_role['decode']['summary']} instances ready",
+        f"prefill {per_role['prefill'].summary}, decode {per_role['decode'].summary} instances ready",
         generation, previous,
     ))
     outdated = [v.plan.name for v in views.values() if not v.current]
     progressing = bool(outdated) or pending_actions > 0 or not all_ready
     if desired.paused and outdated:
-        reason, message = "RolloutPaused", f"rollout paused with {len(outdated)} instance(s) to roll: {', '.join(outdated)}"
+        reason = "RolloutPaused"
+        message = f"rollout paused with {len(outdated)} instance(s) to roll: {', '.join(outdated)}"
     elif outdated:
-        reason, message = "RollingOut", f"{len(outdated)} instance(s) to roll, one role at a time: {', '.join(outdated)}"
+        reason = "RollingOut"
+        message = f"{len(outdated)} instance(s) to roll, one role at a time: {', '.join(outdated)}"
     elif progressing:
         reason, message = "Reconciling", f"{pending_actions} change(s) in flight, {ready_total}/{total} instances ready"
     else:
@@ -233,7 +256,7 @@ def fleet_status(
     troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values() if v.state == "Failed"]
     crash_looping = [v for v in views.values() if instance_phase(v) == "CrashLoop"]
-    troubles += [f"{v.plan.name} is crash looping ({instance_status(v, None).get('lastExit', 'no exit recorded')})"
+    troubles += [f"{v.plan.name} is crash looping ({instance_status(v, None).last_exit or 'no exit recorded'})"
                  for v in crash_looping]
     if stuck:
         troubles.append(message)
@@ -258,16 +281,20 @@ def fleet_status(
         f"switching: {', '.join(switching)}" if switching else "no instance is changing role",
         generation, previous,
     ))
-    status["conditions"] = conds
-    status["instances"] = [
-        {"name": v.plan.name, "role": v.plan.role, "phase": instance_phase(v),
-         "nodes": [p.node_name or "" for p in v.pods if not p.deleting],
-         "generation": v.observed.spec.config_hash}
-        for v in sorted(views.values(), key=lambda v: v.plan.index)
-    ]
-    status["capacity"] = capacity_status(desired.spec, per_role["decode"]["desired"])
-    status["ready"] = "True" if all_ready else "False"
-    return status
+    return wire(HybridServingStatus(
+        observed_generation=generation,
+        conditions=conds,
+        prefill=per_role["prefill"],
+        decode=per_role["decode"],
+        instances=[
+            InstanceStatus(name=v.plan.name, role=v.plan.role, phase=instance_phase(v),
+                           nodes=[p.node_name or "" for p in v.pods if not p.deleting],
+                           generation=v.observed.spec.config_hash)
+            for v in sorted(views.values(), key=lambda v: v.plan.index)
+        ],
+        capacity=capacity_status(desired.spec, per_role["decode"].desired),
+        ready="True" if all_ready else "False",
+    ))
 
 
 def _past_deadline(progressing: Mapping[str, Any], generation: int | None, clock: float, deadline: float) -> bool:

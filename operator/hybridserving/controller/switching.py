@@ -33,12 +33,13 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing, HybridServingSpec
+from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.controller import metrics
 from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engines, Scrape, instance_metrics
 from hybridserving.controller.kube import KubeError
 from hybridserving.core import flags, switching
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.planner import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK, LABEL_ROLE, ANNOTATION_ROLE
+from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK
 from hybridserving.core.policy import InstanceMetrics, InstanceState, PolicyConfig, PolicyMemory, RoleSwitchPolicy
 from hybridserving.core.switching import (
     ANNOTATION_PINNED,
@@ -395,7 +396,7 @@ class SwitchController:
                          inst: Instance, report: TickReport) -> None:
         """A `spec.role` edited by hand becomes an on-call switch request, never a bare relabel.
 
-        The planner keeps the pods on their role meanwhile (`planner.held_role`). The edit is
+        The planner keeps the pods on their role meanwhile (`core.assignment.held_role`). The edit is
         undone and `switch-to` set in one conditional patch, so the switch then runs the safe
         sequence (unroute, drain, switch, verify, route) with the floors and maxConcurrent.
         With role switching off, the edit is undone and reported.

@@ -7,11 +7,12 @@ report the same issues with the same field paths and fixes.
 from __future__ import annotations
 
 from hybridserving.api.v1alpha1 import HybridServingSpec
-from hybridserving.core import planner, podtemplate, weights
+from hybridserving.contract import CONFIG_DIR, PODINFO_DIR
+from hybridserving.core import podtemplate, weights
 from hybridserving.core.layout import LayoutIssue
 
 RESERVED_VOLUMES = frozenset({"config", "podinfo", "dshm", weights.VOLUME})
-RESERVED_MOUNTS = frozenset({planner.CONFIG_DIR, planner.PODINFO_DIR, "/dev/shm", weights.MOUNT_PATH})
+RESERVED_MOUNTS = frozenset({CONFIG_DIR, PODINFO_DIR, "/dev/shm", weights.MOUNT_PATH})
 
 
 def check(spec: HybridServingSpec) -> list[LayoutIssue]:

@@ -214,6 +214,17 @@ def desired(state: SwitchState, obs: Observation) -> Desired:
     return Desired("Ready", state.from_role)
 
 
+def switch_owns_phase(record: str | None, phase: str | None) -> bool:
+    """Whether the role-switch controller owns an instance's `status.phase` now.
+
+    It does from the moment a switch is recorded on the instance (`ANNOTATION_SWITCH`) until
+    the record is cleared, and while a switch phase is still written; the reconcile owns the
+    phase at all other times and leaves it alone while this holds, so the two never write the
+    field over each other (the switch's steps wait for the phases they wrote).
+    """
+    return SwitchState.from_annotation(record) is not None or phase in SWITCH_PHASES
+
+
 def phase_applied(want: str, phase: str | None) -> bool:
     """A switch phase must be exactly there; any other phase hands the instance back to the
     reconcile, which then computes it (Ready, Starting, ...) itself."""
@@ -291,7 +302,8 @@ def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig)
             return go("Done", outcome="Succeeded", message=state.message or f"serving as {state.to_role}")
         if elapsed > config.route_timeout_s and applied:
             return go("Done", outcome="Succeeded",
-                      message=f"serving as {state.to_role}; router label not seen within {config.route_timeout_s:.0f} s")
+                      message=f"serving as {state.to_role}; router label not seen within "
+                              f"{config.route_timeout_s:.0f} s")
         return state, want
 
     if s == "Restore":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +153,7 @@ def check(spec: HybridServingSpec) -> list[LayoutIssue]:
     return issues
 
 
-def fill_outcome(pod: dict[str, Any]) -> tuple[str, str] | None:
+def fill_outcome(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """(state, detail) of a pod's fill step: Filled/Filling/Failed with the message, or None if it has none."""
     for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
         if status.get("name") != FILL_CONTAINER:

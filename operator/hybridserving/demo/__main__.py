@@ -26,7 +26,7 @@ import yaml
 from hybridserving.api.crd import dump, render_all
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL
 from hybridserving.commands.status import render
-from hybridserving.core.planner import router_name
+from hybridserving.core.naming import router_name
 from hybridserving.demo.traffic import PhaseResult, run_phase
 from hybridserving.devcluster import Cluster, FleetSpec, MissingBinaries, find_binaries
 from hybridserving.devcluster.stack import Stack

@@ -1,0 +1,75 @@
+"""Which instances a fleet should have, with which index and which role.
+
+Instances keep their index for life (their name and ports derive from it) and their role
+until the role-switch controller moves them; scaling only adds the lowest free indexes and
+removes the highest.
+"""
+
+from __future__ import annotations
+
+from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
+from hybridserving.contract import ANNOTATION_ROLE
+from hybridserving.core.naming import instance_name
+from hybridserving.core.observed import Observed, ObservedInstance
+from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
+
+
+def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) -> dict[str, tuple[int, Role]]:
+    """Which instances should exist, by name, with their index and role.
+
+    Existing instances keep their role: after a switch the instance's `spec.role` is the
+    truth (an edit made outside a switch is not, until it becomes one: `held_role`).
+    With role switching on, the controller owns the mix and the spec only sizes the
+    fleet: a new instance joins the role furthest below its replicas, a removed one leaves
+    the role furthest above. With role switching off, each role has exactly its replicas.
+    Surplus instances go highest index first; new ones take the lowest free index (an
+    instance still being deleted keeps its index until it is gone).
+    """
+    live = sorted((i for i in observed.instances.values() if not i.deleting), key=lambda i: i.spec.index)
+    target = {role: spec.role(role).replicas for role in ROLES}
+    keep = [(i.spec.index, held_role(i, observed) or i.spec.role, i.name) for i in live]
+    if spec.role_switch.enabled:
+        while len(keep) > sum(target.values()):
+            counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
+            role = max(ROLES, key=lambda r: (counts[r] - target[r], r == "decode"))
+            keep.remove(max((k for k in keep if k[1] == role), key=lambda k: k[0]))
+    else:
+        keep = sorted(k for role in ROLES for k in [k for k in keep if k[1] == role][: target[role]])
+    result = {name: (index, role) for index, role, name in keep}
+    counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
+    taken = {i.spec.index for i in observed.instances.values()}
+    free = (index for index in range(1 << 20) if index not in taken)
+
+    def add(role: Role) -> None:
+        index = next(free)
+        result[instance_name(hs_name, index)] = (index, role)
+        counts[role] += 1
+
+    if spec.role_switch.enabled:
+        for _ in range(sum(target.values()) - len(keep)):
+            add(max(ROLES, key=lambda r: (target[r] - counts[r], r == "prefill")))
+    else:
+        for role in ROLES:
+            while counts[role] < target[role]:
+                add(role)
+    return result
+
+
+def held_role(existing: ObservedInstance | None, observed: Observed) -> Role | None:
+    """The role an instance's pods keep while its `spec.role` changed outside a switch, or None.
+
+    Only the role-switch controller moves an instance between roles, recording each switch
+    on the instance (`core.switching.ANNOTATION_SWITCH`) so that it unroutes and drains the engine
+    before the pods follow. A `spec.role` edited by hand carries no such record: following it
+    at once would relabel a serving engine under live traffic. The pods keep their role
+    until the controller has turned the edit into a switch (controller/switching.py).
+    """
+    if existing is None or SwitchState.from_annotation(existing.annotations.get(ANNOTATION_SWITCH)) is not None:
+        return None
+    roles = {p.annotations.get(ANNOTATION_ROLE) for p in observed.pods_of(existing.name) if not p.deleting}
+    if len(roles) != 1:
+        return None
+    role = roles.pop()
+    if role in ROLES and role != existing.spec.role:
+        return role
+    return None

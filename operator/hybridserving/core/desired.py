@@ -1,0 +1,50 @@
+"""What a fleet should look like: the plan types the renderer fills and the rollout reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hybridserving.api.instance import InstancePorts
+from hybridserving.api.v1alpha1 import HybridServingSpec, Role
+from hybridserving.core.observed import ObjectKey
+
+
+@dataclass
+class InstancePlan:
+    """One engine instance as it should be, and the objects it should own."""
+
+    name: str
+    index: int
+    role: Role
+    nodes: int
+    ports: InstancePorts
+    template_hash: str
+    config_hash: str  # the target: template half + role-flags half
+    manifest: dict[str, Any]
+    pods: list[dict[str, Any]]  # empty until the instance exists (pods need its uid as owner)
+    service: dict[str, Any] | None
+    workload: dict[str, Any] | None = None  # gang admission (core.gang), owned by the instance
+
+
+@dataclass
+class DesiredState:
+    """The full object set of one HybridServing."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: HybridServingSpec
+    spec_hash: str
+    role_config_hashes: dict[Role, str]
+    instances: dict[str, InstancePlan]
+    objects: dict[ObjectKey, dict[str, Any]]
+
+    @property
+    def max_unavailable(self) -> int:
+        return self.spec.rollout.max_unavailable
+
+    @property
+    def paused(self) -> bool:
+        return self.spec.rollout.paused
+

@@ -1,0 +1,144 @@
+"""Instance health: whether a pod belongs to its gang, and what an instance is doing.
+
+`is_stale` is the one rule for "this pod runs another configuration or gang than it should";
+instance health (what is serving, what is broken) and the rollout (what to delete) both ask it,
+each with its own target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hybridserving.api.v1alpha1 import Role
+from hybridserving.contract import ANNOTATION_ROLE
+from hybridserving.core.desired import DesiredState, InstancePlan
+from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, split_config_hash
+from hybridserving.core.observed import Observed, ObservedInstance, ObservedPod
+
+InstanceState = Literal["Ready", "Starting", "Pending", "Failed", "Missing"]
+
+
+@dataclass(frozen=True)
+class GangTarget:
+    """What the pods of an instance should run: role, configuration, gang generation and size."""
+
+    role: Role
+    config_hash: str
+    restart_generation: int
+    nodes: int
+
+
+def is_stale(pod: ObservedPod, target: GangTarget) -> bool:
+    """Whether a pod runs another configuration or an older gang than `target`, or lies outside it.
+
+    A pod whose role differs from the target's is being switched, not stale: only its template
+    half must match (the role-flags half follows the switch in place).
+    """
+    if pod.restart_generation < target.restart_generation or pod.rank >= target.nodes:
+        return True
+    pod_hash = pod.annotations.get(ANNOTATION_CONFIG_HASH, "")
+    if pod.annotations.get(ANNOTATION_ROLE) != target.role:
+        return split_config_hash(pod_hash)[0] != split_config_hash(target.config_hash)[0]
+    return pod_hash != target.config_hash
+
+@dataclass(frozen=True)
+class InstanceView:
+    """An existing instance read against its plan: is it serving, current, broken?"""
+
+    plan: InstancePlan
+    observed: ObservedInstance
+    pods: list[ObservedPod]
+
+    @property
+    def by_rank(self) -> dict[int, ObservedPod]:
+        return {p.rank: p for p in self.pods}
+
+    @property
+    def target(self) -> GangTarget:
+        """What the instance's spec says its pods run (pods follow the spec, the spec the plan)."""
+        inst = self.observed.spec
+        return GangTarget(inst.role, inst.config_hash, inst.restart_generation, inst.nodes)
+
+    def stale(self, pod: ObservedPod) -> bool:
+        """Whether a pod runs another configuration or gang than its instance's spec says."""
+        return is_stale(pod, self.target)
+
+    @property
+    def available(self) -> bool:
+        pods = self.by_rank
+        return all(
+            (p := pods.get(rank)) is not None
+            and not p.deleting
+            and not self.stale(p)
+            and p.phase == "Running"
+            and p.ready
+            for rank in range(self.observed.spec.nodes)
+        )
+
+    @property
+    def switching(self) -> bool:
+        """Whether the instance's role changed and its pods have not followed yet."""
+        return any(p.annotations.get(ANNOTATION_ROLE) != self.observed.spec.role for p in self.pods)
+
+    @property
+    def current(self) -> bool:
+        """Whether the instance's spec says what the plan says (pods may still be catching up).
+
+        While a switch is being adopted only the template half counts: the flags half follows
+        the role in place, it is no reason to roll.
+        """
+        inst = self.observed.spec
+        if self.switching:
+            same = split_config_hash(inst.config_hash)[0] == self.plan.template_hash
+        else:
+            same = inst.config_hash == self.plan.config_hash
+        return same and inst.ports == self.plan.ports and inst.nodes == self.plan.nodes
+
+    def failure(self) -> str | None:
+        """Why the gang must restart whole, or None: a pod failed, exited, restarted, or went missing after start.
+
+        Pods of an older configuration or gang are ignored: they are being replaced anyway.
+        A multi-node gang whose pods have not started yet is completed, not restarted (the
+        operator may have stopped half-way through creating it).
+        """
+        nodes = self.observed.spec.nodes
+        pods = [p for p in self.pods if not self.stale(p)]
+        for p in pods:
+            if p.phase in ("Failed", "Succeeded") and not p.deleting:
+                return f"pod {p.name} {p.phase.lower()}"
+        if nodes > 1:
+            for p in pods:
+                if p.restarts > 0 and not p.deleting:
+                    return f"pod {p.name} restarted its engine ({p.restarts}x): the gang's collectives broke"
+        present = {p.rank for p in pods if not p.deleting}
+        lost = sorted(set(range(nodes)) - present)
+        if lost and any(p.started for p in pods if not p.deleting):
+            return f"rank(s) {', '.join(map(str, lost))} lost while the rest of the gang ran"
+        return None
+
+    @property
+    def state(self) -> InstanceState:
+        if self.available:
+            return "Ready"
+        if self.failure():
+            return "Failed"
+        if any(p.unschedulable for p in self.pods):
+            return "Pending"
+        if not self.pods:
+            return "Missing"
+        return "Starting"
+
+    @property
+    def recovering(self) -> bool:
+        """Down because its pods are being replaced or are starting (not stuck unschedulable)."""
+        return not self.available and self.state in ("Starting", "Missing", "Failed")
+
+
+def view(desired: DesiredState, observed: Observed) -> dict[str, InstanceView]:
+    """Existing, planned instances read against their plans."""
+    return {
+        name: InstanceView(p, observed.instances[name], observed.pods_of(name))
+        for name, p in desired.instances.items()
+        if name in observed.instances and not observed.instances[name].deleting
+    }

@@ -1,0 +1,123 @@
+"""Names, labels, annotations and hashes of what a fleet owns.
+
+Every object a HybridServing owns is found again by a name derived from the fleet's and by
+the labels below, so an operator that restarts anywhere recognises its own objects; the
+hashes say which configuration an object was rendered from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from hybridserving.api.v1alpha1 import GROUP, VERSION, Role
+
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Labels: `name`, `instance`, `node-rank`, `leader` and `component` never change for an
+# object's life. `role` sits on leaders only, because the router adds every pod matching its
+# selector as a worker and only the leader serves HTTP; it is dropped while the instance
+# drains for a switch so the router stops sending it work. `instance-role` is on every pod of
+# an instance (PodDisruptionBudgets count whole gangs).
+LABEL_NAME = "hybridserving.io/name"
+LABEL_INSTANCE = "hybridserving.io/instance"
+LABEL_NODE_RANK = "hybridserving.io/node-rank"
+LABEL_LEADER = "hybridserving.io/leader"
+LABEL_INSTANCE_ROLE = "hybridserving.io/instance-role"
+LABEL_COMPONENT = "hybridserving.io/component"
+# app.kubernetes.io/name of what each component runs.
+APP_NAMES = {"engine": "sglang", "router": "smg"}
+
+# The role annotation is what the engine launcher reads (downward API file); the hashes and
+# the restart generation say which configuration and which gang a pod belongs to.
+ANNOTATION_TEMPLATE_HASH = "hybridserving.io/template-hash"
+ANNOTATION_CONFIG_HASH = "hybridserving.io/config-hash"
+ANNOTATION_RESTART_GENERATION = "hybridserving.io/restart-generation"
+ANNOTATION_SPEC_HASH = "hybridserving.io/spec-hash"
+# Read by the router (hard-coded key in smg) for prefill workers' bootstrap servers, and
+# the per-pod serving port when instances on the host network use distinct ports.
+ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
+ANNOTATION_WORKER_PORTS = "smg.ai/worker-ports"
+
+
+HALF_HASH = 10
+
+
+def instance_name(hs: str, index: int) -> str:
+    """`<hs>-<index>`: no role in it, so the name survives switches."""
+    return f"{hs}-{index}"
+
+
+def pod_name(instance: str, rank: int) -> str:
+    return f"{instance}-{rank}"
+
+
+def config_map_name(hs: str, role: Role) -> str:
+    return f"{hs}-{role}-config"
+
+
+def applied_spec_name(hs: str) -> str:
+    return f"{hs}-applied"
+
+
+def router_name(hs: str) -> str:
+    return f"{hs}-router"
+
+
+def pdb_name(hs: str, role: Role) -> str:
+    return f"{hs}-{role}"
+
+
+def network_policy_name(hs: str) -> str:
+    return f"{hs}-engines"
+
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def selectable(name: str) -> bool:
+    """Whether a fleet's children can be found by its name: a label value (at most 63 characters).
+
+    The apiserver accepts object names of up to 253 characters; the API model refuses such a
+    HybridServing (`metadata.name`), but only once read, and listing its children by a label
+    selector the apiserver refuses must not come first.
+    """
+    return len(name) <= 63 and bool(_LABEL_VALUE.match(name))
+
+
+def digest(value: Any, length: int = HALF_HASH) -> str:
+    """A short, stable hex digest of a JSON-able value (lowercase, valid as a label value)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def split_config_hash(value: str) -> tuple[str, str]:
+    """(template half, role-flags half) of an instance's configHash."""
+    return value[:HALF_HASH], value[HALF_HASH:]
+
+
+def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
+    """The controller reference that makes the garbage collector delete a child with its owner."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def standard_labels(hs: str, component: str) -> dict[str, str]:
+    """Kubernetes' recommended labels (app.kubernetes.io/*), so that generic tools (dashboards,
+    cost reports, `kubectl get -l`) group a fleet's objects; the selectors keep using ours."""
+    return {
+        "app.kubernetes.io/name": APP_NAMES.get(component, "hybridserving"),
+        "app.kubernetes.io/instance": hs,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "hybridserving",
+        "app.kubernetes.io/managed-by": "hybridserving-operator",
+    }
+

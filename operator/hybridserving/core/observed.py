@@ -1,0 +1,180 @@
+"""What the operator found of a fleet in the cluster, parsed once into typed values.
+
+The planner and the health rules read these, never raw manifests: a field the apiserver
+leaves out (a pod not yet scheduled, an instance without status) has one default here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridserving.api.instance import HybridServingInstanceSpec
+from hybridserving.core import weights
+from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_INSTANCE, LABEL_NODE_RANK
+
+ObjectKey = tuple[str, str]  # (kind, name)
+
+
+def describe_termination(terminated: Mapping[str, Any]) -> str:
+    """A container's last exit as people read it: exit code, reason, and the termination message."""
+    text = f"exit code {terminated.get('exitCode')}"
+    if terminated.get("reason"):
+        text += f" ({terminated['reason']})"
+    message = (terminated.get("message") or "").strip()
+    if message:
+        text += f": {message.splitlines()[-1][:300]}"
+    return text
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """What the planner reads of a pod."""
+
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    phase: str = "Pending"
+    ready: bool = False
+    node_name: str | None = None
+    deleting: bool = False
+    restarts: int = 0
+    crash_looping: bool = False
+    last_exit: str | None = None
+    unschedulable: str | None = None
+    host_ports: tuple[int, ...] = ()
+    owner_uids: tuple[str, ...] = ()
+    weights_fill: tuple[str, str] | None = None  # the node-cache fill step: (state, detail)
+
+    @property
+    def instance(self) -> str:
+        return self.labels.get(LABEL_INSTANCE, "")
+
+    @property
+    def rank(self) -> int:
+        try:
+            return int(self.labels.get(LABEL_NODE_RANK, "-1"))
+        except ValueError:
+            return -1
+
+    @property
+    def restart_generation(self) -> int:
+        try:
+            return int(self.annotations.get(ANNOTATION_RESTART_GENERATION, "0"))
+        except ValueError:
+            return 0
+
+    @property
+    def started(self) -> bool:
+        """Whether the engine ran: from then on a lost peer breaks the gang's collectives."""
+        return self.phase in ("Running", "Succeeded", "Failed")
+
+    @classmethod
+    def from_manifest(cls, obj: Mapping[str, Any]) -> ObservedPod:
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        spec = obj.get("spec") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        ready = (conditions.get("Ready") or {}).get("status") == "True"
+        scheduled = conditions.get("PodScheduled") or {}
+        unschedulable = None
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+            unschedulable = scheduled.get("message") or "unschedulable"
+        containers = status.get("containerStatuses") or []
+        restarts = sum(int(cs.get("restartCount") or 0) for cs in containers)
+        crash_looping = any(((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+                            for cs in containers)
+        last_exit = next((describe_termination(t) for cs in containers
+                          if (t := (cs.get("lastState") or {}).get("terminated"))), None)
+        host_ports = tuple(
+            int(p["hostPort"])
+            for c in spec.get("containers") or []
+            for p in c.get("ports") or []
+            if p.get("hostPort")
+        )
+        if spec.get("hostNetwork"):
+            host_ports = tuple(
+                int(p["containerPort"]) for c in spec.get("containers") or [] for p in c.get("ports") or []
+            )
+        return cls(
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            phase=status.get("phase") or "Pending",
+            ready=ready,
+            node_name=spec.get("nodeName"),
+            deleting=bool(meta.get("deletionTimestamp")),
+            restarts=restarts,
+            crash_looping=crash_looping,
+            last_exit=last_exit,
+            unschedulable=unschedulable,
+            host_ports=host_ports,
+            owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
+            weights_fill=weights.fill_outcome(obj),
+        )
+
+
+@dataclass(frozen=True)
+class ObservedInstance:
+    """What the planner reads of a HybridServingInstance."""
+
+    name: str
+    uid: str
+    resource_version: str
+    spec: HybridServingInstanceSpec
+    phase: str | None = None
+    deleting: bool = False
+    owner_uids: tuple[str, ...] = ()
+    generation: int | None = None
+    status: Mapping[str, Any] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_manifest(cls, obj: Mapping[str, Any]) -> ObservedInstance:
+        meta = obj.get("metadata") or {}
+        return cls(
+            annotations=dict(meta.get("annotations") or {}),
+            generation=meta.get("generation"),
+            status=dict(obj.get("status") or {}),
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            resource_version=meta.get("resourceVersion", ""),
+            spec=HybridServingInstanceSpec.model_validate(obj.get("spec") or {}),
+            phase=(obj.get("status") or {}).get("phase"),
+            deleting=bool(meta.get("deletionTimestamp")),
+            owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
+        )
+
+
+@dataclass
+class Observed:
+    """Everything of one HybridServing the operator found in the cluster."""
+
+    instances: dict[str, ObservedInstance] = field(default_factory=dict)
+    pods: dict[str, ObservedPod] = field(default_factory=dict)
+    # Every other owned object as read, keyed by (kind, name).
+    objects: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_manifests(
+        cls,
+        instances: Iterable[Mapping[str, Any]] = (),
+        pods: Iterable[Mapping[str, Any]] = (),
+        objects: Iterable[Mapping[str, Any]] = (),
+    ) -> Observed:
+        obs = cls()
+        for obj in instances:
+            inst = ObservedInstance.from_manifest(obj)
+            obs.instances[inst.name] = inst
+        for obj in pods:
+            pod = ObservedPod.from_manifest(obj)
+            obs.pods[pod.name] = pod
+        for obj in objects:
+            obs.objects[(obj["kind"], obj["metadata"]["name"])] = dict(obj)
+        return obs
+
+    def pods_of(self, instance: str) -> list[ObservedPod]:
+        return sorted((p for p in self.pods.values() if p.instance == instance), key=lambda p: p.rank)
