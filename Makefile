@@ -5,7 +5,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 export HYBRIDSERVING_CACHE ?= $(HOME)/.cache/hybridserving
 
-.PHONY: setup tools lint-tools sglang-parser test unit integration e2e crds verify lint demo bench clean-cluster
+.PHONY: setup tools lint-tools sglang-parser test unit tooling integration e2e crds verify lint demo bench clean-cluster
 
 $(VPY): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,8 +38,13 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(MAKE) verify
 
-unit: setup tools lint-tools sglang-parser
+# Pure tests: nothing to build beyond the venv.
+unit: setup
 	$(VPY) -m pytest tests/unit -q
+
+# Tests that run a built tool on the repository: helm template, promtool, hadolint, SGLang's own parser.
+tooling: setup tools lint-tools sglang-parser
+	$(VPY) -m pytest tests/tooling -q
 
 integration: setup tools
 	$(VPY) -m pytest tests/integration -q
@@ -47,7 +52,8 @@ integration: setup tools
 e2e: setup tools
 	$(VPY) -m pytest tests/e2e -q
 
-# The README's test command: installs and builds what is missing, then runs every suite.
+# The README's test command: installs and builds what is missing, runs `make lint`, then every
+# suite (unit, tooling, integration, e2e).
 test: setup tools lint-tools sglang-parser lint
 	$(VPY) -m pytest tests -q
 

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from hybridserving.core.profiles import resolve_profile
+from hybridserving.api.profiles import resolve_profile
 from hybridserving.core.transfer import plan_transfer
 
 TARGET_S = 10e-3

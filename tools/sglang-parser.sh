@@ -5,7 +5,7 @@
 # holding the sglang wheel from PyPI, installed with --no-deps (its requirements are
 # GPU builds: torch with CUDA, triton, flashinfer, ...), plus the small CPU packages
 # that the import graph of sglang.srt.server_args needs. torch and triton are not
-# installed; hybridserving.testing.sglang_parser stubs them for the import only.
+# installed; support.sglang_parser stubs them for the import only.
 #
 # Idempotent: does nothing when the marker file matches this script's pins.
 # Prints progress on stderr and, last, the venv's python on stdout.
@@ -104,8 +104,8 @@ log "installing ${#DEPS[@]} pinned packages: ${DEPS[*]}"
 "${PIP[@]}" install --quiet --no-deps --only-binary=:all: "${DEPS[@]}"
 
 log "self-check: parsing sample command lines with the installed parser"
-PYTHONPATH=$REPO/operator PYTHONNOUSERSITE=1 "$VENV/bin/python" \
-  -m hybridserving.testing.sglang_parser --self-check >&2 \
+PYTHONPATH=$REPO/tests PYTHONNOUSERSITE=1 "$VENV/bin/python" \
+  -m support.sglang_parser --self-check >&2 \
   || die "self-check failed; the install in $VENV is not usable"
 
 echo "$FINGERPRINT" >"$MARKER"

@@ -145,9 +145,10 @@ def load_role_config(config_dir: Path, role: str) -> RoleConfig:
 
 
 def read_role(path: Path) -> str | None:
-    """The role a downward-API file states: either the bare label value (a single-key
-    `fieldRef: metadata.labels['hybridserving.io/role']`) or a `key="value"` line of a whole
-    labels/annotations file. Anything but prefill or decode means "no role": keep the current one."""
+    """The role a downward-API file states: either the bare annotation value (a single-key
+    `fieldRef: metadata.annotations['hybridserving.io/role']`, as the operator mounts it) or a
+    `key="value"` line of a whole annotations file. Anything but prefill or decode means "no role":
+    keep the current one."""
     try:
         text = path.read_text()
     except (FileNotFoundError, IsADirectoryError):

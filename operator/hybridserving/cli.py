@@ -10,18 +10,14 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
+from hybridserving.api.profiles import PROFILES
 from hybridserving.api.v1alpha1 import HardwareSpec
 from hybridserving.commands import render, simulate, status
-from hybridserving.commands.output import write_json, write_table
+from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, load_manifests, write_json, write_table
 from hybridserving.core import capacity, transfer
 from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
-from hybridserving.core.profiles import PROFILES
-from hybridserving.manifests import ManifestInvalid, load_file
-
-EXIT_OK, EXIT_INVALID = 0, 1
-
 
 def _human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -39,30 +35,8 @@ def _human_tokens(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _print_manifest_errors(err: ManifestInvalid, out: TextIO) -> None:
-    out.write(f"{err.source}: invalid\n")
-    for e in err.errors:
-        out.write(f"  error: {e.path}: {e.message}\n         fix: {e.fix}\n")
-
-
-def _load(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
-    try:
-        return load_file(path)
-    except ManifestInvalid as err:
-        if as_json:
-            write_json(
-                {"source": err.source, "valid": False,
-                 "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
-                             "severity": "error"} for e in err.errors]},
-                out,
-            )
-        else:
-            _print_manifest_errors(err, out)
-        return None
-
-
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    docs = _load(args.file, out, args.output == "json")
+    docs = load_manifests(args.file, out, args.output == "json")
     if docs is None:
         return EXIT_INVALID
     results = [(hs, assess(hs.spec)) for hs in docs]
@@ -107,7 +81,7 @@ def _print_plan(name: str, a: FleetAssessment, out: TextIO) -> None:
 
 
 def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
-    docs = _load(args.file, out, args.output == "json")
+    docs = load_manifests(args.file, out, args.output == "json")
     if docs is None:
         return EXIT_INVALID
     results = [(hs, assess(hs.spec)) for hs in docs]

@@ -24,8 +24,8 @@ SGLANG_VERSION = "0.5.23"
 @cache
 def sglang_flags() -> dict[str, int | str | None]:
     """Every option of SGLang's `sglang serve` parser with its argparse nargs, dumped from the
-    pinned wheel (`python -m hybridserving.testing.sglang_parser --dump-flags`; a unit test keeps
-    the file equal to the parser). The operator resolves `engine.extraArgs` against it and the
+    pinned wheel (`python -m support.sglang_parser --dump-flags` in tests/; a test keeps the file
+    equal to the parser). The operator resolves `engine.extraArgs` against it and the
     SGLang simulator accepts exactly these flags, so both read this one table."""
     table = json.loads(resources.files("hybridserving").joinpath("sglang_flags.json").read_text())
     if table["sglang_version"] != SGLANG_VERSION:

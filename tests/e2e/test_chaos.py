@@ -40,7 +40,7 @@ import httpx
 import pytest
 import yaml
 
-from hybridserving.testing.polling import wait_for
+from support.polling import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = "deepseek-ai/DeepSeek-V3"

@@ -7,7 +7,7 @@ Two fleets share the namespace: `crashy`, whose engines exit at start (the simul
 /metrics is scraped once a second throughout; the recorded samples become the input of a
 `promtool test rules` case that evaluates the alert's expression (as the chart renders it) at
 the end of the recording. The alert's `for: 2m` is longer than the recording and is covered by
-the rule tests in tests/unit/alerts.
+the rule tests in tests/tooling/alerts.
 """
 
 from __future__ import annotations

@@ -25,11 +25,11 @@ import pytest
 import yaml
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 from hybridserving.devcluster.stack import launcher_url
-from hybridserving.testing.completions import complete, stream_completion
-from hybridserving.testing.polling import wait_for
-from hybridserving.testing.scrape import metric_sum
+from support.completions import complete, stream_completion
+from support.polling import wait_for
+from support.scrape import metric_sum
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAME = "dsv3-flex"

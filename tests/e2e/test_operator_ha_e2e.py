@@ -18,9 +18,8 @@ import time
 import httpx
 
 from hybridserving.devcluster.stack import launcher_url
-from hybridserving.testing.polling import wait_for
-
-from test_role_switch_e2e import SHORT_PROMPT, Load, bring_up, manifest, report, tear_down
+from support.polling import wait_for
+from support.served_fleet import SHORT_PROMPT, Load, bring_up, manifest, report, tear_down
 
 HANDOVER_WITHIN_S = 15  # lease 8 s + a retry period, on a shared 2-core machine
 

@@ -16,146 +16,17 @@ HybridServing's `status.switches` and as Events.
 
 from __future__ import annotations
 
-import json
-import pathlib
-import threading
 import time
-from collections import Counter
 
 import httpx
-import yaml
 
 from hybridserving.devcluster.stack import launcher_url
-from hybridserving.testing.polling import wait_for
+from support.polling import wait_for
+from support.served_fleet import SHORT_PROMPT, Load, bring_up, manifest, report, tear_down
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODEL = "deepseek-ai/DeepSeek-V3"
-SHORT_PROMPT = "The quick brown fox jumps over the lazy dog. " * 90  # ~1,000 simulated tokens
 LONG_PROMPT = "All work and no play makes Jack a dull boy. " * 1500  # ~16,500 simulated tokens
 SWITCH_EVENTS = ["RoleSwitchStarted", "RoleSwitchUnrouted", "RoleSwitchDrained", "RoleSwitchSwitched",
                  "RoleSwitchVerified", "RoleSwitchSucceeded"]
-
-
-def manifest(name: str, *, backend: str, time_scale: float, startup_seconds: float | None) -> dict:
-    doc = yaml.safe_load((ROOT / "examples" / "role-switch.yaml").read_text())
-    doc["metadata"]["name"] = name
-    spec = doc["spec"]
-    spec["prefill"]["replicas"] = 1
-    spec["decode"]["replicas"] = 2
-    spec["transfer"] = {"backend": backend}
-    spec["roleSwitch"].update(cooldownSeconds=60, drainTimeoutSeconds=60, maxConcurrent=1)
-    env = [
-        {"name": "HYBRIDSERVING_SIM_PROFILE", "value": spec["model"]["profile"]},
-        {"name": "HYBRIDSERVING_SIM_TIME_SCALE", "value": str(time_scale)},
-        {"name": "HYBRIDSERVING_POLL_INTERVAL_S", "value": "0.2"},
-        {"name": "HYBRIDSERVING_RESTART_BACKOFF_S", "value": "0.5"},
-    ]
-    if startup_seconds is not None:
-        env.append({"name": "HYBRIDSERVING_SIM_STARTUP_SECONDS", "value": str(startup_seconds)})
-    spec["engine"] = {"env": env}
-    return doc
-
-
-class Load:
-    """Closed-loop clients through the router; every answer is checked."""
-
-    def __init__(self, router: str, clients: int, prompt: str, max_tokens: int, name: str) -> None:
-        self.router, self.prompt, self.max_tokens, self.name = router, prompt, max_tokens, name
-        self.stop_event = threading.Event()
-        self.sent = self.ok = 0
-        self.failures: list[str] = []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
-        for t in self.threads:
-            t.start()
-
-    def _client(self) -> None:
-        with httpx.Client(timeout=300, trust_env=False) as client:
-            while not self.stop_event.is_set():
-                with self.lock:
-                    self.sent += 1
-                try:
-                    resp = client.post(self.router + "/v1/completions",
-                                       json={"model": MODEL, "prompt": self.prompt, "max_tokens": self.max_tokens})
-                    good = resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == self.max_tokens
-                    error = "" if good else f"{resp.status_code}: {resp.text[:200]}"
-                except Exception as e:  # noqa: BLE001 - every failure counts
-                    good, error = False, f"{type(e).__name__}: {e}"
-                with self.lock:
-                    if good:
-                        self.ok += 1
-                    else:
-                        self.failures.append(error)
-
-    def stop(self) -> Load:
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(330)
-        return self
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.sent} sent, {self.ok} ok, {len(self.failures)} failed"
-
-
-class FleetUnderTest:
-    def __init__(self, cluster, namespace: str, name: str) -> None:
-        self.cluster, self.namespace, self.name = cluster, namespace, name
-        self.router = ""
-
-    def kubectl_json(self, *args: str) -> dict:
-        return json.loads(self.cluster.kubectl("-n", self.namespace, *args, "-o", "json").stdout)
-
-    def leaders(self) -> dict[str, dict]:
-        pods = self.kubectl_json("get", "pods", "-l", f"hybridserving.io/name={self.name},hybridserving.io/leader=true")
-        return {p["metadata"]["labels"]["hybridserving.io/instance"]: p for p in pods["items"]
-                if not p["metadata"].get("deletionTimestamp")}
-
-    def router_workers(self) -> Counter:
-        workers = httpx.get(self.router + "/workers", timeout=5, trust_env=False).json()["workers"]
-        return Counter(w["worker_type"] for w in workers if w.get("is_healthy"))
-
-    def serving(self, prefill: int, decode: int) -> bool:
-        leaders = self.leaders()
-        ready = [p for p in leaders.values()
-                 if {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready") == "True"
-                 and p["metadata"]["labels"].get("hybridserving.io/role")]
-        return len(ready) == prefill + decode and self.router_workers() == Counter(prefill=prefill, decode=decode)
-
-    def status(self) -> dict:
-        return self.kubectl_json("get", "hybridserving", self.name).get("status") or {}
-
-    def finished_switch(self) -> dict | None:
-        return next((s for s in self.status().get("switches", []) if s["outcome"] != "InProgress"), None)
-
-    def events(self) -> list[dict]:
-        items = self.kubectl_json("get", "events")["items"]
-        return sorted((e for e in items if e["reason"].startswith("RoleSwitch") and e["reason"] != "RoleSwitch"),
-                      key=lambda e: e["metadata"]["creationTimestamp"])
-
-
-def bring_up(cluster, router_fixture, namespace: str, doc: dict) -> FleetUnderTest:
-    cluster.kubectl("create", "namespace", namespace)
-    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(doc))
-    f = FleetUnderTest(cluster, namespace, doc["metadata"]["name"])
-    wait_for(lambda: cluster.kubectl("-n", namespace, "get", "deployment", f"{f.name}-router", check=False)
-             .returncode == 0, 60, "the router Deployment")
-    f.router = router_fixture(namespace, f"{f.name}-router")
-    wait_for(lambda: f.serving(1, 2), 180, "one prefill and two decode leaders in the router")
-    return f
-
-
-def tear_down(cluster, namespace: str) -> None:
-    cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
-
-
-def report(f: FleetUnderTest, switch: dict, loads: list[Load]) -> None:
-    print(f"\n[{f.namespace}] {switch['instance']} {switch['fromRole']} -> {switch['toRole']} ({switch['mode']}) "
-          f"{switch['outcome']}; started {switch['started']} finished {switch['finished']}")
-    print(f"  steps: {switch['phase']}")
-    print(f"  reason: {switch['reason']}")
-    for load in loads:
-        print(f"  {load}")
-    print("  events: " + ", ".join(e["reason"] for e in f.events()))
 
 
 def test_policy_switches_a_decode_instance_to_prefill_in_place_under_load(

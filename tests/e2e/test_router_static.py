@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.profiles import PROFILES
-from hybridserving.testing.completions import stream_completion
-from hybridserving.testing.scrape import metric_sum
+from hybridserving.api.profiles import PROFILES
+from support.completions import stream_completion
+from support.scrape import metric_sum
 
 TIME_SCALE = 1.0
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 90  # 4,050 bytes: 1,013 simulated tokens

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from hybridserving.core import weights as core_weights
-from hybridserving.testing.fakehub import FakeHub
-from hybridserving.testing.polling import wait_for
-from test_fleet_e2e import ROOT
+from support.fakehub import FakeHub
+from support.polling import wait_for
+from support.served_fleet import ROOT
 
 NAME = "dsv3-weights"
 REPO = "deepseek-ai/DeepSeek-V3"

@@ -30,7 +30,7 @@ from hybridserving.devcluster import (  # noqa: E402
     find_binaries,
     reap_orphans,
 )
-from hybridserving.testing.polling import wait_for as wait_for_condition  # noqa: E402
+from support.polling import wait_for as wait_for_condition  # noqa: E402
 
 UP_TIMEOUT = float(os.environ.get("HYBRIDSERVING_UP_TIMEOUT", "120"))
 

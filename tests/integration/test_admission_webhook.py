@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
-from test_operator import ROOT
 
 from hybridserving.devcluster import FleetSpec
-from hybridserving.testing.crds import apply_crds
-from hybridserving.testing.polling import wait_for
+from support.cluster_fleet import ROOT
+from support.crds import apply_crds
+from support.polling import wait_for
 from hybridserving_engine.simulator.process import free_ports
 
 

@@ -34,7 +34,7 @@ from hybridserving.api.v1alpha1 import (
     HybridServingStatus,
     RoleStatus,
 )
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD_FILES = sorted((REPO / "crds").glob("*.yaml"))

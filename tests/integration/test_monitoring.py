@@ -16,7 +16,7 @@ import yaml
 
 from hybridserving.devcluster import Cluster, bin_dir, cache_dir, read_versions
 
-from test_chart import CHART
+from support.chart import CHART
 
 KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")
 

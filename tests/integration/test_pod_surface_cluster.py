@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from test_operator import GROUP, VERSION, Fleet, Operator
 
 from hybridserving.devcluster import FleetSpec
-from hybridserving.testing.crds import apply_crds
+from support.cluster_fleet import GROUP, VERSION, Fleet, Operator
+from support.crds import apply_crds
 
 TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from hybridserving.devcluster import Cluster, bin_dir
-from hybridserving.testing.crds import apply_crds
+from support.crds import apply_crds
 
-from test_chart import CHART
+from support.chart import CHART
 
 RELEASE, RELEASE_NS = "hs", "hs-system"
 OPERATOR = f"system:serviceaccount:{RELEASE_NS}:hs-hybridserving"

@@ -6,12 +6,13 @@ import copy
 from typing import Any
 
 import pytest
-from test_reconcile import NS, SPEC, MemoryApi, settle
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND
 from hybridserving.controller import metrics
 from hybridserving.controller import reconcile as rec
 from hybridserving.core.actions import Action, Cause
+from support.apiserver import NS, MemoryApi
+from support.fleets import SPEC, settle
 
 
 @pytest.fixture

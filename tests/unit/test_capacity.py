@@ -25,7 +25,7 @@ from hybridserving.core.capacity import (
     pool_bytes,
     rank_footprint,
 )
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 
 GLM53 = PROFILES["glm-5.3"]
 GLM52 = PROFILES["glm-5.2"]

@@ -8,7 +8,8 @@ import re
 
 from hybridserving.api.v1alpha1 import Condition, HybridServingStatus
 
-from test_reconcile import MemoryApi, SPEC, settle
+from support.apiserver import MemoryApi
+from support.fleets import SPEC, settle
 
 RECOMMENDED = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
                "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by")

@@ -15,7 +15,8 @@ from hybridserving.controller import reconcile as rec
 from hybridserving.core.observed import ObservedPod, describe_termination
 from hybridserving_engine.podrunner.runner import termination_message
 
-from test_reconcile import NS, SPEC, MemoryApi, settle
+from support.apiserver import NS, MemoryApi
+from support.fleets import SPEC, settle
 
 LAST_LINE = ("engine crash loop: 5 consecutive engine failures, last exit status 3; "
              "exiting so that the container restarts")

@@ -4,7 +4,7 @@ A dashboard whose query names a metric nobody exports shows "No data" forever an
 notices; so every series and label it uses is looked up in the code that exports it: SGLang's
 series in the engine simulator (which serves them under SGLang's names and labels), the
 operator's in hybridserving.controller.metrics, the launcher's in its registry, and the router's
-in an exposition recorded from the real smg 1.13.0 (tests/unit/data/smg-1.13.0.metrics). Grafana
+in an exposition recorded from the real smg 1.13.0 (tests/support/data/smg-1.13.0.metrics). Grafana
 itself publishes no JSON Schema for dashboards on the registries reachable here (the
 grafana-foundation-sdk models decode leniently and validate nothing), so the structure Grafana
 needs is checked directly.
@@ -15,26 +15,20 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
+
+from support.series import SMG_EXPOSITION, engine_series, launcher_series, operator_series
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "hybridserving-dashboard.json"
 
-SMG_EXPOSITION = pathlib.Path(__file__).parent / "data" / "smg-1.13.0.metrics"
 
 # Labels Prometheus attaches to every scraped series (target labels) or histogram buckets carry;
 # the chart's PodMonitors add the fleet and instance from the pod's labels.
 SCRAPE_LABELS = {"namespace", "pod", "instance", "job", "le", "hybridserving", "hybridserving_instance"}
 METRIC = re.compile(r"\b(sglang:[a-z_]+|hybridserving_[a-z_]+|smg_[a-z_]+)\b")
-SUFFIXES = {
-    "counter": ("_total",),
-    "histogram": ("_bucket", "_sum", "_count"),
-    "gauge": ("",),
-    "summary": ("_sum", "_count", ""),
-}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool"}
 
 
@@ -57,38 +51,6 @@ def queries(dashboard: dict) -> Iterator[tuple[str, dict]]:
     for panel in all_panels(dashboard):
         for target in panel.get("targets", []):
             yield panel["title"], target
-
-
-def series_of(metrics: Iterable[MetricWrapperBase]) -> dict[str, set[str]]:
-    """Sample name -> label names, for prometheus_client metric objects."""
-    out: dict[str, set[str]] = {}
-    for m in metrics:
-        for suffix in SUFFIXES[m._type]:
-            out[m._name + suffix] = set(m._labelnames)
-    return out
-
-
-def metrics_in(obj: object) -> list[MetricWrapperBase]:
-    """The metric objects a module or an object holds as attributes."""
-    return [v for v in vars(obj).values() if isinstance(v, MetricWrapperBase)]
-
-
-def engine_series() -> dict[str, set[str]]:
-    from hybridserving_engine.simulator.metrics import EngineMetrics
-
-    return series_of(metrics_in(EngineMetrics("m", "prefill", role_switch=True)))
-
-
-def operator_series() -> dict[str, set[str]]:
-    from hybridserving.controller import metrics
-
-    return series_of(metrics_in(metrics))
-
-
-def launcher_series() -> dict[str, set[str]]:
-    from hybridserving_engine.launcher import LauncherMetrics
-
-    return series_of(metrics_in(LauncherMetrics()))
 
 
 def router_series() -> dict[str, set[str]]:

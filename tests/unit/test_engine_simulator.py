@@ -14,7 +14,7 @@ from hybridserving_engine.simulator.engine import count_tokens
 from hybridserving_engine.simulator.process import free_port
 from hybridserving_engine.simulator.server import SimulatorServer
 
-from hybridserving.testing.scrape import metric_sum
+from support.scrape import metric_sum
 
 
 def options(time_scale: float = 0.01, faults: str = "") -> SimulatorOptions:

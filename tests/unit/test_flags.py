@@ -20,7 +20,7 @@ from hybridserving.core.flags import (
     render_role_config,
     render_template,
 )
-from hybridserving.testing.patches import overlaid
+from support.patches import overlaid
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -20,7 +20,7 @@ from hybridserving.core.policy import (
     ScaleAction,
     ScalingConfig,
 )
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 from hybridserving.fleetsim import traces
 from hybridserving.fleetsim.baselines import (
     PlannerStyleScaler,

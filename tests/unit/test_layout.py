@@ -20,7 +20,7 @@ from hybridserving.core.layout import (
     role_switch_capability,
     validate,
 )
-from hybridserving.testing.patches import overlaid
+from support.patches import overlaid
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

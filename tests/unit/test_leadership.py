@@ -1,57 +1,22 @@
-"""Leader election on a Lease, against an in-memory apiserver with resourceVersion preconditions
+"""Leader election on a Lease, against the in-memory apiserver (tests/support) with resourceVersion preconditions
 and fake clocks: one leader at a time, takeover only after the lease ran out on the standby's own
 clock, a lost race is a 409 and no leadership, a leader that cannot renew gives up in time.
 The real apiserver and a killed leader are in tests/e2e/test_operator_ha_e2e.py."""
 
 from __future__ import annotations
 
-import copy
-import itertools
 import threading
 
 import pytest
 
-from hybridserving.controller.kube import KubeError
 from hybridserving.controller.leadership import Election, Leadership
+from support.apiserver import MemoryApi
+
+LEASE = ("Lease", "hybridserving-operator")
 
 
-class LeaseApi:
-    """Get/create/patch of Leases with the apiserver's optimistic concurrency."""
-
-    def __init__(self) -> None:
-        self.leases: dict[str, dict] = {}
-        self.versions = itertools.count(1)
-        self.down = False
-
-    def get(self, kind: str, namespace: str, name: str) -> dict:
-        if self.down:
-            raise KubeError(0, "connection refused")
-        if name not in self.leases:
-            raise KubeError(404, "not found")
-        return copy.deepcopy(self.leases[name])
-
-    def create(self, kind: str, namespace: str, body: dict) -> dict:
-        name = body["metadata"]["name"]
-        if name in self.leases:
-            raise KubeError(409, "already exists")
-        obj = copy.deepcopy(body)
-        obj["metadata"]["resourceVersion"] = str(next(self.versions))
-        self.leases[name] = obj
-        return obj
-
-    def patch(self, kind: str, namespace: str, name: str, body: dict, *, resource_version: str | None = None,
-              **_: object) -> dict:
-        if self.down:
-            raise KubeError(0, "connection refused")
-        obj = self.leases[name]
-        if resource_version != obj["metadata"]["resourceVersion"]:
-            raise KubeError(409, "the object has been modified")
-        obj["spec"].update(body["spec"])
-        obj["metadata"]["resourceVersion"] = str(next(self.versions))
-        return copy.deepcopy(obj)
-
-    def holder(self) -> str:
-        return self.leases["hybridserving-operator"]["spec"]["holderIdentity"]
+def holder(api: MemoryApi) -> str:
+    return api.store[LEASE]["spec"]["holderIdentity"]
 
 
 class Clock:
@@ -62,23 +27,23 @@ class Clock:
         return self.now
 
 
-def replica(api: LeaseApi, name: str, clock: Clock, **kw) -> Leadership:
+def replica(api: MemoryApi, name: str, clock: Clock, **kw) -> Leadership:
     return Leadership(api, Election(namespace="ops", identity=name), clock=clock, wall=clock, **kw)
 
 
 def test_one_leader_and_a_standby_that_waits_while_it_renews() -> None:
-    api, clock = LeaseApi(), Clock()
+    api, clock = MemoryApi(), Clock()
     a, b = replica(api, "a", clock), replica(api, "b", clock)
-    assert a.try_acquire_or_renew() and api.holder() == "a"
+    assert a.try_acquire_or_renew() and holder(api) == "a"
     for _ in range(30):  # 30 s of renewals every second: b never takes over
         assert not b.try_acquire_or_renew()
         clock.now += 1
         assert a.try_acquire_or_renew()
-    assert api.holder() == "a" and api.leases["hybridserving-operator"]["spec"]["leaseTransitions"] == 0
+    assert holder(api) == "a" and api.store[LEASE]["spec"]["leaseTransitions"] == 0
 
 
 def test_a_standby_takes_over_once_the_lease_ran_out_on_its_own_clock() -> None:
-    api, clock = LeaseApi(), Clock()
+    api, clock = MemoryApi(), Clock()
     a, b = replica(api, "a", clock), replica(api, "b", clock)
     a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew()  # b starts observing the record now
@@ -86,13 +51,13 @@ def test_a_standby_takes_over_once_the_lease_ran_out_on_its_own_clock() -> None:
     assert not b.try_acquire_or_renew()
     clock.now += 0.2  # 8.1 s without a renewal seen by b
     assert b.try_acquire_or_renew()
-    spec = api.leases["hybridserving-operator"]["spec"]
+    spec = api.store[LEASE]["spec"]
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
-    assert not a.try_acquire_or_renew() and api.holder() == "b"  # the old leader sees b's fresh record
+    assert not a.try_acquire_or_renew() and holder(api) == "b"  # the old leader sees b's fresh record
 
 
 def test_two_standbys_racing_for_an_expired_lease_make_one_leader() -> None:
-    api, clock = LeaseApi(), Clock()
+    api, clock = MemoryApi(), Clock()
     a, b, c = replica(api, "a", clock), replica(api, "b", clock), replica(api, "c", clock)
     a.try_acquire_or_renew()
     b.try_acquire_or_renew(), c.try_acquire_or_renew()
@@ -106,11 +71,11 @@ def test_two_standbys_racing_for_an_expired_lease_make_one_leader() -> None:
 
     api.patch = c_writes_first
     assert not b.try_acquire_or_renew()
-    assert api.holder() == "c"
+    assert holder(api) == "c"
 
 
 def test_a_leader_that_cannot_renew_gives_up_before_a_standby_could_take_over() -> None:
-    api, clock = LeaseApi(), Clock()
+    api, clock = MemoryApi(), Clock()
     lost = threading.Event()
     a = replica(api, "a", clock, on_lost=lost.set)
     a.acquire()
@@ -132,13 +97,13 @@ def test_a_leader_that_cannot_renew_gives_up_before_a_standby_could_take_over() 
 
 
 def test_a_released_lease_is_taken_at_once() -> None:
-    api, clock = LeaseApi(), Clock()
+    api, clock = MemoryApi(), Clock()
     a, b = replica(api, "a", clock), replica(api, "b", clock)
     a.acquire()
     assert not b.try_acquire_or_renew()
     a.release()
-    assert api.holder() == ""
-    assert b.try_acquire_or_renew() and api.holder() == "b"
+    assert holder(api) == ""
+    assert b.try_acquire_or_renew() and holder(api) == "b"
 
 
 def test_the_timing_must_leave_room_to_renew() -> None:

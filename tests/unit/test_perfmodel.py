@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 
 GLM = PROFILES["glm-5.2"]
 

@@ -1,6 +1,6 @@
 """The object planner, exercised as LWS tests its planner: whole rollouts, step by step.
 
-`FakeCluster` applies the planner's actions the way the apiserver would (uids, merge
+`FakeCluster` (tests/support/apiserver.py) applies the planner's actions the way the apiserver would (uids, merge
 patches, resourceVersion preconditions, graceful pod deletion, garbage collection of owned
 objects) and plays scheduler and kubelet (GPU capacity, host ports, NVLink-domain affinity,
 pods turning Running then Ready). Every scenario checks the fleet's invariants after every
@@ -9,8 +9,6 @@ single step, not just at the end.
 
 from __future__ import annotations
 
-import copy
-import itertools
 import random
 from typing import Any
 
@@ -19,217 +17,17 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
+from hybridserving.controller.kube import KubeError
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.core import health, planner, ports, rendering
-from hybridserving.core.actions import Action
-from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, LABEL_INSTANCE, LABEL_LEADER, LABEL_NAME
+from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, LABEL_LEADER, LABEL_NAME
 from hybridserving.core.observed import Observed
 from hybridserving.core.switching import SwitchState
-from hybridserving.testing.patches import apply_merge_patch
+from support.apiserver import FakeCluster
+from support.fleets import check_invariants, converge, fleet, uids
 
 # A switch in flight at its Switch step, as the role-switch controller records it.
 SWITCH_RECORD = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
-
-GPUS = 8
-NODES_PER_DOMAIN = 2
-
-
-def fleet(**spec: Any) -> HybridServing:
-    body: dict[str, Any] = {
-        "model": {"path": "deepseek-ai/DeepSeek-V3", "profile": "deepseek-v3"},
-        "prefill": {"replicas": 3, "layout": {"tp": 8}},
-        "decode": {"replicas": 3, "layout": {"tp": 8}},
-    }
-    for key, value in spec.items():
-        body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
-    return HybridServing.model_validate(
-        {"metadata": {"name": "hs", "namespace": "ns", "uid": "hs-uid", "generation": 1}, "spec": body}
-    )
-
-
-class Conflict(Exception):
-    pass
-
-
-class FakeCluster:
-    """Just enough apiserver, scheduler, kubelet and garbage collector for the planner."""
-
-    def __init__(self, nodes: int = 16, ready_after: int = 1) -> None:
-        self.nodes = {f"node-{i}": {"domain": f"nvl-{i // NODES_PER_DOMAIN}", "gpus": GPUS} for i in range(nodes)}
-        self.store: dict[tuple[str, str], dict[str, Any]] = {}
-        self.uids = itertools.count(1)
-        self.version = itertools.count(1)
-        self.ready_after = ready_after
-        self.pod_uids_seen: dict[str, list[str]] = {}
-        self.writes = 0
-
-    # -- apiserver
-    def apply(self, action: Action) -> None:
-        key = (action.kind, action.name)
-        self.writes += 1
-        if action.verb == "create":
-            if key in self.store:
-                raise Conflict(f"{key} already exists")
-            obj = copy.deepcopy(action.body)
-            meta = obj["metadata"]
-            meta["uid"] = f"uid-{next(self.uids)}"
-            meta["resourceVersion"] = str(next(self.version))
-            if action.kind == "Pod":
-                obj["status"] = {"phase": "Pending"}
-                obj["_age"] = 0
-                self.pod_uids_seen.setdefault(action.name, []).append(meta["uid"])
-            self.store[key] = obj
-        elif action.verb == "patch":
-            obj = self.store.get(key)
-            if obj is None:
-                raise Conflict(f"{key} not found")
-            if action.resource_version and obj["metadata"]["resourceVersion"] != action.resource_version:
-                raise Conflict(f"{key} changed")
-            if action.uid and obj["metadata"]["uid"] != action.uid:
-                raise Conflict(f"{key} replaced")
-            apply_merge_patch(obj, action.body or {})
-            obj["metadata"]["resourceVersion"] = str(next(self.version))
-        else:
-            obj = self.store.get(key)
-            if obj is None or (action.uid and obj["metadata"]["uid"] != action.uid):
-                return
-            if action.kind == "Pod":
-                obj["metadata"]["deletionTimestamp"] = "now"
-            else:
-                del self.store[key]
-
-    def observed(self) -> Observed:
-        pods = [o for (k, _), o in self.store.items() if k == "Pod"]
-        insts = [o for (k, _), o in self.store.items() if k == INSTANCE_KIND]
-        others = [o for (k, _), o in self.store.items() if k not in ("Pod", INSTANCE_KIND)]
-        return Observed.from_manifests(insts, pods, others)
-
-    def reconcile(self, hs: HybridServing, limit: int | None = None) -> list[Action]:
-        """One operator pass; `limit` stops it after that many writes (a crash)."""
-        actions = planner.diff(planner.plan(hs, self.observed()), self.observed())
-        for action in actions[: len(actions) if limit is None else limit]:
-            self.apply(action)
-        return actions
-
-    # -- scheduler, kubelet, garbage collector
-    def used(self, node: str) -> tuple[int, set[int]]:
-        gpus, host_ports = 0, set()
-        for (kind, _), pod in self.store.items():
-            if kind == "Pod" and pod["spec"].get("nodeName") == node:
-                c = pod["spec"]["containers"][0]
-                gpus += int(c["resources"]["limits"]["nvidia.com/gpu"])
-                host_ports |= {p["hostPort"] for p in c["ports"] if "hostPort" in p}
-        return gpus, host_ports
-
-    def fits(self, pod: dict[str, Any], node: str) -> bool:
-        c = pod["spec"]["containers"][0]
-        gpus, taken = self.used(node)
-        if gpus + int(c["resources"]["limits"]["nvidia.com/gpu"]) > self.nodes[node]["gpus"]:
-            return False
-        if {p["hostPort"] for p in c["ports"] if "hostPort" in p} & taken:
-            return False
-        for term in pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]:
-            if term["topologyKey"] != "hybridserving.io/nvlink-domain":
-                continue  # one fabric here
-            match = term["labelSelector"]["matchLabels"]
-            peers = [
-                o for (k, _), o in self.store.items()
-                if k == "Pod" and o["spec"].get("nodeName")
-                and all(o["metadata"]["labels"].get(a) == b for a, b in match.items())
-            ]
-            if not peers or self.nodes[peers[0]["spec"]["nodeName"]]["domain"] != self.nodes[node]["domain"]:
-                return False
-        return True
-
-    def advance(self) -> None:
-        for key, obj in list(self.store.items()):
-            if key[0] == "Pod" and obj["metadata"].get("deletionTimestamp"):
-                del self.store[key]
-        owners = {o["metadata"]["uid"] for o in self.store.values()} | {"hs-uid"}
-        for key, obj in list(self.store.items()):
-            refs = obj["metadata"].get("ownerReferences") or []
-            if refs and not {r["uid"] for r in refs} & owners:
-                del self.store[key]
-        for key, pod in sorted(self.store.items()):
-            if key[0] != "Pod":
-                continue
-            status = pod["status"]
-            if not pod["spec"].get("nodeName"):
-                node = next((n for n in sorted(self.nodes, key=lambda n: int(n.split("-")[1]))
-                             if self.fits(pod, n)), None)
-                if node is None:
-                    status["conditions"] = [{"type": "PodScheduled", "status": "False",
-                                             "reason": "Unschedulable", "message": "0/16 nodes are available"}]
-                    continue
-                pod["spec"]["nodeName"] = node
-                status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
-                continue
-            pod["_age"] += 1
-            status["phase"] = "Running"
-            if pod["_age"] >= self.ready_after:
-                status["conditions"] = [{"type": "PodScheduled", "status": "True"},
-                                        {"type": "Ready", "status": "True"}]
-
-    # -- reading the fleet
-    def pods(self) -> dict[str, dict[str, Any]]:
-        return {name: o for (k, name), o in self.store.items() if k == "Pod"}
-
-    def instances(self) -> dict[str, dict[str, Any]]:
-        return {name: o for (k, name), o in self.store.items() if k == INSTANCE_KIND}
-
-    def unavailable(self, hs: HybridServing) -> dict[str, int]:
-        desired = planner.plan(hs, self.observed())
-        views = health.view(desired, self.observed())
-        out = {role: 0 for role in ROLES}
-        for v in views.values():
-            if not v.available:
-                out[v.plan.role] += 1
-        return out
-
-
-def check_invariants(cluster: FakeCluster, hs: HybridServing) -> None:
-    """What must hold after every step, whatever the scenario."""
-    pods = cluster.pods()
-    by_node: dict[str, list[int]] = {}
-    for pod in pods.values():
-        node = pod["spec"].get("nodeName")
-        if node:
-            for p in pod["spec"]["containers"][0]["ports"]:
-                if "hostPort" in p:
-                    by_node.setdefault(node, []).append(p["hostPort"])
-    for node, host_ports in by_node.items():
-        assert len(host_ports) == len(set(host_ports)), f"host ports collide on {node}: {sorted(host_ports)}"
-    instances = cluster.instances()
-    for name, inst in instances.items():
-        assert name == f"hs-{inst['spec']['index']}", "instance names follow their index"
-        gang = [p for p in pods.values() if p["metadata"]["labels"][LABEL_INSTANCE] == name]
-        assert len(gang) <= inst["spec"]["nodes"] + 0, f"{name} has {len(gang)} pods"
-        domains = {cluster.nodes[p["spec"]["nodeName"]]["domain"] for p in gang if p["spec"].get("nodeName")}
-        assert len(domains) <= 1, f"{name} spans NVLink domains {domains}"
-        for p in gang:
-            labels = p["metadata"]["labels"]
-            if labels[LABEL_LEADER] == "false":
-                assert LABEL_ROLE not in labels, "workers are never router workers"
-    blocks = [tuple(sorted(i["spec"]["ports"].values())) for i in instances.values()]
-    if hs.spec.network.host_network:
-        assert len(blocks) == len(set(blocks)), "each instance of a host-network fleet owns its port block"
-
-
-def converge(cluster: FakeCluster, hs: HybridServing, steps: int = 60, check=None) -> int:
-    """Reconcile and advance until a pass writes nothing and everything is ready."""
-    for step in range(steps):
-        settled = not any(cluster.unavailable(hs).values())
-        actions = cluster.reconcile(hs)
-        check_invariants(cluster, hs)
-        if check:
-            check(cluster)
-        cluster.advance()
-        check_invariants(cluster, hs)
-        if check:
-            check(cluster)
-        if not actions and settled:
-            return step
-    raise AssertionError(f"no convergence in {steps} steps; last actions: {[str(a) for a in actions]}")
 
 
 def rollout_invariants(hs: HybridServing):
@@ -243,10 +41,6 @@ def rollout_invariants(hs: HybridServing):
         assert not (down["prefill"] and down["decode"]), f"both roles rolling at once: {down}"
 
     return check
-
-
-def uids(cluster: FakeCluster) -> dict[str, str]:
-    return {name: p["metadata"]["uid"] for name, p in cluster.pods().items()}
 
 
 # --------------------------------------------------------------------------- creation
@@ -601,7 +395,7 @@ def test_an_operator_killed_at_any_write_converges_without_duplicates(
             for action in actions[: rng.randint(0, len(actions))]:
                 try:
                     cluster.apply(action)
-                except Conflict:
+                except KubeError:
                     break  # a 409: the pass ends, the next one re-reads
             check_invariants(cluster, hs)
             cluster.advance()

@@ -15,7 +15,7 @@ from hybridserving.core.actions import Action
 from hybridserving.core.naming import LABEL_COMPONENT, LABEL_NAME
 from hybridserving.core.observed import Observed
 from hybridserving.core.rendering import EngineAccess
-from hybridserving.testing.patches import apply_merge_patch
+from support.patches import apply_merge_patch
 
 
 def fleet(**spec: Any) -> HybridServing:

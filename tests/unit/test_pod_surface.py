@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from test_planner import FakeCluster, converge, fleet, uids
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, HybridServing
 from hybridserving.contract import ANNOTATION_ROLE
@@ -15,6 +14,8 @@ from hybridserving.core import gang, planner, podtemplate, surface, weights
 from hybridserving.core.naming import LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME
 from hybridserving.core.observed import Observed
 from hybridserving.core.rendering import ROUTER_METRICS_PORT, role_config
+from support.apiserver import FakeCluster
+from support.fleets import converge, fleet, uids
 
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 

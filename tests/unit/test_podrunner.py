@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client
 from urllib3.exceptions import MaxRetryError
 
-from hybridserving.testing.polling import wait_for
+from support.polling import wait_for
 from hybridserving_engine.podrunner.runner import PodRunner, PodWorker
 
 

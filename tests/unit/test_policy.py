@@ -17,7 +17,7 @@ from hybridserving.core.policy import (
     PolicyMemory,
     RoleSwitchPolicy,
 )
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 
 MODEL = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8)
 

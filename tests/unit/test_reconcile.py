@@ -1,7 +1,7 @@
 """The reconcile (observe, validate, plan, act, report) against an in-memory API with faults.
 
-`MemoryApi` has the same methods as `controller.kube.Kube` and the apiserver's write
-semantics that the reconcile relies on (merge patches, resourceVersion and uid
+`MemoryApi` (tests/support/apiserver.py) has the same methods as `controller.kube.Kube` and the
+apiserver's write semantics that the reconcile relies on (merge patches, resourceVersion and uid
 preconditions, AlreadyExists, the status subresource); its `fail` hook injects HTTP errors
 into chosen writes. The real apiserver is exercised by tests/integration/test_operator.py.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,132 +18,12 @@ import pytest
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
-from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.switching import SwitchState
-from hybridserving.testing.patches import apply_merge_patch
+from support.apiserver import NS, MemoryApi
+from support.fleets import SPEC, settle
 
 # A switch in flight at its Switch step, as the role-switch controller records it.
 SWITCH_RECORD = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
-
-NS = "serving"
-
-
-class MemoryApi:
-    """An in-memory stand-in for `Kube`, with fault injection on writes."""
-
-    def __init__(self) -> None:
-        self.store: dict[tuple[str, str], dict[str, Any]] = {}
-        self.counter = itertools.count(1)
-        self.writes: Counter[tuple[str, str]] = Counter()
-        self.fail: Callable[[str, str, str], int | None] = lambda verb, kind, name: None
-
-    def _check(self, verb: str, kind: str, name: str) -> None:
-        status = self.fail(verb, kind, name)
-        if status:
-            raise KubeError(status, f"injected {status}")
-
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
-        obj = self.store.get((kind, name))
-        if obj is None:
-            raise KubeError(404, "not found")
-        return copy.deepcopy(obj)
-
-    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
-        return [
-            copy.deepcopy(o) for (k, _), o in sorted(self.store.items())
-            if k == kind and all(o["metadata"].get("labels", {}).get(a) == b for a, b in labels.items())
-        ]
-
-    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        meta = body["metadata"]
-        name = meta.get("name") or f"{meta['generateName']}{next(self.counter)}"
-        self._check("create", kind, name)
-        self.writes[("create", kind)] += 1
-        if (kind, name) in self.store:
-            raise KubeError(409, "already exists")
-        obj = copy.deepcopy(body)
-        obj["kind"] = kind
-        obj["metadata"].update(name=name, uid=f"uid-{next(self.counter)}", resourceVersion=str(next(self.counter)),
-                               generation=1)
-        self.store[(kind, name)] = obj
-        return copy.deepcopy(obj)
-
-    def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any], *,
-              resource_version: str | None = None, uid: str | None = None,
-              subresource: str | None = None) -> dict[str, Any]:
-        self._check("patch", kind, name)
-        self.writes[("patch" if not subresource else f"patch-{subresource}", kind)] += 1
-        obj = self.store.get((kind, name))
-        if obj is None:
-            raise KubeError(404, "not found")
-        if resource_version and obj["metadata"]["resourceVersion"] != resource_version:
-            raise KubeError(409, "the object has been modified")
-        if uid and obj["metadata"]["uid"] != uid:
-            raise KubeError(409, "uid precondition failed")
-        if subresource == "status":
-            apply_merge_patch(obj, {"status": body["status"]})
-        else:
-            body = {k: v for k, v in body.items() if k != "status"}
-            if "spec" in body:
-                obj["metadata"]["generation"] += 1
-            apply_merge_patch(obj, body)
-        obj["metadata"]["resourceVersion"] = str(next(self.counter))
-        return copy.deepcopy(obj)
-
-    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
-        self._check("delete", kind, name)
-        self.writes[("delete", kind)] += 1
-        obj = self.store.get((kind, name))
-        if obj is None or (uid and obj["metadata"]["uid"] != uid):
-            return
-        del self.store[(kind, name)]
-
-    # -- playing kubelet and user
-    def run_pods(self) -> None:
-        for (kind, _), obj in self.store.items():
-            if kind == "Pod":
-                obj["spec"]["nodeName"] = "node-0"
-                obj["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-
-    def user_apply(self, spec: dict[str, Any], name: str = "fleet") -> None:
-        key = (KIND, name)
-        if key in self.store:
-            obj = self.store[key]
-            obj["spec"] = copy.deepcopy(spec)
-            obj["metadata"]["generation"] += 1
-        else:
-            self.store[key] = {
-                "apiVersion": "hybridserving.io/v1alpha1", "kind": KIND,
-                "metadata": {"name": name, "namespace": NS, "uid": "hs-uid", "generation": 1,
-                             "resourceVersion": "1"},
-                "spec": copy.deepcopy(spec),
-            }
-
-    def children(self) -> set[tuple[str, str]]:
-        return {k for k, o in self.store.items() if o["metadata"].get("labels", {}).get(LABEL_NAME) == "fleet"}
-
-    def status(self) -> dict[str, Any]:
-        return self.store[(KIND, "fleet")].get("status") or {}
-
-    def condition(self, type_: str) -> dict[str, Any]:
-        return next(c for c in self.status()["conditions"] if c["type"] == type_)
-
-
-SPEC: dict[str, Any] = {
-    "model": {"path": "deepseek-ai/DeepSeek-V3", "profile": "deepseek-v3"},
-    "prefill": {"replicas": 2, "layout": {"tp": 8}},
-    "decode": {"replicas": 2, "layout": {"tp": 8}},
-}
-
-
-def settle(api: MemoryApi, passes: int = 10) -> rec.Outcome:
-    """Reconcile, letting pods run, until a pass asks for nothing."""
-    for _ in range(passes):
-        outcome = rec.reconcile(api, NS, "fleet")
-        api.run_pods()
-        if not outcome.actions:
-            return outcome
-    raise AssertionError(f"not settled: {[str(a) for a in outcome.actions]}")
 
 
 @pytest.fixture

@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_reconcile import NS, SPEC, MemoryApi, settle
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
+from support.apiserver import NS, MemoryApi
+from support.fleets import SPEC, settle
 
 INSTANCE = "fleet-0"
 UNROUTE_RECORD = SwitchState.start("prefill", "decode", "in-place", "test", 0.0).to_annotation()

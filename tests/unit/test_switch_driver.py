@@ -1,6 +1,6 @@
 """The role-switch controller (`controller.switching`) with an in-memory API, the real reconcile and fake engines.
 
-The API is `MemoryApi` from test_reconcile (merge patches, preconditions, status subresource). Each
+The API is `MemoryApi` from tests/support/apiserver.py (merge patches, preconditions, status subresource). Each
 tick runs the switch controller, then a reconcile pass (the planner relabels pods from the instance's
 phase and role), then the fake "kubelet" and engines: each leader's launcher follows its pod's role
 annotation the way the real one follows the downward-API file (drain, then switch in place or
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from test_reconcile import NS, SPEC, MemoryApi
+from support.apiserver import NS, MemoryApi
+from support.fleets import SPEC
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec

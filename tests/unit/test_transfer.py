@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 from hybridserving.core.transfer import filter_pages, layer_bounds, plan_transfer
 
 GLM52 = PROFILES["glm-5.2"]

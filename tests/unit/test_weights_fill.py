@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridserving.testing.fakehub import FakeHub
+from support.fakehub import FakeHub
 from hybridserving_engine import weights
 
 FILES = {"config.json": b'{"architectures": ["DeepseekV3ForCausalLM"]}', "model-00001.safetensors": b"x" * 300_000}

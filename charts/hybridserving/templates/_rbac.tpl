@@ -1,6 +1,6 @@
 {{/*
 The operator's permissions, split by scope. They are the rules of
-operator/hybridserving/controller/rbac.py (tests/unit/test_chart_static.py renders the chart and
+operator/hybridserving/controller/rbac.py (tests/tooling/test_chart_static.py renders the chart and
 fails when the two differ); change both together. Namespaced resources are granted per watched
 namespace (a Role), or cluster-wide only with watchAllNamespaces; the ClusterRole holds only
 what exists at cluster scope, read-only. No wildcard, and no Secrets: the operator never reads

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from hybridserving.api.v1alpha1 import GPU_TYPES
 from hybridserving.contract import sglang_flags
 from hybridserving.core import resolution
-from hybridserving.core.profiles import resolve_profile
+from hybridserving.api.profiles import resolve_profile
 from hybridserving.core.resolution import ResolvedArgs
 
 log = logging.getLogger("hybridserving.simulator")
@@ -27,8 +27,6 @@ log = logging.getLogger("hybridserving.simulator")
 DEFAULT_PROFILE = "glm-5.2"
 DEFAULT_CONTEXT_LENGTH = 131072
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
-# Backends whose KV manager implements `supports_role_switch` in 0.5.23.
-ROLE_SWITCH_BACKENDS = ("mooncake", "mooncake_tcp", "mori", "ascend")
 
 
 def build_parser() -> argparse.ArgumentParser:

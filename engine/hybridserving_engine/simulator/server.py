@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hybridserving.contract import SGLANG_VERSION
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.profiles import resolve_profile
+from hybridserving.api.profiles import resolve_profile
 
 from hybridserving_engine.simulator.args import (
     DEFAULT_CONTEXT_LENGTH,

@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 from hybridserving.api.base import ApiModel, cel
 from hybridserving.api.pods import EnvFromSource, EnvVarSource, GangSpec, PodTemplate
 from hybridserving.api.weights import WeightsSpec
-from hybridserving.core.profiles import ModelArchitecture
+from hybridserving.api.profiles import ModelArchitecture, resolve_profile
 
 GROUP = "hybridserving.io"
 VERSION = "v1alpha1"
@@ -474,8 +474,6 @@ class HybridServingSpec(ApiModel):
 
     def architecture(self) -> ModelArchitecture:
         """The model's figures, from the built-in profile or the custom architecture."""
-        from hybridserving.core.profiles import resolve_profile
-
         if self.model.architecture is not None:
             return self.model.architecture
         assert self.model.profile is not None
@@ -605,7 +603,7 @@ class HybridServing(ApiModel):
 
     @model_validator(mode="after")
     def _name_is_dns_label(self) -> HybridServing:
-        # Child names are "<name>-<role>-<index>[-<rank>]"; keep them within 63 characters.
+        # Child names are "<name>-<index>-<rank>" and "<name>-<role>-config"; keep them within 63 characters.
         import re
 
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?", self.metadata.name):

@@ -1,9 +1,15 @@
-"""How every `hybridserving` command prints: aligned tables for people, JSON for scripts."""
+"""How every `hybridserving` command prints: aligned tables for people, JSON for scripts, exit codes,
+and the errors of a manifest that does not load."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, TextIO
+
+from hybridserving.manifests import ManifestInvalid, load_file
+
+# 0 success, 1 the input is invalid (2, a usage error, is argparse's).
+EXIT_OK, EXIT_INVALID = 0, 1
 
 
 def write_table(rows: list[list[str]], out: TextIO, indent: str = "") -> None:
@@ -16,3 +22,26 @@ def write_table(rows: list[list[str]], out: TextIO, indent: str = "") -> None:
 def write_json(value: Any, out: TextIO) -> None:
     json.dump(value, out, indent=2)
     out.write("\n")
+
+
+def _print_manifest_errors(err: ManifestInvalid, out: TextIO) -> None:
+    out.write(f"{err.source}: invalid\n")
+    for e in err.errors:
+        out.write(f"  error: {e.path}: {e.message}\n         fix: {e.fix}\n")
+
+
+def load_manifests(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
+    """The fleets in `path`, or None after printing why they do not load (every error with its fix)."""
+    try:
+        return load_file(path)
+    except ManifestInvalid as err:
+        if as_json:
+            write_json(
+                {"source": err.source, "valid": False,
+                 "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
+                             "severity": "error"} for e in err.errors]},
+                out,
+            )
+        else:
+            _print_manifest_errors(err, out)
+        return None

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import yaml
 
 from hybridserving.api.v1alpha1 import HybridServing
+from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, load_manifests
 from hybridserving.core import planner
 from hybridserving.core.observed import Observed
 from hybridserving.core.fleet import assess
@@ -57,9 +58,7 @@ def _without_uids(obj: Any) -> Any:
 
 
 def cmd_render(args: argparse.Namespace, out: TextIO) -> int:
-    from hybridserving.cli import EXIT_INVALID, EXIT_OK, _load
-
-    docs = _load(args.file, out, False)
+    docs = load_manifests(args.file, out, False)
     if docs is None:
         return EXIT_INVALID
     rendered: list[dict[str, Any]] = []

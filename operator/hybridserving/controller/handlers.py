@@ -78,9 +78,6 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     # The reconcile posts its own Events; kopf's log-to-Event posting would double them.
     settings.posting.enabled = False
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration")
     direct = OPTIONS.kube or Kube.from_environment(OPTIONS.kubeconfig, pool_size=OPTIONS.workers * 2 + 2)
     # Reads of what the handlers below watch come from the cache they feed; writes feed it too.
     cache = ObjectCache(CACHED_KINDS, max_age=OPTIONS.relist_seconds)

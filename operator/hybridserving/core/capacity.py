@@ -29,7 +29,7 @@ from numpy.typing import ArrayLike
 
 from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec, Role, RoleSpec
 from hybridserving.core import resolution
-from hybridserving.core.profiles import ModelArchitecture
+from hybridserving.api.profiles import ModelArchitecture
 
 IndexPlacement = Literal["copied", "split"]
 KvCacheDtype = Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"]

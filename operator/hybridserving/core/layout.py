@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, LayoutSpec, Role, RoleSpec
 from hybridserving.core import ports, resolution, sglang_options
 from hybridserving.contract import PLACEHOLDERS
-from hybridserving.core.profiles import PROFILES, ModelArchitecture
+from hybridserving.api.profiles import PROFILES, ModelArchitecture
 from hybridserving.core.resolution import EAGLE_DEFAULT_MAX_RUNNING_REQUESTS, EAGLE_FAMILY
 
 Severity = Literal["error", "warning"]

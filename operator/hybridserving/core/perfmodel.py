@@ -17,7 +17,7 @@ from typing import Iterable, Literal
 
 from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec
 from hybridserving.core.capacity import pool_bytes, rank_footprint
-from hybridserving.core.profiles import ModelArchitecture
+from hybridserving.api.profiles import ModelArchitecture
 
 SwitchMode = Literal["in-place", "relaunch"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridserving.api.v1alpha1 import HardwareSpec, HybridServingSpec, Role, RoleSpec
-from hybridserving.core.profiles import ModelArchitecture
+from hybridserving.api.profiles import ModelArchitecture
 
 MIB_PER_GIB = 1024
 # speculative_hook.py:1086-1094: EAGLE-family decoding without --max-running-requests.
@@ -42,12 +42,6 @@ class ResolvedArgs:
     decode_attention_backend: str | None
 
     attn_dp: int = 1
-
-    @property
-    def running_requests_per_attn_dp_rank(self) -> int | None:
-        """The cap each attention-DP rank schedules under: the server's cap split over its DP
-        ranks (`model_executor/pool_configurator.py:1140-1142`)."""
-        return None if self.max_running_requests is None else self.max_running_requests // self.attn_dp
 
     def to_dict(self) -> dict[str, object]:
         return {

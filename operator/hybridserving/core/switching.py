@@ -48,7 +48,6 @@ ANNOTATION_SWITCH_TO = "hybridserving.io/switch-to"
 ANNOTATION_PINNED = "hybridserving.io/pinned"
 """`"true"`: the policy never moves this instance."""
 
-ACTIVE_STEPS: tuple[Step, ...] = ("Unroute", "Drain", "Switch", "Verify", "Route")
 SWITCH_PHASES = frozenset({"Draining", "Switching", "Relaunching"})
 
 STEPS: tuple[Step, ...] = ("Unroute", "Drain", "Switch", "Verify", "Route", "Restore", "Restart", "Done")

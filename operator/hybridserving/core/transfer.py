@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from hybridserving.core.capacity import KvCacheDtype, kv_dtype_factor
-from hybridserving.core.profiles import ModelArchitecture
+from hybridserving.api.profiles import ModelArchitecture
 
 DEFAULT_PAGE_SIZE = 64
 

@@ -75,10 +75,6 @@ class FleetSpec:
         if self.gpus_per_node < 0 or self.rdma_per_node < 0:
             raise ValueError("gpus_per_node and rdma_per_node must be >= 0")
 
-    @property
-    def total_nodes(self) -> int:
-        return self.nodes + self.cpu_nodes
-
 
 def _zone_name(spec: FleetSpec, index: int) -> str:
     return f"{spec.zone_prefix}{chr(ord('a') + index % 26)}" + (str(index // 26) if index >= 26 else "")

@@ -20,9 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridserving_engine.simulator.process import free_ports
-
-from .cluster import Cluster
+from .cluster import Cluster, free_ports
 
 
 def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

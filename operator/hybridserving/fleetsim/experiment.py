@@ -27,7 +27,7 @@ import numpy as np
 from hybridserving.api.v1alpha1 import RoleSwitchSpec, SloSpec
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.policy import FleetScaler, PolicyConfig, RoleSwitchPolicy, ScalingConfig
-from hybridserving.core.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES
 from hybridserving.fleetsim import traces
 from hybridserving.fleetsim.baselines import (
     PlannerStyleScaler,

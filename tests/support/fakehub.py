@@ -64,7 +64,7 @@ class FakeHub:
     @property
     def endpoint(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def __enter__(self) -> FakeHub:
         self.thread.start()

@@ -7,13 +7,15 @@ arrives with HTTP 200) fails the request instead of passing as a short answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import time
 
 import httpx
 
 
-def _request(chat: bool, model: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
+def _request(chat: bool, model: str, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
     if chat:
         return "/v1/chat/completions", {"model": model, "max_tokens": max_tokens,
                                         "messages": [{"role": "user", "content": prompt}]}
@@ -45,9 +47,10 @@ def stream_completion(url: str, *, model: str, prompt: str, max_tokens: int, cha
 
 
 def complete(url: str, *, model: str, prompt: str, max_tokens: int, chat: bool = False,
-             timeout: float = 120) -> dict:
+             timeout: float = 120) -> dict[str, Any]:
     """One non-streaming request; the response body."""
     path, body = _request(chat, model, prompt, max_tokens)
     resp = httpx.post(url + path, json=body, timeout=timeout)
     assert resp.status_code == 200, resp.text
-    return resp.json()
+    answer: dict[str, Any] = resp.json()
+    return answer

@@ -29,7 +29,7 @@ the parser (see ``docs/sglang-parser.md``):
   parser produced without torch's help, or a loud failure of the harness.
 
 This file is imported in two places: by tests in the project venv (the public
-functions) and as ``python -m hybridserving.testing.sglang_parser`` in the cache
+functions) and as ``python -m support.sglang_parser`` in the cache
 venv (:func:`main`). It must keep to the standard library.
 """
 
@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,7 @@ class SGLangArgvError(ValueError):
         self.stderr = stderr
 
 
-class SGLangArgs(dict):
+class SGLangArgs(dict[str, Any]):
     """The parsed namespace as a plain dict, plus what the parser logged.
 
     Deprecated flags still parse but log a warning (``--enable-dp-attention``);
@@ -142,15 +142,16 @@ def sglang_python() -> Path:
 def dump_flags() -> dict[str, Any]:
     """Every option of the wheel's parser with its argparse nargs (what the simulator accepts)."""
     proc = subprocess.run(
-        [str(sglang_python()), "-m", "hybridserving.testing.sglang_parser", "--dump-flags"],
+        [str(sglang_python()), "-m", "support.sglang_parser", "--dump-flags"],
         capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": str(_operator_root()), "PYTHONNOUSERSITE": "1"},
+        env={**os.environ, "PYTHONPATH": str(_tests_root()), "PYTHONNOUSERSITE": "1"},
     )
-    return json.loads(proc.stdout)
+    flags: dict[str, Any] = json.loads(proc.stdout)
+    return flags
 
 
-def _operator_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+def _tests_root() -> Path:
+    return Path(__file__).resolve().parents[1]
 
 
 def parse_many(
@@ -178,7 +179,7 @@ def parse_many(
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),
         "LANG": "C.UTF-8",
-        "PYTHONPATH": str(_operator_root()),
+        "PYTHONPATH": str(_tests_root()),
         "PYTHONNOUSERSITE": "1",
     }
     child_env.update(env or {})
@@ -190,7 +191,7 @@ def parse_many(
             [
                 str(python),
                 "-m",
-                "hybridserving.testing.sglang_parser",
+                "support.sglang_parser",
                 "--argv-json",
                 str(request),
                 "--out",
@@ -300,7 +301,7 @@ class _Placeholder:
             return args[0]  # used as a bare decorator: keep the function
         return _Placeholder(f"{self._name}()")
 
-    def __mro_entries__(self, bases: tuple) -> tuple:
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         # A class deriving from torch.nn.Module etc.: give it a distinct empty
         # base so that multiple inheritance with ABC still linearises.
         _use(f"class base {self._name}")
@@ -315,7 +316,7 @@ class _Placeholder:
         _use(f"bool({self._name})")
         return False
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         _use(f"iter({self._name})")
         return iter(())
 
@@ -334,7 +335,7 @@ class _Placeholder:
         return f"<stub {self._name}>"
 
 
-def _placeholder_operator(op: str, result: Any = None):
+def _placeholder_operator(op: str, result: Any = None) -> Callable[..., Any]:
     def method(self: _Placeholder, *args: Any) -> Any:
         _use(f"{op}({self._name})")
         return _Placeholder(f"{op}({self._name})") if result is None else result
@@ -351,9 +352,8 @@ _ARITHMETIC = [
 ]  # fmt: skip
 for _op in _ARITHMETIC:
     setattr(_Placeholder, _op, _placeholder_operator(_op))
-for _op, _value in (("__int__", 0), ("__index__", 0), ("__float__", 0.0), ("__len__", 0)):
+for _op, _value in (("__int__", 0), ("__index__", 0), ("__float__", 0.0), ("__len__", 0), ("__contains__", False)):
     setattr(_Placeholder, _op, _placeholder_operator(_op, _value))
-_Placeholder.__contains__ = _placeholder_operator("__contains__", False)  # type: ignore[attr-defined]
 
 
 class _StubModule(types.ModuleType):
@@ -370,7 +370,7 @@ class _StubModule(types.ModuleType):
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname: str, path: Any, target: Any = None):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname.partition(".")[0] in _STUBBED:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
@@ -534,7 +534,7 @@ _SELF_CHECK: list[tuple[list[str], str | None]] = [
 def main(args: Sequence[str] | None = None) -> int:
     """Entry point of the subprocess; see :func:`parse_many` for the protocol."""
     cli = argparse.ArgumentParser(
-        prog="python -m hybridserving.testing.sglang_parser",
+        prog="python -m support.sglang_parser",
         description=f"Parse argv lists with sglang {SGLANG_VERSION}'s ServerArgs parser.",
     )
     cli.add_argument("--argv-json", type=Path, help="JSON file: a list of argv lists")

@@ -18,10 +18,10 @@ import yaml
 from hybridserving.api.v1alpha1 import ROLES, HybridServing, HybridServingSpec, Role
 from hybridserving.core.flags import EnginePorts, in_place_role_switch, render_argv
 from hybridserving.core.layout import OWNED_FLAGS, errors, validate
-from hybridserving.core.profiles import PROFILES
-from hybridserving.testing.patches import overlaid
+from hybridserving.api.profiles import PROFILES
+from support.patches import overlaid
 from hybridserving.core.sglang_options import OPTIONS, resolve
-from hybridserving.testing.sglang_parser import (
+from support.sglang_parser import (
     SGLangArgs,
     SGLangArgvError,
     SGLangParserUnavailable,

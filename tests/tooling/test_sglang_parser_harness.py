@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridserving.testing import sglang_parser
-from hybridserving.testing.sglang_parser import (
+from support import sglang_parser
+from support.sglang_parser import (
     SGLangArgs,
     SGLangArgvError,
     SGLangParserUnavailable,
@@ -174,7 +174,7 @@ def test_stubbed_torch_cannot_decide_a_parse():
 def test_the_simulators_flag_table_is_the_wheels_parser():
     """The SGLang simulator accepts exactly these flags (and exits 2 on any other), so the table
     must be what `sglang serve`'s parser holds; regenerate it with
-    `python -m hybridserving.testing.sglang_parser --dump-flags` from the cache venv."""
+    `python -m support.sglang_parser --dump-flags` from the cache venv."""
     from hybridserving.contract import sglang_flags
 
     try:

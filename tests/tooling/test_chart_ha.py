@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_chart_static import of_kind, operator_container, render, the
+from support.chart import of_kind, operator_container, render, the
 
 
 def test_two_replicas_elect_a_leader_on_a_lease_of_their_own() -> None:

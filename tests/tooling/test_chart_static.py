@@ -9,19 +9,21 @@ The same chart is installed on a real control plane in tests/integration/test_ch
 
 from __future__ import annotations
 
-import pathlib
-import subprocess
-from collections.abc import Iterable
-
 import pytest
 import yaml
 
-from hybridserving.devcluster import bin_dir, read_versions
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "hybridserving"
-RELEASE = "hs"
-RELEASE_NS = "hs-system"
+from support.chart import (
+    CHART,
+    RELEASE_NS,
+    ROOT,
+    helm,
+    kube_version,
+    of_kind,
+    operator_container,
+    render,
+    render_error,
+    the,
+)
 
 # Pod Security Standards, "restricted" profile (kubernetes.io/docs/concepts/security/pod-security-standards).
 RESTRICTED_VOLUME_TYPES = {
@@ -32,56 +34,6 @@ READ_VERBS = {"get", "list", "watch"}
 # Cluster-scoped resources the operator may need; everything else it is granted per namespace.
 CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "nodes"), ("", "namespaces")}
 PRIVILEGE_VERBS = {"escalate", "bind", "impersonate"}
-
-
-def helm_binary() -> pathlib.Path:
-    helm = bin_dir() / "helm"
-    if not helm.exists():
-        pytest.fail(f"{helm} is missing: build it with `bash tools/build-tools.sh` (or `make tools`)", pytrace=False)
-    return helm
-
-
-def kube_version() -> str:
-    """The Kubernetes version the tools are built for, so templates see the same Capabilities."""
-    return read_versions()["K8S_VERSION"].lstrip("v")
-
-
-def helm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, timeout=60)
-
-
-def template_args(sets: Iterable[str]) -> list[str]:
-    args = ["template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--kube-version", kube_version()]
-    for s in sets:
-        args += ["--set", s]
-    return args
-
-
-def render(*sets: str) -> list[dict]:
-    proc = helm(*template_args(sets))
-    assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
-
-
-def render_error(*sets: str) -> str:
-    proc = helm(*template_args(sets))
-    assert proc.returncode != 0, f"helm template accepted {sets}"
-    return proc.stderr
-
-
-def of_kind(docs: list[dict], kind: str) -> list[dict]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def the(docs: list[dict], kind: str) -> dict:
-    found = of_kind(docs, kind)
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
-    return found[0]
-
-
-def operator_container(docs: list[dict]) -> dict:
-    (container,) = the(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
-    return container
 
 
 def restricted_violations(pod_spec: dict) -> list[str]:

@@ -1,7 +1,7 @@
 """The chart's alerts: rendered by the real `helm`, checked by the real `promtool test rules`.
 
 Each alert fires on series shaped as their exporters write them and stays quiet where it must
-(tests/unit/alerts/*.test.yaml); every series a rule reads is one that something exports (the
+(tests/tooling/alerts/*.test.yaml); every series a rule reads is one that something exports (the
 operator, the SGLang simulator under SGLang's names, the launcher, the recorded smg 1.13.0
 exposition, or the kube-state-metrics series named below); every alert has its runbook.
 """
@@ -19,12 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hybridserving.devcluster import bin_dir
 
-from test_chart_static import ROOT, render
-from test_dashboard import engine_series, launcher_series, operator_series
+from support.chart import ROOT, render
+from support.series import SMG_EXPOSITION, engine_series, launcher_series, operator_series
 
 ALERT_TESTS = pathlib.Path(__file__).parent / "alerts"
 RUNBOOKS = ROOT / "docs" / "runbooks"
-SMG_EXPOSITION = pathlib.Path(__file__).parent / "data" / "smg-1.13.0.metrics"
 # kube-state-metrics series the weights alert reads (kube-state-metrics docs/metrics/workload/pod-metrics.md).
 KUBE_STATE_METRICS = {"kube_pod_init_container_status_waiting_reason", "kube_pod_init_container_status_restarts_total"}
 ENABLED = ("monitoring.prometheusRule.enabled=true",)

@@ -1,5 +1,7 @@
-"""Built-in model profiles: the per-token and per-request state each model keeps.
+"""Model architectures and the built-in profiles: the per-token and per-request state each model keeps.
 
+They are part of the API: `spec.model.architecture` has this shape and `spec.model.profile` names one
+of the built-in profiles, so the core (capacity, layout, performance model) imports them from here.
 The operator's capacity model, layout rules and performance model read these figures,
 so each one carries its source. Byte figures are for an FP8 KV cache, the layout the
 production recipes use; `kvDtype: bf16` doubles the per-token bytes (see capacity).

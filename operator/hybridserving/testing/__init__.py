@@ -1,1 +1,0 @@
-"""Test support that is shipped with the package but never used at runtime."""
