@@ -222,7 +222,9 @@ class SwitchController:
             report.skipped = True
             return report
         try:
-            hs = HybridServing.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
+            hs = HybridServing.model_validate(
+                {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+            )
         except ValidationError:
             report.skipped = True  # the reconcile reports it; an invalid spec starts nothing
             return report
@@ -458,7 +460,8 @@ class SwitchController:
                 raise
             report.drift_repaired.append(name)
             self._post(namespace, hs_body, "Warning", "RoleDrift",
-                       f"{name}: the engine serves {inst.sample.role if inst.sample else '?'} while its pods are routed "
+                       f"{name}: the engine serves {inst.sample.role if inst.sample else '?'} "
+                       f"while its pods are routed "
                        f"as {inst.observation().pods_role}: restarting the gang")
         mem.drifting = drifting - set(report.drift_repaired)
 
@@ -489,7 +492,9 @@ class SwitchController:
             if _in_flight(instances) >= spec.role_switch.max_concurrent:
                 continue
             floor = spec.role_switch.min_prefill if inst.role == "prefill" else spec.role_switch.min_decode
-            serving = sum(1 for i in instances.values() if i.role == inst.role and i.record is None and i.phase == "Ready")
+            serving = sum(
+                1 for i in instances.values() if i.role == inst.role and i.record is None and i.phase == "Ready"
+            )
             if serving - 1 < floor:
                 if self._write(namespace, inst, None, None, remove):
                     self._post(namespace, hs_body, "Warning", "RoleSwitchRejected",
@@ -566,7 +571,8 @@ class SwitchController:
             self._post(namespace, hs_body, "Normal", "RoleSwitchSwitched",
                        f"{what}: launcher runs {state.to_role} after {state.phases.get('Switch', 0):.1f} s; verifying")
         elif s == "Route":
-            self._post(namespace, hs_body, "Normal", "RoleSwitchVerified", f"{what}: engine healthy as {state.to_role}; routing")
+            self._post(namespace, hs_body, "Normal", "RoleSwitchVerified",
+                       f"{what}: engine healthy as {state.to_role}; routing")
         elif s == "Restore":
             reason = "RoleSwitchRefused" if state.outcome == "Refused" else "RoleSwitchAborted"
             self._post(namespace, hs_body, "Warning", reason, f"{what}: {state.message}; restoring {state.from_role}")

@@ -242,7 +242,11 @@ def measure_demand(
 ) -> RoleDemand:
     """Demand over every instance holding a role's work (serving, or draining it)."""
     holding = {
-        role: [metrics[s.name] for s in fleet if s.role == role and s.phase in ("serving", "draining") and s.name in metrics]
+        role: [
+            metrics[s.name]
+            for s in fleet
+            if s.role == role and s.phase in ("serving", "draining") and s.name in metrics
+        ]
         for role in ("prefill", "decode")
     }
     load = busy = 0.0
@@ -334,7 +338,9 @@ def projected_decode_batch(demand: RoleDemand, instances: int, model: Performanc
     return d * s0 / room
 
 
-def projected_decode_pressure(demand: RoleDemand, instances: int, config: PolicyConfig, model: PerformanceModel) -> float:
+def projected_decode_pressure(
+    demand: RoleDemand, instances: int, config: PolicyConfig, model: PerformanceModel
+) -> float:
     """The worst of KV occupancy, step time (TPOT) and running slots at the projected batch.
 
     Past the cliff (no finite batch keeps up) the pressure is `1/target + d·g`: above every
@@ -346,7 +352,9 @@ def projected_decode_pressure(demand: RoleDemand, instances: int, config: Policy
     if instances <= 0:
         return _PRESSURE_CAP
     b = projected_decode_batch(demand, instances, model)
-    g = (model.decode_per_request_s + model.decode_per_context_token_s * demand.decode_tokens_per_request) * model.time_scale
+    g = (
+        model.decode_per_request_s + model.decode_per_context_token_s * demand.decode_tokens_per_request
+    ) * model.time_scale
     if math.isinf(b):
         d = demand.decode_tokens_per_s / instances
         return min(_PRESSURE_CAP, 1.0 / min(config.target_kv_usage, config.target_tpot_fraction) + d * g)
@@ -478,7 +486,10 @@ class RoleSwitchPolicy:
         return memory
 
     def acute(
-        self, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics], memory: PolicyMemory = PolicyMemory()
+        self,
+        fleet: Sequence[InstanceState],
+        metrics: Mapping[str, InstanceMetrics],
+        memory: PolicyMemory = PolicyMemory(),
     ) -> dict[Role, bool]:
         """Clear, large overload this tick: even the least-loaded prefill instance's queue takes
         longer than the TTFT limit to clear, or requests wait for decode KV slots long enough to
@@ -559,13 +570,20 @@ class RoleSwitchPolicy:
             return None
         # Moving back within the cooldown of a move the other way needs clearer evidence.
         reversal = any(
-            s.last_switch_at is not None and now - s.last_switch_at < cfg.cooldown_s and s.role == donor and s.phase == "serving"
+            s.last_switch_at is not None
+            and now - s.last_switch_at < cfg.cooldown_s
+            and s.role == donor
+            and s.phase == "serving"
             for s in fleet
         ) or any(s.phase in ("draining", "switching") and s.target_role == donor for s in fleet)
         sustain = cfg.sustain_s * (cfg.reversal_sustain_factor if reversal else 1.0)
         ceiling = cfg.donor_ceiling - (cfg.reversal_margin if reversal else 0.0)
         landed = max(
-            (s.last_switch_at for s in fleet if s.role == receiver and s.phase == "serving" and s.last_switch_at is not None),
+            (
+                s.last_switch_at
+                for s in fleet
+                if s.role == receiver and s.phase == "serving" and s.last_switch_at is not None
+            ),
             default=None,
         )
         if cfg.settle_after_landing and landed is not None:
@@ -584,7 +602,9 @@ class RoleSwitchPolicy:
             now_demand = measure_demand(fleet, metrics, cfg, self.model)
             demand = replace(
                 demand,
-                prefill_load=max(demand.prefill_load, now_demand.prefill_load) if receiver == "prefill" else demand.prefill_load,
+                prefill_load=max(demand.prefill_load, now_demand.prefill_load)
+                if receiver == "prefill"
+                else demand.prefill_load,
                 decode_tokens_per_s=(
                     max(demand.decode_tokens_per_s, now_demand.decode_tokens_per_s)
                     if receiver == "decode"
@@ -620,7 +640,9 @@ class RoleSwitchPolicy:
         mode: SwitchMode = "in-place" if instance.in_place else "relaunch"
         if fast and mode == "relaunch" and (since is None or now - since < sustain):
             return None  # the fast path is for switches that land in seconds, not a restart
-        busy = self._drain_estimate(metrics.get(instance.name), donor, self.output_length(memory)) + self.model.switch_seconds(mode)
+        busy = self._drain_estimate(
+            metrics.get(instance.name), donor, self.output_length(memory)
+        ) + self.model.switch_seconds(mode)
         horizon = cfg.cooldown_s
         # The receiver gets its instance only after drain + switch; the donor loses it at once,
         # so its capacity is lost for the whole busy time, in proportion to how loaded it was,
@@ -635,7 +657,8 @@ class RoleSwitchPolicy:
             to_role=receiver,
             mode=mode,
             reason=(
-                f"{receiver} pressure {recv_now:.2f} for {now - (since if since is not None and not fast else acute_since):.0f}s"
+                f"{receiver} pressure {recv_now:.2f} "
+                f"for {now - (since if since is not None and not fast else acute_since):.0f}s"
                 + (" (acute)" if fast else "")
                 + f" → {recv_after:.2f} with one more; "
                 f"{donor} projected {give_now:.2f} → {give_after:.2f} (≤{ceiling:.2f})"
@@ -813,7 +836,9 @@ class FleetScaler:
         launching = sum(1 for s in fleet if s.phase == "switching" and _is_launch(s))
         shortfall = min(need["prefill"] + need["decode"], cfg.max_instances) - len(holding)
         if shortfall > 0:
-            memory = replace(memory, surplus_since=None, short_since=memory.short_since if memory.short_since is not None else now)
+            memory = replace(
+                memory, surplus_since=None, short_since=memory.short_since if memory.short_since is not None else now
+            )
             if now - memory.short_since < cfg.up_sustain_s:
                 return [], memory
             down = [s for s in fleet if s.phase == "down"]
@@ -826,7 +851,9 @@ class FleetScaler:
                 role: Role = max(("prefill", "decode"), key=lambda r: (need[r] - cap[r], r == "prefill"))
                 cap[role] += 1
                 actions.append(
-                    ScaleAction("add", slot.name, role, f"fleet needs {need['prefill']}+{need['decode']}, holds {len(holding)}")
+                    ScaleAction(
+                        "add", slot.name, role, f"fleet needs {need['prefill']}+{need['decode']}, holds {len(holding)}"
+                    )
                 )
             return actions, replace(memory, short_since=None, last_add_at=now)
         memory = replace(memory, short_since=None)
