@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from hybridserving.core.perfmodel import PerformanceModel, SwitchMode
 
@@ -127,7 +127,7 @@ class PolicyConfig:
     exceeds this fraction of the TTFT limit (the rest of the budget is prefill's)."""
 
     @classmethod
-    def from_spec(cls, role_switch, paused: bool = False, **tuning) -> PolicyConfig:
+    def from_spec(cls, role_switch: Any, paused: bool = False, **tuning: Any) -> PolicyConfig:
         """From the API's RoleSwitchSpec (duck-typed, so the core does not import the API)."""
         return cls(
             enabled=role_switch.enabled,
@@ -177,8 +177,9 @@ class PolicyMemory:
         return self.prefill_pressure_since if role == "prefill" else self.decode_pressure_since
 
     def with_since(self, role: Role, value: float | None) -> PolicyMemory:
-        field = "prefill_pressure_since" if role == "prefill" else "decode_pressure_since"
-        return replace(self, **{field: value})
+        if role == "prefill":
+            return replace(self, prefill_pressure_since=value)
+        return replace(self, decode_pressure_since=value)
 
     def to_dict(self) -> dict[str, float | None]:
         return asdict(self)
@@ -480,10 +481,11 @@ class RoleSwitchPolicy:
         if now != memory.smoothed_at:
             return memory
         acute = self.acute(fleet, metrics, memory)
-        for role, field in (("prefill", "prefill_acute_since"), ("decode", "decode_acute_since")):
-            was = getattr(memory, field)
-            memory = replace(memory, **{field: (was if was is not None else now) if acute[role] else None})
-        return memory
+        return replace(
+            memory,
+            prefill_acute_since=_held_since(memory.prefill_acute_since, acute["prefill"], now),
+            decode_acute_since=_held_since(memory.decode_acute_since, acute["decode"], now),
+        )
 
     def acute(
         self,
@@ -643,6 +645,10 @@ class RoleSwitchPolicy:
         busy = self._drain_estimate(
             metrics.get(instance.name), donor, self.output_length(memory)
         ) + self.model.switch_seconds(mode)
+        # Past the early returns, either the fast path holds (which needs acute_since) or
+        # `since` is set: the overload has held since one of them.
+        held_since = acute_since if fast or since is None else since
+        assert held_since is not None, "the fast path needs acute_since; the slow one needs since"
         horizon = cfg.cooldown_s
         # The receiver gets its instance only after drain + switch; the donor loses it at once,
         # so its capacity is lost for the whole busy time, in proportion to how loaded it was,
@@ -657,8 +663,7 @@ class RoleSwitchPolicy:
             to_role=receiver,
             mode=mode,
             reason=(
-                f"{receiver} pressure {recv_now:.2f} "
-                f"for {now - (since if since is not None and not fast else acute_since):.0f}s"
+                f"{receiver} pressure {recv_now:.2f} for {now - held_since:.0f}s"
                 + (" (acute)" if fast else "")
                 + f" → {recv_after:.2f} with one more; "
                 f"{donor} projected {give_now:.2f} → {give_after:.2f} (≤{ceiling:.2f})"
@@ -715,14 +720,21 @@ def _capacity(fleet: Sequence[InstanceState], role: Role) -> int:
     )
 
 
+def _held_since(was: float | None, on: bool, now: float) -> float | None:
+    """Since when a condition has held: kept while it holds, started now, cleared when it stops."""
+    if not on:
+        return None
+    return was if was is not None else now
+
+
 def _smoothed_output_length(
     memory: PolicyMemory, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics], alpha: float
 ) -> float:
     """EWMA of the decode instances' mean output length (weighted by what each runs)."""
     pairs = [
-        (metrics[s.name].output_tokens_per_request, max(1, metrics[s.name].running_reqs))
+        (length, max(1, metrics[s.name].running_reqs))
         for s in fleet
-        if s.role == "decode" and s.name in metrics and metrics[s.name].output_tokens_per_request
+        if s.role == "decode" and s.name in metrics and (length := metrics[s.name].output_tokens_per_request)
     ]
     if not pairs:
         return memory.output_tokens_per_request
@@ -809,7 +821,8 @@ class FleetScaler:
         ceiling when none is)."""
         cfg = self.config
         out: dict[Role, int] = {}
-        for role, floor in (("prefill", cfg.min_prefill), ("decode", cfg.min_decode)):
+        floors: tuple[tuple[Role, int], ...] = (("prefill", cfg.min_prefill), ("decode", cfg.min_decode))
+        for role, floor in floors:
             k = max(1, floor)
             while k < cfg.max_instances and self.policy.projected(role, demand, k) > pressure:
                 k += 1
@@ -836,10 +849,9 @@ class FleetScaler:
         launching = sum(1 for s in fleet if s.phase == "switching" and _is_launch(s))
         shortfall = min(need["prefill"] + need["decode"], cfg.max_instances) - len(holding)
         if shortfall > 0:
-            memory = replace(
-                memory, surplus_since=None, short_since=memory.short_since if memory.short_since is not None else now
-            )
-            if now - memory.short_since < cfg.up_sustain_s:
+            short_since = memory.short_since if memory.short_since is not None else now
+            memory = replace(memory, surplus_since=None, short_since=short_since)
+            if now - short_since < cfg.up_sustain_s:
                 return [], memory
             down = [s for s in fleet if s.phase == "down"]
             budget = min(shortfall, cfg.max_launching - launching, len(down))
@@ -868,7 +880,8 @@ class FleetScaler:
             return [], memory
         cap = {r: _capacity(fleet, r) for r in ("prefill", "decode")}
         floors = {"prefill": cfg.min_prefill, "decode": cfg.min_decode}
-        for role in sorted(("prefill", "decode"), key=lambda r: cap[r] - keep[r], reverse=True):
+        roles: tuple[Role, ...] = ("prefill", "decode")
+        for role in sorted(roles, key=lambda r: cap[r] - keep[r], reverse=True):
             serving = [s for s in fleet if s.role == role and s.phase == "serving" and not s.pinned]
             if cap[role] - 1 < max(keep[role], floors[role], 1) or not serving:
                 continue
