@@ -19,7 +19,7 @@ from hybridserving.controller.cache import CachedKube, ObjectCache
 from hybridserving.controller.handlers import CACHED_KINDS
 from hybridserving.controller.kube import Kube, KubeError
 from hybridserving.controller.switching import SwitchController
-from hybridserving.core.planner import LABEL_NAME
+from hybridserving.core.naming import LABEL_NAME
 from test_reconcile import NS, SPEC, MemoryApi
 
 SELECTOR = {LABEL_NAME: "fleet"}
