@@ -213,7 +213,9 @@ def test_a_role_switch_relabels_pods_without_recreating_them() -> None:
     # The role-switch controller moves hs-5 (decode) to prefill: it writes spec.role only.
     cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
     # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
-    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
+    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})[
+        "hybridserving.io/switch"
+    ] = SWITCH_RECORD
     first = cluster.reconcile(hs)
     assert [str(a) for a in first if a.kind != "PodDisruptionBudget"] == [
         "patch HybridServingInstance/hs-5: role switched to prefill: the pods follow in place with the prefill flags",
@@ -251,7 +253,9 @@ def test_switched_mix_survives_when_switching_is_on_and_is_restored_when_off() -
     converge(cluster, on)
     cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
     # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
-    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
+    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})[
+        "hybridserving.io/switch"
+    ] = SWITCH_RECORD
     converge(cluster, on)
     roles = [i["spec"]["role"] for i in cluster.instances().values()]
     assert roles.count("prefill") == 4, "the controller's mix is kept"

@@ -212,7 +212,9 @@ def test_a_role_switch_is_counted_once(api: MemoryApi) -> None:
     before = switches()
     api.store[(INSTANCE_KIND, "fleet-3")]["spec"]["role"] = "prefill"
     # ...with its record on the instance, as the switch controller writes spec.role at its Switch step.
-    api.store[(INSTANCE_KIND, "fleet-3")]["metadata"].setdefault("annotations", {})["hybridserving.io/switch"] = SWITCH_RECORD
+    api.store[(INSTANCE_KIND, "fleet-3")]["metadata"].setdefault("annotations", {})[
+        "hybridserving.io/switch"
+    ] = SWITCH_RECORD
     settle(api)
     assert switches() == before + 1
     pods = {k: o["metadata"]["uid"] for k, o in api.store.items() if k[0] == "Pod"}

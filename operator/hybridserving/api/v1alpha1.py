@@ -442,7 +442,8 @@ class HybridServingSpec(ApiModel):
                 ),
                 cel(
                     "!has(self.roleSwitch) || !self.roleSwitch.enabled || "
-                    "self.roleSwitch.minPrefill + self.roleSwitch.minDecode <= self.prefill.replicas + self.decode.replicas",
+                    "self.roleSwitch.minPrefill + self.roleSwitch.minDecode <= "
+                    "self.prefill.replicas + self.decode.replicas",
                     "roleSwitch.minPrefill + roleSwitch.minDecode exceeds the instances of the fleet",
                     "roleSwitch.minPrefill",
                 ),

@@ -64,6 +64,9 @@ EVENT_REASONS = {Cause.GANG_RESTART: "GangRestart", Cause.ROLLOUT: "RollingUpdat
 # How soon to look again while something is still moving (pods start, old pods go away).
 FOLLOW_UP_SECONDS = 2.0
 
+# Frozen, so one shared instance is safe as a default: it grants nothing.
+DEFAULT_ENGINE_POLICY = EnginePolicy()
+
 
 # Failing passes retry after half the time they have been failing, within these bounds:
 # quickly after a transient error, rarely for a name someone else holds.
@@ -120,7 +123,9 @@ def observe(kube: Kube, namespace: str, name: str, hs_uid: str, extra_kinds: tup
     return Observed.from_manifests(instances, pods, objects)
 
 
-def validate(body: dict[str, Any], engine_policy: EnginePolicy = EnginePolicy()) -> tuple[HybridServing | None, Validation]:
+def validate(
+    body: dict[str, Any], engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY
+) -> tuple[HybridServing | None, Validation]:
     """The typed HybridServing and what is wrong with it (CEL catches much, not everything)."""
     try:
         hs = HybridServing.model_validate(
@@ -331,7 +336,7 @@ def plan_safely(effective: HybridServing, meta: dict[str, Any], fallback: Hybrid
 
 def reconcile(kube: Kube, namespace: str, name: str,
               plan_hook: Callable[[list[Action]], list[Action]] | None = None,
-              engine_policy: EnginePolicy = EnginePolicy(),
+              engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY,
               progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS) -> Outcome:
     """One pass over one HybridServing. `plan_hook` lets tests cut a pass short (a crash)."""
     started = time.monotonic()

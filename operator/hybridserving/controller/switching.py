@@ -42,7 +42,15 @@ from hybridserving.controller.kube import KubeError
 from hybridserving.core import flags, switching
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK
-from hybridserving.core.policy import InstanceMetrics, InstanceState, PolicyConfig, PolicyMemory, RoleSwitchPolicy
+from hybridserving.core.policy import (
+    InstanceMetrics,
+    InstanceState,
+    Phase,
+    PolicyConfig,
+    PolicyMemory,
+    Role,
+    RoleSwitchPolicy,
+)
 from hybridserving.core.switching import (
     ANNOTATION_PINNED,
     ANNOTATION_SWITCH,
@@ -114,15 +122,18 @@ class Instance:
 
     @property
     def name(self) -> str:
-        return self.obj["metadata"]["name"]
+        name: str = self.obj["metadata"]["name"]
+        return name
 
     @property
     def annotations(self) -> dict[str, str]:
         return self.obj["metadata"].get("annotations") or {}
 
     @property
-    def role(self) -> str:
-        return self.obj["spec"]["role"]
+    def role(self) -> Role:
+        # The CRD's enum admits only prefill and decode for spec.role.
+        role: Role = self.obj["spec"]["role"]
+        return role
 
     @property
     def phase(self) -> str | None:
@@ -156,7 +167,7 @@ class Instance:
         s = self.sample or EngineSample()
         return Observation(
             phase=self.phase,
-            spec_role=self.role,  # type: ignore[arg-type]
+            spec_role=self.role,
             restart_generation=int(self.obj["spec"].get("restartGeneration") or 0),
             leader_label=labels.get(LABEL_ROLE),
             pods_role=next(iter(roles)) if len(roles) == 1 else None,
@@ -222,7 +233,9 @@ class SwitchController:
             report.skipped = True
             return report
         try:
-            hs = HybridServing.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
+            hs = HybridServing.model_validate(
+                {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+            )
         except ValidationError:
             report.skipped = True  # the reconcile reports it; an invalid spec starts nothing
             return report
@@ -458,7 +471,8 @@ class SwitchController:
                 raise
             report.drift_repaired.append(name)
             self._post(namespace, hs_body, "Warning", "RoleDrift",
-                       f"{name}: the engine serves {inst.sample.role if inst.sample else '?'} while its pods are routed "
+                       f"{name}: the engine serves {inst.sample.role if inst.sample else '?'} "
+                       f"while its pods are routed "
                        f"as {inst.observation().pods_role}: restarting the gang")
         mem.drifting = drifting - set(report.drift_repaired)
 
@@ -489,7 +503,9 @@ class SwitchController:
             if _in_flight(instances) >= spec.role_switch.max_concurrent:
                 continue
             floor = spec.role_switch.min_prefill if inst.role == "prefill" else spec.role_switch.min_decode
-            serving = sum(1 for i in instances.values() if i.role == inst.role and i.record is None and i.phase == "Ready")
+            serving = sum(
+                1 for i in instances.values() if i.role == inst.role and i.record is None and i.phase == "Ready"
+            )
             if serving - 1 < floor:
                 if self._write(namespace, inst, None, None, remove):
                     self._post(namespace, hs_body, "Warning", "RoleSwitchRejected",
@@ -509,6 +525,7 @@ class SwitchController:
             record = inst.record
             last = parse_time((inst.obj.get("status") or {}).get("lastSwitch"))
             pinned = inst.annotations.get(ANNOTATION_PINNED, "").lower() == "true"
+            phase: Phase
             if record is not None:
                 phase = ("draining" if record.step in ("Unroute", "Drain")
                          else "switching" if record.step in ("Switch", "Verify", "Route") else "down")
@@ -516,7 +533,7 @@ class SwitchController:
                 states.append(InstanceState(inst.name, record.from_role, phase, target, last, pinned, in_place))
                 continue
             phase = "serving" if inst.phase == "Ready" else "down"
-            states.append(InstanceState(inst.name, inst.role, phase, None, last, pinned, in_place))  # type: ignore[arg-type]
+            states.append(InstanceState(inst.name, inst.role, phase, None, last, pinned, in_place))
             s = inst.sample
             if phase == "serving" and s is not None and s.loads is not None:
                 observed[inst.name] = instance_metrics(inst.role, s.loads, s.scrape, mem.scrapes.get(inst.name))
@@ -527,10 +544,10 @@ class SwitchController:
         policy = RoleSwitchPolicy(config, model)
         decisions, mem.policy = policy.decide_all(now, states, observed, mem.policy)
         for d in decisions:
-            inst = instances.get(d.instance)
-            if inst is None or inst.record is not None or inst.role != d.from_role:
+            chosen = instances.get(d.instance)
+            if chosen is None or chosen.record is not None or chosen.role != d.from_role:
                 continue
-            self._start(namespace, hs_body, spec, inst, d.to_role, f"policy: {d.reason}", now, history, report)
+            self._start(namespace, hs_body, spec, chosen, d.to_role, f"policy: {d.reason}", now, history, report)
 
     def _model(self, spec: HybridServingSpec, instances: Mapping[str, Instance]) -> PerformanceModel:
         """The performance model the policy projects with: the decode layout, at the engines' time scale."""
@@ -566,7 +583,8 @@ class SwitchController:
             self._post(namespace, hs_body, "Normal", "RoleSwitchSwitched",
                        f"{what}: launcher runs {state.to_role} after {state.phases.get('Switch', 0):.1f} s; verifying")
         elif s == "Route":
-            self._post(namespace, hs_body, "Normal", "RoleSwitchVerified", f"{what}: engine healthy as {state.to_role}; routing")
+            self._post(namespace, hs_body, "Normal", "RoleSwitchVerified",
+                       f"{what}: engine healthy as {state.to_role}; routing")
         elif s == "Restore":
             reason = "RoleSwitchRefused" if state.outcome == "Refused" else "RoleSwitchAborted"
             self._post(namespace, hs_body, "Warning", reason, f"{what}: {state.message}; restoring {state.from_role}")

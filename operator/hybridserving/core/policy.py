@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from hybridserving.core.perfmodel import PerformanceModel, SwitchMode
 
@@ -127,7 +127,7 @@ class PolicyConfig:
     exceeds this fraction of the TTFT limit (the rest of the budget is prefill's)."""
 
     @classmethod
-    def from_spec(cls, role_switch, paused: bool = False, **tuning) -> PolicyConfig:
+    def from_spec(cls, role_switch: Any, paused: bool = False, **tuning: Any) -> PolicyConfig:
         """From the API's RoleSwitchSpec (duck-typed, so the core does not import the API)."""
         return cls(
             enabled=role_switch.enabled,
@@ -177,8 +177,9 @@ class PolicyMemory:
         return self.prefill_pressure_since if role == "prefill" else self.decode_pressure_since
 
     def with_since(self, role: Role, value: float | None) -> PolicyMemory:
-        field = "prefill_pressure_since" if role == "prefill" else "decode_pressure_since"
-        return replace(self, **{field: value})
+        if role == "prefill":
+            return replace(self, prefill_pressure_since=value)
+        return replace(self, decode_pressure_since=value)
 
     def to_dict(self) -> dict[str, float | None]:
         return asdict(self)
@@ -242,7 +243,11 @@ def measure_demand(
 ) -> RoleDemand:
     """Demand over every instance holding a role's work (serving, or draining it)."""
     holding = {
-        role: [metrics[s.name] for s in fleet if s.role == role and s.phase in ("serving", "draining") and s.name in metrics]
+        role: [
+            metrics[s.name]
+            for s in fleet
+            if s.role == role and s.phase in ("serving", "draining") and s.name in metrics
+        ]
         for role in ("prefill", "decode")
     }
     load = busy = 0.0
@@ -334,7 +339,9 @@ def projected_decode_batch(demand: RoleDemand, instances: int, model: Performanc
     return d * s0 / room
 
 
-def projected_decode_pressure(demand: RoleDemand, instances: int, config: PolicyConfig, model: PerformanceModel) -> float:
+def projected_decode_pressure(
+    demand: RoleDemand, instances: int, config: PolicyConfig, model: PerformanceModel
+) -> float:
     """The worst of KV occupancy, step time (TPOT) and running slots at the projected batch.
 
     Past the cliff (no finite batch keeps up) the pressure is `1/target + d·g`: above every
@@ -346,7 +353,9 @@ def projected_decode_pressure(demand: RoleDemand, instances: int, config: Policy
     if instances <= 0:
         return _PRESSURE_CAP
     b = projected_decode_batch(demand, instances, model)
-    g = (model.decode_per_request_s + model.decode_per_context_token_s * demand.decode_tokens_per_request) * model.time_scale
+    g = (
+        model.decode_per_request_s + model.decode_per_context_token_s * demand.decode_tokens_per_request
+    ) * model.time_scale
     if math.isinf(b):
         d = demand.decode_tokens_per_s / instances
         return min(_PRESSURE_CAP, 1.0 / min(config.target_kv_usage, config.target_tpot_fraction) + d * g)
@@ -472,13 +481,17 @@ class RoleSwitchPolicy:
         if now != memory.smoothed_at:
             return memory
         acute = self.acute(fleet, metrics, memory)
-        for role, field in (("prefill", "prefill_acute_since"), ("decode", "decode_acute_since")):
-            was = getattr(memory, field)
-            memory = replace(memory, **{field: (was if was is not None else now) if acute[role] else None})
-        return memory
+        return replace(
+            memory,
+            prefill_acute_since=_held_since(memory.prefill_acute_since, acute["prefill"], now),
+            decode_acute_since=_held_since(memory.decode_acute_since, acute["decode"], now),
+        )
 
     def acute(
-        self, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics], memory: PolicyMemory = PolicyMemory()
+        self,
+        fleet: Sequence[InstanceState],
+        metrics: Mapping[str, InstanceMetrics],
+        memory: PolicyMemory = PolicyMemory(),
     ) -> dict[Role, bool]:
         """Clear, large overload this tick: even the least-loaded prefill instance's queue takes
         longer than the TTFT limit to clear, or requests wait for decode KV slots long enough to
@@ -559,13 +572,20 @@ class RoleSwitchPolicy:
             return None
         # Moving back within the cooldown of a move the other way needs clearer evidence.
         reversal = any(
-            s.last_switch_at is not None and now - s.last_switch_at < cfg.cooldown_s and s.role == donor and s.phase == "serving"
+            s.last_switch_at is not None
+            and now - s.last_switch_at < cfg.cooldown_s
+            and s.role == donor
+            and s.phase == "serving"
             for s in fleet
         ) or any(s.phase in ("draining", "switching") and s.target_role == donor for s in fleet)
         sustain = cfg.sustain_s * (cfg.reversal_sustain_factor if reversal else 1.0)
         ceiling = cfg.donor_ceiling - (cfg.reversal_margin if reversal else 0.0)
         landed = max(
-            (s.last_switch_at for s in fleet if s.role == receiver and s.phase == "serving" and s.last_switch_at is not None),
+            (
+                s.last_switch_at
+                for s in fleet
+                if s.role == receiver and s.phase == "serving" and s.last_switch_at is not None
+            ),
             default=None,
         )
         if cfg.settle_after_landing and landed is not None:
@@ -584,7 +604,9 @@ class RoleSwitchPolicy:
             now_demand = measure_demand(fleet, metrics, cfg, self.model)
             demand = replace(
                 demand,
-                prefill_load=max(demand.prefill_load, now_demand.prefill_load) if receiver == "prefill" else demand.prefill_load,
+                prefill_load=max(demand.prefill_load, now_demand.prefill_load)
+                if receiver == "prefill"
+                else demand.prefill_load,
                 decode_tokens_per_s=(
                     max(demand.decode_tokens_per_s, now_demand.decode_tokens_per_s)
                     if receiver == "decode"
@@ -620,7 +642,13 @@ class RoleSwitchPolicy:
         mode: SwitchMode = "in-place" if instance.in_place else "relaunch"
         if fast and mode == "relaunch" and (since is None or now - since < sustain):
             return None  # the fast path is for switches that land in seconds, not a restart
-        busy = self._drain_estimate(metrics.get(instance.name), donor, self.output_length(memory)) + self.model.switch_seconds(mode)
+        busy = self._drain_estimate(
+            metrics.get(instance.name), donor, self.output_length(memory)
+        ) + self.model.switch_seconds(mode)
+        # Past the early returns, either the fast path holds (which needs acute_since) or
+        # `since` is set: the overload has held since one of them.
+        held_since = acute_since if fast or since is None else since
+        assert held_since is not None, "the fast path needs acute_since; the slow one needs since"
         horizon = cfg.cooldown_s
         # The receiver gets its instance only after drain + switch; the donor loses it at once,
         # so its capacity is lost for the whole busy time, in proportion to how loaded it was,
@@ -635,7 +663,7 @@ class RoleSwitchPolicy:
             to_role=receiver,
             mode=mode,
             reason=(
-                f"{receiver} pressure {recv_now:.2f} for {now - (since if since is not None and not fast else acute_since):.0f}s"
+                f"{receiver} pressure {recv_now:.2f} for {now - held_since:.0f}s"
                 + (" (acute)" if fast else "")
                 + f" → {recv_after:.2f} with one more; "
                 f"{donor} projected {give_now:.2f} → {give_after:.2f} (≤{ceiling:.2f})"
@@ -692,14 +720,21 @@ def _capacity(fleet: Sequence[InstanceState], role: Role) -> int:
     )
 
 
+def _held_since(was: float | None, on: bool, now: float) -> float | None:
+    """Since when a condition has held: kept while it holds, started now, cleared when it stops."""
+    if not on:
+        return None
+    return was if was is not None else now
+
+
 def _smoothed_output_length(
     memory: PolicyMemory, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics], alpha: float
 ) -> float:
     """EWMA of the decode instances' mean output length (weighted by what each runs)."""
     pairs = [
-        (metrics[s.name].output_tokens_per_request, max(1, metrics[s.name].running_reqs))
+        (length, max(1, metrics[s.name].running_reqs))
         for s in fleet
-        if s.role == "decode" and s.name in metrics and metrics[s.name].output_tokens_per_request
+        if s.role == "decode" and s.name in metrics and (length := metrics[s.name].output_tokens_per_request)
     ]
     if not pairs:
         return memory.output_tokens_per_request
@@ -786,7 +821,8 @@ class FleetScaler:
         ceiling when none is)."""
         cfg = self.config
         out: dict[Role, int] = {}
-        for role, floor in (("prefill", cfg.min_prefill), ("decode", cfg.min_decode)):
+        floors: tuple[tuple[Role, int], ...] = (("prefill", cfg.min_prefill), ("decode", cfg.min_decode))
+        for role, floor in floors:
             k = max(1, floor)
             while k < cfg.max_instances and self.policy.projected(role, demand, k) > pressure:
                 k += 1
@@ -813,8 +849,9 @@ class FleetScaler:
         launching = sum(1 for s in fleet if s.phase == "switching" and _is_launch(s))
         shortfall = min(need["prefill"] + need["decode"], cfg.max_instances) - len(holding)
         if shortfall > 0:
-            memory = replace(memory, surplus_since=None, short_since=memory.short_since if memory.short_since is not None else now)
-            if now - memory.short_since < cfg.up_sustain_s:
+            short_since = memory.short_since if memory.short_since is not None else now
+            memory = replace(memory, surplus_since=None, short_since=short_since)
+            if now - short_since < cfg.up_sustain_s:
                 return [], memory
             down = [s for s in fleet if s.phase == "down"]
             budget = min(shortfall, cfg.max_launching - launching, len(down))
@@ -826,7 +863,9 @@ class FleetScaler:
                 role: Role = max(("prefill", "decode"), key=lambda r: (need[r] - cap[r], r == "prefill"))
                 cap[role] += 1
                 actions.append(
-                    ScaleAction("add", slot.name, role, f"fleet needs {need['prefill']}+{need['decode']}, holds {len(holding)}")
+                    ScaleAction(
+                        "add", slot.name, role, f"fleet needs {need['prefill']}+{need['decode']}, holds {len(holding)}"
+                    )
                 )
             return actions, replace(memory, short_since=None, last_add_at=now)
         memory = replace(memory, short_since=None)
@@ -841,7 +880,8 @@ class FleetScaler:
             return [], memory
         cap = {r: _capacity(fleet, r) for r in ("prefill", "decode")}
         floors = {"prefill": cfg.min_prefill, "decode": cfg.min_decode}
-        for role in sorted(("prefill", "decode"), key=lambda r: cap[r] - keep[r], reverse=True):
+        roles: tuple[Role, ...] = ("prefill", "decode")
+        for role in sorted(roles, key=lambda r: cap[r] - keep[r], reverse=True):
             serving = [s for s in fleet if s.role == role and s.phase == "serving" and not s.pinned]
             if cap[role] - 1 < max(keep[role], floors[role], 1) or not serving:
                 continue
