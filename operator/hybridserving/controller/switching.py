@@ -42,13 +42,13 @@ from hybridserving.controller.kube import KubeError
 from hybridserving.core import flags, switching
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK
+from hybridserving.api.v1alpha1 import Role
 from hybridserving.core.policy import (
     InstanceMetrics,
     InstanceState,
     Phase,
     PolicyConfig,
     PolicyMemory,
-    Role,
     RoleSwitchPolicy,
 )
 from hybridserving.core.switching import (

@@ -26,9 +26,9 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, Mapping, Sequence
 
+from hybridserving.api.v1alpha1 import Role
 from hybridserving.core.perfmodel import PerformanceModel, SwitchMode
 
-Role = Literal["prefill", "decode"]
 Phase = Literal["serving", "draining", "switching", "down"]
 
 

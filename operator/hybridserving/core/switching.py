@@ -36,7 +36,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-Role = Literal["prefill", "decode"]
+from hybridserving.api.v1alpha1 import Role
+
 Mode = Literal["in-place", "relaunch"]
 Step = Literal["Unroute", "Drain", "Switch", "Verify", "Route", "Restore", "Restart", "Done"]
 Outcome = Literal["InProgress", "Succeeded", "Aborted", "Refused", "Failed"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.api.v1alpha1 import Role
 from hybridserving.core.policy import (
     Decision,
     FleetScaler,
@@ -20,7 +21,6 @@ from hybridserving.core.policy import (
     InstanceState,
     PolicyConfig,
     PolicyMemory,
-    Role,
     RoleDemand,
     RoleSwitchPolicy,
     measure_demand,

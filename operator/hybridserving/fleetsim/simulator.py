@@ -27,7 +27,8 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.policy import Decision, InstanceMetrics, InstanceState, Role, ScaleAction
+from hybridserving.api.v1alpha1 import Role
+from hybridserving.core.policy import Decision, InstanceMetrics, InstanceState, ScaleAction
 from hybridserving.fleetsim.traces import Trace
 
 _ARRIVAL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_DONE, _SWITCH_DONE, _TICK = range(6)
