@@ -7,10 +7,10 @@ export HYBRIDSERVING_CACHE ?= $(HOME)/.cache/hybridserving
 
 .PHONY: setup tools lint-tools sglang-parser test unit tooling integration e2e crds verify lint demo bench clean-cluster
 
+# The venv's bundled pip installs editable pyproject projects; upgrading it first only costs a
+# download. Wheels come from pip's cache when it is warm.
 $(VPY): pyproject.toml
 	$(PY) -m venv $(VENV)
-	# The venv's bundled pip installs editable pyproject projects; upgrading it first only costs a
-	# download. Wheels come from pip's cache when it is warm.
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(VPY)
 
