@@ -7,10 +7,11 @@ export HYBRIDSERVING_CACHE ?= $(HOME)/.cache/hybridserving
 
 .PHONY: setup tools lint-tools sglang-parser test unit tooling integration e2e crds verify lint demo bench clean-cluster
 
+# The venv's bundled pip installs editable pyproject projects; upgrading it first only costs a
+# download. Wheels come from pip's cache when it is warm.
 $(VPY): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(VPY)
 
 setup: $(VPY)
@@ -38,9 +39,10 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(MAKE) verify
 
-# Pure tests: nothing to build beyond the venv.
+# Pure, fast tests: nothing to build beyond the venv. Whole-scenario tests marked `slow` run in
+# `make test`.
 unit: setup
-	$(VPY) -m pytest tests/unit -q
+	$(VPY) -m pytest tests/unit -q -m "not slow"
 
 # Tests that run a built tool on the repository: helm template, promtool, hadolint, SGLang's own parser.
 tooling: setup tools lint-tools sglang-parser

@@ -347,6 +347,7 @@ def test_role_switch_refusals_carry_safe_to_restore():
     run(check, no_flag, nixl, busy)
 
 
+@pytest.mark.slow
 def test_role_switch_in_progress_unhealthy_and_success(monkeypatch):
     monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "2")  # an unhealthy engine's /health gives up after it
     flaky = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"), faults="fail_rebuild")
@@ -398,6 +399,7 @@ def test_fault_endpoint_slows_forward_passes_and_refuses_switches():
     run(check, server)
 
 
+@pytest.mark.slow
 def test_worker_rank_ignores_sigterm_until_rank_0_stops():
     # entrypoints/engine.py:1261-1272: non-zero ranks log SIGTERM and wait for rank 0's shutdown.
     import signal

@@ -165,6 +165,7 @@ def shifting_trace():
     )
 
 
+@pytest.mark.slow
 def test_policy_follows_a_mix_shift_within_its_invariants():
     cfg = PolicyConfig(cooldown_s=120, sustain_s=10, max_concurrent=2, min_prefill=1, min_decode=1)
     ctl = Checked(PolicyController(RoleSwitchPolicy(cfg, MODEL)), cfg)
@@ -260,6 +261,7 @@ def test_splitwise_triggers_on_the_least_loaded_prefill_queue_and_borrows_one_at
     assert sw.tick(10.0, moving, m) == []  # wait for the borrowed instance to land
 
 
+@pytest.mark.slow
 def test_zero_cost_relabel_pays_no_switch_time():
     from hybridserving.fleetsim.experiment import DEFAULT_SLO, Runner, Workload
 
@@ -272,6 +274,7 @@ def test_zero_cost_relabel_pays_no_switch_time():
     assert paid.switch_s == pytest.approx(paid.switches * MODEL.in_place_switch_s)
 
 
+@pytest.mark.slow
 def test_restart_based_and_splitwise_run_and_respect_floors():
     cfg = PolicyConfig(max_concurrent=8, min_prefill=1, min_decode=1, cooldown_s=0)
     for inner in (RestartRebalancer(cfg, MODEL, interval_s=60), SplitwiseMixedPool(cfg)):
@@ -288,6 +291,7 @@ def test_goodput_search_finds_the_threshold_of_a_monotone_curve():
     assert search_goodput(lambda s: 0.0) == 0.0
 
 
+@pytest.mark.slow
 def test_per_window_projection_is_at_least_every_static_split_in_every_phase():
     trace = shifting_trace()
     slo = Slo(2.0, 0.05)
@@ -297,6 +301,7 @@ def test_per_window_projection_is_at_least_every_static_split_in_every_phase():
     assert all(projection >= phase_score(r, slo, bounds) - 1e-12 for r in results)
 
 
+@pytest.mark.slow
 def test_an_hour_of_a_small_fleet_simulates_quickly():
     import time
 
@@ -374,6 +379,7 @@ def ramp_trace():
     )
 
 
+@pytest.mark.slow
 def test_scaling_planner_scales_up_and_down_within_its_invariants():
     cfg = PolicyConfig(cooldown_s=120, sustain_s=10)
     scaling = ScalingConfig(max_instances=8, max_launching=2, scale_down_delay_s=300)
@@ -391,6 +397,7 @@ def test_scaling_planner_scales_up_and_down_within_its_invariants():
     assert 0 < r.gpu_hours < 8 * 8 * r.timeline_t[-1] / 3600
 
 
+@pytest.mark.slow
 def test_planner_style_scaler_moves_one_per_role_per_interval_and_pays_the_launch():
     cfg = PolicyConfig()
     ctl = PlannerStyleScaler(cfg, MODEL, max_instances=8, interval_s=60.0, headroom=0.85)
@@ -410,6 +417,7 @@ def test_planner_style_scaler_moves_one_per_role_per_interval_and_pays_the_launc
     assert served.size and served.min() >= first + 120.0
 
 
+@pytest.mark.slow
 def test_hindsight_oracle_is_at_least_the_best_static_split_and_ours():
     from hybridserving.fleetsim.experiment import DEFAULT_SLO, Runner, Workload, shipped_config
 

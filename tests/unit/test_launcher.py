@@ -270,6 +270,7 @@ def pod(tmp_path):
         p.stop()
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_requests_before_stopping_the_engine(pod):
     # Unified engine: each request prefills and decodes 150 tokens, about 1 s at time scale 0.1.
     p = pod("prefill", switch_flag=False, extra=["--disaggregation-mode", "null"], time_scale=0.1,
@@ -295,6 +296,7 @@ def test_sigterm_drains_in_flight_requests_before_stopping_the_engine(pod):
     assert log.index("phase Draining: pod is terminating") < log.index("simulator shutting down")
 
 
+@pytest.mark.slow
 def test_in_place_switch_drains_then_posts_pd_role_switch(pod):
     p = pod("prefill")
     pid = p.status()["engine"]["pid"]
@@ -316,6 +318,7 @@ def test_in_place_switch_drains_then_posts_pd_role_switch(pod):
     assert 'hybridserving_launcher_role{role="decode"} 1.0' in metrics
 
 
+@pytest.mark.slow
 def test_refused_switch_keeps_the_old_role_and_reports_it(pod):
     p = pod("prefill", faults="refuse_switch")
     p.role_file.write_text("decode")
@@ -325,6 +328,7 @@ def test_refused_switch_keeps_the_old_role_and_reports_it(pod):
     assert httpx.get(p.engine + "/model_info").json()["disaggregation_mode"] == "prefill"
 
 
+@pytest.mark.slow
 def test_prefill_born_instance_switches_to_decode_and_back_in_place(pod):
     p = pod("prefill")
     pid = p.status()["engine"]["pid"]
@@ -337,6 +341,7 @@ def test_prefill_born_instance_switches_to_decode_and_back_in_place(pod):
     assert p.status()["engine"]["pid"] == pid
 
 
+@pytest.mark.slow
 def test_sigterm_waits_for_an_idle_window_so_late_routed_requests_are_served(pod):
     # The router notices a terminating pod a moment later; a request it sends meanwhile must be served.
     p = pod("prefill", switch_flag=False, extra=["--disaggregation-mode", "null"], idle_window_s=2.0)
@@ -347,6 +352,7 @@ def test_sigterm_waits_for_an_idle_window_so_late_routed_requests_are_served(pod
     assert p.proc.wait(30) == 0
 
 
+@pytest.mark.slow
 def test_relaunch_switch_restarts_the_engine_with_the_other_roles_flags(pod):
     p = pod("decode", switch_flag=False)
     pid = p.status()["engine"]["pid"]
@@ -359,6 +365,7 @@ def test_relaunch_switch_restarts_the_engine_with_the_other_roles_flags(pod):
     assert httpx.get(p.engine + "/model_info").json()["disaggregation_mode"] == "prefill"
 
 
+@pytest.mark.slow
 def test_failed_in_place_rebuild_falls_back_to_a_relaunch(pod):
     p = pod("prefill", faults="fail_rebuild")
     p.role_file.write_text("decode")

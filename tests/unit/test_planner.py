@@ -375,6 +375,7 @@ def test_unschedulable_instances_are_reported_and_block_nothing_else() -> None:
 # --------------------------------------------------------------------------- crashes
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(seed=st.integers(0, 2**32 - 1), host_network=st.booleans(), multi_node=st.booleans())

@@ -143,6 +143,7 @@ class Fleet:
             assert sum(1 for s in serving if s.role == role and s.phase == "serving") >= floor
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     loads=st.lists(
