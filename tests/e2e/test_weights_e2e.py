@@ -164,8 +164,11 @@ def test_a_failed_download_is_reported_and_the_other_instance_keeps_serving(hub_
     events = view.get("events", "--field-selector", "reason=WeightsFailed")["items"]
     assert events and "running instances keep serving" in events[0]["message"]
     assert token not in json.dumps(events)
-    pods = view.leaders()
-    assert pods[survivor]["metadata"]["uid"] == survivor_uid and view.ready(pods[survivor])
+    # The survivor is the same pod (never restarted) and Ready; its Ready condition is written by the
+    # pod runner's probe and kwok, so it is read until both agree rather than at one instant.
+    pods = wait_for(lambda: (lambda p: p if view.ready(p[survivor]) else None)(view.leaders()), timeout=60,
+                    what="the surviving instance Ready")
+    assert pods[survivor]["metadata"]["uid"] == survivor_uid
     assert not view.ready(pods[victim])
     hub.failing = False
     wait_for(view.all_ready, timeout=120, what="the retried fill succeeds")
