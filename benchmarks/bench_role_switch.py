@@ -41,7 +41,9 @@ def table(c: Comparison) -> str:
     rows = [
         f"{c.workload.title} — {len(c.workload.trace)} requests, {c.workload.trace.rate:.2f} req/s at scale 1, "
         f"{c.instances} instances × 8 GPUs; SLO TTFT ≤ {slo.ttft_s:g} s, TPOT ≤ {slo.tpot_s * 1e3:g} ms; "
-        f"reference rate {c.workload.trace.rate * c.reference_scale:.2f} req/s (×{c.reference_scale:.3f})",
+        f"reference rate {c.workload.trace.rate * c.reference_scale:.2f} req/s (×{c.reference_scale:.3f}), "
+        f"the goodput of the best static split ({c.best_static_split} prefill / "
+        f"{c.instances - c.best_static_split} decode)",
         f"load varied by {load_how}; "
         f"a rate passes when the total and every phase reach 90 % (phases: {phases} s)",
         f"{'policy':<38}{'goodput req/s':>14}{'per GPU':>9}{'×static':>9}{'×oracle':>9}{'SLO@1×':>8}{'switches':>9}"

@@ -14,6 +14,9 @@ out) and names the instance the fault hit. The scenarios:
 * **node drain**: `kubectl drain` of a prefill leader's node (eviction through the budget);
 * **engine crash**: a prefill engine exits (the launcher restarts it);
 * **hung engine**: a prefill engine made 1000x slower for 20 s;
+* **crash-looping engine**: a prefill engine that exits at every start (a fault file the simulator
+  reads at start-up) until its instance says CrashLoop, in status, in the fleet's Degraded condition
+  and in an Event; then the fault is lifted and the next restart serves;
 * **hostile endpoint call**: the rendered NetworkPolicy does not admit a pod outside the fleet. The
   local cluster has no CNI that enforces NetworkPolicy, so the call itself is not made (it would
   pause the engine): only the policy's selection is checked, against the live pods.
@@ -51,7 +54,7 @@ CLIENT_TIMEOUT_S = 30.0
 REPORT = pathlib.Path(os.environ.get("HYBRIDSERVING_CHAOS_REPORT", "/tmp/hybridserving-chaos.json"))
 
 
-def fleet_manifest() -> dict:
+def fleet_manifest(faults_file: pathlib.Path) -> dict:
     doc = yaml.safe_load((ROOT / "examples" / "role-switch.yaml").read_text())
     doc["metadata"]["name"] = "chaos"
     spec = doc["spec"]
@@ -66,6 +69,8 @@ def fleet_manifest() -> dict:
         {"name": "HYBRIDSERVING_SIM_STARTUP_SECONDS", "value": "1"},
         {"name": "HYBRIDSERVING_POLL_INTERVAL_S", "value": "0.2"},
         {"name": "HYBRIDSERVING_RESTART_BACKOFF_S", "value": "0.5"},
+        {"name": "HYBRIDSERVING_CRASH_LOOP_RESTARTS", "value": "3"},
+        {"name": "HYBRIDSERVING_SIM_FAULTS_FILE", "value": str(faults_file)},
     ]}
     return doc
 
@@ -124,8 +129,8 @@ class Outcome:
 class Chaos:
     """The fleet under test and the means to hurt it."""
 
-    def __init__(self, cluster, router: str, operator: OperatorHandle) -> None:
-        self.cluster, self.router, self.operator = cluster, router, operator
+    def __init__(self, cluster, router: str, operator: OperatorHandle, faults_file: pathlib.Path) -> None:
+        self.cluster, self.router, self.operator, self.faults_file = cluster, router, operator, faults_file
         self.outcomes: list[Outcome] = []
 
     def kubectl(self, *args: str, check: bool = True):
@@ -201,14 +206,16 @@ def operator_handle(fleet_operator) -> OperatorHandle:
 
 
 def test_faults_under_steady_load(local_cluster, fleet_operator, pod_runner, discovering_router,
-                                  operator_handle) -> None:
+                                  operator_handle, tmp_path: pathlib.Path) -> None:
     local_cluster.kubectl("create", "namespace", NAMESPACE)
     chaos: Chaos | None = None
+    faults_file = tmp_path / "engine-faults"
     try:
-        local_cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump(fleet_manifest()))
+        local_cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-",
+                              input=yaml.safe_dump(fleet_manifest(faults_file)))
         wait_for(lambda: local_cluster.kubectl("-n", NAMESPACE, "get", "deployment", "chaos-router",
                                                check=False).returncode == 0, 60, "the router Deployment")
-        chaos = Chaos(local_cluster, discovering_router(NAMESPACE, "chaos-router"), operator_handle)
+        chaos = Chaos(local_cluster, discovering_router(NAMESPACE, "chaos-router"), operator_handle, faults_file)
         wait_for(chaos.serving, 180, "the fleet serving")
         _scenarios(chaos)
     finally:
@@ -299,9 +306,31 @@ def _scenarios(chaos: Chaos) -> None:
         httpx.post(url, json={"slow": 1}, timeout=5, trust_env=False)
         return [f"{victim}'s engine 1000x slower for 20 s (nothing restarts a slow engine that answers /health)"]
 
+    def crash_loop() -> list[str]:
+        victim = chaos.victim()
+        pod = chaos.leaders()[victim]
+        port = chaos.json("get", "hybridservinginstance", victim)["spec"]["ports"]["http"]
+        chaos.faults_file.write_text("crash_on_start\n")  # every start from now on exits at once
+        try:
+            httpx.post(f"http://{pod['status']['podIP']}:{port}/sim/faults", json={"crash": True}, timeout=5,
+                       trust_env=False)
+            wait_for(lambda: chaos.json("get", "hybridservinginstance", victim).get("status", {}).get("phase")
+                     == "CrashLoop", 180, f"{victim} reported as CrashLoop", interval=1)
+            degraded = {c["type"]: c for c in chaos.json("get", "hybridserving", "chaos")["status"]["conditions"]}
+            events = chaos.json("get", "events", "--field-selector",
+                                f"involvedObject.name={victim},reason=CrashLoop")["items"]
+        finally:
+            chaos.faults_file.write_text("")
+        assert degraded["Degraded"]["status"] == "True" and victim in degraded["Degraded"]["message"], degraded
+        assert degraded["Ready"]["status"] == "False", degraded["Ready"]
+        assert events, f"no CrashLoop Event for {victim}"
+        restarts = chaos.leaders()[victim]["status"]["containerStatuses"][0]["restartCount"]
+        return [f"{victim}'s engine exited at every start until its instance said CrashLoop "
+                f"(container restarts {restarts}; Degraded: {degraded['Degraded']['message'][:120]})"]
+
     for scenario, hurt in (("pod deletion", delete_pod), ("instance deletion", delete_instance),
                            ("node drain", drain_node), ("engine crash", crash_engine),
-                           ("hung engine", hang_engine)):
+                           ("hung engine", hang_engine), ("crash-looping engine", crash_loop)):
         outcome = chaos.run(scenario, "lost only what ran on the engine it stopped", hurt)
         assert outcome.ok > 0, outcome
 

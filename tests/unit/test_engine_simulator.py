@@ -11,6 +11,7 @@ import pytest
 
 from hybridserving_engine.simulator.args import FlagError, SimulatorOptions, parse_server_args
 from hybridserving_engine.simulator.engine import count_tokens
+from hybridserving_engine.simulator.faults import Faults
 from hybridserving_engine.simulator.process import free_port
 from hybridserving_engine.simulator.server import SimulatorServer
 
@@ -427,3 +428,13 @@ def test_worker_rank_ignores_sigterm_until_rank_0_stops():
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+def test_a_faults_file_is_read_at_every_start_and_adds_to_the_env_faults(tmp_path):
+    path = tmp_path / "faults"
+    env = {"HYBRIDSERVING_SIM_FAULTS": "slow=2", "HYBRIDSERVING_SIM_FAULTS_FILE": str(path)}
+    assert SimulatorOptions.from_env(env).faults == "slow=2", "an absent file adds nothing"
+    path.write_text("crash_on_start\n")
+    assert Faults.parse(SimulatorOptions.from_env(env).faults) == Faults(crash_on_start=True, slow_factor=2.0)
+    path.write_text("")
+    assert not Faults.parse(SimulatorOptions.from_env(env).faults).crash_on_start, "emptied: the next start serves"

@@ -29,7 +29,7 @@ def fleet(prefill: int, decode: int, **kw) -> list[InstanceState]:
 
 
 def metrics_for(
-    states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, wait_s: float = 0.0, prealloc: int = 0
+    states, prefill_util: float, decode_kv: float, queue_tokens: int = 0, prealloc: int = 0
 ):
     out = {}
     for i, s in enumerate(states):
@@ -38,7 +38,6 @@ def metrics_for(
                 "prefill",
                 prefill_queue_tokens=queue_tokens + i,
                 prefill_queue_reqs=1 if queue_tokens else 0,
-                prefill_wait_s=wait_s,
                 utilization=prefill_util,
             )
         else:
@@ -54,7 +53,7 @@ def test_sustained_prefill_pressure_moves_the_least_loaded_decode_instance():
     memory = PolicyMemory()
     decision = None
     for t in range(0, 40, 5):
-        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0, 0.1, 40_000, 3.0), memory)
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0, 0.1, 40_000), memory)
         if decision:
             break
     assert decision is not None and t >= 20
@@ -75,7 +74,7 @@ def test_pressure_that_is_not_sustained_switches_nothing():
 def test_relaunch_that_cannot_pay_back_within_the_cooldown_is_not_started():
     cfg = PolicyConfig(sustain_s=0, cooldown_s=300)
     states = fleet(2, 6, in_place=False)
-    m = metrics_for(states, 1.0, 0.1, 50_000, 3.0)
+    m = metrics_for(states, 1.0, 0.1, 50_000)
     decision, _ = RoleSwitchPolicy(cfg, MODEL).decide(0.0, states, m)
     assert decision is None  # 780 s of relaunch > 300 s horizon
     decision, _ = RoleSwitchPolicy(replace(cfg, cooldown_s=3600), MODEL).decide(0.0, states, m)
@@ -84,7 +83,7 @@ def test_relaunch_that_cannot_pay_back_within_the_cooldown_is_not_started():
 
 def test_disabled_or_paused_decides_nothing():
     states = fleet(2, 6)
-    m = metrics_for(states, 1.0, 0.1, 50_000, 3.0)
+    m = metrics_for(states, 1.0, 0.1, 50_000)
     for cfg in (PolicyConfig(sustain_s=0, enabled=False), PolicyConfig(sustain_s=0, paused=True)):
         assert RoleSwitchPolicy(cfg, MODEL).decide(0.0, states, m)[0] is None
 
@@ -92,7 +91,7 @@ def test_disabled_or_paused_decides_nothing():
 def test_pinned_instances_are_never_chosen():
     states = [replace(s, pinned=s.role == "decode" and s.name != "d5") for s in fleet(2, 6)]
     decision, _ = RoleSwitchPolicy(PolicyConfig(sustain_s=0), MODEL).decide(
-        0.0, states, metrics_for(states, 1.0, 0.1, 50_000, 3.0)
+        0.0, states, metrics_for(states, 1.0, 0.1, 50_000)
     )
     assert decision is not None and decision.instance == "d5"
 
@@ -117,14 +116,14 @@ class Fleet:
         self.started: dict[str, float] = {}
         self.switches: list[tuple[float, str, str]] = []
 
-    def step(self, t: float, prefill_util: float, decode_kv: float, queue: int, wait: float, prealloc: int = 0) -> None:
+    def step(self, t: float, prefill_util: float, decode_kv: float, queue: int, prealloc: int = 0) -> None:
         for name, at in list(self.started.items()):
             if t - at >= 15:
                 s = self.states[name]
                 self.states[name] = replace(s, role=s.target_role, target_role=None, phase="serving", last_switch_at=t)
                 del self.started[name]
         states = list(self.states.values())
-        m = metrics_for(states, prefill_util, decode_kv, queue, wait, prealloc)
+        m = metrics_for(states, prefill_util, decode_kv, queue, prealloc)
         decision, self.memory = self.policy.decide(t, states, m, self.memory)
         if decision:
             s = self.states[decision.instance]
@@ -147,7 +146,7 @@ class Fleet:
 @settings(max_examples=40, deadline=None)
 @given(
     loads=st.lists(
-        st.tuples(st.floats(0, 1), st.floats(0, 1), st.integers(0, 200_000), st.floats(0, 10)),
+        st.tuples(st.floats(0, 1), st.floats(0, 1), st.integers(0, 200_000)),
         min_size=20,
         max_size=120,
     ),
@@ -161,10 +160,10 @@ def test_invariants_hold_at_every_tick_under_arbitrary_load(loads, max_concurren
         max_concurrent=max_concurrent, min_prefill=min_prefill, min_decode=min_decode, cooldown_s=60, sustain_s=10
     )
     f = Fleet(4, 4, cfg, pinned)
-    for i, (util, kv, queue, wait) in enumerate(loads):
+    for i, (util, kv, queue) in enumerate(loads):
         # each load holds for 30 s so that sustained pressure can actually trigger switches
         for k in range(6):
-            f.step(i * 30.0 + k * 5.0, util, kv, queue, wait)
+            f.step(i * 30.0 + k * 5.0, util, kv, queue)
     moved = {name for _, name, _ in f.switches}
     assert not moved & set(pinned)
 
@@ -178,7 +177,7 @@ def test_noisy_metrics_around_the_thresholds_do_not_flap(seed):
     f = Fleet(4, 4, cfg)
     for t in range(0, 3600, 5):
         # a balanced fleet whose prefill hovers just around its target, decode comfortably loaded
-        f.step(float(t), 0.85 * (1 + rng.uniform(-0.15, 0.15)), 0.5 + rng.uniform(-0.1, 0.1), 0, 0.0)
+        f.step(float(t), 0.85 * (1 + rng.uniform(-0.15, 0.15)), 0.5 + rng.uniform(-0.1, 0.1), 0)
     directions = [to for _, _, to in f.switches]
     reversals = sum(1 for a, b in itertools.pairwise(directions) if a != b)
     assert reversals == 0
@@ -186,7 +185,7 @@ def test_noisy_metrics_around_the_thresholds_do_not_flap(seed):
 
 def test_decisions_are_deterministic():
     states = fleet(3, 5)
-    m = metrics_for(states, 1.0, 0.2, 80_000, 4.0)
+    m = metrics_for(states, 1.0, 0.2, 80_000)
     policy = RoleSwitchPolicy(PolicyConfig(sustain_s=0), MODEL)
     assert policy.decide(10.0, states, m) == policy.decide(10.0, states, m)
 
@@ -202,7 +201,6 @@ def decode_metrics(
                 "prefill",
                 prefill_queue_tokens=queue_tokens,
                 prefill_queue_reqs=4,
-                prefill_wait_s=3.0,
                 utilization=prefill_util,
             )
         else:
@@ -233,12 +231,12 @@ def test_a_clear_mix_reversal_moves_back_within_the_cooldown_but_never_the_same_
     cfg = PolicyConfig(cooldown_s=600, sustain_s=10, max_concurrent=1)
     f = Fleet(3, 5, cfg)
     for t in range(0, 120, 5):  # prefill-heavy: decode nearly idle
-        f.step(float(t), 1.0, 0.05, 80_000, 4.0)
+        f.step(float(t), 1.0, 0.05, 80_000)
     assert f.switches and all(to == "prefill" for _, _, to in f.switches)
     moved_to_prefill = {name for _, name, _ in f.switches}
     first = len(f.switches)
     for t in range(120, 400, 5):  # the mix reverses: decode KV fills, prefill idles
-        f.step(float(t), 0.1, 0.97, 0, 0.0, prealloc=20)
+        f.step(float(t), 0.1, 0.97, 0, prealloc=20)
     back = [(t, name) for t, name, to in f.switches[first:] if to == "decode"]
     assert back and back[0][0] < 600  # well inside the cooldown of the first move
     assert not {name for _, name in back} & moved_to_prefill  # per-instance cooldown
@@ -248,7 +246,7 @@ def test_a_large_imbalance_moves_several_instances_at_once_within_max_concurrent
     cfg = PolicyConfig(sustain_s=0, max_concurrent=3)
     policy = RoleSwitchPolicy(cfg, MODEL)
     states = fleet(2, 6)
-    m = metrics_for(states, 1.0, 0.02, 100_000, 4.0)
+    m = metrics_for(states, 1.0, 0.02, 100_000)
     decisions, _ = policy.decide_all(0.0, states, m)
     assert 2 <= len(decisions) <= 3 and len({d.instance for d in decisions}) == len(decisions)
     assert all(d.to_role == "prefill" for d in decisions)
@@ -259,7 +257,7 @@ def test_a_large_imbalance_moves_several_instances_at_once_within_max_concurrent
 def test_memory_round_trips_through_a_dict():
     policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
     states = fleet(3, 5)
-    memory = policy.observe(10.0, states, metrics_for(states, 0.9, 0.4, 20_000, 1.0), PolicyMemory())
+    memory = policy.observe(10.0, states, metrics_for(states, 0.9, 0.4, 20_000), PolicyMemory())
     assert PolicyMemory.from_dict(memory.to_dict()) == memory
     assert PolicyMemory.from_dict({"prefill_pressure_since": 5, "unknown": 1}) == PolicyMemory(
         prefill_pressure_since=5.0
@@ -273,7 +271,7 @@ def test_a_clear_large_overload_moves_after_the_acute_sustain_not_the_full_one()
     cfg = PolicyConfig(sustain_s=60, acute_sustain_s=10)
     policy = RoleSwitchPolicy(cfg, MODEL)
     states = fleet(2, 6)
-    hot = metrics_for(states, 1.0, 0.1, 200_000, 6.0)  # ~5.8 s of work queued on each
+    hot = metrics_for(states, 1.0, 0.1, 200_000)  # ~5.8 s of work queued on each
     memory, first = PolicyMemory(), None
     for t in range(0, 60, 5):
         decision, memory = policy.decide(float(t), states, hot, memory)
@@ -283,7 +281,7 @@ def test_a_clear_large_overload_moves_after_the_acute_sustain_not_the_full_one()
     assert first is not None and 10 <= first < 60
     assert "acute" in decision.reason and decision.to_role == "prefill"
     # Queues that clear within the limit are not acute: the full sustain applies.
-    mild = metrics_for(states, 1.0, 0.1, 30_000, 1.0)
+    mild = metrics_for(states, 1.0, 0.1, 30_000)
     memory, first = PolicyMemory(), None
     for t in range(0, 120, 5):
         decision, memory = policy.decide(float(t), states, mild, memory)
@@ -297,7 +295,7 @@ def test_a_clear_large_overload_moves_after_the_acute_sustain_not_the_full_one()
 def test_the_fast_path_can_be_turned_off():
     policy = RoleSwitchPolicy(PolicyConfig(sustain_s=60, acute_sustain_s=0), MODEL)
     states = fleet(2, 6)
-    hot = metrics_for(states, 1.0, 0.1, 200_000, 6.0)
+    hot = metrics_for(states, 1.0, 0.1, 200_000)
     memory = PolicyMemory()
     for t in range(0, 60, 5):
         decision, memory = policy.decide(float(t), states, hot, memory)
@@ -310,7 +308,7 @@ def test_after_an_instance_lands_the_pressure_must_be_sustained_anew():
     cfg = PolicyConfig(sustain_s=30, acute_sustain_s=10, cooldown_s=600, max_concurrent=1)
     f = Fleet(2, 6, cfg)
     for t in range(0, 300, 5):
-        f.step(float(t), 1.0, 0.05, 200_000, 6.0)
+        f.step(float(t), 1.0, 0.05, 200_000)
     assert len(f.switches) >= 2
     for (t0, _, _), (t1, _, _) in itertools.pairwise(f.switches):
         assert t1 - (t0 + 15) >= cfg.acute_sustain_s  # landed 15 s after the start
@@ -319,7 +317,7 @@ def test_after_an_instance_lands_the_pressure_must_be_sustained_anew():
 def test_memory_with_acute_clocks_round_trips_and_old_status_loads():
     policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
     states = fleet(2, 6)
-    memory = policy.observe(10.0, states, metrics_for(states, 1.0, 0.1, 200_000, 6.0), PolicyMemory())
+    memory = policy.observe(10.0, states, metrics_for(states, 1.0, 0.1, 200_000), PolicyMemory())
     assert memory.prefill_acute_since == 10.0
     assert PolicyMemory.from_dict(memory.to_dict()) == memory
     old = {k: v for k, v in memory.to_dict().items() if not k.endswith("acute_since")}
@@ -330,7 +328,7 @@ def test_the_fast_path_does_not_start_a_relaunch():
     cfg = PolicyConfig(sustain_s=60, acute_sustain_s=10, cooldown_s=3600)
     policy = RoleSwitchPolicy(cfg, MODEL)
     states = fleet(2, 6, in_place=False)
-    hot = metrics_for(states, 1.0, 0.1, 200_000, 6.0)
+    hot = metrics_for(states, 1.0, 0.1, 200_000)
     memory = PolicyMemory()
     for t in range(0, 60, 5):
         decision, memory = policy.decide(float(t), states, hot, memory)

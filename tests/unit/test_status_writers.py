@@ -114,3 +114,24 @@ def test_the_reconcile_never_sends_the_fields_the_switch_controller_owns(api: Me
     assert not any({"lastSwitch", "switches"} & set(s) for s in sent)
     assert instance(api)["status"]["lastSwitch"] == "2026-01-01T00:00:00Z"
     assert api.status()["switches"] == [{"instance": INSTANCE}]
+
+
+def test_an_instance_has_a_ready_condition_that_follows_its_phase_and_keeps_its_transition_time(
+        api: MemoryApi) -> None:
+    settle(api)
+    ready = {c["type"]: c for c in instance(api)["status"]["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "Ready"), ready
+    settle(api)
+    again = {c["type"]: c for c in instance(api)["status"]["conditions"]}["Ready"]
+    assert again["lastTransitionTime"] == ready["lastTransitionTime"], "a pass that changes nothing keeps the time"
+
+    leader_not_ready(api)
+    rec.reconcile(api, NS, "fleet")  # type: ignore[arg-type]
+    down = {c["type"]: c for c in instance(api)["status"]["conditions"]}["Ready"]
+    assert down["status"] == "False" and down["reason"] == instance(api)["status"]["phase"] != "Ready", down
+    assert "pod(s) ready" in down["message"]
+
+    start_switch(api)
+    rec.reconcile(api, NS, "fleet")  # type: ignore[arg-type]
+    switching = {c["type"]: c for c in instance(api)["status"]["conditions"]}["Ready"]
+    assert (switching["status"], switching["reason"]) == ("False", "Draining"), "the switch's phase, not Ready"

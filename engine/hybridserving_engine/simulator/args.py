@@ -109,11 +109,24 @@ class SimulatorOptions:
             profile=env.get("HYBRIDSERVING_SIM_PROFILE", DEFAULT_PROFILE),
             time_scale=float(env.get("HYBRIDSERVING_SIM_TIME_SCALE", "1.0")),
             startup_seconds=float(startup) if startup else None,
-            faults=env.get("HYBRIDSERVING_SIM_FAULTS", ""),
+            faults=",".join(filter(None, (env.get("HYBRIDSERVING_SIM_FAULTS", ""),
+                                          _read_faults_file(env.get("HYBRIDSERVING_SIM_FAULTS_FILE"))))),
             gpu_type=env.get("HYBRIDSERVING_SIM_GPU_TYPE", "H200"),
             gpu_memory_gib=float(env["HYBRIDSERVING_SIM_GPU_MEMORY_GIB"]) if env.get("HYBRIDSERVING_SIM_GPU_MEMORY_GIB")
             else None,
         )
+
+
+def _read_faults_file(path: str | None) -> str:
+    """Faults that outlive a process: every start reads them, so a test can hold an engine in a
+    crash loop across the launcher's and the kubelet's restarts, then let it recover."""
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
 
 
 class FlagError(ValueError):

@@ -32,7 +32,6 @@ from hybridserving.core.layout import LayoutIssue
 from hybridserving.core.observed import Observed
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "LayoutValid", "RoleSwitching")
 
 # How long a fleet may keep Progressing before status says it is stuck (a Deployment's
 # progressDeadlineSeconds). Generous: a large model takes many minutes to load.
@@ -135,6 +134,14 @@ def instance_status(v: InstanceView, generation: int | None) -> HybridServingIns
         status.role = role if role in ROLES else v.observed.spec.role
     if generation is not None:
         status.observed_generation = generation
+    phase = (status.phase if "phase" in status.model_fields_set else v.observed.phase) or "Pending"
+    total = max(len(v.plan.pods), 1)
+    message = (f"serving as {status.role or v.plan.role}" if phase == "Ready" else
+               f"{phase}: {status.ready_pods}/{total} pod(s) ready" + (f"; last exit: {last_exit[:200]}"
+                                                                        if phase == "CrashLoop" and last_exit else ""))
+    previous = {c.get("type", ""): c for c in v.observed.status.get("conditions") or []}
+    # `kubectl wait --for=condition=Ready hybridservinginstance/NAME` works like it does for pods.
+    status.conditions = [condition("Ready", phase == "Ready", phase, message, generation, previous)]
     return status
 
 

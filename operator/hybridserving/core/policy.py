@@ -43,8 +43,6 @@ class InstanceMetrics:
     role: Role
     prefill_queue_reqs: int = 0
     prefill_queue_tokens: int = 0
-    prefill_wait_s: float = 0.0
-    """Age of the oldest queued prompt."""
     utilization: float = 0.0
     """Fraction of the recent interval the scheduler was running a forward pass (`sglang:utilization`)."""
     kv_usage: float = 0.0

@@ -587,7 +587,6 @@ class FleetSimulator:
                     role="prefill",
                     prefill_queue_reqs=len(inst.queue),
                     prefill_queue_tokens=inst.queue_tokens,
-                    prefill_wait_s=(t - self.arrival[inst.queue[0]]) if inst.queue else 0.0,
                     utilization=min(1.0, busy / window),
                     running_reqs=len(inst.pass_items),
                     ttft_p90_s=_p90(inst.ttft_log, t),
