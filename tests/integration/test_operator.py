@@ -127,6 +127,41 @@ def test_scaling_up_and_down_keeps_names_and_other_pods(fleet: Fleet) -> None:
     assert roles.count("decode") == 1 and roles.count("prefill") == 2
 
 
+def test_kubectl_scale_resizes_a_switching_fleet_through_the_scale_subresource(fleet: Fleet) -> None:
+    """What HPA and KEDA drive: `/scale` reads and writes the fleet's total, and reports the
+    selector of exactly the fleet's engine pods."""
+    fleet.apply(example("role-switch"))
+    fleet.wait_settled()
+    kubectl = fleet.cluster.kubectl
+    raw = f"/apis/{GROUP}/{VERSION}/namespaces/{fleet.ns}/hybridservings/{fleet.name}/scale"
+    kubectl("scale", f"hybridserving/{fleet.name}", "-n", fleet.ns, "--replicas=6")
+    fleet.wait_settled()
+    assert len(fleet.instances()) == 6
+    scale = json.loads(kubectl("get", "--raw", raw).stdout)
+    assert (scale["kind"], scale["spec"]["replicas"], scale["status"]["replicas"]) == ("Scale", 6, 6)
+    selected = fleet.core.list_namespaced_pod(fleet.ns, label_selector=scale["status"]["selector"]).items
+    assert sorted(p.metadata.name for p in selected) == sorted(fleet.pods())
+
+    kubectl("scale", f"hybridserving/{fleet.name}", "-n", fleet.ns, "--replicas=2")
+    fleet.wait_settled()
+    roles = sorted(i["spec"]["role"] for i in fleet.instances().values())
+    assert roles == ["decode", "prefill"], "the total shrinks to each role's floor, no further"
+
+    refused = kubectl("scale", f"hybridserving/{fleet.name}", "-n", fleet.ns, "--replicas=1", check=False)
+    assert refused.returncode != 0 and "minPrefill + roleSwitch.minDecode" in refused.stderr
+    assert json.loads(kubectl("get", "--raw", raw).stdout)["spec"]["replicas"] == 2
+
+
+def test_a_fixed_split_fleet_refuses_a_total_naming_the_fix(fleet: Fleet) -> None:
+    fleet.apply(fixed_split())
+    fleet.wait_settled()
+    refused = fleet.cluster.kubectl("scale", f"hybridserving/{fleet.name}", "-n", fleet.ns, "--replicas=6",
+                                    check=False)
+    assert refused.returncode != 0
+    assert "needs roleSwitch.enabled: true" in refused.stderr and "prefill.replicas" in refused.stderr
+    assert len(fleet.instances()) == 4 and "replicas" not in fleet.get()["spec"]
+
+
 def test_a_layout_change_rolls_one_role_within_its_budget(fleet: Fleet) -> None:
     manifest = example("role-switch")
     manifest["spec"]["roleSwitch"]["enabled"] = False

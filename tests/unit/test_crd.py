@@ -194,7 +194,20 @@ def test_names_version_and_status_subresource(name, kind, plural, short):
     assert crd["spec"]["scope"] == "Namespaced"
     version = version_of(name)
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"]["status"] == {}
+    if kind == "HybridServing":
+        # The fleet's total is what `kubectl scale`, HPA and KEDA drive; the selector finds its pods.
+        assert version["subresources"]["scale"] == {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        }
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        assert spec["replicas"]["type"] == "integer" and status["replicas"]["type"] == "integer"
+        assert status["selector"]["type"] == "string"
+    else:
+        assert version["subresources"] == {"status": {}}
 
 
 @pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])

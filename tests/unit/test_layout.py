@@ -208,6 +208,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "role-switch-in-place": (overlaid(SWITCH, {"decode": {"layout": {"dcp": 2}}}), SWITCH, "spec.roleSwitch.enabled"),
     "role-switch-floors-fit": (overlaid(SWITCH, {"roleSwitch": {"minPrefill": 2}}), SWITCH,
                                "spec.roleSwitch.minPrefill"),
+    "total-replicas-needs-role-switch": ({"replicas": 4}, overlaid(SWITCH, {"replicas": 4}), "spec.replicas"),
+    "scaling-bounds": (overlaid(SWITCH, {"scaling": {"enabled": True, "minReplicas": 6, "maxReplicas": 4}}),
+                       overlaid(SWITCH, {"scaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 4}}),
+                       "spec.scaling.minReplicas"),
     "role-switch-floor-above-replicas": (
         overlaid(SWITCH, {"roleSwitch": {"minPrefill": 2}, "decode": {"replicas": 3}}),
         overlaid(SWITCH, {"roleSwitch": {"minPrefill": 2}, "prefill": {"replicas": 2}, "decode": {"replicas": 2}}),

@@ -448,3 +448,28 @@ def test_attention_dp_derived_ports_never_land_on_another_blocks_ports(multi_nod
         assert not clashes, f"block {b} derives ports of blocks {clashes}"
         others = [ports.attention_dp_ports(q, multi_node=multi_node) for q in blocks[b + 1:b + 40]]
         assert all(not derived & o for o in others)
+
+
+def test_the_fleets_total_is_split_by_the_roles_shares_and_never_below_a_floor() -> None:
+    """`spec.replicas` (the scale subresource) sizes a switching fleet; the roles' replicas are shares."""
+    switching = {"roleSwitch": {"enabled": True, "minPrefill": 1, "minDecode": 1},
+                 "prefill": {"replicas": 1}, "decode": {"replicas": 3}}
+    cluster = FakeCluster(nodes=16)
+
+    def roles() -> dict[str, int]:
+        counts = {role: 0 for role in ROLES}
+        for inst in cluster.instances().values():
+            counts[inst["spec"]["role"]] += 1
+        return counts
+
+    converge(cluster, fleet(**switching))
+    assert roles() == {"prefill": 1, "decode": 3}
+    converge(cluster, fleet(**switching, replicas=8))
+    assert roles() == {"prefill": 2, "decode": 6}, "new instances join the role furthest below its share"
+    before = {n: i["spec"]["role"] for n, i in cluster.instances().items()}
+    converge(cluster, fleet(**switching, replicas=2))
+    assert roles() == {"prefill": 1, "decode": 1}, "the total shrinks, each role keeps its floor"
+    lowest = {role: min((n for n, r in before.items() if r == role), key=lambda n: int(n.split("-")[1]))
+              for role in ROLES}
+    assert sorted(cluster.instances()) == sorted(lowest.values()), "each role's highest indexes leave first"
+

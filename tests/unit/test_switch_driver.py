@@ -477,3 +477,51 @@ def test_an_engine_serving_another_role_than_routed_is_restarted(h: Harness) -> 
     h.tick(1)
     assert h.instance(name)["spec"]["restartGeneration"] == 1
     assert "RoleDrift" in {r for r, _ in h.events()}
+
+
+# --------------------------------------------------------------------------- the built-in scaler
+
+
+def scaling_harness(**scaling: Any) -> Harness:
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["scaling"] = {"enabled": True, "minReplicas": 2, "maxReplicas": 8, **scaling}
+    return Harness(spec)
+
+
+def instances(h: Harness) -> list[str]:
+    return sorted(n for (k, n) in h.api.store if k == INSTANCE_KIND)
+
+
+def fleet_replicas(h: Harness) -> int | None:
+    return h.api.store[(KIND, "fleet")]["spec"].get("replicas")
+
+
+def test_the_scaler_grows_a_fleet_both_roles_overload_through_the_scale_subresource() -> None:
+    h = scaling_harness()
+    start = len(instances(h))
+    for name in instances(h):
+        e = h.engine(name)
+        e.utilization, e.queue_tokens, e.kv_usage, e.running = 1.0, 400_000, 0.98, 256
+    h.run_until(lambda: (fleet_replicas(h) or 0) > start, limit=60)
+    assert h.api.writes[("patch-scale", KIND)] >= 1, "resized through the scale subresource, as HPA does"
+    assert fleet_replicas(h) <= 8, "never past scaling.maxReplicas"
+    h.tick(3)
+    assert len(instances(h)) == fleet_replicas(h), "the reconcile creates what the total asks"
+    assert any(reason == "ScaledUp" for reason, _ in h.events())
+
+
+def test_the_scaler_shrinks_an_idle_fleet_after_its_delay_and_keeps_each_roles_floor() -> None:
+    h = scaling_harness(scaleDownDelaySeconds=30)
+    start = len(instances(h))
+    for name in instances(h):
+        e = h.engine(name)
+        e.utilization, e.queue_tokens, e.kv_usage, e.running = 0.0, 0, 0.0, 0
+    h.tick(10)  # 20 s: inside the delay
+    assert fleet_replicas(h) is None, "nothing is removed before scaleDownDelaySeconds"
+    h.run_until(lambda: fleet_replicas(h) == 2, limit=200)
+    h.tick(3)
+    roles = sorted(h.instance(n)["spec"]["role"] for n in instances(h))
+    assert roles == ["decode", "prefill"] and start > 2
+    assert any(reason == "ScaledDown" for reason, _ in h.events())
+    h.tick(30)
+    assert fleet_replicas(h) == 2, "never below scaling.minReplicas and the role floors"

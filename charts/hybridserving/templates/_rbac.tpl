@@ -17,6 +17,10 @@ them, and list/watch on Secrets would reveal their contents.
 - apiGroups: ["hybridserving.io"]
   resources: ["hybridservings/status"]
   verbs: ["get", "patch"]
+# Resize fleets whose built-in scaler is on (spec.replicas, as HPA does).
+- apiGroups: ["hybridserving.io"]
+  resources: ["hybridservings/scale"]
+  verbs: ["get", "patch"]
 # One instance object per engine instance.
 - apiGroups: ["hybridserving.io"]
   resources: ["hybridservinginstances"]

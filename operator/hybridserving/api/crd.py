@@ -198,8 +198,12 @@ def render_crd(
     short_names: Sequence[str],
     categories: Sequence[str],
     printer_columns: Sequence[PrinterColumn],
+    scale: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The CRD of a top-level kind; group, version and kind come from the model's own defaults."""
+    """The CRD of a top-level kind; group, version and kind come from the model's own defaults.
+
+    `scale` (specReplicasPath, statusReplicasPath, labelSelectorPath) adds the scale subresource
+    that `kubectl scale`, HPA and KEDA drive."""
     api_version = model.model_fields["api_version"].default
     kind = model.model_fields["kind"].default
     group, version = api_version.split("/")
@@ -223,7 +227,7 @@ def render_crd(
                     "name": version,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, **({"scale": dict(scale)} if scale else {})},
                     "additionalPrinterColumns": [column.to_wire() for column in printer_columns],
                     "schema": {"openAPIV3Schema": render_schema(model)},
                 }
@@ -246,6 +250,11 @@ def render_all() -> dict[str, dict[str, Any]]:
             plural=PLURAL,
             short_names=("hs",),
             categories=CATEGORIES,
+            scale={
+                "specReplicasPath": ".spec.replicas",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.selector",
+            },
             printer_columns=(
                 PrinterColumn("Ready", "string", ".status.ready", "Status of the Ready condition."),
                 PrinterColumn("Prefill", "string", ".status.prefill.summary", "Ready/desired prefill instances."),

@@ -421,6 +421,32 @@ class RoleSwitchSpec(ApiModel):
     slo: SloSpec = Field(default_factory=SloSpec)
 
 
+class ScalingSpec(ApiModel):
+    """The built-in SLO-driven scaler of the fleet's total size (`spec.replicas`).
+
+    HPA and KEDA drive `spec.replicas` through the scale subresource; clusters without them turn
+    this on and the operator's own scaler (the role-switch policy's projections, `core.policy.
+    FleetScaler`) writes it the same way, within these bounds.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.minReplicas <= self.maxReplicas", "scaling.minReplicas must not exceed scaling.maxReplicas",
+                    "minReplicas"),
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=False, description="Let the operator size the fleet from its SLO projections.")
+    min_replicas: int = Field(default=2, ge=2, le=1024, description="Never fewer instances in all (both roles).")
+    max_replicas: int = Field(default=16, ge=2, le=1024, description="Never more instances in all (both roles).")
+    scale_down_delay_seconds: int = Field(
+        default=600, ge=0, le=86400, description="A surplus must last this long, and the last scale-up be this old, "
+        "before an instance is drained and removed.")
+    max_launching: int = Field(default=2, ge=1, le=64, description="Instances starting at once.")
+
+
 class RolloutSpec(ApiModel):
     max_unavailable: int = Field(default=1, ge=1, le=1024, description="Instances of a role rolled at once.")
     paused: bool = Field(default=False, description="Stop rolling out spec changes (and role switches).")
@@ -447,6 +473,26 @@ class HybridServingSpec(ApiModel):
                     "roleSwitch.minPrefill + roleSwitch.minDecode exceeds the instances of the fleet",
                     "roleSwitch.minPrefill",
                 ),
+                cel(
+                    "!has(self.replicas) || (has(self.roleSwitch) && self.roleSwitch.enabled)",
+                    "replicas (the fleet's total) needs roleSwitch.enabled: true, so that the controller can split "
+                    "it between roles; without role switching set prefill.replicas and decode.replicas instead",
+                    "replicas",
+                ),
+                cel(
+                    "!has(self.replicas) || !has(self.roleSwitch) || "
+                    "self.replicas >= self.roleSwitch.minPrefill + self.roleSwitch.minDecode",
+                    "replicas is below roleSwitch.minPrefill + roleSwitch.minDecode; raise replicas or lower "
+                    "the floors",
+                    "replicas",
+                ),
+                cel(
+                    "!has(self.scaling) || !self.scaling.enabled || "
+                    "(has(self.roleSwitch) && self.roleSwitch.enabled)",
+                    "scaling.enabled needs roleSwitch.enabled: true (the scaler sizes the total, the role-switch "
+                    "controller splits it)",
+                    "scaling.enabled",
+                ),
             ]
         }
     )
@@ -460,6 +506,13 @@ class HybridServingSpec(ApiModel):
     network: NetworkSpec = Field(default_factory=NetworkSpec)
     router: RouterSpec = Field(default_factory=RouterSpec)
     role_switch: RoleSwitchSpec = Field(default_factory=RoleSwitchSpec)
+    replicas: int | None = Field(
+        default=None, ge=2, le=2048,
+        description="Total instances of the fleet, both roles (the scale subresource: `kubectl scale`, HPA, KEDA). "
+        "Needs roleSwitch.enabled: the role-switch controller then owns the split, and prefill.replicas / "
+        "decode.replicas give the initial shares. Unset: the fleet has exactly prefill.replicas + decode.replicas.",
+    )
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     pod_template: PodTemplate | None = Field(
         default=None,
@@ -472,6 +525,10 @@ class HybridServingSpec(ApiModel):
 
     def role(self, role: Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
+
+    def total_instances(self) -> int:
+        """The fleet's size: `replicas` when something scales it, else the two roles' replicas."""
+        return self.replicas if self.replicas is not None else self.prefill.replicas + self.decode.replicas
 
     def architecture(self) -> ModelArchitecture:
         """The model's figures, from the built-in profile or the custom architecture."""
@@ -570,6 +627,9 @@ class HybridServingStatus(ApiModel):
     switches: list[SwitchRecord] = Field(default_factory=list, max_length=20,
                                          description="Recent role switches, newest last (the last 20).")
     ready: str = Field(default="False", description="Ready condition status, for printer columns.")
+    replicas: int = Field(default=0, description="Instances that exist, both roles (the scale subresource's status).")
+    selector: str = Field(default="", description="Label selector of the fleet's engine pods (the scale "
+                          "subresource's, for HPA's pod metrics).")
     weights: WeightsStatus | None = Field(default=None, description="Where the model weights are, per node.")
 
 

@@ -40,6 +40,8 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("Application: read the fleets (never their spec: no update or patch)", GROUP, (PLURAL,), READ),
     Rule("Application: report status and conditions", GROUP, (f"{PLURAL}/status",), ("get", "patch")),
+    Rule("Application: resize fleets whose built-in scaler is on (spec.replicas, as HPA does)", GROUP,
+         (f"{PLURAL}/scale",), ("get", "patch")),
     Rule("Application: one instance object per engine instance", GROUP, (INSTANCE_PLURAL,), READ + WRITE),
     Rule("Application: instance phase, ready pods, nodes", GROUP, (f"{INSTANCE_PLURAL}/status",), ("get", "patch")),
     Rule("Application: ownerReferences with blockOwnerDeletion on fleets and instances", GROUP,

@@ -29,6 +29,7 @@ from hybridserving.core import capacity
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
+from hybridserving.core.naming import engine_selector
 from hybridserving.core.observed import Observed
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
@@ -301,6 +302,8 @@ def fleet_status(
         ],
         capacity=capacity_status(desired.spec, per_role["decode"].desired),
         ready="True" if all_ready else "False",
+        replicas=len(views),
+        selector=engine_selector(desired.name),
     ))
 
 

@@ -44,12 +44,16 @@ from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK
 from hybridserving.api.v1alpha1 import Role
 from hybridserving.core.policy import (
+    Decision,
+    FleetScaler,
     InstanceMetrics,
     InstanceState,
     Phase,
     PolicyConfig,
     PolicyMemory,
     RoleSwitchPolicy,
+    ScalerMemory,
+    ScalingConfig,
 )
 from hybridserving.core.switching import (
     ANNOTATION_PINNED,
@@ -181,6 +185,7 @@ class Instance:
 @dataclass
 class FleetMemory:
     policy: PolicyMemory = field(default_factory=PolicyMemory)
+    scaler: ScalerMemory = field(default_factory=ScalerMemory)
     scrapes: dict[str, Scrape] = field(default_factory=dict)
     ticks: int = 0
     drifting: set[str] = field(default_factory=set)  # instances whose engine role disagreed last tick
@@ -196,6 +201,7 @@ class TickReport:
     skipped: bool = False
     adopted: list[str] = field(default_factory=list)  # hand edits of spec.role turned into switches
     drift_repaired: list[str] = field(default_factory=list)  # engines restarted for serving the wrong role
+    scaled_to: int | None = None  # the fleet's new total, when the built-in scaler resized it
 
 
 class SwitchController:
@@ -548,6 +554,48 @@ class SwitchController:
             if chosen is None or chosen.record is not None or chosen.role != d.from_role:
                 continue
             self._start(namespace, hs_body, spec, chosen, d.to_role, f"policy: {d.reason}", now, history, report)
+        if spec.scaling.enabled:
+            self._scale(namespace, hs_body, spec, policy, states, observed, decisions, mem, now, report)
+
+    def _scale(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec, policy: RoleSwitchPolicy,
+               states: list[InstanceState], observed: Mapping[str, InstanceMetrics], decisions: list[Decision],
+               mem: FleetMemory, now: float, report: TickReport) -> None:
+        """Resize the fleet's total from the policy's own demand, the way HPA would: through the
+        scale subresource (`spec.replicas`), so that the reconcile adds or removes instances, the
+        role-switch controller splits them, and a user or GitOps sees one writer of one field.
+
+        Instances still starting count as launching (they hold GPUs); the room up to
+        `scaling.maxReplicas` is what the scaler may launch into. The scaler names the instance it
+        would remove; the fleet's assignment picks the one to go (the role furthest above its
+        share, highest index first), and its pods drain on termination.
+        """
+        config = ScalingConfig.from_spec(spec.scaling, spec.role_switch)
+        moving = {d.instance for d in decisions}
+        fleet = [s if s.phase != "down" else InstanceState(s.name, s.role, "switching", s.role, s.last_switch_at,
+                                                           s.pinned, s.in_place)
+                 for s in states if s.name not in moving]
+        room = max(0, config.max_instances - len(states))
+        fleet += [InstanceState(f"(room {i})", "decode", "down") for i in range(room)]
+        actions, mem.scaler = FleetScaler(config, policy).decide(
+            now, fleet, observed, policy.demand_of(mem.policy), mem.scaler)
+        if not actions:
+            return
+        current = spec.total_instances()
+        added = sum(1 for a in actions if a.kind == "add")
+        removed = sum(1 for a in actions if a.kind == "remove")
+        want = min(spec.scaling.max_replicas, max(spec.scaling.min_replicas, current + added - removed))
+        if want == current:
+            return
+        meta = hs_body["metadata"]
+        try:
+            self.kube.patch(KIND, namespace, meta["name"], {"spec": {"replicas": want}}, subresource="scale")
+        except KubeError as exc:
+            log.info("%s/%s: scale to %d not written (%s); next tick", namespace, meta["name"], want, exc)
+            return
+        report.scaled_to = want
+        verb = "ScaledUp" if want > current else "ScaledDown"
+        self._post(namespace, hs_body, "Normal", verb, f"fleet resized from {current} to {want} instances: "
+                   f"{actions[0].reason}")
 
     def _model(self, spec: HybridServingSpec, instances: Mapping[str, Instance]) -> PerformanceModel:
         """The performance model the policy projects with: the decode layout, at the engines' time scale."""

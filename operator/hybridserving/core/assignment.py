@@ -20,21 +20,26 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     Existing instances keep their role: after a switch the instance's `spec.role` is the
     truth (an edit made outside a switch is not, until it becomes one: `held_role`).
     With role switching on, the controller owns the mix and the spec only sizes the
-    fleet: a new instance joins the role furthest below its replicas, a removed one leaves
-    the role furthest above. With role switching off, each role has exactly its replicas.
+    fleet (`spec.total_instances()`: `spec.replicas` when set, e.g. by the scale subresource):
+    a new instance joins the role furthest below its share of that total (the roles' replicas
+    give the shares), a removed one leaves the role furthest above, never below its floor.
+    With role switching off, each role has exactly its replicas.
     Surplus instances go highest index first; new ones take the lowest free index (an
     instance still being deleted keeps its index until it is gone).
     """
     live = sorted((i for i in observed.instances.values() if not i.deleting), key=lambda i: i.spec.index)
-    target = {role: spec.role(role).replicas for role in ROLES}
+    target = role_shares(spec)
+    total = spec.total_instances()
     keep = [(i.spec.index, held_role(i, observed) or i.spec.role, i.name) for i in live]
     if spec.role_switch.enabled:
-        while len(keep) > sum(target.values()):
+        floors = {"prefill": spec.role_switch.min_prefill, "decode": spec.role_switch.min_decode}
+        while len(keep) > total:
             counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
-            role = max(ROLES, key=lambda r: (counts[r] - target[r], r == "decode"))
+            above = [r for r in ROLES if counts[r] > floors[r]] or list(ROLES)
+            role = max(above, key=lambda r: (counts[r] - target[r], r == "decode"))
             keep.remove(max((k for k in keep if k[1] == role), key=lambda k: k[0]))
     else:
-        keep = sorted(k for role in ROLES for k in [k for k in keep if k[1] == role][: target[role]])
+        keep = sorted(k for role in ROLES for k in [k for k in keep if k[1] == role][: int(target[role])])
     result = {name: (index, role) for index, role, name in keep}
     counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
     taken = {i.spec.index for i in observed.instances.values()}
@@ -46,13 +51,26 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
         counts[role] += 1
 
     if spec.role_switch.enabled:
-        for _ in range(sum(target.values()) - len(keep)):
+        for _ in range(total - len(keep)):
             add(max(ROLES, key=lambda r: (target[r] - counts[r], r == "prefill")))
     else:
         for role in ROLES:
             while counts[role] < target[role]:
                 add(role)
     return result
+
+
+def role_shares(spec: HybridServingSpec) -> dict[Role, float]:
+    """Each role's share of the fleet's total: its replicas, scaled to `spec.replicas` when set.
+
+    Without `spec.replicas` the shares are the roles' replicas exactly (whole numbers)."""
+    declared = {role: spec.role(role).replicas for role in ROLES}
+    if spec.replicas is None:
+        return {role: float(n) for role, n in declared.items()}
+    whole = sum(declared.values())
+    if whole == 0:
+        return {role: spec.replicas / len(ROLES) for role in ROLES}
+    return {role: spec.replicas * declared[role] / whole for role in ROLES}
 
 
 def held_role(existing: ObservedInstance | None, observed: Observed) -> Role | None:

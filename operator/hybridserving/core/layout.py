@@ -168,6 +168,9 @@ _RULES: tuple[Rule, ...] = (
          "of a pod", "late: the transfer engine raises for a GPU the map leaves out"),
     Rule("role-switch-floors-fit", "error", "roleSwitch.minPrefill + minDecode fit in the fleet",
          "n/a: the controller's floors"),
+    Rule("total-replicas-needs-role-switch", "error", "spec.replicas and scaling.enabled (the fleet's total) "
+         "come with role switching", "n/a: the controller splits the total between roles"),
+    Rule("scaling-bounds", "error", "scaling.minReplicas is at most scaling.maxReplicas", "n/a: the operator's scaler"),
     Rule("role-switch-floor-above-replicas", "warning", "a role starts at or above its role-switch floor",
          "n/a: the controller's floors"),
     Rule("extra-args-owned-flag", "error", "engine.extraArgs do not set flags the spec owns",
@@ -731,6 +734,17 @@ def _check_transfer(spec: HybridServingSpec) -> Issues:
 def _check_role_switch(spec: HybridServingSpec) -> Issues:
     switch = spec.role_switch
     if not switch.enabled:
+        if spec.replicas is not None:
+            yield _issue("total-replicas-needs-role-switch", "spec.replicas",
+                         "spec.replicas sizes the fleet's total, which only the role-switch controller can split "
+                         "between roles",
+                         "set spec.roleSwitch.enabled: true, or unset spec.replicas and size "
+                         "spec.prefill.replicas and spec.decode.replicas")
+        if spec.scaling.enabled:
+            yield _issue("total-replicas-needs-role-switch", "spec.scaling.enabled",
+                         "the built-in scaler sizes the fleet's total, which only the role-switch controller can "
+                         "split between roles",
+                         "set spec.roleSwitch.enabled: true, or spec.scaling.enabled: false")
         return
     prefill, decode = spec.prefill, spec.decode
     if (prefill.layout.world_size, prefill.nodes_per_instance) != (decode.layout.world_size,
@@ -748,13 +762,24 @@ def _check_role_switch(spec: HybridServingSpec) -> Issues:
                          + "; ".join(reasons),
                          "use identical single-stage layouts on both roles without ep, pp, dcp or speculative "
                          "decoding, and mooncake transfer, for in-place switches; or accept relaunches")
-    total = prefill.replicas + decode.replicas
+    total = spec.total_instances()
     if switch.min_prefill + switch.min_decode > total:
         yield _issue("role-switch-floors-fit", "spec.roleSwitch.minPrefill",
                      f"minPrefill {switch.min_prefill} + minDecode {switch.min_decode} exceed the fleet's "
                      f"{total} instances",
                      f"lower minPrefill/minDecode to at most {total} together, or add replicas")
         return
+    scaling = spec.scaling
+    if scaling.enabled and switch.min_prefill + switch.min_decode > scaling.min_replicas:
+        yield _issue("role-switch-floors-fit", "spec.scaling.minReplicas",
+                     f"minPrefill {switch.min_prefill} + minDecode {switch.min_decode} exceed "
+                     f"scaling.minReplicas {scaling.min_replicas}: the scaler could shrink the fleet below them",
+                     f"set spec.scaling.minReplicas to at least {switch.min_prefill + switch.min_decode}")
+    if scaling.min_replicas > scaling.max_replicas:
+        yield _issue("scaling-bounds", "spec.scaling.minReplicas",
+                     f"scaling.minReplicas {scaling.min_replicas} is above scaling.maxReplicas "
+                     f"{scaling.max_replicas}",
+                     "set minReplicas at most maxReplicas")
     floors: tuple[tuple[Role, int, str], ...] = (("prefill", switch.min_prefill, "minPrefill"),
                                                  ("decode", switch.min_decode, "minDecode"))
     for role, floor, field in floors:

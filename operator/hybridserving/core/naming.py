@@ -45,6 +45,12 @@ ANNOTATION_WORKER_PORTS = "smg.ai/worker-ports"
 HALF_HASH = 10
 
 
+def engine_selector(hs: str) -> str:
+    """The fleet's engine pods as a label selector string: what the scale subresource reports, so
+    HPA averages its pod metrics over exactly these pods."""
+    return f"{LABEL_NAME}={hs},{LABEL_COMPONENT}=engine"
+
+
 def instance_name(hs: str, index: int) -> str:
     """`<hs>-<index>`: no role in it, so the name survives switches."""
     return f"{hs}-{index}"

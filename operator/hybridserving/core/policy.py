@@ -780,6 +780,18 @@ class ScalingConfig:
     """Time constants of the two demand EWMAs whose gap gives the demand's trend; launches
     are sized for the demand one launch time ahead on that trend (never below today's)."""
 
+    @classmethod
+    def from_spec(cls, scaling: Any, role_switch: Any) -> ScalingConfig:
+        """From the API's ScalingSpec and RoleSwitchSpec (duck-typed, so the core does not import
+        the API): the role-switch floors are the scaler's floors too."""
+        return cls(
+            max_instances=scaling.max_replicas,
+            min_prefill=role_switch.min_prefill,
+            min_decode=role_switch.min_decode,
+            max_launching=scaling.max_launching,
+            scale_down_delay_s=float(scaling.scale_down_delay_seconds),
+        )
+
 
 @dataclass(frozen=True)
 class ScalerMemory:
