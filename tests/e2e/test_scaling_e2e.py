@@ -46,3 +46,41 @@ def test_kubectl_scale_grows_and_shrinks_a_fleet_under_load_without_failing_a_re
         assert any("new " in m for m in messages) and any("scaled down" in m for m in messages), messages
     finally:
         tear_down(local_cluster, namespace)
+
+
+LONG_PROMPT = "All work and no play makes Jack a dull boy. " * 1500  # ~16,500 simulated tokens
+
+
+def scaled_events(f: FleetUnderTest) -> list[str]:
+    return [e["reason"] for e in sorted(f.kubectl_json("get", "events")["items"],
+                                        key=lambda e: e["metadata"]["creationTimestamp"])
+            if e["reason"] in ("ScaledUp", "ScaledDown")]
+
+
+def test_the_built_in_scaler_shrinks_an_idle_fleet_and_grows_it_under_prefill_pressure(
+        local_cluster, fleet_operator, pod_runner, discovering_router) -> None:
+    """`spec.scaling.enabled`: the operator's own scaler writes `spec.replicas` through the scale
+    subresource, from the same demand the role-switch policy reads."""
+    namespace = "scaling-built-in"
+    doc = manifest("rs-autoscale", backend="mooncake", time_scale=0.5, startup_seconds=2.0)
+    doc["spec"]["scaling"] = {"enabled": True, "minReplicas": 2, "maxReplicas": 4, "scaleDownDelaySeconds": 20}
+    f = bring_up(local_cluster, discovering_router, namespace, doc, serving=None)
+    try:
+        wait_for(lambda: min(f.router_workers()[role] for role in ("prefill", "decode")) >= 1, 180,
+                 "a prefill and a decode worker in the router")
+        light = Load(f.router, 1, SHORT_PROMPT, 32, "light load (1K-token prompts, 32 tokens out)")
+        wait_for(lambda: routed(f, 1, 1), 300, "the scaler to shrink the idle fleet to its floors")
+        assert f.kubectl_json("get", "hybridserving", f.name)["spec"]["replicas"] == 2
+        heavy = Load(f.router, 12, LONG_PROMPT, 4, "prefill-heavy load (16K-token prompts, 4 tokens out)")
+        # The decode floor leaves nothing to switch: only a bigger fleet relieves prefill.
+        wait_for(lambda: f.kubectl_json("get", "hybridserving", f.name)["spec"]["replicas"] > 2, 300,
+                 "the scaler to grow the fleet")
+        wait_for(lambda: sum(f.router_workers().values()) >= 3, 240, "the new instance routed")
+        heavy.stop()
+        light.stop()
+        print(f"\n[{namespace}] events {scaled_events(f)}; {light}; {heavy}")
+        assert not light.failures and not heavy.failures, (light.failures + heavy.failures)[:5]
+        events = scaled_events(f)
+        assert events[0] == "ScaledDown" and "ScaledUp" in events, events
+    finally:
+        tear_down(local_cluster, namespace)

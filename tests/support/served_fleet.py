@@ -122,14 +122,17 @@ class FleetUnderTest:
 
 
 def bring_up(cluster: Cluster, router_fixture: Callable[[str, str], str], namespace: str,
-             doc: dict[str, Any]) -> FleetUnderTest:
+             doc: dict[str, Any], serving: tuple[int, int] | None = (1, 2)) -> FleetUnderTest:
+    """Apply the fleet, start the router, and wait for `serving` (prefill, decode) leaders in it
+    (None: a fleet whose size is the test's subject; the test waits for it)."""
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(doc))
     f = FleetUnderTest(cluster, namespace, doc["metadata"]["name"])
     wait_for(lambda: cluster.kubectl("-n", namespace, "get", "deployment", f"{f.name}-router", check=False)
              .returncode == 0, 60, "the router Deployment")
     f.router = router_fixture(namespace, f"{f.name}-router")
-    wait_for(lambda: f.serving(1, 2), 180, "one prefill and two decode leaders in the router")
+    if serving is not None:
+        wait_for(lambda: f.serving(*serving), 180, f"{serving[0]} prefill and {serving[1]} decode leaders in the router")
     return f
 
 
