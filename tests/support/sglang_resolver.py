@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from support import sglang_parser as parser_harness
-from support.sglang_parser import SGLANG_VERSION, sglang_python
+from support.sglang_parser import INSTALLER, SGLANG_VERSION, SGLangParserUnavailable, sglang_python
 
 MODELS = Path(__file__).resolve().parent / "data" / "sglang-models"
 
@@ -135,7 +135,7 @@ def resolve_many(
     batch = [[str(arg) for arg in argv] for argv in argvs]
     if not batch:
         return []
-    python = sglang_python()
+    python = resolution_python()
     with tempfile.TemporaryDirectory(prefix="sglang-resolve-") as tmp:
         shim = Path(tmp) / "bin"
         shim.mkdir()
@@ -166,6 +166,20 @@ def resolve_many(
         Resolved(item["values"], item["warnings"]) if item["ok"] else Refused(item["type"], item["message"])
         for item in payload["results"]
     ]
+
+
+def resolution_python() -> Path:
+    """The cache venv's interpreter, once it holds this checkout's pins: an install made for the
+    parser alone lacks transformers, and its marker says so (the installer's `--check`)."""
+    python = sglang_python()
+    repo = Path(__file__).resolve().parents[2]
+    check = subprocess.run(["bash", str(repo / INSTALLER), "--check"], capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        raise SGLangParserUnavailable(
+            f"the sglang {SGLANG_VERSION} venv under {python.parents[2]} lacks the packages resolution "
+            f"needs (installed from other pins); run {INSTALLER}"
+        )
+    return python
 
 
 def _write_nvidia_smi(path: Path, gpu: DeclaredGpu) -> None:

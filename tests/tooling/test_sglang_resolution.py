@@ -23,8 +23,8 @@ from hybridserving.core.flags import render_argv
 from hybridserving.core.layout import LayoutIssue, errors, validate
 from support.patches import overlaid
 from support.sglang_fleets import LEADER, PORTS, TYPICAL, example_specs
-from support.sglang_parser import SGLangParserUnavailable, sglang_python
-from support.sglang_resolver import GPUS, Refused, Resolved, resolve_many, with_model
+from support.sglang_parser import SGLangParserUnavailable
+from support.sglang_resolver import GPUS, Refused, Resolved, resolution_python, resolve_many, with_model
 
 MATRIX_GPUS = ("H200", "B200")
 # Typical layouts plus the stock-engine variant of DSA decode context parallelism, which the
@@ -139,16 +139,19 @@ CASES = _examples() + _matrix()
 def resolved() -> dict[str, Resolved | Refused]:
     """Every case resolved by the wheel, one subprocess per GPU model."""
     try:
-        sglang_python()
+        resolution_python()
     except SGLangParserUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
     out: dict[str, Resolved | Refused] = {}
     for gpu in sorted({case.gpu for case in CASES}):
         batch = [case for case in CASES if case.gpu == gpu]
-        argvs = [with_model(render_argv(c.spec, c.role, node_rank=0, dist_init_addr=LEADER, ports=PORTS),
-                            c.spec.model.profile or "") for c in batch]
-        out.update(zip([c.id for c in batch], resolve_many(argvs, GPUS[gpu]), strict=True))
+        out.update(zip([c.id for c in batch], resolve_many(map(_argv, batch), GPUS[gpu]), strict=True))
     return out
+
+
+def _argv(case: Case) -> list[str]:
+    return with_model(render_argv(case.spec, case.role, node_rank=0, dist_init_addr=LEADER, ports=PORTS),
+                      case.spec.model.profile or "")
 
 
 def _refusing_issues(case: Case) -> list[LayoutIssue]:
@@ -214,6 +217,16 @@ def test_every_named_difference_is_observed_and_the_matrix_covers_refusals(
     # Kimi K3 with DCP: refused on Hopper by both, resolved on Blackwell by both.
     assert isinstance(resolved["kimi-k3/dcp-decode@H200-decode"], Refused)
     assert resolved["kimi-k3/dcp-decode@B200-decode"]["decode_attention_backend"] == "cutedsl_mla"
+
+
+def test_a_result_does_not_depend_on_the_rest_of_the_batch(resolved: Mapping[str, Resolved | Refused]) -> None:
+    """Hooks export variables and the wheel caches per process: one batch, reversed, must give
+    each argv the values it got among all the others."""
+    on_b200 = [case for case in CASES if case.gpu == "B200"]
+    sample = [case for case in on_b200 if isinstance(resolved[case.id], Refused)] + on_b200[::9]
+    again = resolve_many([_argv(case) for case in reversed(sample)], GPUS["B200"])[::-1]
+    assert again == [resolved[case.id] for case in sample]
+    assert any(isinstance(result, Refused) for result in again) and len(sample) > 10
 
 
 def test_the_declared_gpus_are_the_operators() -> None:
