@@ -12,7 +12,10 @@ What is declared instead of probed, and nothing else (``docs/sglang-parser.md``)
 
 * The GPU: ``torch.cuda`` answers for one declared model (name, compute capability, memory,
   count) and ``torch.version.cuda``; ``nvidia-smi`` is a shim on ``PATH`` that prints the
-  declared memory, so ``utils/common.py``'s own memory query and its parsing run.
+  declared memory, so ``utils/common.py``'s own memory query and its parsing run; Triton's
+  target is CUDA.
+* The node's RDMA devices: the one sysfs directory ``--disaggregation-ib-device`` is checked
+  against lists ``mlx5_0..7``.
 * torch's dtypes are interned objects (so ``config_dtype == torch.float32`` compares as on
   torch) and ``torch.dtype`` is their class.
 * FlashInfer is installed on every GPU install (sglang pins ``flashinfer_python==0.7.2``): once
@@ -20,9 +23,9 @@ What is declared instead of probed, and nothing else (``docs/sglang-parser.md``)
   inspects (Kimi K3's DCP check) is answered with 0.7.2's.
 * torch, triton, torchvision, sgl_kernel, tvm_ffi, compressed_tensors and IPython are the parser
   harness's placeholders (``support.sglang_parser``) while the wheel is imported. Before the
-  first argv is resolved they are armed: any use that is not one of the declared answers above
-  aborts the run (a harness failure, never a verdict), so every resolved value comes from the
-  wheel's logic on the declared device.
+  first argv is resolved they are armed: outside a module body (hooks import lazily), any use
+  that is not one of the declared answers above aborts the run (a harness failure, never a
+  verdict), so every resolved value comes from the wheel's logic on the declared device.
 
 Each batch runs in the cache venv (``tools/sglang-parser.sh`` installs transformers and the
 rest of ``RESOLUTION_DEPS`` there) for one GPU, since the wheel caches device probes per
