@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Install SGLang's own argument parser for CPU-only tests (see docs/sglang-parser.md).
+# Install SGLang's own argument parser and start-up resolution for CPU-only tests
+# (see docs/sglang-parser.md).
 #
 # Makes a venv under ${HYBRIDSERVING_CACHE:-$HOME/.cache/hybridserving}/sglang-<version>/
 # holding the sglang wheel from PyPI, installed with --no-deps (its requirements are
 # GPU builds: torch with CUDA, triton, flashinfer, ...), plus the small CPU packages
-# that the import graph of sglang.srt.server_args needs. torch and triton are not
-# installed; support.sglang_parser stubs them for the import only.
+# that the import graph of sglang.srt.server_args needs (DEPS) and those that
+# ServerArgs.resolve_once() needs on top: transformers and what it and the model-config
+# modules import (RESOLUTION_DEPS). torch, triton, torchvision and the GPU kernel
+# packages are not installed; support.sglang_parser and support.sglang_resolver stub
+# them for the import only.
 #
 # Idempotent: does nothing when the marker file matches this script's pins.
 # Prints progress on stderr and, last, the venv's python on stdout.
@@ -44,13 +48,49 @@ DEPS=(
   charset-normalizer==3.5.3
 )
 
+# What `ServerArgs.resolve_once()` / `check_server_args()` import on top of DEPS: transformers
+# (the pinned 5.19.0; it installs without torch) with its requirements, and the pure-Python or
+# CPU packages the model-config and quantization modules import at module level.
+# tokenizers is sglang's own pin. Same rules: --no-deps, exact pins, transitive ones listed.
+RESOLUTION_DEPS=(
+  transformers==5.19.0
+  huggingface_hub==2.4.0
+  tokenizers==0.23.2
+  safetensors==0.8.0
+  regex==2026.11.19
+  PyYAML==6.0.4
+  tqdm==4.70.1
+  filelock==4.3.1
+  fsspec==2026.9.0
+  hf-xet==1.8.0
+  httpx2==2.16.2
+  httpcore2==2.16.2
+  h11==0.16.0
+  truststore==0.10.5
+  typer==0.29.2
+  click==8.5.1
+  rich==15.0.0
+  markdown-it-py==4.3.0
+  mdurl==0.1.2
+  Pygments==2.21.0
+  shellingham==1.5.4
+  annotated-doc==0.0.7
+  pydantic==2.14.4
+  annotated-types==0.8.0
+  typing-inspection==0.4.5
+  dill==0.4.1
+  gguf==0.19.0
+  loguru==0.7.3
+  sentencepiece==0.2.3
+)
+
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HERE")
 CACHE=${HYBRIDSERVING_CACHE:-$HOME/.cache/hybridserving}
 DIR=$CACHE/sglang-$SGLANG_VERSION
 VENV=$DIR/venv
 MARKER=$DIR/.installed
-FINGERPRINT="$SGLANG_WHEEL $SGLANG_SHA256 ${DEPS[*]}"
+FINGERPRINT="$SGLANG_WHEEL $SGLANG_SHA256 ${DEPS[*]} ${RESOLUTION_DEPS[*]}"
 
 log() { printf '[sglang-parser %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -103,10 +143,18 @@ log "installing sglang $SGLANG_VERSION without its dependencies"
 log "installing ${#DEPS[@]} pinned packages: ${DEPS[*]}"
 "${PIP[@]}" install --quiet --no-deps --only-binary=:all: "${DEPS[@]}"
 
+log "installing ${#RESOLUTION_DEPS[@]} pinned packages for resolution: ${RESOLUTION_DEPS[*]}"
+"${PIP[@]}" install --quiet --no-deps --only-binary=:all: "${RESOLUTION_DEPS[@]}"
+
 log "self-check: parsing sample command lines with the installed parser"
 PYTHONPATH=$REPO/tests PYTHONNOUSERSITE=1 "$VENV/bin/python" \
   -m support.sglang_parser --self-check >&2 \
   || die "self-check failed; the install in $VENV is not usable"
+
+log "self-check: resolving a sample command line with the installed resolution pipeline"
+PYTHONPATH=$REPO/tests PYTHONNOUSERSITE=1 HF_HUB_OFFLINE=1 "$VENV/bin/python" \
+  -m support.sglang_resolver --self-check >&2 \
+  || die "resolution self-check failed; the install in $VENV is not usable"
 
 echo "$FINGERPRINT" >"$MARKER"
 log "done in $(( $(date +%s) - start ))s"

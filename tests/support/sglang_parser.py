@@ -244,7 +244,7 @@ def parse_with_sglang(
 # Accelerator runtimes that the import graph of server_args pulls in at module
 # level (sglang/srt/utils/common.py, distributed/, kernels/) but the parser never
 # calls. Everything else it imports is installed for real by the installer.
-_STUBBED = ("torch", "triton")
+_STUBBED: tuple[str, ...] = ("torch", "triton")
 # Versions reported to import-time version checks: what sglang 0.5.23 pins.
 _STUB_VERSIONS = {"torch": "2.14.1"}
 # Device namespaces a CPU build of torch does not have; hasattr() must say no,
@@ -252,6 +252,14 @@ _STUB_VERSIONS = {"torch": "2.14.1"}
 _ABSENT_TORCH_ATTRS = frozenset({"npu", "hpu", "musa", "sail"})
 
 _STATE: dict[str, Any] = {"armed": False, "touched": []}
+# Fixed answers for named attributes of the stubs (a declared GPU's device queries, see
+# support.sglang_resolver); the parser itself runs with none.
+_ANSWERS: dict[str, Any] = {}
+
+
+def _leads_to_answer(name: str) -> bool:
+    """A namespace on the way to a declared answer (torch.cuda for torch.cuda.is_available)."""
+    return any(key.startswith(name + ".") for key in _ANSWERS)
 
 
 class _StubTouched(BaseException):
@@ -290,6 +298,10 @@ class _Placeholder:
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
         name = f"{self._name}.{attr}"
+        if name in _ANSWERS:
+            return _ANSWERS[name]
+        if _leads_to_answer(name):
+            return _Placeholder(name)
         _use(name)
         if self._name == "torch.version":
             return None
@@ -365,6 +377,10 @@ class _StubModule(types.ModuleType):
         if self.__name__ == "torch" and attr in _ABSENT_TORCH_ATTRS:
             raise AttributeError(attr)
         name = f"{self.__name__}.{attr}"
+        if name in _ANSWERS:
+            return _ANSWERS[name]
+        if _leads_to_answer(name):
+            return _Placeholder(name)
         _use(name)
         return _Placeholder(name)
 

@@ -184,7 +184,8 @@ def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> 
     memory_gib = options.gpu_memory_gib or gpu.memory_gib
     resolved = resolution.resolve_values(
         resolve_profile(options.profile), role=args.disaggregation_mode, gpu_mem_mib=memory_gib * 1024,
-        tp=args.tp_size, pp=args.pp_size, attn_dp=args.attn_dp_size, dcp=args.dcp_size,
+        tp=args.tp_size, pp=args.pp_size, attn_dp=args.attn_dp_size, attn_cp=args.attn_cp_size, dcp=args.dcp_size,
+        compute_capability_major=gpu.compute_capability_major,
         max_running_requests=args.max_running_requests, page_size_flag=args.page_size,
         kv_cache_dtype=args.kv_cache_dtype, mem_fraction_static=args.mem_fraction_static,
         speculative_algorithm=args.speculative_algorithm, num_draft_tokens=args.speculative_num_draft_tokens,

@@ -9,7 +9,9 @@ at bootstrap). Each function below mirrors one such rewrite and cites the line i
 (paths relative to `sglang/srt/` in the 0.5.23 wheel); `docs/engine-contract.md` lists them.
 
 Only what the operator's fleets render is mirrored: CUDA GPUs, MLA models (DeepSeek V3,
-DSA models, Kimi K3), no hierarchical cache or memory saver.
+DSA models, Kimi K3), no hierarchical cache or memory saver, no `engine.extraArgs`.
+`tests/tooling/test_sglang_resolution.py` runs the wheel's own resolution on CPU over the example
+fleets and a matrix of layouts and GPUs and holds this mirror to it field by field.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ MIB_PER_GIB = 1024
 EAGLE_DEFAULT_MAX_RUNNING_REQUESTS = 48
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")  # speculative/spec_info.py:262-264
 KIMI_K3 = "KimiK3ForConditionalGeneration"
+DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
+SM100_MAJOR = 10
+# moe_a2a backends the breakable prefill CUDA graph is validated with (cuda_graph_hook.py:222-229).
+PREFILL_GRAPH_A2A_BACKENDS = ("none", "deepep", "megamoe", "flashinfer")
+# The vision tower SGLang sizes the VLM memory cut from (memory_hook.py:440-441 defaults; Kimi K3:
+# configs/kimi_k3.py:15-17, aliased to num_hidden_layers/hidden_size at 73-76).
+DEFAULT_VIT = (24, 1024)
+VIT_SHAPES = {KIMI_K3: (27, 1024)}
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,8 @@ class ResolvedArgs:
     kv_cache_dtype: str
     prefill_attention_backend: str | None
     decode_attention_backend: str | None
+    attention_backend: str
+    """The backend of both phases unless one of the two above overrides it."""
 
     attn_dp: int = 1
 
@@ -53,6 +65,7 @@ class ResolvedArgs:
             "kv_cache_dtype": self.kv_cache_dtype,
             "prefill_attention_backend": self.prefill_attention_backend,
             "decode_attention_backend": self.decode_attention_backend,
+            "attention_backend": self.attention_backend,
         }
 
 
@@ -87,12 +100,41 @@ def decode_cuda_graph_memory_gb(decode_max_bs: int, attn_dp: int) -> float:
     return round(decode_graph_reserve_mb(decode_max_bs, attn_dp) / MIB_PER_GIB, 3)
 
 
-def _mem_fraction_static(*, role: str, gpu_mem_mib: float, tp: int, pp: int, attn_dp: int,
-                         chunked_prefill_size: int, decode_max_bs: int, max_running_requests: int | None,
-                         num_draft_tokens: int | None, deepep: bool) -> float:
+def prefill_graph_enabled(arch: ModelArchitecture, *, pp: int, attn_cp: int, dcp: int,
+                          moe_a2a_backend: str | None) -> bool:
+    """Whether a prefill server's breakable prefill CUDA graph is still on when the memory hook
+    sizes its reserve (`arg_groups/cuda_graph_hook.py:136-256`, run at `pipeline.py:191`, before the
+    memory hook at 218): off with pp > 1 (150-163), KDA layers (184-191), prefill context
+    parallelism (206-212: BCG support needs the resolved prefill attention backend, unset until
+    `pipeline.py:242`, so `layers/cp/bcg/__init__.py:53-61` says no), dcp > 1 (214-217), an a2a
+    backend it is not validated with (222-229) and multimodal models (230-239)."""
+    return not (
+        pp > 1
+        or arch.kda_layers > 0
+        or attn_cp > 1
+        or dcp > 1
+        or (moe_a2a_backend or "none") not in PREFILL_GRAPH_A2A_BACKENDS
+        or arch.vision_encoder_heads > 0
+    )
+
+
+def vlm_memory_factor(arch: ModelArchitecture) -> float:
+    """What SGLang scales a multimodal prefill server's fraction by for its vision tower
+    (`arg_groups/memory_hook.py:331-337, 432-462`)."""
+    layers, hidden = VIT_SHAPES.get(arch.hf_architecture, DEFAULT_VIT)
+    complexity = layers * hidden**2 / (DEFAULT_VIT[0] * DEFAULT_VIT[1] ** 2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (complexity - 1.0)))
+
+
+def _mem_fraction_static(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp: int, pp: int,
+                         attn_dp: int, attn_cp: int, dcp: int, chunked_prefill_size: int, decode_max_bs: int,
+                         max_running_requests: int | None, num_draft_tokens: int | None,
+                         moe_a2a_backend: str | None) -> float:
     """`arg_groups/memory_hook.py:281-343` for an MLA model on CUDA (post-capture KV sizing is
-    off for MLA, `arg_groups/overrides.py:1809-1810`; prefill graphs add 1.5 GiB with MLA,
-    lines 383-389)."""
+    off for MLA, `arg_groups/overrides.py:1809-1810`). The graph reserve (lines 357-401): decode
+    graphs on decode; on prefill 1.5 GiB for MLA prefill graphs, plus 1 GiB with DeepEP, only
+    while the prefill graph is on (`prefill_graph_enabled`)."""
+    deepep = moe_a2a_backend == "deepep"
     if role == "decode":
         running = max_running_requests or decode_max_bs or 1
         activation_tokens = max(running * (num_draft_tokens or 1), 2048)
@@ -101,34 +143,64 @@ def _mem_fraction_static(*, role: str, gpu_mem_mib: float, tp: int, pp: int, att
     reserved = 512 + activation_tokens * 1.5 + tp * pp / 8 * 1024
     if role == "decode":
         reserved += decode_graph_reserve_mb(decode_max_bs, attn_dp)
-    else:
-        reserved += 1.5 * 1024
+    elif prefill_graph_enabled(arch, pp=pp, attn_cp=attn_cp, dcp=dcp, moe_a2a_backend=moe_a2a_backend):
+        reserved += 1.5 * 1024 + (1024 if deepep else 0)
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     if deepep and role == "decode":
-        reserved += 2 * 1024  # reserve_for_deepep_a2a_mb, lines 398-410
-    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+        reserved += 2 * 1024  # reserve_for_deepep_a2a_mb, lines 404-414
+    fraction = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+    if role != "decode" and arch.vision_encoder_heads > 0:
+        fraction *= vlm_memory_factor(arch)  # not rounded again (line 462)
+    return fraction
 
 
-def attention_backends(arch: ModelArchitecture, dcp: int) -> tuple[str | None, str | None]:
-    """(prefill, decode) attention backends a model override forces; None: SGLang's default.
+def attention_backends(arch: ModelArchitecture, dcp: int,
+                       compute_capability_major: int | None = None) -> tuple[str | None, str | None]:
+    """(prefill, decode) attention backends a model override forces; None: the default backend.
 
     Kimi K3 with DCP keeps cutedsl_mla for decode and trtllm_mla for prefill
-    (`arg_groups/model_overrides/kimi_k3.py:52-94`)."""
+    (`arg_groups/model_overrides/kimi_k3.py:52-110`); without DCP on SM100 it takes trtllm_mla for
+    both (lines 122-133)."""
     if arch.hf_architecture == KIMI_K3 and dcp > 1:
         return "trtllm_mla", "cutedsl_mla"
+    if arch.hf_architecture == KIMI_K3 and compute_capability_major == SM100_MAJOR:
+        return "trtllm_mla", "trtllm_mla"
     return None, None
 
 
-def page_size(arch: ModelArchitecture, requested: int | None, backends: tuple[str | None, str | None]) -> int:
+def attention_backend(arch: ModelArchitecture, backends: tuple[str | None, str | None],
+                      compute_capability_major: int | None) -> str:
+    """The resolved `attention_backend`: the per-phase one when both phases agree
+    (`arg_groups/overrides.py:1127-1131`); DSA models take `dsa` (`model_overrides/deepseek_v2.py:
+    102-103`), DeepSeek V3 on SM100 `trtllm_mla` (179-187); else the MLA default, fa3 on Hopper and
+    flashinfer on SM100 (`arg_groups/model_override_base.py:336-340`). An undeclared GPU counts as
+    the operator's default H200."""
+    prefill, decode = backends
+    if prefill is not None and prefill == decode:
+        return prefill
+    blackwell = compute_capability_major == SM100_MAJOR
+    if arch.is_dsa:
+        return "dsa"
+    if arch.hf_architecture == DEEPSEEK_V3 and blackwell and backends == (None, None):
+        return "trtllm_mla"
+    return "flashinfer" if blackwell else "fa3"
+
+
+def page_size(arch: ModelArchitecture, requested: int | None, backends: tuple[str | None, str | None],
+              backend: str | None = None) -> int:
     """The page size the engine runs: DSA forces 64 x index_kpool whatever --page-size says
     (`arg_groups/model_overrides/deepseek_v2.py:162-173`; profiles carry no index_kpool, which
-    defaults to 1 in `configs/model_config.py:530-531`); TensorRT-LLM and CuteDSL MLA accept only
-    32 or 64 and turn anything else into 64 (`arg_groups/overrides.py:1155-1172`)."""
+    defaults to 1 in `configs/model_config.py:530-531`); TensorRT-LLM MLA as the attention or the
+    decode backend and CuteDSL MLA in any phase accept only 32 or 64 and turn anything else into
+    64 (`arg_groups/overrides.py:1143-1172`; a prefill-only trtllm_mla is not checked there)."""
     if arch.is_dsa:
         return 64
     size = requested or 1
-    if any(b in ("trtllm_mla", "cutedsl_mla") for b in backends) and size not in (32, 64):
+    prefill, decode = backends
+    constrained = (backend == "trtllm_mla" or decode == "trtllm_mla"
+                   or "cutedsl_mla" in (backend, prefill, decode))
+    if constrained and size not in (32, 64):
         return 64
     return size
 
@@ -142,9 +214,12 @@ def resolve_role(arch: ModelArchitecture, rs: RoleSpec, hardware: HardwareSpec, 
     """`resolve` for one role's spec, model and hardware."""
     layout = rs.layout
     speculative = rs.speculative
+    gpu = hardware.gpu
     return resolve_values(
         arch, role=role, gpu_mem_mib=hardware_memory_mib(hardware), tp=layout.tp, pp=layout.pp,
-        attn_dp=layout.attn_dp, dcp=layout.dcp, max_running_requests=rs.max_running_requests,
+        attn_dp=layout.attn_dp, attn_cp=layout.attn_cp, dcp=layout.dcp,
+        compute_capability_major=gpu.compute_capability_major if gpu else None,
+        max_running_requests=rs.max_running_requests,
         page_size_flag=rs.page_size, kv_cache_dtype=rs.kv_cache_dtype,
         mem_fraction_static=rs.mem_fraction_static,
         speculative_algorithm=speculative.algorithm if speculative else None,
@@ -157,8 +232,10 @@ def resolve_values(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp
                    dcp: int, max_running_requests: int | None, page_size_flag: int | None, kv_cache_dtype: str,
                    mem_fraction_static: float | None, speculative_algorithm: str | None,
                    num_draft_tokens: int | None, moe_a2a_backend: str | None,
-                   chunked_prefill_size: int | None = None) -> ResolvedArgs:
-    """The resolution from the flag values themselves (what the SGLang simulator starts from)."""
+                   chunked_prefill_size: int | None = None, attn_cp: int = 1,
+                   compute_capability_major: int | None = None) -> ResolvedArgs:
+    """The resolution from the flag values themselves (what the SGLang simulator starts from);
+    `compute_capability_major` None is an undeclared GPU, taken as the default H200."""
     chunked, decode_max_bs = gpu_memory_defaults(gpu_mem_mib, tp)
     if chunked_prefill_size is not None:
         chunked = chunked_prefill_size
@@ -167,35 +244,38 @@ def resolve_values(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp
     cap = max_running_requests
     if cap is None and speculative_algorithm in EAGLE_FAMILY:
         cap = EAGLE_DEFAULT_MAX_RUNNING_REQUESTS
-    backends = attention_backends(arch, dcp)
+    backends = attention_backends(arch, dcp, compute_capability_major)
+    backend = attention_backend(arch, backends, compute_capability_major)
     fraction = mem_fraction_static
     if fraction is None:
         # The memory hook runs before the attention-DP split of chunked prefill and before the
         # EAGLE cap (arg_groups/pipeline.py:218, 274, 306), so it sees neither.
         fraction = _mem_fraction_static(
-            role=role, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, attn_dp=attn_dp,
+            arch, role=role, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, attn_dp=attn_dp, attn_cp=attn_cp, dcp=dcp,
             chunked_prefill_size=chunked, decode_max_bs=decode_max_bs,
             max_running_requests=max_running_requests, num_draft_tokens=num_draft_tokens,
-            deepep=moe_a2a_backend == "deepep",
+            moe_a2a_backend=moe_a2a_backend,
         )
     return ResolvedArgs(
         chunked_prefill_size=chunked // attn_dp,
         decode_cuda_graph_max_bs=decode_max_bs,
         mem_fraction_static=fraction,
         max_running_requests=cap,
-        page_size=page_size(arch, page_size_flag, backends),
+        page_size=page_size(arch, page_size_flag, backends, backend),
         kv_cache_dtype=kv_cache_dtype,
         prefill_attention_backend=backends[0],
         decode_attention_backend=backends[1],
+        attention_backend=backend,
         attn_dp=attn_dp,
     )
 
 
 def required_compute_capability(resolved: ResolvedArgs) -> int | None:
     """The CUDA compute capability major the resolved attention backends need: trtllm_mla and
-    cutedsl_mla raise off SM100 (`arg_groups/overrides.py:1210-1213, 1243-1246`)."""
-    if {resolved.prefill_attention_backend, resolved.decode_attention_backend} & {"trtllm_mla", "cutedsl_mla"}:
-        return 10
+    cutedsl_mla raise off SM100 (`arg_groups/overrides.py:1204-1213, 1233-1246`)."""
+    backends = {resolved.prefill_attention_backend, resolved.decode_attention_backend, resolved.attention_backend}
+    if backends & {"trtllm_mla", "cutedsl_mla"}:
+        return SM100_MAJOR
     return None
 
 
