@@ -278,6 +278,21 @@ def test_a_newer_change_while_held_moves_the_canary_and_leaves_the_rest_on_the_f
     assert updated(cluster, v3) == {"prefill": 1, "decode": 1}
 
 
+def test_an_instance_that_fails_while_held_comes_back_on_the_new_configuration() -> None:
+    """The plan renders the spec's pods only: an instance down anyway is rolled, canary or not."""
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    v2 = fleet(engine={"image": "v2"}, rollout={"canary": 1})
+    converge(cluster, v2, check=canary_invariants(v2))
+    assert images(cluster)["hs-0"] != {"v2"}, "hs-0 is not the prefill canary"
+    cluster.store[("Pod", "hs-0-0")]["status"]["phase"] = "Failed"
+    converge(cluster, v2)
+    assert images(cluster)["hs-0"] == {"v2"}
+    assert updated(cluster, v2) == {"prefill": 2, "decode": 1}
+    assert cluster.reconcile(v2) == [], "held again, one past the canary"
+
+
 def test_pausing_mid_rollout_holds_it_where_it_is_and_resuming_completes_it() -> None:
     hs = fleet()
     cluster = FakeCluster(ready_after=2)

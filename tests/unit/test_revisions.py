@@ -48,7 +48,7 @@ def test_scaling_and_rollout_settings_are_no_new_revision_and_going_back_renumbe
     converge(cluster, v2)
     assert kept(cluster) == {revision_of(hs): 1, revision_of(v2): 2}
     converge(cluster, hs)
-    assert kept(cluster) == {revision_of(hs): 3, revision_of(v2): 2}, "as kubectl rollout undo numbers it"
+    assert kept(cluster) == {revision_of(hs): 3, revision_of(v2): 2}, "recorded again as the newest"
 
 
 def test_history_is_bounded_but_keeps_what_instances_run_and_the_last_good_revision() -> None:

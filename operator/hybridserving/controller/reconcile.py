@@ -181,9 +181,7 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
                 body = action.body
                 if action.kind not in ("Pod", INSTANCE_KIND):
                     body = {k: v for k, v in body.items() if k not in ("apiVersion", "kind")}
-                    if "metadata" in body:
-                        body["metadata"] = {k: v for k, v in body["metadata"].items()
-                                            if k not in ("name", "namespace")}
+                    body["metadata"] = {k: v for k, v in body["metadata"].items() if k not in ("name", "namespace")}
                 kube.patch(action.kind, namespace, action.name, body,
                            resource_version=action.resource_version, uid=action.uid)
             else:

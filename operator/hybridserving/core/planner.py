@@ -30,13 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing
-from hybridserving.core import ports
+from hybridserving.core import ports, revisions
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.assignment import assign_instances
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.drift import contains, extra_fields, overlay_removals
 from hybridserving.core.health import view
-from hybridserving.core import revisions
 from hybridserving.core.naming import (
     API_VERSION,
     LABEL_INSTANCE,
@@ -163,9 +162,6 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
             causes.append(Cause.ROLLOUT)
             reasons.append(selected[name])
             next_hash[name] = p.config_hash
-        elif labels:
-            causes.append(Cause.DRIFT)
-            reasons.append(f"runs revision {desired.revision_hash} already (its configuration did not change)")
         else:
             template_half, flags_half = split_config_hash(existing.spec.config_hash)
             role_hash = desired.role_config_hashes[p.role]
@@ -173,6 +169,9 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
                 next_hash[name] = patch["configHash"] = template_half + role_hash
                 causes.append(Cause.ROLE_SWITCH)
                 reasons.append(f"role switched to {p.role}: the pods follow in place with the {p.role} flags")
+        if labels and name not in selected:
+            causes.append(Cause.DRIFT)
+            reasons.append(f"runs revision {desired.revision_hash} already (its configuration did not change)")
         failure = v.failure()
         if failure:
             patch["restartGeneration"] = existing.spec.restart_generation + 1

@@ -3,8 +3,9 @@
 A revision is the spec less what configures no instance: `rollout` (how to roll, not what)
 and the replica counts (scaling is not a new configuration), as a Deployment's revision is its
 pod template and not its replicas or strategy. Its name is `<fleet>-<hash>`; its number grows
-with every configuration applied, and going back to an earlier one renumbers that revision as
-the newest (as `kubectl rollout undo` does), so the numbers read as the order they were run in.
+with every configuration applied, and going back to an earlier one records that revision again
+as the newest (as `kubectl rollout undo` renumbers it), so the numbers read as the order they
+were run in.
 Each instance carries the hash of the revision its spec was rolled to (`LABEL_REVISION`), so
 which revision runs where is observable after a restart.
 """
@@ -70,12 +71,11 @@ class Revision:
     name: str
     number: int
     uid: str
-    resource_version: str
 
     @classmethod
     def from_manifest(cls, obj: Mapping[str, Any]) -> Revision:
         meta = obj.get("metadata") or {}
-        return cls(meta["name"], int(obj.get("revision") or 0), meta.get("uid", ""), meta.get("resourceVersion", ""))
+        return cls(meta["name"], int(obj.get("revision") or 0), meta.get("uid", ""))
 
 
 def observed_revisions(observed: Observed) -> list[Revision]:
@@ -123,9 +123,14 @@ def actions(desired: DesiredState, observed: Observed) -> tuple[list[Action], li
         record.append(Action("create", REVISION_KIND, update, (Cause.MISSING,),
                              f"revision {newest + 1}: the fleet's configuration", manifest(desired, newest + 1)))
     elif mine.number < newest:
-        record.append(Action("patch", REVISION_KIND, update, (Cause.DRIFT,),
-                             f"back to the configuration of revision {mine.number}: it becomes revision {newest + 1}",
-                             {"revision": newest + 1}, resource_version=mine.resource_version))
+        # Recreated rather than renumbered in place: a merge patch makes the apiserver re-encode
+        # `data`, whose bytes then differ from the stored ones, and `data` is immutable.
+        record.append(Action("delete", REVISION_KIND, update, (Cause.DRIFT,),
+                             f"back to the configuration of revision {mine.number}: recorded again as the newest",
+                             uid=mine.uid))
+        record.append(Action("create", REVISION_KIND, update, (Cause.MISSING,),
+                             f"revision {newest + 1}: back to the configuration of revision {mine.number}",
+                             manifest(desired, newest + 1)))
     keep = {update, desired.last_good_revision} | in_use(desired, observed)
     old = [r for r in revisions if r.name not in keep]
     limit = desired.spec.rollout.revision_history_limit
