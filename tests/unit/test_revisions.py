@@ -9,7 +9,9 @@ from typing import Any
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, HybridServingSpec
 from hybridserving.controller import reconcile as rec
 from hybridserving.core import planner, revisions
+from hybridserving.core.actions import Cause
 from hybridserving.core.naming import LABEL_NAME, LABEL_REVISION
+from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
 from support.apiserver import NS, FakeCluster, MemoryApi
 from support.fleets import SPEC, converge, fleet, settle
 
@@ -134,3 +136,18 @@ def test_a_revision_that_never_becomes_ready_is_not_the_last_good_one() -> None:
     assert status["updateRevision"] != good and status["lastGoodRevision"] == good
     labels = {i["metadata"]["labels"][LABEL_REVISION] for (k, _), i in api.store.items() if k == INSTANCE_KIND}
     assert len(labels) == 2, "instances rolled and not rolled say which revision they run"
+
+
+def test_a_relabel_for_a_new_revision_does_not_hold_back_a_role_switch() -> None:
+    hs = fleet(roleSwitch={"enabled": True})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    switching = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0)
+    inst = cluster.store[(INSTANCE_KIND, "hs-5")]
+    inst["spec"]["role"] = "prefill"
+    inst["metadata"].setdefault("annotations", {})[ANNOTATION_SWITCH] = switching.to_annotation()
+    new = fleet(roleSwitch={"enabled": True}, router={"replicas": 2})  # a new revision, no instance rolls
+    patch = next(a for a in cluster.reconcile(new) if a.kind == INSTANCE_KIND and a.name == "hs-5")
+    assert patch.causes == (Cause.ROLE_SWITCH, Cause.DRIFT)
+    assert patch.body is not None and "configHash" in patch.body["spec"]
+    assert patch.body["metadata"]["labels"] == {LABEL_REVISION: revisions.revision_hash(new.spec)}
