@@ -14,7 +14,7 @@ from typing import TextIO
 
 from hybridserving.api.profiles import PROFILES
 from hybridserving.api.v1alpha1 import HardwareSpec
-from hybridserving.commands import render, simulate, status
+from hybridserving.commands import render, rollback, simulate, status
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, load_manifests, write_json, write_table
 from hybridserving.core import capacity, transfer
 from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=transfer.DEFAULT_PAGE_SIZE)
     simulate.register(sub)
     status.register(sub)
+    rollback.register(sub)
     render.register(sub)
     return parser
 

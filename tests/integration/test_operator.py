@@ -12,6 +12,8 @@ import json
 import os
 import pathlib
 import random
+import subprocess
+import sys
 import time
 from typing import Any, Callable
 
@@ -460,3 +462,85 @@ def test_selector_keys_and_router_privileges_the_plan_does_not_set_are_removed(f
     time.sleep(20)  # longer than a resync: an exact field the apiserver defaults would be patched again
     assert repaired(), "repaired for good"
     assert versions() == settled, "the repaired objects are not written again and again"
+
+
+# --------------------------------------------------------------------------- canary, revisions, rollback
+
+
+def _cli(fleet: Fleet, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "hybridserving.cli", *args, "-n", fleet.ns,
+                           "--kubeconfig", str(fleet.cluster.kubeconfig)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _images(fleet: Fleet) -> dict[str, str]:
+    """The image each instance runs, read from its leader pod."""
+    return {n.rsplit("-", 1)[0]: p.spec.containers[0].image for n, p in fleet.pods().items() if n.endswith("-0")}
+
+
+def _revisions(fleet: Fleet) -> dict[str, int]:
+    items = fleet.custom.list_namespaced_custom_object(
+        "apps", "v1", fleet.ns, "controllerrevisions", label_selector=f"hybridserving.io/name={fleet.name}")["items"]
+    return {r["metadata"]["name"]: r["revision"] for r in items}
+
+
+def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns_the_previous_configuration(
+    fleet: Fleet,
+) -> None:
+    fleet.apply(fixed_split())
+    fleet.wait_settled()
+    first = fleet.get()["status"]["rollout"]
+    assert first["updateRevision"] == first["currentRevision"] == first["lastGoodRevision"]
+    old_image = next(iter(_images(fleet).values()))
+    before = fleet.uids()
+    roles = {n: i["spec"]["role"] for n, i in fleet.instances().items()}
+
+    def change(s: dict[str, Any]) -> None:
+        s["engine"]["image"] = "lmsysorg/sglang:v0.5.23-canary"
+        s.setdefault("rollout", {})["canary"] = 1
+
+    fleet.edit(change)
+
+    def held() -> bool:
+        obj = fleet.get()
+        status = obj.get("status") or {}
+        rollout = status.get("rollout") or {}
+        return (status.get("observedGeneration") == obj["metadata"]["generation"] and status.get("ready") == "True"
+                and rollout.get("held") == "Canary" and rollout.get("updated") == {"prefill": 1, "decode": 1}
+                and all(p.status.phase == "Running" and not p.metadata.deletion_timestamp
+                        for p in fleet.pods().values()))
+
+    fleet.wait_for(held, timeout=120, interval=0.5, what="held at the canary")
+    time.sleep(5)  # held: nothing more rolls
+    images = _images(fleet)
+    canaries = sorted(n for n, image in images.items() if image != old_image)
+    assert sorted(roles[n] for n in canaries) == ["decode", "prefill"], images
+    assert all(uid == before[n] for n, uid in fleet.uids().items() if n.rsplit("-", 1)[0] not in canaries)
+    status = fleet.get()["status"]
+    assert status["rollout"]["lastGoodRevision"] == first["updateRevision"]
+    assert status["rollout"]["currentRevision"] == first["updateRevision"] != status["rollout"]["updateRevision"]
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "RolloutHeldByCanary"
+    assert "Rollout [held: Canary]: held by canary 1" in _cli(fleet, "status", fleet.name)
+    canary_revision = status["rollout"]["updateRevision"]
+
+    fleet.edit(lambda s: s["rollout"].update(canary=None))  # null removes it (merge patch)
+    fleet.wait_settled()
+    assert set(_images(fleet).values()) == {"lmsysorg/sglang:v0.5.23-canary"}
+    assert fleet.get()["status"]["rollout"]["lastGoodRevision"] == canary_revision
+    assert _revisions(fleet) == {first["updateRevision"]: 1, canary_revision: 2}
+
+    out = _cli(fleet, "rollback", fleet.name)
+    assert "rolled back to revision 1" in out
+    assert fleet.get()["spec"]["engine"]["image"] == old_image
+    fleet.wait_settled()
+    assert set(_images(fleet).values()) == {old_image}
+    rollout = fleet.get()["status"]["rollout"]
+    assert rollout["updateRevision"] == rollout["lastGoodRevision"] == first["updateRevision"]
+    assert _revisions(fleet) == {first["updateRevision"]: 3, canary_revision: 2}, "renumbered as the newest"
+
+    fleet.edit(lambda s: s["rollout"].update(revisionHistoryLimit=0))
+    fleet.wait_for(lambda: _revisions(fleet) == {first["updateRevision"]: 3}, timeout=60,
+                   what="history bounded to the revision in use")

@@ -20,7 +20,7 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
 from hybridserving.controller.kube import KubeError
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.core import health, planner, ports, rendering
-from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, LABEL_LEADER, LABEL_NAME
+from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, LABEL_LEADER, LABEL_NAME, LABEL_REVISION
 from hybridserving.core.observed import Observed
 from hybridserving.core.switching import SwitchState
 from support.apiserver import FakeCluster
@@ -201,6 +201,124 @@ def test_a_spec_change_mid_rollout_never_rolls_both_roles() -> None:
     assert all(p["spec"]["containers"][0]["image"] == "v3" for p in cluster.pods().values())
 
 
+def images(cluster: FakeCluster) -> dict[str, set[str]]:
+    """The images each instance's pods run."""
+    out: dict[str, set[str]] = {}
+    for pod in cluster.pods().values():
+        inst = pod["metadata"]["labels"]["hybridserving.io/instance"]
+        out.setdefault(inst, set()).add(pod["spec"]["containers"][0]["image"])
+    return out
+
+
+def updated(cluster: FakeCluster, hs: HybridServing) -> dict[str, int]:
+    """Instances per role whose spec carries `hs`'s configuration."""
+    desired = planner.plan(hs, cluster.observed())
+    out = {role: 0 for role in ROLES}
+    for name, inst in cluster.instances().items():
+        if inst["spec"]["configHash"] == desired.instances[name].config_hash:
+            out[inst["spec"]["role"]] += 1
+    return out
+
+
+def canary_invariants(hs: HybridServing):
+    """The rollout's invariants, plus: both roles always serve, no role rolls past its canary."""
+    budget = rollout_invariants(hs)
+    canary = hs.spec.rollout.canary
+
+    def check(cluster: FakeCluster) -> None:
+        budget(cluster)
+        down = cluster.unavailable(hs)
+        for role in ROLES:
+            assert hs.spec.role(role).replicas - down[role] >= 1, f"no {role} instance serving"
+            if canary is not None:
+                assert updated(cluster, hs)[role] <= canary, f"{role} rolled past its canary of {canary}"
+
+    return check
+
+
+@pytest.mark.parametrize("max_unavailable", [1, 2])
+def test_a_canary_rolls_that_many_instances_of_each_role_holds_and_completes_when_raised_then_removed(
+    max_unavailable: int,
+) -> None:
+    hs = fleet(rollout={"maxUnavailable": max_unavailable})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    before = uids(cluster)
+    for canary in (0, 1, 2, None):
+        rollout: dict[str, Any] = {"maxUnavailable": max_unavailable}
+        if canary is not None:
+            rollout["canary"] = canary
+        new = fleet(engine={"image": "v2"}, rollout=rollout)
+        converge(cluster, new, check=canary_invariants(new))
+        want = 3 if canary is None else canary
+        assert updated(cluster, new) == {"prefill": want, "decode": want}, f"canary {canary}"
+        for _ in range(3):  # held: further passes write nothing and the old instances keep serving
+            assert cluster.reconcile(new) == []
+            cluster.advance()
+        on_v2 = sorted(n for n, seen in images(cluster).items() if seen == {"v2"})
+        roles = {n: i["spec"]["role"] for n, i in cluster.instances().items()}
+        for role in ROLES:
+            mine = sorted((n for n in roles if roles[n] == role), key=lambda n: int(n.split("-")[1]))
+            assert [n for n in mine if n in on_v2] == mine[len(mine) - want:], "highest indexes first"
+        kept = [n for n in before if n.rsplit("-", 1)[0] not in on_v2]
+        assert all(uids(cluster)[n] == before[n] for n in kept), "the rest are untouched"
+
+
+def test_a_newer_change_while_held_moves_the_canary_and_leaves_the_rest_on_the_first_configuration() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    v2 = fleet(engine={"image": "v2"}, rollout={"canary": 1})
+    converge(cluster, v2, check=canary_invariants(v2))
+    v3 = fleet(engine={"image": "v3"}, rollout={"canary": 1})
+    converge(cluster, v3, check=canary_invariants(v3))
+    seen = images(cluster)
+    assert sorted(n for n, i in seen.items() if i == {"v3"}) == ["hs-2", "hs-5"]
+    assert not any(i == {"v2"} for i in seen.values()), "the canaries moved on to v3"
+    assert updated(cluster, v3) == {"prefill": 1, "decode": 1}
+
+
+def test_an_instance_that_fails_while_held_comes_back_on_the_new_configuration() -> None:
+    """The plan renders the spec's pods only: an instance down anyway is rolled, canary or not."""
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    v2 = fleet(engine={"image": "v2"}, rollout={"canary": 1})
+    converge(cluster, v2, check=canary_invariants(v2))
+    assert images(cluster)["hs-0"] != {"v2"}, "hs-0 is not the prefill canary"
+    cluster.store[("Pod", "hs-0-0")]["status"]["phase"] = "Failed"
+    converge(cluster, v2)
+    assert images(cluster)["hs-0"] == {"v2"}
+    assert updated(cluster, v2) == {"prefill": 2, "decode": 1}
+    assert cluster.reconcile(v2) == [], "held again, one past the canary"
+
+
+def test_pausing_mid_rollout_holds_it_where_it_is_and_resuming_completes_it() -> None:
+    hs = fleet()
+    cluster = FakeCluster(ready_after=2)
+    converge(cluster, hs)
+    v2 = fleet(engine={"image": "v2"})
+    for _ in range(40):  # roll until the second prefill instance is on its way
+        cluster.reconcile(v2)
+        rollout_invariants(v2)(cluster)
+        cluster.advance()
+        if updated(cluster, v2)["prefill"] == 2:
+            break
+    assert updated(cluster, v2) == {"prefill": 2, "decode": 0}
+    paused = fleet(engine={"image": "v2"}, rollout={"paused": True})
+    converge(cluster, paused, check=rollout_invariants(paused))  # the instance already rolling comes back
+    held = images(cluster)
+    for _ in range(5):
+        assert cluster.reconcile(paused) == []
+        cluster.advance()
+    assert images(cluster) == held and not any(cluster.unavailable(paused).values())
+    assert updated(cluster, paused) == {"prefill": 2, "decode": 0}, "held mid-way, serving"
+    resumed = fleet(engine={"image": "v2"})
+    converge(cluster, resumed, check=rollout_invariants(resumed))
+    assert updated(cluster, resumed) == {"prefill": 3, "decode": 3}
+    assert all(i == {"v2"} for i in images(cluster).values())
+
+
 # --------------------------------------------------------------------------- role switches
 
 
@@ -339,10 +457,16 @@ def test_turning_the_router_off_deletes_only_its_objects() -> None:
     hs = fleet()
     cluster = FakeCluster()
     converge(cluster, hs)
-    actions = cluster.reconcile(fleet(router={"enabled": False}))
-    assert [str(a) for a in actions if a.verb != "delete"] == [
-        "patch ConfigMap/hs-applied: applied spec drifted from the plan"
+    off = fleet(router={"enabled": False})
+    actions = cluster.reconcile(off)
+    revision = planner.plan(off, cluster.observed()).revision_hash
+    assert [str(a) for a in actions if a.verb != "delete" and a.kind != INSTANCE_KIND] == [
+        "patch ConfigMap/hs-applied: applied spec drifted from the plan",
+        f"create ControllerRevision/hs-{revision}: revision 2: the fleet's configuration",
     ]
+    # A new revision of the fleet, which every instance runs already: relabelled, nothing rolled.
+    assert {a.name: a.body for a in actions if a.kind == INSTANCE_KIND} == {
+        f"hs-{i}": {"metadata": {"labels": {LABEL_REVISION: revision}}} for i in range(6)}
     assert sorted((a.verb, a.kind, a.name) for a in actions if a.verb == "delete") == sorted(
         ("delete", kind, "hs-router") for kind in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")
     )

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hybridserving.api.v1alpha1 import HybridServing
-from hybridserving.core import planner, rendering
+from hybridserving.core import planner, rendering, revisions
 from hybridserving.core.actions import Action
 from hybridserving.core.naming import LABEL_COMPONENT, LABEL_NAME
 from hybridserving.core.observed import Observed
@@ -108,10 +108,11 @@ def test_the_router_is_restricted_and_its_token_only_lists_and_watches_pods() ->
 
 
 def converged(hs: HybridServing) -> Observed:
-    """The fleet's non-pod objects as the apiserver would hold them after creation."""
+    """The fleet's non-pod objects, and its revision, as the apiserver would hold them after creation."""
     desired = planner.plan(hs, Observed())
     obs = Observed()
-    for key, obj in desired.objects.items():
+    revision = revisions.manifest(desired, 1)
+    for key, obj in [*desired.objects.items(), ((revision["kind"], revision["metadata"]["name"]), revision)]:
         live = copy.deepcopy(obj)
         live["metadata"].update(uid=f"uid-{key[1]}", resourceVersion="7")
         obs.objects[key] = live

@@ -274,10 +274,10 @@ def test_a_plan_that_raises_is_reported_and_the_fleet_is_repaired_from_the_last_
     settle(api)
     real_plan = rec.planner.plan
 
-    def plan(hs: Any, observed: Any, access: Any = None) -> Any:
+    def plan(hs: Any, observed: Any, access: Any = None, last_good_revision: str = "") -> Any:
         if hs.spec.prefill.replicas == 3:
             raise ValueError("a spec validation let through")
-        return real_plan(hs, observed, access)
+        return real_plan(hs, observed, access, last_good_revision)
 
     monkeypatch.setattr(rec.planner, "plan", plan)
     api.user_apply({**SPEC, "prefill": {"replicas": 3, "layout": {"tp": 8}}})

@@ -48,3 +48,15 @@ def test_render_without_status_says_so_instead_of_failing() -> None:
     out = io.StringIO()
     render({"metadata": {"name": "new", "generation": 1}}, [], out)
     assert "ready=Unknown" in out.getvalue() and "no role switches yet" in out.getvalue()
+
+
+def test_render_has_a_rollout_line_with_the_revisions_and_what_holds_it() -> None:
+    hs = {**HS, "status": {**HS["status"], "rollout": {  # type: ignore[dict-item]
+        "currentRevision": "flex-aaa", "updateRevision": "flex-bbb", "lastGoodRevision": "flex-aaa",
+        "updated": {"prefill": 1, "decode": 1}, "held": "Canary",
+        "message": "held by canary 1: prefill 1/1, decode 1/2 updated"}}}
+    out = io.StringIO()
+    render(hs, INSTANCES, out)
+    line = next(row for row in out.getvalue().splitlines() if "Rollout" in row)
+    assert "[held: Canary]" in line and "held by canary 1" in line
+    assert "update flex-bbb" in line and "current flex-aaa" in line and "last good flex-aaa" in line

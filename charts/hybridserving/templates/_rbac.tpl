@@ -45,6 +45,10 @@ them, and list/watch on Secrets would reveal their contents.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Each configuration applied, kept for rollback (bounded history).
+- apiGroups: ["apps"]
+  resources: ["controllerrevisions"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Per-role disruption budgets.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]

@@ -450,6 +450,17 @@ class ScalingSpec(ApiModel):
 class RolloutSpec(ApiModel):
     max_unavailable: int = Field(default=1, ge=1, le=1024, description="Instances of a role rolled at once.")
     paused: bool = Field(default=False, description="Stop rolling out spec changes (and role switches).")
+    canary: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="Canary: of each role, roll at most this many instances to a new configuration and hold "
+        "there (the rest keep serving the previous one) until it is raised or removed. Unset: roll every "
+        "instance. Unlike a StatefulSet's partition it counts the instances updated, not those kept.",
+    )
+    revision_history_limit: int = Field(
+        default=10, ge=0, le=1000,
+        description="Old configurations kept as ControllerRevisions for `hybridserving rollback`, besides "
+        "the ones instances run and the last one that became fully ready.",
+    )
 
 
 class HybridServingSpec(ApiModel):
@@ -612,6 +623,30 @@ class WeightsStatus(ApiModel):
     errors: list[str] = Field(default_factory=list, description="Last download errors, by node (bounded).")
 
 
+class RoleCounts(ApiModel):
+    prefill: int = 0
+    decode: int = 0
+
+
+class RolloutStatus(ApiModel):
+    """Which configurations the fleet runs, as a StatefulSet's currentRevision/updateRevision say it."""
+
+    current_revision: str = Field(
+        default="", max_length=253,
+        description="ControllerRevision the instances not yet updated run (the update revision once all are).")
+    update_revision: str = Field(default="", max_length=253,
+                                 description="ControllerRevision of the spec: what the rollout moves to.")
+    last_good_revision: str = Field(
+        default="", max_length=253,
+        description="The last ControllerRevision every instance ran and was ready on: what "
+        "`hybridserving rollback` goes back to by default.")
+    updated: RoleCounts = Field(default_factory=RoleCounts,
+                                description="Instances per role whose spec is the update revision's.")
+    held: Literal["", "Canary", "Paused"] = Field(
+        default="", description="What holds the rollout short of the update revision; empty when nothing does.")
+    message: str = Field(default="", max_length=1024, description="The rollout in words.")
+
+
 class HybridServingStatus(ApiModel):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(
@@ -631,6 +666,7 @@ class HybridServingStatus(ApiModel):
     selector: str = Field(default="", description="Label selector of the fleet's engine pods (the scale "
                           "subresource's, for HPA's pod metrics).")
     weights: WeightsStatus | None = Field(default=None, description="Where the model weights are, per node.")
+    rollout: RolloutStatus | None = Field(default=None, description="Revisions and how far the rollout got.")
 
 
 class ObjectMeta(ApiModel):

@@ -37,6 +37,12 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
     capacity = (status.get("capacity") or {}).get("summary")
     if capacity:
         out.write(f"  KV capacity: {capacity}\n")
+    rollout = status.get("rollout") or {}
+    if rollout:
+        held = f" [held: {rollout['held']}]" if rollout.get("held") else ""
+        names = [rollout.get(k) or "-" for k in ("updateRevision", "currentRevision", "lastGoodRevision")]
+        out.write(f"  Rollout{held}: {rollout.get('message', '')}; update {names[0]}, current {names[1]}, "
+                  f"last good {names[2]}\n")
     for type_ in ("Ready", "LayoutValid", "Progressing", "Degraded", "RoleSwitching"):
         c = conds.get(type_)
         if c:

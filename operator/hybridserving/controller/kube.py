@@ -52,6 +52,7 @@ RESOURCES: dict[str, Resource] = {
     "ServiceAccount": Resource("", "v1", "serviceaccounts"),
     "Event": Resource("", "v1", "events"),
     "Deployment": Resource("apps", "v1", "deployments"),
+    "ControllerRevision": Resource("apps", "v1", "controllerrevisions"),
     "PodDisruptionBudget": Resource("policy", "v1", "poddisruptionbudgets"),
     "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
@@ -62,7 +63,7 @@ RESOURCES: dict[str, Resource] = {
 
 # Kinds the operator owns besides instances and pods, observed on every reconcile.
 OWNED_KINDS = ("ConfigMap", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding",
-               "Deployment")
+               "Deployment", "ControllerRevision")
 
 
 class KubeError(Exception):

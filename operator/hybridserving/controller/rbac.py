@@ -50,6 +50,8 @@ RULES: tuple[Rule, ...] = (
          ("pods", "services", "configmaps"), READ + WRITE),
     Rule("Application: the router's identity", "", ("serviceaccounts",), READ + WRITE),
     Rule("Application: the router", "apps", ("deployments",), READ + WRITE),
+    Rule("Application: each configuration applied, kept for rollback (bounded history)", "apps",
+         ("controllerrevisions",), READ + WRITE),
     Rule("Application: per-role disruption budgets", "policy", ("poddisruptionbudgets",), READ + WRITE),
     Rule("Application: who may reach the engines (the fleet, its router, the operator)", "networking.k8s.io",
          ("networkpolicies",), READ + WRITE),

@@ -312,14 +312,15 @@ def backoff_seconds(previous_status: dict[str, Any], at: float | None = None) ->
 
 
 def plan_safely(effective: HybridServing, meta: dict[str, Any], fallback: HybridServingSpec | None,
-                observed: Observed, access: EngineAccess, outcome: Outcome) -> DesiredState | None:
+                observed: Observed, access: EngineAccess, outcome: Outcome,
+                last_good_revision: str = "") -> DesiredState | None:
     """The plan of `effective`, or of the last applied spec when planning raises.
 
     Validation is meant to catch every input the planner cannot plan; should one slip
     through, the fleet is still repaired from the spec it runs, and status says why.
     """
     try:
-        return planner.plan(effective, observed, access)
+        return planner.plan(effective, observed, access, last_good_revision)
     except Exception as exc:  # noqa: BLE001 - any planner bug must surface in status, not kill the pass
         log.exception("%s/%s: planning failed", effective.metadata.namespace, effective.metadata.name)
         outcome.fail("PlanFailed", f"the spec could not be planned ({type(exc).__name__}: {exc}); "
@@ -328,7 +329,7 @@ def plan_safely(effective: HybridServing, meta: dict[str, Any], fallback: Hybrid
             return None
         try:
             return planner.plan(HybridServing.model_validate({"metadata": meta, "spec": fallback.to_wire()}),
-                                observed, access)
+                                observed, access, last_good_revision)
         except Exception:  # noqa: BLE001
             log.exception("planning the last applied spec failed too")
             return None
@@ -366,9 +367,11 @@ def reconcile(kube: Kube, namespace: str, name: str,
     if effective is None and good is not None:
         effective = HybridServing.model_validate({"metadata": meta, "spec": good.to_wire()})
     desired: DesiredState | None = None
+    previous = body.get("status") or {}
     if effective is not None:
         access = EngineAccess(operator_namespace=engine_policy.operator_namespace)
-        desired = plan_safely(effective, meta, good, observed, access, outcome)
+        last_good = (previous.get("rollout") or {}).get("lastGoodRevision", "")
+        desired = plan_safely(effective, meta, good, observed, access, outcome, last_good)
     if desired is not None:
         outcome.actions = planner.diff(desired, observed)
         todo = plan_hook(outcome.actions) if plan_hook else outcome.actions
@@ -381,7 +384,6 @@ def reconcile(kube: Kube, namespace: str, name: str,
     views = view(desired, observed) if desired is not None else {}
     if not outcome.conflict:
         report_instances(kube, namespace, views)
-    previous = body.get("status") or {}
     warning = None
     was_valid = {c.get("type"): c.get("status") for c in previous.get("conditions") or []}.get("LayoutValid")
     if not validation.valid and was_valid != "False":

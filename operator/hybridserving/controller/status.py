@@ -22,15 +22,18 @@ from hybridserving.api.v1alpha1 import (
     HybridServingSpec,
     HybridServingStatus,
     InstanceStatus,
+    RoleCounts,
     RoleStatus,
+    RolloutStatus,
 )
 from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core import capacity
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
-from hybridserving.core.naming import engine_selector
+from hybridserving.core.naming import LABEL_REVISION, engine_selector, revision_name
 from hybridserving.core.observed import Observed
+from hybridserving.core.rollout import held_by
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
 
@@ -242,9 +245,14 @@ def fleet_status(
     ))
     outdated = [v.plan.name for v in views.values() if not v.current]
     progressing = bool(outdated) or pending_actions > 0 or not all_ready
-    if desired.paused and outdated:
+    held = held_by(desired, views)
+    rollout = rollout_status(desired, views, per_role, all_ready and len(views) == total, held,
+                             (previous_status or {}).get("rollout") or {})
+    if held == "Paused":
         reason = "RolloutPaused"
         message = f"rollout paused with {len(outdated)} instance(s) to roll: {', '.join(outdated)}"
+    elif held == "Canary":
+        reason, message = "RolloutHeldByCanary", rollout.message
     elif outdated:
         reason = "RollingOut"
         message = f"{len(outdated)} instance(s) to roll, one role at a time: {', '.join(outdated)}"
@@ -253,7 +261,7 @@ def fleet_status(
     else:
         reason, message = "Complete", "every instance runs the current spec"
     not_ready = [v.plan.name for v in sorted(views.values(), key=lambda v: v.plan.index) if not v.available]
-    stuck = progressing and not desired.paused and _past_deadline(
+    stuck = progressing and held is None and _past_deadline(
         previous.get("Progressing") or {}, generation, clock, progress_deadline_seconds)
     if stuck:
         progressing, reason = False, "ProgressDeadlineExceeded"
@@ -304,7 +312,44 @@ def fleet_status(
         ready="True" if all_ready else "False",
         replicas=len(views),
         selector=engine_selector(desired.name),
+        rollout=rollout,
     ))
+
+
+def rollout_status(desired: DesiredState, views: Mapping[str, InstanceView], per_role: Mapping[str, RoleStatus],
+                   all_ready: bool, held: Literal["Canary", "Paused"] | None,
+                   previous: Mapping[str, Any]) -> RolloutStatus:
+    """Revisions as a StatefulSet reports them, and the last one the whole fleet was ready on.
+
+    The current revision is the one most instances not yet updated run (by their revision
+    label); the last good one moves only when every instance runs the update revision and is
+    ready, so a rollout that never became ready leaves it where it was.
+    """
+    update = revision_name(desired.name, desired.revision_hash)
+    behind = [h for v in views.values() if (h := v.observed.labels.get(LABEL_REVISION)) != desired.revision_hash]
+    current = update
+    if behind:
+        known = [h for h in behind if h]
+        current = revision_name(desired.name, max(set(known), key=known.count)) if known else ""
+    done = not behind and all_ready and all(v.current for v in views.values())
+    last_good = update if done else str(previous.get("lastGoodRevision", ""))
+    counts = RoleCounts(prefill=per_role["prefill"].updated, decode=per_role["decode"].updated)
+    progress = (f"prefill {counts.prefill}/{per_role['prefill'].desired}, "
+                f"decode {counts.decode}/{per_role['decode'].desired} updated")
+    if held == "Canary":
+        message = (f"held by canary {desired.canary}: {progress}; raise or remove spec.rollout.canary "
+                   "to roll the rest")
+    elif held == "Paused":
+        message = f"paused: {progress}; set spec.rollout.paused to false to roll the rest"
+    elif current != update:
+        message = f"rolling from {current or 'an unrecorded revision'} to {update}: {progress}"
+    else:
+        message = f"every instance runs {update}"
+    status = RolloutStatus(current_revision=current, update_revision=update, updated=counts, message=message,
+                           held=held or "")
+    if last_good:
+        status.last_good_revision = last_good
+    return status
 
 
 def _past_deadline(progressing: Mapping[str, Any], generation: int | None, clock: float, deadline: float) -> bool:

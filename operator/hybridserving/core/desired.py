@@ -39,6 +39,8 @@ class DesiredState:
     role_config_hashes: dict[Role, str]
     instances: dict[str, InstancePlan]
     objects: dict[ObjectKey, dict[str, Any]]
+    revision_hash: str = ""  # of the spec's configuration (core.revisions)
+    last_good_revision: str = ""  # as status last recorded it: never pruned
 
     @property
     def max_unavailable(self) -> int:
@@ -47,4 +49,8 @@ class DesiredState:
     @property
     def paused(self) -> bool:
         return self.spec.rollout.paused
+
+    @property
+    def canary(self) -> int | None:
+        return self.spec.rollout.canary
 

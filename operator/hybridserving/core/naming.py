@@ -27,6 +27,9 @@ LABEL_NODE_RANK = "hybridserving.io/node-rank"
 LABEL_LEADER = "hybridserving.io/leader"
 LABEL_INSTANCE_ROLE = "hybridserving.io/instance-role"
 LABEL_COMPONENT = "hybridserving.io/component"
+# On instances: the fleet revision (ControllerRevision hash) whose configuration the instance's
+# spec carries, as a StatefulSet's pods carry controller-revision-hash.
+LABEL_REVISION = "hybridserving.io/revision-hash"
 # app.kubernetes.io/name of what each component runs.
 APP_NAMES = {"engine": "sglang", "router": "smg"}
 
@@ -66,6 +69,10 @@ def config_map_name(hs: str, role: Role) -> str:
 
 def applied_spec_name(hs: str) -> str:
     return f"{hs}-applied"
+
+
+def revision_name(hs: str, revision_hash: str) -> str:
+    return f"{hs}-{revision_hash}"
 
 
 def router_name(hs: str) -> str:

@@ -131,12 +131,14 @@ class ObservedInstance:
     generation: int | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, obj: Mapping[str, Any]) -> ObservedInstance:
         meta = obj.get("metadata") or {}
         return cls(
             annotations=dict(meta.get("annotations") or {}),
+            labels=dict(meta.get("labels") or {}),
             generation=meta.get("generation"),
             status=dict(obj.get("status") or {}),
             name=meta["name"],

@@ -8,7 +8,8 @@ and checked step by step without a cluster (LWS's planner does the same):
   the router with its RBAC, a PodDisruptionBudget per role.
 * `diff(desired, observed)` turns the difference into the actions of *this* step: create,
   patch or delete, each with its cause and reason, holding voluntary disruption to
-  `rollout.maxUnavailable` instances per role and to one role at a time.
+  `rollout.maxUnavailable` instances per role and to one role at a time, and the number of
+  instances rolled per role to `rollout.canary`.
 
 The controller is stateless: every fact it needs to resume after a restart is written on
 the objects themselves. An instance's `spec.configHash` says what its pods should run; the
@@ -20,7 +21,8 @@ half in place and pods are relabelled, never recreated.
 The jobs live in their own modules, composed here: `observed` (what was found), `naming`
 (names, labels, hashes), `assignment` (which instances, which role), `rendering` (every
 manifest), `health` (what an instance is doing, which pods are stale), `rollout` (what
-moves this step), `drift` (whether an object still says what the plan says).
+moves this step), `drift` (whether an object still says what the plan says), `revisions`
+(the configurations applied, kept for rollback).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing
-from hybridserving.core import ports
+from hybridserving.core import ports, revisions
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.assignment import assign_instances
 from hybridserving.core.desired import DesiredState, InstancePlan
@@ -37,6 +39,7 @@ from hybridserving.core.health import view
 from hybridserving.core.naming import (
     API_VERSION,
     LABEL_INSTANCE,
+    LABEL_REVISION,
     applied_spec_name,
     digest,
     owner_reference,
@@ -47,10 +50,12 @@ from hybridserving.core.rendering import EngineAccess, fleet_objects, render_ins
 from hybridserving.core.rollout import pod_actions, select_rollout
 
 
-def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = None) -> DesiredState:
+def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = None,
+         last_good_revision: str = "") -> DesiredState:
     """The full desired object set of `hs`, given what exists (roles, ports, uids).
 
-    `access` says who besides the fleet may reach its engines (the operator's namespace).
+    `access` says who besides the fleet may reach its engines (the operator's namespace);
+    `last_good_revision` is the revision status last recorded as good, which is never pruned.
     """
     access = access or EngineAccess()
     spec = hs.spec
@@ -60,6 +65,7 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     configs = {role: role_config(spec, role) for role in ROLES}
     role_hashes = {role: digest(configs[role]) for role in ROLES}
     spec_hash = digest(spec.to_wire())
+    revision_hash = revisions.revision_hash(spec)
 
     assigned = assign_instances(name, spec, observed)
     order = sorted(assigned, key=lambda n: assigned[n][0])
@@ -76,6 +82,7 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
         instances[inst_name] = render_instance(
             hs, inst_name, index, role, allocated[inst_name], role_hashes, observed.instances.get(inst_name), owner
         )
+        instances[inst_name].manifest["metadata"]["labels"][LABEL_REVISION] = revision_hash
     objects: dict[ObjectKey, dict[str, Any]] = {
         (obj["kind"], obj["metadata"]["name"]): obj
         for obj in fleet_objects(hs, configs, role_hashes, spec_hash, instances, access, owner)
@@ -89,6 +96,8 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
         role_config_hashes=role_hashes,
         instances=instances,
         objects=objects,
+        revision_hash=revision_hash,
+        last_good_revision=last_good_revision,
     )
 
 
@@ -98,7 +107,9 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     Config first (new pods mount it), then instances (their spec gates their pods), then
     pods, then the rest. Involuntary trouble (a broken gang, an instance already down) is
     repaired at once; voluntary disruption (rolling a serving instance to a new config) is
-    held to `maxUnavailable` per role, one role at a time, and stops while paused.
+    held to `maxUnavailable` per role, one role at a time, to `canary` instances per role, and
+    stops while paused. The spec's revision is recorded before anything rolls to it; old
+    revisions are pruned last.
     """
     actions: list[Action] = []
     owned_uids = {desired.uid} | {i.uid for i in observed.instances.values()}
@@ -120,6 +131,8 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     for (kind, name), obj in desired.objects.items():
         if kind == "ConfigMap":
             sync(obj, "engine configuration" if name != applied_spec_name(desired.name) else "applied spec")
+    record, prune = revisions.actions(desired, observed)
+    actions.extend(record)
 
     views = view(desired, observed)
     selected = select_rollout(desired, views)
@@ -141,6 +154,9 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
         causes: list[Cause] = []
         reasons: list[str] = []
         next_hash[name] = existing.spec.config_hash
+        labels: dict[str, str] = {}
+        if existing.labels.get(LABEL_REVISION) != desired.revision_hash and (name in selected or v.current):
+            labels[LABEL_REVISION] = desired.revision_hash
         if name in selected:
             patch.update(configHash=p.config_hash, ports=p.ports.to_wire(), nodes=p.nodes)
             causes.append(Cause.ROLLOUT)
@@ -153,15 +169,21 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
                 next_hash[name] = patch["configHash"] = template_half + role_hash
                 causes.append(Cause.ROLE_SWITCH)
                 reasons.append(f"role switched to {p.role}: the pods follow in place with the {p.role} flags")
+        if labels and name not in selected:
+            causes.append(Cause.DRIFT)
+            reasons.append(f"runs revision {desired.revision_hash} already (its configuration did not change)")
         failure = v.failure()
         if failure:
             patch["restartGeneration"] = existing.spec.restart_generation + 1
             causes.append(Cause.GANG_RESTART)
             reasons.append(f"gang restart: {failure}")
             gang_restarts.add(name)
-        if patch:
+        if patch or labels:
+            body: dict[str, Any] = {"spec": patch} if patch else {}
+            if labels:
+                body["metadata"] = {"labels": labels}
             actions.append(
-                Action("patch", INSTANCE_KIND, name, tuple(causes), "; ".join(reasons), {"spec": patch},
+                Action("patch", INSTANCE_KIND, name, tuple(causes), "; ".join(reasons), body,
                        resource_version=existing.resource_version)
             )
 
@@ -192,12 +214,15 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     for key, obj in observed.objects.items():
         meta = obj.get("metadata") or {}
         owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+        if key[0] == revisions.REVISION_KIND:
+            continue  # kept or pruned by revisions.actions
         if key not in wanted and owners & owned_uids and not meta.get("deletionTimestamp"):
             instance = (meta.get("labels") or {}).get(LABEL_INSTANCE)
             if key[0] in ("Service", "Workload") and instance and instance not in desired.instances:
                 continue  # goes with its instance (garbage collection)
             actions.append(Action("delete", key[0], key[1], (Cause.PRUNE,), "no longer part of the plan",
                                   uid=meta.get("uid")))
+    actions.extend(prune)
     return actions
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from hybridserving.api.v1alpha1 import ROLES, Role
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
@@ -103,13 +103,38 @@ def _metadata_patch(pod: ObservedPod, want: Mapping[str, Any], flags_half: str, 
     return {"metadata": meta} if meta else {}
 
 
+def updated(views: Mapping[str, InstanceView], role: Role) -> int:
+    """Instances of `role` whose spec already says what the plan says."""
+    return sum(1 for v in views.values() if v.plan.role == role and v.current)
+
+
+def held_by(desired: DesiredState, views: Mapping[str, InstanceView]) -> Literal["Canary", "Paused"] | None:
+    """What keeps instances on an older configuration on purpose, if anything.
+
+    Paused: while set, nothing serving rolls. Canary: every role with instances left to roll has
+    its `canary` instances rolled already (one role still rolling towards its canary is progress,
+    not a hold).
+    """
+    pending = {v.plan.role for v in views.values() if not v.current}
+    if not pending:
+        return None
+    if desired.paused:
+        return "Paused"
+    canary = desired.canary
+    if canary is not None and all(updated(views, role) >= canary for role in pending):
+        return "Canary"
+    return None
+
+
 def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView]) -> dict[str, str]:
     """Instances whose spec moves to the planned configuration now, with the reason.
 
-    An instance that is down anyway is rolled at once: it costs no availability. A serving
-    one is rolled only within its role's budget (maxUnavailable minus instances already
-    down), only in the first role (prefill, then decode) that still has instances to roll,
-    and only while the other role has no instance coming back from its own roll.
+    An instance that is down anyway is rolled at once: it costs no availability, and the plan
+    renders only the new configuration's pods, so it could not come back on the old one. A
+    serving one is rolled only within its role's budget (maxUnavailable minus instances already
+    down), only while its role has fewer than `canary` instances rolled, only in the first role
+    (prefill, then decode) that still has instances it may roll, and only while the other role
+    has no instance coming back from its own roll.
     """
     selected: dict[str, str] = {}
     pending = {role: [v for v in views.values() if v.plan.role == role and not v.current] for role in ROLES}
@@ -121,17 +146,22 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView]) -> 
         return selected
     for role in ROLES:
         serving = [v for v in pending[role] if v.available]
-        if not serving:
-            continue
+        room = len(serving)
+        if desired.canary is not None:
+            rolled = updated(views, role) + sum(1 for v in pending[role] if v.plan.name in selected)
+            room = min(room, desired.canary - rolled)
+        if room <= 0:
+            continue  # nothing to roll, or held at its canary: the other role may roll
         other = [v for v in views.values() if v.plan.role != role]
         if any(v.recovering for v in other):
             break  # the other role is mid-rollout: one role at a time
         down = sum(1 for v in views.values() if v.plan.role == role and not v.available)
-        budget = desired.max_unavailable - down
+        budget = min(room, desired.max_unavailable - down)
         for v in sorted(serving, key=lambda v: -v.plan.index)[: max(0, budget)]:
             selected[v.plan.name] = (
                 f"rolling {role} instance to the new configuration "
-                f"({down + 1}/{desired.max_unavailable} of the role's budget)"
+                f"({down + 1}/{desired.max_unavailable} of the role's budget"
+                + (f", canary {desired.canary}" if desired.canary is not None else "") + ")"
             )
             down += 1
         break

@@ -1,0 +1,115 @@
+"""`hybridserving rollback`: which revision it goes back to, what it writes, and when it warns."""
+
+from __future__ import annotations
+
+import copy
+import io
+from typing import Any
+
+import pytest
+
+from hybridserving.api.v1alpha1 import HybridServingSpec
+from hybridserving.commands.rollback import choose, gitops_manager, rollback
+from hybridserving.core import revisions
+from support.fleets import SPEC
+
+
+def spec(image: str, **extra: Any) -> dict[str, Any]:
+    out = copy.deepcopy(SPEC)
+    out["engine"] = {"image": image}
+    out.update(extra)
+    return HybridServingSpec.model_validate(out).to_wire()
+
+
+def revision(image: str, number: int, owner: str = "uid-1") -> dict[str, Any]:
+    s = spec(image)
+    name = f"hs-{revisions.revision_hash(HybridServingSpec.model_validate(s))}"
+    return {"metadata": {"name": name, "ownerReferences": [{"uid": owner}]}, "revision": number,
+            "data": {"spec": revisions.revision_spec(s)}}
+
+
+class FakeApi:
+    """The fleet and its ControllerRevisions, as CustomObjectsApi answers for them."""
+
+    def __init__(self, hs: dict[str, Any], revs: list[dict[str, Any]]) -> None:
+        self.hs, self.revs = hs, revs
+        self.replaced: dict[str, Any] | None = None
+
+    def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
+                                     name: str) -> object:
+        return copy.deepcopy(self.hs)
+
+    def list_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, *,
+                                      label_selector: str | None = None) -> object:
+        assert (group, plural, label_selector) == ("apps", "controllerrevisions", "hybridserving.io/name=hs")
+        return {"items": copy.deepcopy(self.revs)}
+
+    def replace_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str,
+                                         body: dict[str, Any], *, field_manager: str | None = None) -> object:
+        assert field_manager == "hybridserving-rollback"
+        self.replaced = body
+        return body
+
+
+def fleet(image: str, last_good: str = "", **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "hs", "uid": "uid-1", "resourceVersion": "42", "managedFields": [{}], **meta},
+            "spec": spec(image, prefill={"replicas": 4, "layout": {"tp": 8}}, rollout={"canary": 1}),
+            "status": {"rollout": {"lastGoodRevision": last_good}}}
+
+
+def test_rollback_goes_to_the_last_good_revision_keeping_replicas_and_rollout() -> None:
+    revs = [revision("v1", 1), revision("v2", 2), revision("v3", 3)]
+    api = FakeApi(fleet("v3", last_good=revs[0]["metadata"]["name"]), revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out) == 0
+    assert api.replaced is not None
+    written = api.replaced
+    assert written["spec"]["engine"]["image"] == "v1"
+    assert written["spec"]["prefill"]["replicas"] == 4 and written["spec"]["rollout"]["canary"] == 1
+    assert written["metadata"]["resourceVersion"] == "42", "conditional on what was read"
+    assert "managedFields" not in written["metadata"] and "status" not in written
+    assert "rolled back to revision 1" in out.getvalue() and "warning" not in out.getvalue()
+
+
+def test_without_a_last_good_one_it_goes_to_the_revision_before_the_current_one() -> None:
+    revs = [revision("v1", 1), revision("v2", 2), revision("v3", 3)]
+    assert choose(revs, revs[2]["metadata"]["name"], revs[2]["metadata"]["name"], None) is revs[1]
+    assert choose(revs, revs[2]["metadata"]["name"], "", None) is revs[1]
+    assert choose(revs, revs[2]["metadata"]["name"], "", 1) is revs[0]
+    with pytest.raises(ValueError, match="--to-revision 7: no such revision \\(kept: 3, 2, 1\\)"):
+        choose(revs, "x", "", 7)
+    with pytest.raises(ValueError, match="no earlier revision"):
+        choose(revs[:1], revs[0]["metadata"]["name"], "", None)
+
+
+def test_a_revision_of_another_object_is_not_used() -> None:
+    api = FakeApi(fleet("v2"), [revision("v1", 1, owner="someone-else"), revision("v2", 2)])
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", 1, out) == 1 and api.replaced is None
+    assert "no such revision (kept: 2)" in out.getvalue()
+
+
+def test_rolling_back_to_what_runs_writes_nothing() -> None:
+    api = FakeApi(fleet("v2"), [revision("v1", 1), revision("v2", 2)])
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", 2, out) == 0 and api.replaced is None
+    assert "nothing to do" in out.getvalue()
+
+
+@pytest.mark.parametrize("meta, tool", [
+    ({"annotations": {"argocd.argoproj.io/tracking-id": "app:hybridserving.io/HybridServing:ns/hs"}}, "Argo CD"),
+    ({"labels": {"argocd.argoproj.io/instance": "app"}}, "Argo CD"),
+    ({"labels": {"kustomize.toolkit.fluxcd.io/name": "apps"}}, "Flux"),
+    ({"labels": {"helm.toolkit.fluxcd.io/name": "serving"}}, "Flux"),
+    ({"labels": {"app.kubernetes.io/instance": "hs"}}, None),
+])
+def test_gitops_tools_are_recognised_by_their_marks(meta: dict[str, Any], tool: str | None) -> None:
+    assert gitops_manager(meta) == tool
+
+
+def test_a_fleet_managed_by_gitops_is_rolled_back_with_a_warning_to_revert_in_git() -> None:
+    revs = [revision("v1", 1), revision("v2", 2)]
+    api = FakeApi(fleet("v2", labels={"kustomize.toolkit.fluxcd.io/name": "apps"}), revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out) == 0
+    assert "warning: hs is managed by Flux: revert the change in git" in out.getvalue()
