@@ -132,7 +132,8 @@ def bring_up(cluster: Cluster, router_fixture: Callable[[str, str], str], namesp
              .returncode == 0, 60, "the router Deployment")
     f.router = router_fixture(namespace, f"{f.name}-router")
     if serving is not None:
-        wait_for(lambda: f.serving(*serving), 180, f"{serving[0]} prefill and {serving[1]} decode leaders in the router")
+        wait_for(lambda: f.serving(*serving), 180,
+                 f"{serving[0]} prefill and {serving[1]} decode leaders in the router")
     return f
 
 
