@@ -46,6 +46,10 @@ def test_scaling_and_rollout_settings_are_no_new_revision_and_going_back_renumbe
     converge(cluster, hs)
     converge(cluster, fleet(prefill={"replicas": 2}, rollout={"maxUnavailable": 2, "canary": 3}))
     assert kept(cluster) == {revision_of(hs): 1}
+    switching = {"enabled": True, "minPrefill": 1, "minDecode": 1}
+    assert revision_of(fleet(roleSwitch=switching)) == revision_of(
+        fleet(roleSwitch=switching, replicas=8, scaling={"enabled": True, "maxReplicas": 9})
+    ), "the fleet's total and its scaler are sizing, not configuration"
     v2 = fleet(engine={"image": "v2"})
     converge(cluster, v2)
     assert kept(cluster) == {revision_of(hs): 1, revision_of(v2): 2}

@@ -1,7 +1,7 @@
 """Fleet revisions: every configuration a fleet was given, kept as ControllerRevisions for rollback.
 
-A revision is the spec less what configures no instance: `rollout` (how to roll, not what)
-and the replica counts (scaling is not a new configuration), as a Deployment's revision is its
+A revision is the spec less what configures no instance: `rollout` (how to roll, not what),
+the replica counts, the fleet's total and its scaler (scaling is not a new configuration), as a Deployment's revision is its
 pod template and not its replicas or strategy. Its name is `<fleet>-<hash>`; its number grows
 with every configuration applied, and going back to an earlier one records that revision again
 as the newest (as `kubectl rollout undo` renumbers it), so the numbers read as the order they
@@ -35,9 +35,13 @@ REVISION_KIND = "ControllerRevision"
 COMPONENT = "revision"
 
 
+# Top-level spec fields that size or pace the fleet rather than configure its instances.
+SIZING = ("rollout", "replicas", "scaling")
+
+
 def revision_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The configuration part of a spec (wire form): all of it but `rollout` and the replicas."""
-    out = {k: v for k, v in spec.items() if k != "rollout"}
+    """The configuration part of a spec (wire form): all of it but `SIZING` and the roles' replicas."""
+    out = {k: v for k, v in spec.items() if k not in SIZING}
     for role in ROLES:
         if isinstance(out.get(role), Mapping):
             out[role] = {k: v for k, v in out[role].items() if k != "replicas"}
@@ -49,14 +53,16 @@ def revision_hash(spec: HybridServingSpec) -> str:
 
 
 def restore(live: Mapping[str, Any], revision: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec a rollback writes: the revision's configuration with the live rollout and replicas.
+    """The spec a rollback writes: the revision's configuration with the live sizing (rollout,
+    replicas, total, scaler).
 
     Rolling back changes what runs, not how many or how carefully: a canary or pause set on the
     live spec holds the way back as it held the way forward.
     """
     out = dict(revision_spec(revision))
-    if "rollout" in live:
-        out["rollout"] = live["rollout"]
+    for key in SIZING:
+        if key in live:
+            out[key] = live[key]
     for role in ROLES:
         replicas = (live.get(role) or {}).get("replicas")
         if replicas is not None:
