@@ -4,8 +4,8 @@ A revision is the spec less what configures no instance: `rollout` (how to roll,
 the replica counts, the fleet's total and its scaler (scaling is not a new configuration), as
 a Deployment's revision is its pod template and not its replicas or strategy. Its name is
 `<fleet>-<hash>`; its number grows with every configuration applied, and going back to an
-earlier one records that revision again as the newest (as `kubectl rollout undo` renumbers it), so the numbers read as the order they
-were run in.
+earlier one records that revision again as the newest (as `kubectl rollout undo` renumbers
+it), so the numbers read as the order they were run in.
 Each instance carries the hash of the revision its spec was rolled to (`LABEL_REVISION`), so
 which revision runs where is observable after a restart.
 """
