@@ -227,6 +227,16 @@ def test_allowed_images_reach_the_operator() -> None:
     assert not [a for a in operator_container(render())["args"] if a.startswith("--allowed-image")]
 
 
+def test_the_default_engine_image_is_a_chart_value_pinned_by_tag_or_digest() -> None:
+    from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
+
+    assert f"--default-engine-image={DEFAULT_ENGINE_IMAGE}" in operator_container(render())["args"]
+    digest = "sha256:" + "a" * 64
+    args = operator_container(render("engineImage.repository=registry.example/serving/engine",
+                                     f"engineImage.digest={digest}"))["args"]
+    assert f"--default-engine-image=registry.example/serving/engine@{digest}" in args
+
+
 # ------------------------------------------------------------------------------------------ RBAC
 
 

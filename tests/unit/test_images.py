@@ -13,6 +13,7 @@ import re
 import shlex
 import tomllib
 
+import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -156,8 +157,12 @@ def test_dockerignore_admits_only_what_pip_needs() -> None:
 
 def test_default_engine_image_is_the_one_with_the_launcher() -> None:
     """Pods run `hybridserving-engine`; SGLang's own image lacks it, so the default must be ours."""
-    from hybridserving.api.v1alpha1 import EngineSpec
+    from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, EngineSpec
 
-    default = EngineSpec().image
+    assert EngineSpec().image is None, "unset: the operator's default (the chart's engineImage value)"
+    default = DEFAULT_ENGINE_IMAGE
     assert not default.startswith("lmsysorg/")
     assert f"-t {default} ." in ENGINE.read_text()
+    values = yaml.safe_load((ROOT / "charts" / "hybridserving" / "values.yaml").read_text())
+    assert f"{values['engineImage']['repository']}:{values['engineImage']['tag']}" == default, (
+        "the chart pins the same engine image as the release")

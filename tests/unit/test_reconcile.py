@@ -371,3 +371,26 @@ def test_images_outside_the_allow_list_are_refused_naming_the_field() -> None:
     assert ok.valid, ok.message()
     _, anything = validate({**body, "spec": {**SPEC, "engine": {"image": "evil.example/miner:1"}}}, EnginePolicy())
     assert anything.valid, "no allow-list: any image (the chart documents the risk)"
+
+
+def test_a_fleet_naming_no_engine_image_runs_the_operators_default_and_is_checked_against_the_allow_list() -> None:
+    from hybridserving.controller.reconcile import validate
+    from hybridserving.core.privileges import EnginePolicy
+    from support.apiserver import FakeCluster
+
+    body = {"apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
+            "metadata": {"name": "dflt", "namespace": "default", "uid": "u"}, "spec": dict(SPEC)}
+    policy = EnginePolicy(default_image="registry.example/serving/engine:9",
+                          allowed_images=("registry.example/", "lightseekorg/smg:"))
+    hs, checked = validate(body, policy)
+    assert hs is not None and checked.valid, checked.message()
+    cluster = FakeCluster()
+    for _ in range(3):  # configs and instances, then pods
+        cluster.reconcile(hs)
+    images = {c["image"] for pod in cluster.pods().values() for c in pod["spec"]["containers"]}
+    assert images == {"registry.example/serving/engine:9"}
+    named, _ = validate({**body, "spec": {**SPEC, "engine": {"image": "registry.example/own:1"}}}, policy)
+    assert named is not None and named.spec.engine.image == "registry.example/own:1", "the fleet's own wins"
+    _, refused = validate(body, EnginePolicy(default_image="elsewhere.example/engine:1",
+                                             allowed_images=("registry.example/", "lightseekorg/smg:")))
+    assert [i.path for i in refused.errors] == ["spec.engine.image"]

@@ -50,6 +50,15 @@ app.kubernetes.io/part-of: hybridserving
 {{- end }}
 {{- end }}
 
+{{/* The engine image of fleets that name none: the digest wins over the tag. */}}
+{{- define "hybridserving.engineImage" -}}
+{{- if .Values.engineImage.digest }}
+{{- printf "%s@%s" .Values.engineImage.repository .Values.engineImage.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.engineImage.repository .Values.engineImage.tag }}
+{{- end }}
+{{- end }}
+
 {{/* The namespaces to reconcile, as a list: watchNamespaces, or the release namespace. */}}
 {{- define "hybridserving.namespaces" -}}
 {{- $namespaces := .Values.watchNamespaces | default (list .Release.Namespace) | uniq }}

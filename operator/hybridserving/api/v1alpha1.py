@@ -103,13 +103,19 @@ class EnvVar(ApiModel):
         return {"name": self.name, "value": self.value or ""}
 
 
+DEFAULT_ENGINE_IMAGE = "hybridserving/engine:0.1.0-sglang0.5.23"
+"""The engine image built from images/engine/Dockerfile for this release; the chart's
+`engineImage` value overrides it for every fleet that names none."""
+
+
 class EngineSpec(ApiModel):
-    image: str = Field(
-        default="hybridserving/engine:0.1.0-sglang0.5.23",
+    image: str | None = Field(
+        default=None,
         min_length=1,
         max_length=512,
         description="Engine image: SGLang plus the hybridserving-engine launcher (images/engine/Dockerfile); "
-        "pin it by tag or digest.",
+        "pin it by tag or digest. Unset: the operator's default engine image (chart value engineImage), so "
+        "the platform team pins one image for every fleet that names none.",
     )
     sglang_version: str = Field(
         default="0.5.23",
@@ -536,6 +542,11 @@ class HybridServingSpec(ApiModel):
 
     def role(self, role: Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
+
+    def engine_image(self) -> str:
+        """The image engine pods run: the fleet's own, else this release's (a fleet the operator
+        reads already carries the operator's default: `core.privileges.with_default_image`)."""
+        return self.engine.image or DEFAULT_ENGINE_IMAGE
 
     def total_instances(self) -> int:
         """The fleet's size: `replicas` when something scales it, else the two roles' replicas."""

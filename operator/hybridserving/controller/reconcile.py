@@ -138,6 +138,7 @@ def validate(
             for e in exc.errors()
         )
         return None, Validation(issues=(), parse_error=errors)
+    hs = privileges.with_default_image(hs, engine_policy)
     issues = [*layout.validate(hs.spec), *surface.check(hs.spec), *privileges.check(hs.spec, engine_policy)]
     return hs, Validation(issues=issues)
 

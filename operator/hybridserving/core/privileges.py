@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridserving.api.v1alpha1 import HybridServingSpec
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, HybridServing, HybridServingSpec
 from hybridserving.core.layout import LayoutIssue
 
 
@@ -19,13 +19,24 @@ class EnginePolicy:
 
     `allowed_images` are prefixes an engine or router image must start with (empty: any);
     `operator_namespace` is where the operator's pods run, the one namespace outside the
-    fleet's whose operator pods may reach the engines.
+    fleet's whose operator pods may reach the engines; `default_image` is the engine image of a
+    fleet that names none.
     """
 
     allow_host_network: bool = False
     allow_ipc_lock: bool = False
     allowed_images: tuple[str, ...] = ()
     operator_namespace: str | None = None
+    default_image: str = DEFAULT_ENGINE_IMAGE
+
+
+def with_default_image(hs: HybridServing, policy: EnginePolicy) -> HybridServing:
+    """The fleet with the operator's default engine image where it names none, so that what is
+    planned, hashed and checked against `allowed_images` is the image that will run."""
+    if hs.spec.engine.image is not None:
+        return hs
+    engine = hs.spec.engine.model_copy(update={"image": policy.default_image})
+    return hs.model_copy(update={"spec": hs.spec.model_copy(update={"engine": engine})})
 
 
 def needs_ipc_lock(spec: HybridServingSpec) -> bool:
@@ -55,7 +66,7 @@ def check(spec: HybridServingSpec, policy: EnginePolicy) -> list[LayoutIssue]:
             rule="engine-ipc-lock-allowed",
             severity="error",
         ))
-    for path, image in (("spec.engine.image", spec.engine.image), ("spec.router.image", spec.router.image)):
+    for path, image in (("spec.engine.image", spec.engine_image()), ("spec.router.image", spec.router.image)):
         if policy.allowed_images and not any(image.startswith(prefix) for prefix in policy.allowed_images):
             issues.append(LayoutIssue(
                 path=path,

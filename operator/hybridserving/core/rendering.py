@@ -244,7 +244,7 @@ def pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instanc
         "name": ENGINE_CONTAINER,
         # The launcher's last log line (a crash loop's last exit) becomes the termination message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "image": spec.engine.image,
+        "image": spec.engine_image(),
         "command": list(ENGINE_COMMAND),
         "env": env,
         "ports": container_ports,

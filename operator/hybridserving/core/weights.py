@@ -108,7 +108,7 @@ def render(spec: HybridServingSpec) -> PodWeights:
     volume = {"name": VOLUME, "hostPath": {"path": w.node_cache_path, "type": "DirectoryOrCreate"}}
     fill = {
         "name": FILL_CONTAINER,
-        "image": spec.engine.image,
+        "image": spec.engine_image(),
         "command": list(FILL_COMMAND),
         "env": [
             {"name": "HYBRIDSERVING_WEIGHTS_REPO", "value": w.location},
