@@ -469,10 +469,10 @@ class EngineAccess:
 def _network_policy(hs: HybridServing, access: EngineAccess, owner: dict[str, Any]) -> dict[str, Any]:
     """Only the fleet's own ranks, its router and the operator may reach engine ports.
 
-    Engines serve control endpoints without authentication (`/pd_role_switch`,
-    `/pause_generation`, `/abort_request`), so reachability is the access control: ranks of
-    the fleet talk to each other on any port (collectives pick their own), the router on the
-    HTTP port, the operator on the HTTP and launcher ports. Ports are named, so the policy
+    Engines serve control endpoints (`/pd_role_switch`, `/pause_generation`, `/abort_request`)
+    that the fleet's API key guards (`core.enginekey`); reachability is the layer before it:
+    ranks of the fleet talk to each other on any port (collectives pick their own), the router
+    on the HTTP port, the operator on the HTTP and launcher ports. Ports are named, so the policy
     follows per-instance ports on the host network. Enforcement needs a CNI that implements
     NetworkPolicy, and host-network pods are outside any policy (docs/security.md).
     """
