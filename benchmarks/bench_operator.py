@@ -213,7 +213,7 @@ def bench_single_fleet(instances: int) -> dict[str, Any]:
         # Steady state: reconcile in-process through a counting client; the operator keeps running.
         kube = Kube(api)
         for _ in range(3):
-            reconcile(kube, "bench", "big")
+            reconcile(kube, "bench", "big", operator_key=operator_key(cluster).encode())
         steady_writes = sum(kube.writes.values())
         op_writes_before = op.metric("hybridserving_actions_total")
         time.sleep(20)

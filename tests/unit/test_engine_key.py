@@ -76,6 +76,19 @@ def test_a_steady_fleet_does_not_rewrite_its_secret(api: MemoryApi) -> None:
     assert api.writes[("apply", "Secret")] == before
 
 
+def test_a_deleted_secret_comes_back_while_the_fleet_is_not_ready(api: MemoryApi) -> None:
+    """A container restarted without its Secret cannot start (its env references it): the fleet is
+    then not Ready, and the next pass writes the Secret again although it plans nothing else."""
+    settle(api)
+    del api.store[("Secret", "fleet-engine-key")]
+    for obj in api.store.values():
+        if obj.get("kind") == "Pod":
+            obj["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    rec.reconcile(api, NS, "fleet")  # the status turns not Ready
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.actions == [] and ("Secret", "fleet-engine-key") in api.store
+
+
 def test_someone_elses_secret_of_that_name_is_not_taken_over(api: MemoryApi) -> None:
     api.store[("Secret", "fleet-engine-key")] = {"metadata": {"name": "fleet-engine-key"}, "data": {"x": "eQ=="}}
     outcome = rec.reconcile(api, NS, "fleet")

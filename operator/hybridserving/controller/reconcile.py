@@ -346,10 +346,12 @@ def write_engine_key(kube: Kube, namespace: str, meta: dict[str, Any], operator_
     """Apply the fleet's engine-key Secret (`core.enginekey`) before the writes that read it.
 
     Never read back (the operator has no Secret reads): applied by every pass that writes
-    anything, ahead of those writes, so a pod or router created or changed finds it; a steady
-    fleet's passes write nothing. An apply that changes nothing is a no-op for the apiserver, one
-    that finds the key edited puts it back, and one that meets someone else's Secret by that name
-    fails (409, the fields have another manager) instead of taking it over.
+    anything, ahead of those writes, so a pod or router created or changed finds it, and by every
+    pass over a fleet that is not Ready, so a deleted Secret that keeps a restarted container from
+    starting comes back; a Ready fleet's idle passes write nothing. An apply that changes nothing
+    is a no-op for the apiserver, one that finds the key edited puts it back, and one that meets
+    someone else's Secret by that name fails (409, the fields have another manager) instead of
+    taking it over.
     """
     name = meta["name"]
     secret_meta = {
@@ -411,7 +413,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
     if desired is not None:
         outcome.actions = planner.diff(desired, observed)
         todo = plan_hook(outcome.actions) if plan_hook else outcome.actions
-        if todo:
+        if todo or (body.get("status") or {}).get("ready") != "True":
             write_engine_key(kube, namespace, meta, operator_key, outcome)
         owners = {meta["uid"]} | {i.uid for i in observed.instances.values()}
         act(kube, namespace, todo, outcome, owners)
