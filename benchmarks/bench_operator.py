@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "operator"))
 from hybridserving.controller.kube import Kube  # noqa: E402
 from hybridserving.controller.reconcile import reconcile  # noqa: E402
 from hybridserving.devcluster import Cluster, FleetSpec  # noqa: E402
+from hybridserving.devcluster.stack import operator_key  # noqa: E402
 
 GROUP, VERSION = "hybridserving.io", "v1alpha1"
 
@@ -68,7 +69,8 @@ class OperatorProcess:
     def __init__(self, cluster: Cluster, workers: int) -> None:
         self.metrics_port = free_port()
         self.log = cluster.dir / "operator.log"
-        env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONPATH=str(ROOT / "operator"))
+        env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONPATH=str(ROOT / "operator"),
+                   HYBRIDSERVING_OPERATOR_KEY=operator_key(cluster))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hybridserving.controller", "--metrics-port", str(self.metrics_port),
              "--workers", str(workers)],
@@ -211,7 +213,7 @@ def bench_single_fleet(instances: int) -> dict[str, Any]:
         # Steady state: reconcile in-process through a counting client; the operator keeps running.
         kube = Kube(api)
         for _ in range(3):
-            reconcile(kube, "bench", "big")
+            reconcile(kube, "bench", "big", operator_key=operator_key(cluster).encode())
         steady_writes = sum(kube.writes.values())
         op_writes_before = op.metric("hybridserving_actions_total")
         time.sleep(20)

@@ -39,6 +39,7 @@ from hybridserving.contract import (
     CONFIG_DIR,
     ENV_CONFIG_DIR,
     ENV_DRAIN_TIMEOUT_S,
+    ENV_ENGINE_API_KEY,
     ENV_LAUNCHER_PORT,
     ENV_NODE_RANK,
     ENV_ROLE_FILE,
@@ -47,6 +48,7 @@ from hybridserving.contract import (
     ROLE_CONFIG_KEYS,
     ROLE_FILE,
     ROLES,
+    bearer,
     fill_placeholders,
     inflight_requests,
     placeholder_env,
@@ -182,6 +184,7 @@ class Settings:
     crash_loop_restarts: int = 5
     crash_loop_exit: bool = True
     preflight: str = "enforce"
+    api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -207,6 +210,7 @@ class Settings:
             crash_loop_restarts=int(e.get("HYBRIDSERVING_CRASH_LOOP_RESTARTS", "5")),
             crash_loop_exit=e.get("HYBRIDSERVING_CRASH_LOOP_EXIT", "1") != "0",
             preflight=e.get("HYBRIDSERVING_PREFLIGHT", "enforce"),
+            api_key=e.get(ENV_ENGINE_API_KEY) or None,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if values["backend"] not in ("sglang", "simulator"):
@@ -389,7 +393,9 @@ class Launcher:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+            # The engine answers only with the fleet's key (`--api-key`, below); /ready would without.
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
+                                                  headers=bearer(self.settings.api_key))
         return self._session
 
     # ---- engine process
@@ -403,6 +409,10 @@ class Launcher:
         self.argv = fill_pod_values(config.argv_for(self.settings.node_rank), os.environ, self.settings.node_rank)
         cmd = self.command(self.settings.backend, self.argv)
         log.info("starting engine as %s (node rank %d): %s", role, self.settings.node_rank, " ".join(cmd))
+        if self.settings.api_key:
+            # Appended here, after the log line, so the key is in no ConfigMap, log or status: SGLang
+            # then asks it of every caller but probes and scrapers (utils/auth.py:98-151).
+            cmd += ["--api-key", self.settings.api_key]
         self.proc = await asyncio.create_subprocess_exec(*cmd, start_new_session=True)
         self.role = role
         self.engine_healthy = False

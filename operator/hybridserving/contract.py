@@ -49,6 +49,9 @@ ENV_ROLE_FILE = "HYBRIDSERVING_ROLE_FILE"
 ENV_NODE_RANK = "HYBRIDSERVING_NODE_RANK"
 ENV_DRAIN_TIMEOUT_S = "HYBRIDSERVING_DRAIN_TIMEOUT_S"
 ENV_LAUNCHER_PORT = "HYBRIDSERVING_LAUNCHER_PORT"
+# The fleet's engine API key, from the Secret the operator writes (`core.enginekey`): the launcher
+# passes it to SGLang as `--api-key` and sends it on its own calls; never in the rendered argv.
+ENV_ENGINE_API_KEY = "HYBRIDSERVING_ENGINE_API_KEY"
 ENV_PREFIX = "HYBRIDSERVING_"
 """`HYBRIDSERVING_<PLACEHOLDER>` carries the value of each placeholder below."""
 
@@ -64,6 +67,11 @@ PLACEHOLDERS: dict[str, str] = {
 # `<CONFIG_DIR>/<role>.json`: {"nnodes": N, "argv": [...]} or {"nnodes": N, "ranks": [[...], ...]},
 # optionally "decode_cuda_graph_memory_gb" (sent with `POST /pd_role_switch` to decode).
 ROLE_CONFIG_KEYS = frozenset({"nnodes", "argv", "ranks", "decode_cuda_graph_memory_gb"})
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The header SGLang checks (`utils/auth.py:108-117`: `Authorization: Bearer <key>`); none without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def placeholder_env(name: str) -> str:

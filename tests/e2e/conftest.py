@@ -278,14 +278,14 @@ def pod_runner(local_cluster, tmp_path_factory: pytest.TempPathFactory):
 def discovering_router(local_cluster, tmp_path: pathlib.Path):
     """Run the router the operator rendered: `discovering_router(namespace, deployment)` binds the
     Deployment's `smg` arguments to 127.0.0.1 on free ports, points the router's Kubernetes client at
-    the local cluster and returns its URL once it answers."""
+    the local cluster and returns it once it answers (its URL, and the fleet's key its clients send)."""
     from hybridserving.devcluster import stack
 
     routers: list[stack.Router] = []
 
-    def start(namespace: str, deployment: str) -> str:
+    def start(namespace: str, deployment: str) -> stack.Router:
         routers.append(stack.start_router(local_cluster, namespace, deployment, tmp_path / f"router{len(routers)}.log"))
-        return routers[-1].url
+        return routers[-1]
 
     yield start
     for router in routers:

@@ -17,12 +17,16 @@ out) and names the instance the fault hit. The scenarios:
 * **crash-looping engine**: a prefill engine that exits at every start (a fault file the simulator
   reads at start-up) until its instance says CrashLoop, in status, in the fleet's Degraded condition
   and in an Event; then the fault is lifted and the next restart serves;
-* **hostile endpoint call**: the rendered NetworkPolicy does not admit a pod outside the fleet. The
-  local cluster has no CNI that enforces NetworkPolicy, so the call itself is not made (it would
-  pause the engine): only the policy's selection is checked, against the live pods.
+* **hostile endpoint calls from another pod**: a process without the fleet's engine key (this test,
+  which like any pod on a cluster without an enforcing CNI reaches every engine port: the local
+  cluster has no such CNI) calls `/pause_generation` (abort) and `/pd_role_switch` on every engine,
+  without a key and with a wrong one: every call is refused (401), no client request fails and
+  every engine keeps its role. The rendered NetworkPolicy, the other layer, is checked against the
+  live pods: it selects them all and admits no pod outside the fleet.
 
 The target (zero lost except requests already running on an engine that a scenario stops) is
-asserted where it holds by design: a manual role edit and an operator kill lose nothing. The other
+asserted where it holds by design: a manual role edit, an operator kill and hostile calls lose
+nothing. The other
 scenarios' losses are reported with the instance named; each must recover and keep serving. The
 report is printed and written as JSON ($HYBRIDSERVING_CHAOS_REPORT, default
 /tmp/hybridserving-chaos.json).
@@ -43,6 +47,7 @@ import httpx
 import pytest
 import yaml
 
+from hybridserving.devcluster.stack import Router
 from support.polling import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -78,7 +83,7 @@ def fleet_manifest(faults_file: pathlib.Path) -> dict:
 class Load:
     """Closed-loop clients through the router; failed = an error answer, lost = no answer."""
 
-    def __init__(self, router: str) -> None:
+    def __init__(self, router: Router) -> None:
         self.router = router
         self.stop_event = threading.Event()
         self.sent = self.ok = 0
@@ -90,12 +95,12 @@ class Load:
             t.start()
 
     def _client(self) -> None:
-        with httpx.Client(timeout=CLIENT_TIMEOUT_S, trust_env=False) as client:
+        with httpx.Client(timeout=CLIENT_TIMEOUT_S, trust_env=False, headers=self.router.headers) as client:
             while not self.stop_event.is_set():
                 with self.lock:
                     self.sent += 1
                 try:
-                    resp = client.post(self.router + "/v1/completions",
+                    resp = client.post(self.router.url + "/v1/completions",
                                        json={"model": MODEL, "prompt": PROMPT, "max_tokens": 16})
                 except httpx.HTTPError as e:
                     with self.lock:
@@ -129,7 +134,7 @@ class Outcome:
 class Chaos:
     """The fleet under test and the means to hurt it."""
 
-    def __init__(self, cluster, router: str, operator: OperatorHandle, faults_file: pathlib.Path) -> None:
+    def __init__(self, cluster, router: Router, operator: OperatorHandle, faults_file: pathlib.Path) -> None:
         self.cluster, self.router, self.operator, self.faults_file = cluster, router, operator, faults_file
         self.outcomes: list[Outcome] = []
 
@@ -147,6 +152,10 @@ class Chaos:
     def roles(self) -> dict[str, str]:
         return {i["metadata"]["name"]: i["spec"]["role"] for i in self.json("get", "hybridservinginstances")["items"]}
 
+    def engine_url(self, instance: str, leader: dict) -> str:
+        port = self.json("get", "hybridservinginstance", instance)["spec"]["ports"]["http"]
+        return f"http://{leader['status']['podIP']}:{port}"
+
     def victim(self) -> str:
         """An instance of the role that has most: the fleet keeps serving both roles meanwhile."""
         roles = self.roles()
@@ -156,7 +165,8 @@ class Chaos:
     def serving(self) -> bool:
         """Every instance ready, routed by its role, and healthy in the router."""
         try:
-            workers = httpx.get(self.router + "/workers", timeout=5, trust_env=False).json()["workers"]
+            workers = httpx.get(self.router.url + "/workers", headers=self.router.headers, timeout=5,
+                                trust_env=False).json()["workers"]
         except httpx.HTTPError:
             return False
         healthy = sorted(w["worker_type"] for w in workers if w.get("is_healthy"))
@@ -269,6 +279,31 @@ def _scenarios(chaos: Chaos) -> None:
     killed = chaos.run("operator kill", "zero lost", kill_operator)
     assert killed.failed == 0 and killed.lost == 0, killed
 
+    def hostile_calls() -> list[str]:
+        roles = chaos.roles()
+        answers: list[tuple[int, dict]] = []
+        for name, pod in chaos.leaders().items():
+            engine = chaos.engine_url(name, pod)
+            other = "decode" if roles[name] == "prefill" else "prefill"
+            for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+                for path, body in (("/pause_generation", {"mode": "abort"}), ("/pd_role_switch", {"new_role": other})):
+                    resp = httpx.post(engine + path, json=body, headers=headers, timeout=10, trust_env=False)
+                    answers.append((resp.status_code, resp.json()))
+        assert len(answers) == 4 * len(roles) and set(map(json.dumps, answers)) == {
+            json.dumps([401, {"error": "Unauthorized"}])}, answers
+        time.sleep(2)  # what a paused engine or a switched role would show by now
+        assert chaos.roles() == roles
+        for name, pod in chaos.leaders().items():
+            engine = chaos.engine_url(name, pod)
+            live = httpx.get(engine + "/model_info", headers=chaos.router.headers, timeout=5, trust_env=False).json()
+            assert live["disaggregation_mode"] == roles[name], (name, live)
+            assert httpx.get(engine + "/ready", timeout=5, trust_env=False).status_code == 200, f"{name} paused"
+        return [f"{len(answers)} calls to {len(roles)} engines without the key: all 401; every engine kept its "
+                "role and kept serving"]
+
+    hostile = chaos.run("hostile endpoint calls from another pod", "refused, zero failed", hostile_calls)
+    assert hostile.failed == 0 and hostile.lost == 0, hostile
+
     def delete_pod() -> list[str]:
         victim = chaos.victim()
         chaos.kubectl("delete", "pod", f"{victim}-0", "--wait=false")
@@ -334,7 +369,8 @@ def _scenarios(chaos: Chaos) -> None:
         outcome = chaos.run(scenario, "lost only what ran on the engine it stopped", hurt)
         assert outcome.ok > 0, outcome
 
-    # Hostile call: the policy selects every engine pod and admits no pod outside the fleet.
+    # The other layer against hostile calls: the policy selects every engine pod and admits no pod
+    # outside the fleet (where a CNI enforces it).
     policy = chaos.json("get", "networkpolicy", "chaos-engines")["spec"]
     selector = policy["podSelector"]["matchLabels"]
     pods = chaos.json("get", "pods", "-l", ",".join(f"{k}={v}" for k, v in selector.items()))["items"]
@@ -343,10 +379,7 @@ def _scenarios(chaos: Chaos) -> None:
     admitted = [peer for rule in policy["ingress"] for peer in rule["from"]
                 if all(stranger.get(k) == v for k, v in peer["podSelector"]["matchLabels"].items())]
     assert admitted == []
-    chaos.outcomes.append(Outcome("hostile endpoint call", "blocked by policy", 0, 0, 0, 0, 0.0,
-                                  ["not run: no CNI enforces NetworkPolicy locally; the policy admits only the "
-                                   "fleet's engines, its router and the operator"]))
     print("\n[chaos] summary")
     for o in chaos.outcomes:
-        print(f"  {o.scenario:22s} sent {o.sent:5d}  ok {o.ok:5d}  failed {o.failed:3d}  lost {o.lost:3d}  "
+        print(f"  {o.scenario:40s} sent {o.sent:5d}  ok {o.ok:5d}  failed {o.failed:3d}  lost {o.lost:3d}  "
               f"serving again after {o.recovered_s:5.1f} s")

@@ -26,7 +26,7 @@ import yaml
 
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import PROFILES
-from hybridserving.devcluster.stack import launcher_url
+from hybridserving.devcluster.stack import Router, launcher_url
 from support.completions import complete, stream_completion
 from support.polling import wait_for
 from support.scrape import metric_sum
@@ -84,7 +84,7 @@ def metrics_of(url: str) -> str:
 class Fleet:
     """The applied fleet as the tests see it: its leader pods, their engines, the router."""
 
-    def __init__(self, cluster, namespace: str, router: str) -> None:
+    def __init__(self, cluster, namespace: str, router: Router) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.router = router
@@ -109,7 +109,7 @@ class Fleet:
 
     def router_workers(self) -> dict[str, str]:
         """URL → worker type of the healthy workers the router holds."""
-        workers = get_json(self.router + "/workers")["workers"]
+        workers = httpx.get(self.router.url + "/workers", headers=self.router.headers, timeout=5).json()["workers"]
         return {w["url"]: w["worker_type"] for w in workers if w.get("is_healthy")}
 
     def serving(self) -> bool:
@@ -153,9 +153,9 @@ def test_requests_split_between_prefill_and_decode_pods_with_model_latencies(ser
     # One request first: the router's first request to a newly discovered worker pays for its
     # connections and health bookkeeping (a health check of SGLang's /health takes a second,
     # entrypoints/http_server.py:720-797), which is no part of the engine's latency.
-    stream(f.router, chat=False)
+    stream(f.router.url, headers=f.router.headers, chat=False)
     for chat in (False, True):
-        ttft, arrivals, text = stream(f.router, chat=chat)
+        ttft, arrivals, text = stream(f.router.url, headers=f.router.headers, chat=chat)
         assert text.split() == [f"tok{i}" for i in range(OUTPUT_TOKENS)]
         assert ttft >= expected_ttft * 0.95, f"TTFT {ttft:.3f} s, model {expected_ttft:.3f} s"
         tpot = (arrivals[-1] - arrivals[0]) / (OUTPUT_TOKENS - 1)
@@ -164,7 +164,7 @@ def test_requests_split_between_prefill_and_decode_pods_with_model_latencies(ser
               f"TPOT {tpot * 1000:.1f} ms (model {expected_tpot * 1000:.1f})")
 
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda i: ask(f.router, chat=i % 2 == 1), range(8)))
+        answers = list(pool.map(lambda i: ask(f.router.url, headers=f.router.headers, chat=i % 2 == 1), range(8)))
     assert all(a["usage"]["completion_tokens"] == OUTPUT_TOKENS for a in answers)
 
     requests = 11  # the warm-up, two measured streams and eight concurrent requests
@@ -199,7 +199,7 @@ def test_crashed_engine_leaves_the_router_and_comes_back(serving_fleet: Fleet):
     wait_for(lambda: url not in f.router_workers(), UNREADY_WITHIN_S, f"the router to drop {url}")
     dropped = time.monotonic() - crashed
     # Meanwhile the other decode pod serves.
-    assert ask(f.router)["usage"]["completion_tokens"] == OUTPUT_TOKENS
+    assert ask(f.router.url, headers=f.router.headers)["usage"]["completion_tokens"] == OUTPUT_TOKENS
     wait_for(lambda: f.ready(f.pod(name)), 30, f"{name} to be ready again")
     ready_again = time.monotonic() - crashed
     wait_for(lambda: f.router_workers().get(url) == "decode", ROUTER_RESYNC_S, f"the router to take {url} back")
@@ -207,7 +207,7 @@ def test_crashed_engine_leaves_the_router_and_comes_back(serving_fleet: Fleet):
           f"ready again after {ready_again:.1f} s, back in the router after {time.monotonic() - crashed:.1f} s")
     # The launcher restarted its engine; the container itself never exited.
     assert f.pod(name)["status"]["containerStatuses"][0]["restartCount"] == 0
-    assert ask(f.router, chat=True)["usage"]["completion_tokens"] == OUTPUT_TOKENS
+    assert ask(f.router.url, headers=f.router.headers, chat=True)["usage"]["completion_tokens"] == OUTPUT_TOKENS
 
 
 def test_killed_launcher_is_restarted_and_counted(serving_fleet: Fleet):
@@ -234,7 +234,8 @@ def test_pod_deleted_under_load_finishes_its_requests(serving_fleet: Fleet):
     name, url, uid = victim["metadata"]["name"], f.engine_url(victim), victim["metadata"]["uid"]
     long_output = 256
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(stream, f.router, chat=i % 2 == 1, max_tokens=long_output) for i in range(8)]
+        futures = [pool.submit(stream, f.router.url, headers=f.router.headers, chat=i % 2 == 1,
+                               max_tokens=long_output) for i in range(8)]
         wait_for(lambda: metric_sum(metrics_of(url), "sglang:num_running_reqs") > 0, 10,
                  f"requests running on {name}")
         held = metric_sum(metrics_of(url), "sglang:num_running_reqs")

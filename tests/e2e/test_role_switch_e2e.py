@@ -91,7 +91,8 @@ def test_policy_switches_a_decode_instance_to_prefill_in_place_under_load(
         assert (launcher["role"], launcher["lastSwitch"]["mode"], launcher["engine"]["restarts"]) == (
             "decode", "in-place", 0)
         engine = f"http://{leader['status']['podIP']}:{launcher['engine']['url'].rsplit(':', 1)[1]}"
-        assert httpx.get(engine + "/model_info", timeout=5, trust_env=False).json()["disaggregation_mode"] == "decode"
+        assert httpx.get(engine + "/model_info", headers=f.router.headers, timeout=5,
+                         trust_env=False).json()["disaggregation_mode"] == "decode"
     finally:
         tear_down(local_cluster, namespace)
 

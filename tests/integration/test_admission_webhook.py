@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from hybridserving.devcluster import FleetSpec
+from hybridserving.devcluster.stack import operator_key
 from support.cluster_fleet import ROOT
 from support.crds import apply_crds
 from support.polling import wait_for
@@ -38,7 +39,8 @@ class WebhookOperator:
             [sys.executable, "-m", "hybridserving.controller", "--kubeconfig", str(self.cluster.kubeconfig),
              "--metrics-port", "0", "--webhook-port", str(self.port), "--webhook-addr", "127.0.0.1"],
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
-            env=dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), PYTHONUNBUFFERED="1"))
+            env=dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), PYTHONUNBUFFERED="1",
+                     HYBRIDSERVING_OPERATOR_KEY=operator_key(self.cluster)))
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -8,6 +8,7 @@ and pods with no 403 in its log, while the same token is refused what the chart 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import pathlib
@@ -200,9 +201,10 @@ def token_kubeconfig(cluster: Cluster, token: str, path: pathlib.Path) -> pathli
 
 
 @contextlib.contextmanager
-def operator_process(args: list[str], kubeconfig: pathlib.Path, namespace: str,
-                     log: pathlib.Path) -> Iterator[subprocess.Popen]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": namespace}
+def operator_process(args: list[str], kubeconfig: pathlib.Path, namespace: str, log: pathlib.Path,
+                     operator_key: str) -> Iterator[subprocess.Popen]:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": namespace,
+           "HYBRIDSERVING_OPERATOR_KEY": operator_key}
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "hybridserving.controller", *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -262,7 +264,11 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
         cluster.kubectl("apply", "-n", fleet_ns, "-f", str(EXAMPLE))
         custom = client.CustomObjectsApi(api)
         log = tmp_path / "operator.log"
-        with operator_process(container["args"], kubeconfig, release_ns, log) as operator:
+        # The operator's key, as the kubelet hands it over from the chart's Secret (secretKeyRef).
+        key_ref = {e["name"]: e for e in container["env"]}["HYBRIDSERVING_OPERATOR_KEY"]["valueFrom"]["secretKeyRef"]
+        operator_key = base64.b64decode(core_v1.read_namespaced_secret(key_ref["name"], release_ns)
+                                        .data[key_ref["key"]]).decode()
+        with operator_process(container["args"], kubeconfig, release_ns, log, operator_key) as operator:
             def running_and(check):
                 def probe():
                     if operator.poll() is not None:
@@ -282,6 +288,11 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
                             what=f"engine pods in {fleet_ns}; operator log: {log}")
             assert len(instances) >= 4
             assert pods
+            # The fleet's engine key was written with the chart's RBAC, which cannot read it back.
+            assert core_v1.read_namespaced_secret("dsv3-flex-engine-key", fleet_ns).data["api-key"]
+            with pytest.raises(ApiException) as denied:
+                core.read_namespaced_secret("dsv3-flex-engine-key", fleet_ns)
+            assert denied.value.status == 403
             cluster.kubectl("delete", FLEETS, "dsv3-flex", "-n", fleet_ns, "--timeout=60s")
         text = log.read_text()
         assert "Forbidden" not in text, text[-4000:]

@@ -101,6 +101,18 @@ class MemoryApi:
         obj["metadata"]["resourceVersion"] = str(next(self.counter))
         return copy.deepcopy(obj)
 
+    def server_side_apply(self, kind: str, namespace: str, body: dict[str, Any]) -> None:
+        """Server-side apply without force: 409 on an object another manager wrote."""
+        name = body["metadata"]["name"]
+        self._check("apply", kind, name)
+        self.writes[("apply", kind)] += 1
+        obj = self.store.get((kind, name))
+        if obj is not None and not obj["metadata"].get("applied"):
+            raise KubeError(409, "Apply failed with 1 conflict")
+        obj = copy.deepcopy(body)
+        obj["metadata"].update(uid=f"uid-{next(self.counter)}", resourceVersion=str(next(self.counter)), applied=True)
+        self.store[(kind, name)] = obj
+
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
         self._check("delete", kind, name)
         self.writes[("delete", kind)] += 1

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,12 +26,14 @@ class Operator:
 
     def __init__(self, kubeconfig: pathlib.Path, log: pathlib.Path, extra: tuple[str, ...] = ()) -> None:
         self.kubeconfig = kubeconfig
+        self.key = secrets.token_hex(32)  # one operator key for every start: engine keys stay the same
         self.log = log
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1",
+                   HYBRIDSERVING_OPERATOR_KEY=self.key)
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             # As a platform that granted RDMA to engine pods: the examples use it.

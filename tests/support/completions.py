@@ -23,14 +23,14 @@ def _request(chat: bool, model: str, prompt: str, max_tokens: int) -> tuple[str,
 
 
 def stream_completion(url: str, *, model: str, prompt: str, max_tokens: int, chat: bool = False,
-                      timeout: float = 120) -> tuple[float, list[float], str]:
+                      timeout: float = 120, headers: dict[str, str] | None = None) -> tuple[float, list[float], str]:
     """One streaming request: (time to first token, arrival time of each token, text)."""
     path, body = _request(chat, model, prompt, max_tokens)
     body["stream"] = True
     start = time.monotonic()
     arrivals: list[float] = []
     text = ""
-    with httpx.stream("POST", url + path, json=body, timeout=timeout) as resp:
+    with httpx.stream("POST", url + path, json=body, timeout=timeout, headers=headers) as resp:
         assert resp.status_code == 200, resp.read()
         for line in resp.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -47,10 +47,10 @@ def stream_completion(url: str, *, model: str, prompt: str, max_tokens: int, cha
 
 
 def complete(url: str, *, model: str, prompt: str, max_tokens: int, chat: bool = False,
-             timeout: float = 120) -> dict[str, Any]:
+             timeout: float = 120, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """One non-streaming request; the response body."""
     path, body = _request(chat, model, prompt, max_tokens)
-    resp = httpx.post(url + path, json=body, timeout=timeout)
+    resp = httpx.post(url + path, json=body, timeout=timeout, headers=headers)
     assert resp.status_code == 200, resp.text
     answer: dict[str, Any] = resp.json()
     return answer

@@ -14,6 +14,9 @@ from hybridserving.contract import LABEL_ROLE
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_LEADER
 from support.apiserver import NS, FakeCluster, MemoryApi
 
+# The operator's key in the unit tests (tests/unit/conftest.py makes it the default).
+OPERATOR_KEY = b"unit-test-operator-key-0123456789abcdef"
+
 SPEC: dict[str, Any] = {
     "model": {"path": "deepseek-ai/DeepSeek-V3", "profile": "deepseek-v3"},
     "prefill": {"replicas": 2, "layout": {"tp": 8}},

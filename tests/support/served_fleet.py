@@ -15,6 +15,7 @@ import httpx
 import yaml
 
 from hybridserving.devcluster import Cluster
+from hybridserving.devcluster.stack import Router
 from support.polling import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def manifest(name: str, *, backend: str, time_scale: float, startup_seconds: flo
 class Load:
     """Closed-loop clients through the router; every answer is checked."""
 
-    def __init__(self, router: str, clients: int, prompt: str, max_tokens: int, name: str) -> None:
+    def __init__(self, router: Router, clients: int, prompt: str, max_tokens: int, name: str) -> None:
         self.router, self.prompt, self.max_tokens, self.name = router, prompt, max_tokens, name
         self.stop_event = threading.Event()
         self.sent = self.ok = 0
@@ -56,12 +57,12 @@ class Load:
             t.start()
 
     def _client(self) -> None:
-        with httpx.Client(timeout=300, trust_env=False) as client:
+        with httpx.Client(timeout=300, trust_env=False, headers=self.router.headers) as client:
             while not self.stop_event.is_set():
                 with self.lock:
                     self.sent += 1
                 try:
-                    resp = client.post(self.router + "/v1/completions",
+                    resp = client.post(self.router.url + "/v1/completions",
                                        json={"model": MODEL, "prompt": self.prompt, "max_tokens": self.max_tokens})
                     good = resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == self.max_tokens
                     error = "" if good else f"{resp.status_code}: {resp.text[:200]}"
@@ -86,7 +87,7 @@ class Load:
 class FleetUnderTest:
     def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
         self.cluster, self.namespace, self.name = cluster, namespace, name
-        self.router = ""
+        self.router: Router  # set by bring_up, once the operator rendered it
 
     def kubectl_json(self, *args: str) -> dict[str, Any]:
         out: dict[str, Any] = json.loads(self.cluster.kubectl("-n", self.namespace, *args, "-o", "json").stdout)
@@ -98,7 +99,8 @@ class FleetUnderTest:
                 if not p["metadata"].get("deletionTimestamp")}
 
     def router_workers(self) -> Counter[str]:
-        workers = httpx.get(self.router + "/workers", timeout=5, trust_env=False).json()["workers"]
+        workers = httpx.get(self.router.url + "/workers", headers=self.router.headers, timeout=5,
+                            trust_env=False).json()["workers"]
         return Counter(w["worker_type"] for w in workers if w.get("is_healthy"))
 
     def serving(self, prefill: int, decode: int) -> bool:
@@ -121,7 +123,7 @@ class FleetUnderTest:
                       key=lambda e: e["metadata"]["creationTimestamp"])
 
 
-def bring_up(cluster: Cluster, router_fixture: Callable[[str, str], str], namespace: str,
+def bring_up(cluster: Cluster, router_fixture: Callable[[str, str], Router], namespace: str,
              doc: dict[str, Any], serving: tuple[int, int] | None = (1, 2)) -> FleetUnderTest:
     """Apply the fleet, start the router, and wait for `serving` (prefill, decode) leaders in it
     (None: a fleet whose size is the test's subject; the test waits for it)."""

@@ -1,13 +1,15 @@
 """The Helm chart, rendered by the real `helm` binary without a cluster.
 
 What is checked here is what a reviewer of an operator chart looks for first: the operator pod
-meets the Pod Security Standard "restricted", the RBAC has no wildcard and no Secret access,
+meets the Pod Security Standard "restricted", the RBAC has no wildcard and no Secret reads,
 permissions are namespaced except the few read-only cluster ones, engine privileges are explicit
 flags, and values.schema.json turns a wrong value into a failed install rather than a surprise.
 The same chart is installed on a real control plane in tests/integration/test_chart.py.
 """
 
 from __future__ import annotations
+
+import base64
 
 import pytest
 import yaml
@@ -254,11 +256,23 @@ def test_rbac_has_no_wildcards_and_no_privilege_verbs(sets: tuple[str, ...]) -> 
 
 
 @pytest.mark.parametrize("sets", [(), ("watchAllNamespaces=true",)])
-def test_no_secret_access_at_all(sets: tuple[str, ...]) -> None:
+def test_no_secret_reads(sets: tuple[str, ...]) -> None:
+    """Secrets are written (each fleet's engine key, by server-side apply: create and patch), never
+    read: get, list or watch would hand the operator every Secret of the namespace."""
     docs = render(*sets)
-    for role in of_kind(docs, "Role") + of_kind(docs, "ClusterRole"):
-        resources = {r for _, r, _ in permissions(role["rules"])}
-        assert "secrets" not in resources, role["metadata"]["name"]
+    granted = [(role["metadata"]["name"], v) for role in of_kind(docs, "Role") + of_kind(docs, "ClusterRole")
+               for _, r, v in permissions(role["rules"]) if r == "secrets"]
+    assert granted and {v for _, v in granted} == {"create", "patch"}, granted
+
+
+def test_operator_key_is_generated_once_and_reaches_the_operator_by_reference() -> None:
+    docs = render()
+    (secret,) = [d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-operator-key")]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["operator-key"])) >= 32
+    env = {e["name"]: e for e in operator_container(docs)["env"]}
+    assert env["HYBRIDSERVING_OPERATOR_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"], "key": "operator-key"}
 
 
 def operator_cluster_roles(docs: list[dict]) -> list[dict]:

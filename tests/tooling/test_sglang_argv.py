@@ -154,6 +154,19 @@ def test_extra_args_reach_the_parser() -> None:
     assert any(issue.rule == "extra-args-rejected-flag" for issue in validate(spec))
 
 
+def test_the_fleet_key_the_launcher_appends_is_the_api_key() -> None:
+    """The launcher appends `--api-key <key>` from the pod's environment after the rendered argv
+    (hybridserving_engine/launcher.py): SGLang reads it as its API key, and no admin key."""
+    spec = HybridServingSpec.model_validate({
+        "model": {"path": "org/m", "profile": "deepseek-v3"},
+        "prefill": {"layout": {"tp": 8}},
+        "decode": {"layout": {"tp": 8}},
+    })
+    (result,) = parse_many([render_argv(spec, "decode") + ["--api-key", "0123abcd" * 8]])
+    assert isinstance(result, SGLangArgs), str(result)
+    assert (result["api_key"], result["admin_api_key"]) == ("0123abcd" * 8, None)
+
+
 # Abbreviations and spellings of owned and free flags, as an attacker or a typo writes them.
 ABBREVIATIONS = (
     ["--disaggregation-mo", "decode"], ["--tp-si", "4"], ["--hos", "127.0.0.1"], ["--por", "1"], ["--por=1"],

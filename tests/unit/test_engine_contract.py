@@ -130,3 +130,66 @@ def test_prefill_born_engine_needs_decode_graph_memory_to_become_decode_and_keep
         status, body = switch(engine, "prefill")
     assert status == 200 and body["success"] is True
     assert httpx.get(engine + "/model_info", timeout=10).json()["disaggregation_mode"] == "prefill"
+
+
+# ------------------------------------------------------------------------------------------ API keys
+#
+# SGLang started with `--api-key` (HYBRIDSERVING_KEYED_ENGINE_URL and HYBRIDSERVING_ENGINE_API_KEY
+# against a real server). The middleware is utils/auth.py:154-213, installed when a key is set
+# (entrypoints/http_server.py:2887-2898); the decision is `decide_request_auth`, lines 74-151.
+
+API_KEY = os.environ.get("HYBRIDSERVING_ENGINE_API_KEY", "contract-test-key")
+
+
+@pytest.fixture(scope="module")
+def keyed_engine() -> Iterator[str]:
+    url = os.environ.get("HYBRIDSERVING_KEYED_ENGINE_URL")
+    if url:
+        yield url.rstrip("/")
+        return
+    argv = ["--model-path", "zai-org/GLM-5.2-FP8", "--host", "127.0.0.1", "--port", str(free_port()),
+            "--disaggregation-bootstrap-port", str(free_port()), *ARGV, "--api-key", API_KEY]
+    with SimulatorProcess(argv, env=simulator_env(time_scale=0.01)) as sim:
+        sim.wait_ready()
+        yield sim.url
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
+                                     {"Authorization": f"Basic {API_KEY}"}])
+@pytest.mark.parametrize("path, body", [("/pause_generation", {"mode": "abort"}),
+                                        ("/pd_role_switch", {"new_role": "decode"}),
+                                        ("/continue_generation", {}), ("/flush_cache", {})])
+def test_control_endpoints_refuse_a_caller_without_the_key(keyed_engine, path, body, headers):
+    """ADMIN_OPTIONAL routes (http_server.py:1025-1026, 1635-1636, 1831-1832, 1844-1845) take
+    --api-key when no admin key is set (auth.py:133-143), as `Bearer <key>` only (lines 108-117);
+    a refusal is 401 `{"error": "Unauthorized"}` (lines 192-204) and the engine is untouched."""
+    resp = httpx.post(keyed_engine + path, json=body, headers=headers, timeout=30)
+    assert (resp.status_code, resp.json()) == (401, {"error": "Unauthorized"})
+    info = httpx.get(keyed_engine + "/model_info", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+    assert info.json()["disaggregation_mode"] == "prefill"
+    assert httpx.get(keyed_engine + "/ready", timeout=10).status_code == 200, "not paused"
+
+
+@pytest.mark.parametrize("path", ["/v1/loads", "/server_info", "/model_info", "/v1/models"])
+def test_every_other_route_needs_the_key_too(keyed_engine, path):
+    """NORMAL routes need --api-key when it is set (auth.py:145-149): /server_info would hand out
+    the key itself (its resolved args and launch_command, utils/common.py:3584-3593)."""
+    assert httpx.get(keyed_engine + path, timeout=10).status_code == 401
+    ok = httpx.get(keyed_engine + path, headers={"Authorization": f"bearer {API_KEY}"}, timeout=10)
+    assert ok.status_code == 200, "the scheme is case-insensitive (auth.py:115)"
+
+
+@pytest.mark.parametrize("path", ["/ready", "/health", "/metrics"])
+def test_probes_and_scrapes_need_no_key(keyed_engine, path):
+    """`/health*`, `/ready*` and `/metrics*` are always open, for kubelet probes and Prometheus
+    (auth.py:92-106)."""
+    assert httpx.get(keyed_engine + path, timeout=30).status_code == 200
+
+
+def test_the_key_holder_may_switch_roles(keyed_engine):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    resp = httpx.post(keyed_engine + "/pd_role_switch", json={"new_role": "decode", "decode_cuda_graph_memory_gb": 2.0},
+                      headers=headers, timeout=600)
+    assert resp.status_code == 200 and resp.json()["success"], resp.text
+    back = httpx.post(keyed_engine + "/pd_role_switch", json={"new_role": "prefill"}, headers=headers, timeout=600)
+    assert back.status_code == 200 and back.json()["success"], back.text

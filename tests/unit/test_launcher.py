@@ -213,7 +213,8 @@ class Pod:
     """A launcher process running the simulator, configured as the operator would."""
 
     def __init__(self, tmp_path: Path, role: str, switch_flag: bool = True, faults: str = "",
-                 extra: list[str] | None = None, time_scale: float = 0.01, idle_window_s: float = 1.0) -> None:
+                 extra: list[str] | None = None, time_scale: float = 0.01, idle_window_s: float = 1.0,
+                 api_key: str | None = None) -> None:
         self.port, self.bootstrap, self.launcher_port = free_port(), free_port(), free_port()
         for r in ("prefill", "decode"):
             # Like the operator's ConfigMap: per-pod values are placeholders the launcher fills from env.
@@ -228,6 +229,8 @@ class Pod:
                    HYBRIDSERVING_LAUNCHER_HOST="127.0.0.1", HYBRIDSERVING_LAUNCHER_PORT=str(self.launcher_port),
                    HYBRIDSERVING_POLL_INTERVAL_S="0.1", HYBRIDSERVING_DRAIN_TIMEOUT_S="30",
                    HYBRIDSERVING_IDLE_WINDOW_S=str(idle_window_s), HYBRIDSERVING_PORT=str(self.port))
+        if api_key:
+            env["HYBRIDSERVING_ENGINE_API_KEY"] = api_key
         self.log = tmp_path / "launcher.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "hybridserving_engine.launcher", "--backend",
@@ -316,6 +319,22 @@ def test_in_place_switch_drains_then_posts_pd_role_switch(pod):
     assert ('hybridserving_launcher_role_switches_total{from_role="prefill",mode="in-place",outcome="Succeeded",'
             'to_role="decode"} 1.0') in metrics
     assert 'hybridserving_launcher_role{role="decode"} 1.0' in metrics
+
+
+@pytest.mark.slow
+def test_with_the_fleet_key_the_engine_refuses_others_and_the_launcher_still_drains_and_switches(pod):
+    """The key reaches SGLang as --api-key from the pod's environment, not from the rendered argv,
+    and the launcher's own calls (/v1/loads, /pd_role_switch, /model_info) carry it."""
+    key = "fleet-key-0123456789"
+    p = pod("prefill", api_key=key)
+    refused = httpx.post(p.engine + "/pause_generation", json={"mode": "abort"})
+    assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
+    p.role_file.write_text("decode")
+    status = p.wait_switch()
+    assert (status["lastSwitch"]["outcome"], status["role"]) == ("Succeeded", "decode"), status
+    auth = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(p.engine + "/model_info", headers=auth).json()["disaggregation_mode"] == "decode"
+    assert key not in p.log.read_text() and key not in json.dumps(status)
 
 
 @pytest.mark.slow

@@ -51,6 +51,9 @@ class MemoryKube(Kube):
         return self.api.patch(kind, namespace, name, body, resource_version=resource_version, uid=uid,
                               subresource=subresource)
 
+    def server_side_apply(self, kind: str, namespace: str, body: dict[str, Any]) -> None:
+        self.api.server_side_apply(kind, namespace, body)
+
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
         self.api.delete(kind, namespace, name, uid=uid)
 
@@ -148,7 +151,7 @@ def test_a_tick_of_the_switch_controller_reads_the_cache(api: MemoryApi, kube: C
     settle(api, kube)
 
     class NoEngines:
-        def sample_many(self, targets: Any) -> dict[str, Any]:
+        def sample_many(self, targets: Any, api_key: str | None = None) -> dict[str, Any]:
             return {}
 
     switcher = SwitchController(kube.sibling("switch"), NoEngines())

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC
+from support.fleets import OPERATOR_KEY
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
@@ -23,6 +24,7 @@ from hybridserving.controller.engines import EngineSample, Scrape
 from hybridserving.controller.kube import KubeError
 from hybridserving.controller.switching import SwitchController
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
+from hybridserving.core import enginekey
 from hybridserving.core.switching import ANNOTATION_PINNED, ANNOTATION_SWITCH, ANNOTATION_SWITCH_TO
 
 FLEET_SPEC: dict[str, Any] = {
@@ -108,8 +110,10 @@ class FakeEngines:
         self.by_ip: dict[str, FakeEngine] = {}
         self.calls = 0
 
-    def sample_many(self, targets):
+    def sample_many(self, targets, api_key=None):
         self.calls += 1
+        if api_key != enginekey.derive(OPERATOR_KEY, "hs-uid"):
+            return {}  # the engines answer 401 to everything the controller reads
         out = {}
         for name, (engine_url, _launcher_url, switching, scrape) in targets.items():
             ip = engine_url.split("//")[1].split(":")[0]

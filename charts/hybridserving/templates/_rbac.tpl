@@ -3,8 +3,10 @@ The operator's permissions, split by scope. They are the rules of
 operator/hybridserving/controller/rbac.py (tests/tooling/test_chart_static.py renders the chart and
 fails when the two differ); change both together. Namespaced resources are granted per watched
 namespace (a Role), or cluster-wide only with watchAllNamespaces; the ClusterRole holds only
-what exists at cluster scope, read-only. No wildcard, and no Secrets: the operator never reads
-them, and list/watch on Secrets would reveal their contents.
+what exists at cluster scope, read-only. No wildcard, and no Secret reads: the operator never reads
+them, and get/list/watch on Secrets would reveal their contents. It writes one Secret per fleet
+(create and patch, by server-side apply): the engines' API key, which it derives from its own
+key and the fleet's uid instead of storing (docs/security.md).
 */}}
 
 {{/* Rules granted in each watched namespace (a Role), or cluster-wide with watchAllNamespaces. */}}
@@ -65,6 +67,11 @@ them, and list/watch on Secrets would reveal their contents.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Each fleet's engine API key, written (server-side apply), never read: the key is derived, not
+# stored (docs/security.md).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "patch"]
 # An Event for every decision.
 - apiGroups: [""]
   resources: ["events"]

@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disable-radix-cache", action="store_true")
     a("--trust-remote-code", action="store_true")
     a("--api-key", default=None)
+    a("--admin-api-key", default=None)
     a("--log-level", default="info")
     known = set(p._option_string_actions)
     for option, nargs in sglang_flags().items():

@@ -32,6 +32,7 @@ from hybridserving.contract import SGLANG_VERSION
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import resolve_profile
 
+from hybridserving_engine.simulator import auth
 from hybridserving_engine.simulator.args import (
     DEFAULT_CONTEXT_LENGTH,
     FlagError,
@@ -193,7 +194,10 @@ class SimulatorServer:
     # ------------------------------------------------------------------ routes
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = []
+        if self.args.api_key or self.args.admin_api_key:
+            middlewares.append(auth.middleware(self.args.api_key, self.args.admin_api_key))
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         r = app.router
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health)

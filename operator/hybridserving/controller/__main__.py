@@ -73,6 +73,23 @@ def arguments() -> argparse.ArgumentParser:
     return ap
 
 
+OPERATOR_KEY_ENV = "HYBRIDSERVING_OPERATOR_KEY"
+OPERATOR_KEY_MIN_LENGTH = 32
+
+
+def operator_key(env: dict[str, str] | os._Environ[str]) -> bytes:
+    """The secret each fleet's engine key is derived from (core/enginekey.py). It must outlive the
+    process: a new one would change every fleet's key and lock the operator out of running engines
+    until their pods restart. The chart keeps it in a Secret generated once at install."""
+    key = env.get(OPERATOR_KEY_ENV, "")
+    if len(key) < OPERATOR_KEY_MIN_LENGTH:
+        raise SystemExit(
+            f"{OPERATOR_KEY_ENV} must hold at least {OPERATOR_KEY_MIN_LENGTH} characters (it has {len(key)}): "
+            "the chart sets it from the Secret <release>-operator-key; elsewhere set it to a stable random "
+            "value, e.g. `openssl rand -hex 32`, kept across restarts")
+    return key.encode()
+
+
 def engine_policy(args: argparse.Namespace) -> EnginePolicy:
     """What engine pods may be given: only what the flags grant."""
     return EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock, tuple(args.allowed_image),
@@ -86,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         # kopf logs every handled watch event; the reconcile logs what matters.
         logging.getLogger("kopf").setLevel(logging.WARNING)
+    handlers.OPTIONS.operator_key = operator_key(os.environ)
     handlers.OPTIONS.kubeconfig = args.kubeconfig
     if args.kubeconfig:
         # kopf logs in through its own credential hooks, which read KUBECONFIG.

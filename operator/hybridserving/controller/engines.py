@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from hybridserving.contract import inflight_requests
+from hybridserving.contract import bearer, inflight_requests
 from hybridserving.core.policy import InstanceMetrics
 
 TIMEOUT_S = 2.0
@@ -168,14 +168,16 @@ class Engines:
         self.pool.shutdown(wait=False)
         self.client.close()
 
-    def _get(self, url: str, params: Mapping[str, str] | None = None) -> httpx.Response | None:
+    def _get(self, url: str, params: Mapping[str, str] | None = None,
+             api_key: str | None = None) -> httpx.Response | None:
         try:
-            return self.client.get(url, params=params)
+            return self.client.get(url, params=params, headers=bearer(api_key))
         except httpx.HTTPError:
             return None
 
-    def _json(self, url: str, params: Mapping[str, str] | None = None) -> dict[str, Any] | None:
-        resp = self._get(url, params)
+    def _json(self, url: str, params: Mapping[str, str] | None = None,
+              api_key: str | None = None) -> dict[str, Any] | None:
+        resp = self._get(url, params, api_key)
         if resp is None or resp.status_code != 200:
             return None
         try:
@@ -184,19 +186,19 @@ class Engines:
             return None
         return data if isinstance(data, dict) else None
 
-    def loads(self, engine: str) -> dict[str, Any] | None:
-        return self._json(engine + "/v1/loads", {"include": "core,disagg,queues"})
+    def loads(self, engine: str, api_key: str | None = None) -> dict[str, Any] | None:
+        return self._json(engine + "/v1/loads", {"include": "core,disagg,queues"}, api_key)
 
     def health(self, engine: str) -> bool | None:
         """`/ready`: 200 once warmed up, while healthy and not paused (`managers/tokenizer_manager.py:728-734`)."""
         resp = self._get(engine + "/ready")
         return None if resp is None else resp.status_code == 200
 
-    def model_info(self, engine: str) -> dict[str, Any] | None:
-        return self._json(engine + "/model_info")
+    def model_info(self, engine: str, api_key: str | None = None) -> dict[str, Any] | None:
+        return self._json(engine + "/model_info", api_key=api_key)
 
-    def server_info(self, engine: str) -> dict[str, Any] | None:
-        return self._json(engine + "/server_info")
+    def server_info(self, engine: str, api_key: str | None = None) -> dict[str, Any] | None:
+        return self._json(engine + "/server_info", api_key=api_key)
 
     def metrics(self, engine: str) -> Scrape | None:
         resp = self._get(engine + "/metrics")
@@ -210,13 +212,15 @@ class Engines:
     def launcher_status(self, launcher: str) -> dict[str, Any] | None:
         return self._json(launcher + "/status")
 
-    def sample(self, engine: str, launcher: str | None, *, switching: bool, scrape: bool) -> EngineSample:
+    def sample(self, engine: str, launcher: str | None, *, switching: bool, scrape: bool,
+               api_key: str | None = None) -> EngineSample:
         """The reads a tick needs: loads always; readiness and launcher status while switching; the
         live role while switching or when the policy runs (which is when role drift is looked for);
-        `/metrics` and `/server_info` when the policy runs."""
-        sample = EngineSample(loads=self.loads(engine))
+        `/metrics` and `/server_info` when the policy runs. `api_key` is the fleet's: SGLang lets
+        `/ready` and `/metrics` through without it (`utils/auth.py:101-106`), not the others."""
+        sample = EngineSample(loads=self.loads(engine, api_key))
         if switching or scrape:
-            sample.model_info = self.model_info(engine)
+            sample.model_info = self.model_info(engine, api_key)
         if switching:
             sample.healthy = self.health(engine)
             if launcher:
@@ -224,11 +228,13 @@ class Engines:
         if scrape:
             sample.scrape = self.metrics(engine)
             if sample.server_info is None:
-                sample.server_info = self.server_info(engine)
+                sample.server_info = self.server_info(engine, api_key)
         return sample
 
-    def sample_many(self, targets: Mapping[str, tuple[str, str | None, bool, bool]]) -> dict[str, EngineSample]:
-        """`sample` for several instances in parallel: name → (engine, launcher, switching, scrape)."""
-        futures = {name: self.pool.submit(self.sample, t[0], t[1], switching=t[2], scrape=t[3])
+    def sample_many(self, targets: Mapping[str, tuple[str, str | None, bool, bool]],
+                    api_key: str | None = None) -> dict[str, EngineSample]:
+        """`sample` for several instances of one fleet in parallel: name → (engine, launcher, switching,
+        scrape)."""
+        futures = {name: self.pool.submit(self.sample, t[0], t[1], switching=t[2], scrape=t[3], api_key=api_key)
                    for name, t in targets.items()}
         return {name: f.result() for name, f in futures.items()}

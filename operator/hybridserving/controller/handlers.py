@@ -45,6 +45,7 @@ class Options:
     kube: Kube | None = field(default=None, repr=False)  # injected by tests and benchmarks (its API client)
     switch_interval_seconds: float = role_switching.TICK_SECONDS  # role-switch controller tick
     election: Election | None = None  # leader election (several replicas); None: this replica always acts
+    operator_key: bytes = field(default=b"", repr=False)  # derives each fleet's engine key (core/enginekey.py)
 
 
 OPTIONS = Options()
@@ -95,7 +96,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         namespace, name = key
         try:
             outcome = await asyncio.to_thread(reconcile, kube, namespace, name, None, OPTIONS.engine_policy,
-                                              OPTIONS.progress_deadline_seconds)
+                                              OPTIONS.progress_deadline_seconds, operator_key=OPTIONS.operator_key)
         except Exception:
             metrics.RECONCILES.labels("error").inc()
             raise
@@ -122,7 +123,8 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
                        cache=cache, leadership=leadership)
     # Role switches: every fleet the queue knows, ticked every few seconds.
     _runtime.switcher = asyncio.create_task(
-        role_switching.run(kube.sibling("switch"), lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds),
+        role_switching.run(kube.sibling("switch"), lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds,
+                           operator_key=OPTIONS.operator_key),
         name="role-switch")
 
 

@@ -57,6 +57,7 @@ RESOURCES: dict[str, Resource] = {
     "NetworkPolicy": Resource("networking.k8s.io", "v1", "networkpolicies"),
     "Role": Resource("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "Secret": Resource("", "v1", "secrets"),  # written, never read (reconcile.write_engine_key)
     "Lease": Resource("coordination.k8s.io", "v1", "leases"),  # leader election (leadership.py)
     "Workload": Resource("scheduling.k8s.io", "v1alpha1", "workloads"),
 }
@@ -205,6 +206,14 @@ class Kube:
             body=body,
             content_type="application/merge-patch+json",
         )
+
+    def server_side_apply(self, kind: str, namespace: str, body: dict[str, Any]) -> None:
+        """A server-side apply without force: creates or updates what this operator set, and fails
+        with 409 where another manager set the same fields (an object that is not the operator's).
+        The answer is dropped, so a Secret's data is never held."""
+        self._count("apply", kind)
+        self._call("PATCH", RESOURCES[kind].path(namespace, body["metadata"]["name"]),
+                   query={"fieldManager": FIELD_MANAGER}, body=body, content_type="application/apply-patch+yaml")
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
         """Delete in the background (the garbage collector takes the dependents); 404 is done."""

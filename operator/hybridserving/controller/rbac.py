@@ -1,7 +1,8 @@
 """The operator's permissions, in one list: the ClusterRole in deploy/ is generated from it.
 
 Each rule says why it exists. The operator runs cluster-wide (one replica watching every
-namespace), so it needs a ClusterRole; it reads no Secrets and escalates nothing: the Role it
+namespace), so it needs a ClusterRole; it reads no Secrets (it writes one per fleet, the engines'
+API key it derives itself: create and patch, by server-side apply) and escalates nothing: the Role it
 creates for each router grants pod reads, which it holds itself. `python -m
 hybridserving.controller.rbac --write` regenerates deploy/operator-rbac.yaml; a test fails
 when the file and this list disagree.
@@ -59,6 +60,8 @@ RULES: tuple[Rule, ...] = (
          ("workloads",), ("get", "list") + WRITE),
     Rule("Application: the router may read pods of its namespace (service discovery)",
          "rbac.authorization.k8s.io", ("roles", "rolebindings"), READ + WRITE),
+    Rule("Application: each fleet's engine API key, written (server-side apply), never read: the key is "
+         "derived, not stored (docs/security.md)", "", ("secrets",), ("create", "patch")),
     Rule("Application: an Event for every decision", "", ("events",), ("create",)),
     Rule("Framework: kopf discovers and follows custom resource definitions", "apiextensions.k8s.io",
          ("customresourcedefinitions",), ("list", "watch")),

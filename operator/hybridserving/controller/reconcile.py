@@ -46,11 +46,19 @@ from hybridserving.controller.status import (
     wire,
 )
 from hybridserving.contract import ANNOTATION_ROLE
-from hybridserving.core import layout, planner, privileges, surface, weights
+from hybridserving.core import enginekey, layout, planner, privileges, surface, weights
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceView, view
-from hybridserving.core.naming import API_VERSION, LABEL_NAME, applied_spec_name, selectable
+from hybridserving.core.naming import (
+    API_VERSION,
+    LABEL_COMPONENT,
+    LABEL_NAME,
+    applied_spec_name,
+    owner_reference,
+    selectable,
+    standard_labels,
+)
 from hybridserving.core.observed import Observed
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.rendering import EngineAccess
@@ -336,11 +344,44 @@ def plan_safely(effective: HybridServing, meta: dict[str, Any], fallback: Hybrid
             return None
 
 
+def write_engine_key(kube: Kube, namespace: str, meta: dict[str, Any], operator_key: bytes, outcome: Outcome) -> None:
+    """Apply the fleet's engine-key Secret (`core.enginekey`) before the writes that read it.
+
+    Never read back (the operator has no Secret reads): applied by every pass that writes
+    anything, ahead of those writes, so a pod or router created or changed finds it, and by every
+    pass over a fleet that is not Ready, so a deleted Secret that keeps a restarted container from
+    starting comes back; a Ready fleet's idle passes write nothing. An apply that changes nothing
+    is a no-op for the apiserver, one that finds the key edited puts it back, and one that meets
+    someone else's Secret by that name fails (409, the fields have another manager) instead of
+    taking it over.
+    """
+    name = meta["name"]
+    secret_meta = {
+        "name": enginekey.secret_name(name),
+        "namespace": namespace,
+        "labels": {**standard_labels(name, "engine"), LABEL_NAME: name, LABEL_COMPONENT: "engine"},
+        "ownerReferences": [owner_reference(API_VERSION, KIND, name, meta["uid"])],
+    }
+    try:
+        key = enginekey.derive(operator_key, meta["uid"])
+        kube.server_side_apply("Secret", namespace, enginekey.secret(secret_meta, key))
+    except KubeError as exc:
+        if exc.status == 409:
+            outcome.fail("NameTaken", f"Secret/{secret_meta['name']} already exists and is not owned by this "
+                         "HybridServing; delete or rename it (it holds the engines' API key)")
+        else:
+            reason = {403: "WriteForbidden", 422: "WriteInvalid"}.get(exc.status, "ReconcileError")
+            outcome.fail(reason, f"Secret/{secret_meta['name']}: {exc}")
+        metrics.ACTION_ERRORS.labels("Secret").inc()
+
+
 def reconcile(kube: Kube, namespace: str, name: str,
               plan_hook: Callable[[list[Action]], list[Action]] | None = None,
               engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY,
-              progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS) -> Outcome:
-    """One pass over one HybridServing. `plan_hook` lets tests cut a pass short (a crash)."""
+              progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS,
+              *, operator_key: bytes = b"") -> Outcome:
+    """One pass over one HybridServing. `plan_hook` lets tests cut a pass short (a crash).
+    `operator_key` derives the fleet's engine key (`core.enginekey`); an empty one is refused."""
     started = time.monotonic()
     outcome = Outcome()
     try:
@@ -376,6 +417,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
     if desired is not None:
         outcome.actions = planner.diff(desired, observed)
         todo = plan_hook(outcome.actions) if plan_hook else outcome.actions
+        if todo or (body.get("status") or {}).get("ready") != "True":
+            write_engine_key(kube, namespace, meta, operator_key, outcome)
         owners = {meta["uid"]} | {i.uid for i in observed.instances.values()}
         act(kube, namespace, todo, outcome, owners)
     if outcome.applied:

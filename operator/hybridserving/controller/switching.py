@@ -39,7 +39,7 @@ from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.controller import metrics
 from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engines, Scrape, instance_metrics
 from hybridserving.controller.kube import KubeError
-from hybridserving.core import flags, switching
+from hybridserving.core import enginekey, flags, switching
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK
 from hybridserving.api.v1alpha1 import Role
@@ -88,7 +88,8 @@ class KubeLike(Protocol):
 
 
 class EnginesLike(Protocol):
-    def sample_many(self, targets: Mapping[str, tuple[str, str | None, bool, bool]]) -> dict[str, EngineSample]: ...
+    def sample_many(self, targets: Mapping[str, tuple[str, str | None, bool, bool]],
+                    api_key: str | None = None) -> dict[str, EngineSample]: ...
 
 
 def rfc3339(ts: float) -> str:
@@ -209,8 +210,9 @@ class SwitchController:
 
     def __init__(self, kube: KubeLike, engines: EnginesLike, clock: Callable[[], float] = time.time,
                  step_bounds: Mapping[str, float] | None = None,
-                 policy_tuning: Mapping[str, Any] | None = None) -> None:
+                 policy_tuning: Mapping[str, Any] | None = None, *, operator_key: bytes = b"") -> None:
         self.kube = kube
+        self.operator_key = operator_key  # engines answer only with their fleet's key (core/enginekey.py)
         self.engines = engines
         self.clock = clock
         self.step_bounds = dict(step_bounds or {})
@@ -278,7 +280,8 @@ class SwitchController:
             busy = inst.record is not None or ANNOTATION_SWITCH_TO in inst.annotations
             if busy or policy_on:
                 targets[inst.name] = (urls[0], urls[1], busy, policy_on)
-        samples = self.engines.sample_many(targets) if targets else {}
+        samples = self.engines.sample_many(
+            targets, enginekey.derive(self.operator_key, meta.get("uid") or "")) if targets else {}
         for n, s in samples.items():
             instances[n].sample = s
 
@@ -708,7 +711,8 @@ def _upsert(history: list[dict[str, Any]], entry: dict[str, Any]) -> None:
 
 async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *,
               interval: float = TICK_SECONDS, engines: EnginesLike | None = None,
-              controller: SwitchController | None = None, threads: int = TICK_THREADS) -> None:
+              controller: SwitchController | None = None, threads: int = TICK_THREADS,
+              operator_key: bytes = b"") -> None:
     """Tick every known fleet every `interval` seconds until cancelled, each fleet on its own.
 
     One asyncio task per fleet, its ticks in a thread pool of `threads`: a fleet whose API calls
@@ -719,7 +723,7 @@ async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *
     own = None
     if controller is None:
         own = Engines() if engines is None else None
-        controller = SwitchController(kube, engines or own)  # type: ignore[arg-type]
+        controller = SwitchController(kube, engines or own, operator_key=operator_key)  # type: ignore[arg-type]
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="role-switch")
     tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
     try:

@@ -25,7 +25,7 @@ from pydantic.alias_generators import to_camel
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, LayoutSpec, Role, RoleSpec
 from hybridserving.core import ports, resolution, sglang_options
-from hybridserving.contract import PLACEHOLDERS
+from hybridserving.contract import ENV_ENGINE_API_KEY, PLACEHOLDERS
 from hybridserving.api.profiles import PROFILES, ModelArchitecture
 from hybridserving.core.resolution import EAGLE_DEFAULT_MAX_RUNNING_REQUESTS, EAGLE_FAMILY
 
@@ -251,6 +251,9 @@ _REJECTED_FLAGS: dict[str, str] = {
     "--pd-role-switch": "use spec.roleSwitch.enabled",
     "--disaggregation-bootstrap-host": "remove it (the router passes the bootstrap host per request)",
     "--enable-deepep-moe": "use spec.<role>.layout.moeA2aBackend: deepep",
+    **dict.fromkeys(("--api-key", "--admin-api-key"),
+                    "remove it: the launcher passes the fleet's key (Secret <name>-engine-key); a second "
+                    "key would lock out the router and the operator"),
     "--config": "remove it and put the flags in spec.engine.extraArgs (a config file can set flags the spec owns, "
     "out of the operator's sight)",
 }
@@ -797,6 +800,7 @@ OWNED_ENV = frozenset({
     "HYBRIDSERVING_CONFIG_DIR", "HYBRIDSERVING_ROLE_FILE", "HYBRIDSERVING_NODE_RANK",
     "HYBRIDSERVING_DRAIN_TIMEOUT_S", "HYBRIDSERVING_PORT", "HYBRIDSERVING_BOOTSTRAP_PORT",
     "HYBRIDSERVING_ENGINE_INFO_BOOTSTRAP_PORT", "HYBRIDSERVING_LAUNCHER_PORT", "HYBRIDSERVING_DIST_INIT_ADDR",
+    ENV_ENGINE_API_KEY,  # the operator's engine calls and the router's use the derived key (core/enginekey.py)
 })
 
 

@@ -21,6 +21,7 @@ from hybridserving.contract import (
     ENGINE_COMMAND,
     ENV_CONFIG_DIR,
     ENV_DRAIN_TIMEOUT_S,
+    ENV_ENGINE_API_KEY,
     ENV_LAUNCHER_PORT,
     ENV_NODE_RANK,
     ENV_ROLE_FILE,
@@ -29,7 +30,7 @@ from hybridserving.contract import (
     ROLE_FILE,
     placeholder_env,
 )
-from hybridserving.core import flags, gang, podtemplate, ports, privileges, resolution, router, weights
+from hybridserving.core import enginekey, flags, gang, podtemplate, ports, privileges, resolution, router, weights
 from hybridserving.core.desired import InstancePlan
 from hybridserving.core.naming import (
     ANNOTATION_BOOTSTRAP_PORT,
@@ -224,6 +225,9 @@ def pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instanc
         # Forward-pass timing, which the role-switch policy reads, is off by default
         # (environ.py:479; managers/scheduler_components/metrics_reporter.py:325-341).
         {"name": "SGLANG_ENABLE_METRICS_DEVICE_TIMER", "value": "1"},
+        # The launcher hands it to SGLang as --api-key (core/enginekey.py); a user's variable of the
+        # same name comes later and wins, as the fleet owner may pick the key.
+        enginekey.env_var(hs.metadata.name),
         *(e.to_pod() for e in spec.engine.env),
     ]
     pod_weights = weights.render(spec)
@@ -465,10 +469,10 @@ class EngineAccess:
 def _network_policy(hs: HybridServing, access: EngineAccess, owner: dict[str, Any]) -> dict[str, Any]:
     """Only the fleet's own ranks, its router and the operator may reach engine ports.
 
-    Engines serve control endpoints without authentication (`/pd_role_switch`,
-    `/pause_generation`, `/abort_request`), so reachability is the access control: ranks of
-    the fleet talk to each other on any port (collectives pick their own), the router on the
-    HTTP port, the operator on the HTTP and launcher ports. Ports are named, so the policy
+    Engines serve control endpoints (`/pd_role_switch`, `/pause_generation`, `/abort_request`)
+    that the fleet's API key guards (`core.enginekey`); reachability is the layer before it:
+    ranks of the fleet talk to each other on any port (collectives pick their own), the router
+    on the HTTP port, the operator on the HTTP and launcher ports. Ports are named, so the policy
     follows per-instance ports on the host network. Enforcement needs a CNI that implements
     NetworkPolicy, and host-network pods are outside any policy (docs/security.md).
     """
@@ -519,6 +523,10 @@ def router_argv(hs: HybridServing, instances: Mapping[str, InstancePlan]) -> lis
         "--decode-policy", spec.router.decode_policy,
         "--prometheus-host", "0.0.0.0",
         "--prometheus-port", str(ROUTER_METRICS_PORT),
+        # smg sends it to every discovered worker and asks it of its own clients
+        # (model_gateway/src/service_discovery.rs, server.rs: one key for both). Kubernetes expands
+        # $(VAR) from the container's env, which references the Secret: the key is in no object.
+        "--api-key", f"$({ENV_ENGINE_API_KEY})",
     ]
 
 
@@ -568,6 +576,7 @@ def _router_objects(
                                 "image": spec.router.image,
                                 "command": ["smg"],
                                 "args": router_argv(hs, instances),
+                                "env": [enginekey.env_var(hs.metadata.name)],
                                 "ports": [
                                     {"name": "http", "containerPort": spec.router.port, "protocol": "TCP"},
                                     {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},

@@ -29,7 +29,7 @@ from hybridserving.commands.status import render
 from hybridserving.core.naming import router_name
 from hybridserving.demo.traffic import PhaseResult, run_phase
 from hybridserving.devcluster import Cluster, FleetSpec, MissingBinaries, find_binaries
-from hybridserving.devcluster.stack import Stack
+from hybridserving.devcluster.stack import Router, Stack
 
 T0 = time.monotonic()
 SWITCH_ANNOTATION = "hybridserving.io/switch-to"
@@ -77,10 +77,11 @@ class Fleet:
         return (self.hs().get("status") or {}).get("switches") or []
 
 
-def _phase(router_url: str, name: str, fleet: Fleet, seconds: float, **shape: Any) -> PhaseResult:
+def _phase(router: Router, name: str, fleet: Fleet, seconds: float, **shape: Any) -> PhaseResult:
     say(f"traffic: {name} for {seconds:.0f} s ({shape['concurrency']} streams of "
         f"{shape['prompt_tokens']}-token prompts, {shape['output_tokens']} tokens out)")
-    result = asyncio.run(run_phase(router_url, name, seconds=seconds, model=fleet.model, **shape))
+    result = asyncio.run(run_phase(router.url, name, seconds=seconds, model=fleet.model, headers=router.headers,
+                                   **shape))
     say(result.summary())
     for error in sorted(set(result.errors))[:5]:
         say(f"  client error: {error}")
@@ -123,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
               lambda: sum(1 for w in router.workers() if w.get("is_healthy")) >= 4, 120)
         say(f"router at {router.url} discovered the leaders by label (Kubernetes service discovery)")
 
-        results.append(_phase(router.url, "decode-heavy", fleet, args.phase_seconds,
+        results.append(_phase(router, "decode-heavy", fleet, args.phase_seconds,
                               prompt_tokens=256, output_tokens=256, concurrency=16))
         before = len(fleet.switches())
-        results.append(_phase(router.url, "prefill-heavy", fleet, args.phase_seconds * 2,
+        results.append(_phase(router, "prefill-heavy", fleet, args.phase_seconds * 2,
                               prompt_tokens=24_000, output_tokens=4, concurrency=28))
         if len(fleet.switches()) == before:
             target = next(i for i in fleet.instances() if i["spec"]["role"] == "decode")
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                             f"{SWITCH_ANNOTATION}=prefill", "--overwrite")
         _wait("a role switch to finish",
               lambda: any(s.get("outcome") != "InProgress" for s in fleet.switches()[before:]), 180, 2.0)
-        results.append(_phase(router.url, "after the switch", fleet, args.phase_seconds / 2,
+        results.append(_phase(router, "after the switch", fleet, args.phase_seconds / 2,
                               prompt_tokens=24_000, output_tokens=4, concurrency=28))
         say("the fleet now:\n" + fleet.view())
         events = cluster.kubectl("-n", namespace, "get", "events", "--field-selector",

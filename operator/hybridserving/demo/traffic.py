@@ -64,7 +64,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, prompt_toke
 
 
 async def run_phase(url: str, name: str, *, model: str, prompt_tokens: int, output_tokens: int,
-                    concurrency: int, seconds: float) -> PhaseResult:
+                    concurrency: int, seconds: float, headers: dict[str, str] | None = None) -> PhaseResult:
     """Keep `concurrency` requests in flight for `seconds`, then let the last ones finish."""
     result = PhaseResult(name)
     deadline = time.monotonic() + seconds
@@ -74,6 +74,6 @@ async def run_phase(url: str, name: str, *, model: str, prompt_tokens: int, outp
         while time.monotonic() < deadline:
             await _one(session, url, model, prompt_tokens, output_tokens, result)
 
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         await asyncio.gather(*(stream(session) for _ in range(concurrency)))
     return result

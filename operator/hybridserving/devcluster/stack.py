@@ -9,9 +9,12 @@ operator rendered into the router Deployment, bound to 127.0.0.1.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pathlib
+import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -19,6 +22,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
+
+from hybridserving.contract import ENV_ENGINE_API_KEY
 
 from .cluster import Cluster, free_ports
 
@@ -40,13 +45,52 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
             proc.wait()
 
 
+def operator_key(cluster: Cluster) -> str:
+    """The operator's key on this cluster: made once, kept in the cluster's directory, so every
+    operator started on it (restarts, replicas) derives the same engine keys, as the chart's
+    Secret makes them do in a real cluster."""
+    path = cluster.dir / "operator-key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+    return path.read_text().strip()
+
+
 def start_operator(cluster: Cluster, log: pathlib.Path, *extra: str) -> subprocess.Popen[bytes]:
     """`python -m hybridserving.controller` out of cluster, metrics off (nothing binds a wildcard)."""
+    env = cluster.env()
+    env["HYBRIDSERVING_OPERATOR_KEY"] = operator_key(cluster)
     return _start_logged(
         [sys.executable, "-m", "hybridserving.controller", "--kubeconfig", str(cluster.kubeconfig),
          "--metrics-port", "0", *extra],
-        log, cluster.env(),
+        log, env,
     )
+
+
+def secret_value(cluster: Cluster, namespace: str, name: str, key: str) -> str:
+    """One value of a Secret, as the kubelet hands it to a container."""
+    out = cluster.kubectl("-n", namespace, "get", "secret", name, "-o", "json")
+    return base64.b64decode(json.loads(out.stdout)["data"][key]).decode()
+
+
+def _container_env(cluster: Cluster, namespace: str, container: dict[str, Any]) -> dict[str, str]:
+    """The container's `env` (values and `secretKeyRef`s), resolved as the kubelet does."""
+    env: dict[str, str] = {}
+    for var in container.get("env") or []:
+        ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            env[var["name"]] = secret_value(cluster, namespace, ref["name"], ref["key"])
+        elif "value" in var:
+            env[var["name"]] = var["value"]
+    return env
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion of command and args (`$$` escapes; unknown names stay)."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), arg)
 
 
 # The pod runner gives its containers this long to stop when it stops; it is stopped with
@@ -83,9 +127,15 @@ class Router:
     proc: subprocess.Popen[bytes]
     url: str
     log: pathlib.Path
+    api_key: str  # smg asks its clients for the key it sends to the engines (core/enginekey.py)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     def workers(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(self.url + "/workers", timeout=5) as resp:
+        request = urllib.request.Request(self.url + "/workers", headers=self.headers)
+        with urllib.request.urlopen(request, timeout=5) as resp:
             workers: list[dict[str, Any]] = json.load(resp).get("workers", [])
             return workers
 
@@ -98,13 +148,16 @@ def start_router(cluster: Cluster, namespace: str, deployment: str, log: pathlib
     if container.get("command") != ["smg"]:
         raise ValueError(f"deployment {deployment} does not run smg: {container.get('command')}")
     port, metrics_port = free_ports(2)
-    args = list(container["args"])
+    container_env = _container_env(cluster, namespace, container)
+    args = [_expand(a, container_env) for a in container["args"]]
     for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)),
                         ("--prometheus-host", "127.0.0.1"), ("--prometheus-port", str(metrics_port))):
         args = _replace_flag(args, flag, value)
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env.update(container_env)
     env["KUBECONFIG"] = str(cluster.kubeconfig)
-    router = Router(_start_logged([router_binary(), *args], log, env), f"http://127.0.0.1:{port}", log)
+    router = Router(_start_logged([router_binary(), *args], log, env), f"http://127.0.0.1:{port}", log,
+                    api_key=container_env.get(ENV_ENGINE_API_KEY, ""))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if router.proc.poll() is not None:
