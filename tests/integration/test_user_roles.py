@@ -16,6 +16,7 @@ import yaml
 
 from hybridserving.devcluster import Cluster, bin_dir
 from support.crds import apply_crds
+from support.polling import wait_for
 
 from support.chart import CHART
 
@@ -45,6 +46,18 @@ def user_roles(cluster: Cluster):
     apply_crds(cluster)
     docs = rendered_user_roles()
     cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+    # The apiserver enforces a new admission policy once its informer has it (the RBAC authorizer
+    # likewise): wait until the guard refuses even the admin a spec change of a probe instance.
+    cluster.kubectl("apply", "-n", "default", "-f", "-", input=json.dumps(instance("guard-probe")))
+    roles = iter(["prefill", "decode"] * 1000)  # a real change every time (a no-op passes the guard)
+
+    def refused() -> bool:
+        change = json.dumps({"spec": {"role": next(roles)}})
+        return cluster.kubectl("patch", "hybridservinginstance/guard-probe", "-n", "default", "--type=merge",
+                               "-p", change, check=False).returncode != 0
+
+    wait_for(refused, timeout=60, what="the instance guard admission policy in effect")
+    cluster.kubectl("delete", "hybridservinginstance/guard-probe", "-n", "default", check=False)
     yield docs
     cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input="\n---\n".join(json.dumps(d) for d in docs),
                     check=False)
