@@ -15,13 +15,6 @@ from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
 
 
-@pytest.fixture
-def api() -> MemoryApi:
-    """A fleet applied, nothing reconciled yet."""
-    fresh = MemoryApi()
-    fresh.user_apply(SPEC)
-    return fresh
-
 
 def events(api: MemoryApi) -> list[dict[str, Any]]:
     return [o for (k, _), o in sorted(api.store.items()) if k == "Event"]

@@ -20,12 +20,6 @@ from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
 
 
-@pytest.fixture
-def api() -> MemoryApi:
-    api = MemoryApi()
-    api.user_apply(SPEC)
-    return api
-
 
 def fleet_key(operator_key: bytes) -> str:
     return enginekey.derive(operator_key, "hs-uid")  # MemoryApi.user_apply's uid

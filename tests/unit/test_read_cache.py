@@ -70,12 +70,6 @@ class Clock:
         return self.t
 
 
-@pytest.fixture
-def api() -> MemoryApi:
-    api = MemoryApi()
-    api.user_apply(SPEC)
-    return api
-
 
 @pytest.fixture
 def clock() -> Clock:

@@ -26,12 +26,6 @@ from support.fleets import SPEC, settle
 SWITCH_RECORD = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
 
 
-@pytest.fixture
-def api() -> MemoryApi:
-    api = MemoryApi()
-    api.user_apply(SPEC)
-    return api
-
 
 def test_a_settled_fleet_is_ready_and_a_further_pass_writes_nothing(api: MemoryApi) -> None:
     settle(api)

@@ -10,24 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
 from support.apiserver import NS, MemoryApi
-from support.fleets import SPEC, settle
+from support.fleets import settle
 
 INSTANCE = "fleet-0"
 UNROUTE_RECORD = SwitchState.start("prefill", "decode", "in-place", "test", 0.0).to_annotation()
 
-
-@pytest.fixture
-def api() -> MemoryApi:
-    """A fleet applied, nothing reconciled yet."""
-    fresh = MemoryApi()
-    fresh.user_apply(SPEC)
-    return fresh
 
 
 def instance(api: MemoryApi) -> dict[str, Any]:

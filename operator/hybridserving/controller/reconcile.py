@@ -417,7 +417,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
     if desired is not None:
         outcome.actions = planner.diff(desired, observed)
         todo = plan_hook(outcome.actions) if plan_hook else outcome.actions
-        if todo or (body.get("status") or {}).get("ready") != "True":
+        if todo or previous.get("ready") != "True":
             write_engine_key(kube, namespace, meta, operator_key, outcome)
         owners = {meta["uid"]} | {i.uid for i in observed.instances.values()}
         act(kube, namespace, todo, outcome, owners)
