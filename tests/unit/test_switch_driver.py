@@ -529,3 +529,26 @@ def test_the_scaler_shrinks_an_idle_fleet_after_its_delay_and_keeps_each_roles_f
     assert any(reason == "ScaledDown" for reason, _ in h.events())
     h.tick(30)
     assert fleet_replicas(h) == 2, "never below scaling.minReplicas and the role floors"
+
+
+def test_a_refused_resize_is_a_warning_event_and_is_decided_again_later() -> None:
+    h = scaling_harness()
+    patch = h.api.patch
+    refusing = [True]
+
+    def refuse_scale(kind: str, namespace: str, name: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if kw.get("subresource") == "scale" and refusing[0]:
+            raise KubeError(403, "hybridservings/scale is forbidden")
+        return patch(kind, namespace, name, body, **kw)
+
+    h.api.patch = refuse_scale  # type: ignore[method-assign]
+    for name in instances(h):
+        e = h.engine(name)
+        e.utilization, e.queue_tokens, e.kv_usage, e.running = 1.0, 400_000, 0.98, 256
+    h.run_until(lambda: any(reason == "ScaleFailed" for reason, _ in h.events()), limit=60)
+    assert fleet_replicas(h) is None
+    failed = [m for reason, m in h.events() if reason == "ScaleFailed"]
+    h.tick(5)  # the scaler waits its sustain window again before the next try (20 s)
+    assert len([m for reason, m in h.events() if reason == "ScaleFailed"]) == len(failed) == 1
+    refusing[0] = False
+    h.run_until(lambda: (fleet_replicas(h) or 0) > 4, limit=60)

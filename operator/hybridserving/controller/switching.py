@@ -594,6 +594,8 @@ class SwitchController:
             self.kube.patch(KIND, namespace, meta["name"], {"spec": {"replicas": want}}, subresource="scale")
         except KubeError as exc:
             log.info("%s/%s: scale to %d not written (%s); next tick", namespace, meta["name"], want, exc)
+            self._post(namespace, hs_body, "Warning", "ScaleFailed",
+                       f"the scaler could not resize the fleet from {current} to {want} instances: {exc}")
             return
         report.scaled_to = want
         verb = "ScaledUp" if want > current else "ScaledDown"
