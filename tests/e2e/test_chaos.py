@@ -47,6 +47,7 @@ import httpx
 import pytest
 import yaml
 
+from hybridserving.devcluster import stack
 from hybridserving.devcluster.stack import Router
 from support.polling import wait_for
 
@@ -223,9 +224,9 @@ def test_faults_under_steady_load(local_cluster, fleet_operator, pod_runner, dis
     try:
         local_cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-",
                               input=yaml.safe_dump(fleet_manifest(faults_file)))
-        wait_for(lambda: local_cluster.kubectl("-n", NAMESPACE, "get", "deployment", "chaos-router",
-                                               check=False).returncode == 0, 60, "the router Deployment")
-        chaos = Chaos(local_cluster, discovering_router(NAMESPACE, "chaos-router"), operator_handle, faults_file)
+        wait_for(lambda: stack.router_deployments(local_cluster, NAMESPACE, "chaos"), 60, "the router Deployment")
+        [router] = stack.router_deployments(local_cluster, NAMESPACE, "chaos")
+        chaos = Chaos(local_cluster, discovering_router(NAMESPACE, router), operator_handle, faults_file)
         wait_for(chaos.serving, 180, "the fleet serving")
         _scenarios(chaos)
     finally:

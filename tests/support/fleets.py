@@ -11,6 +11,7 @@ from hybridserving.api.v1alpha1 import HybridServing
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import Kube
 from hybridserving.contract import LABEL_ROLE
+from hybridserving.core import naming, pairing
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_LEADER
 from support.apiserver import NS, FakeCluster, MemoryApi
 
@@ -95,3 +96,8 @@ def converge(cluster: FakeCluster, hs: HybridServing, steps: int = 60,
 
 def uids(cluster: FakeCluster) -> dict[str, str]:
     return {name: p["metadata"]["uid"] for name, p in cluster.pods().items()}
+
+
+def router_deployment(hs: HybridServing) -> str:
+    """The name of the router Deployment of the pairing key `hs`'s spec runs."""
+    return naming.router_deployment_name(hs.metadata.name, pairing.pairing_key(hs.spec))

@@ -245,7 +245,7 @@ def fleet_status(
     ))
     outdated = [v.plan.name for v in views.values() if not v.current]
     progressing = bool(outdated) or pending_actions > 0 or not all_ready
-    held = held_by(desired, views)
+    held = held_by(desired.spec.rollout, views)
     rollout = rollout_status(desired, views, per_role, all_ready and len(views) == total, held,
                              (previous_status or {}).get("rollout") or {})
     if held == "Paused":

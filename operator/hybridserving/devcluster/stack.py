@@ -140,6 +140,14 @@ class Router:
             return workers
 
 
+def router_deployments(cluster: Cluster, namespace: str, fleet: str) -> list[str]:
+    """The fleet's router Deployments, one per pairing key it runs (the spec's one when settled)."""
+    out = cluster.kubectl("-n", namespace, "get", "deployments", "-o", "json", "-l",
+                          f"hybridserving.io/name={fleet},hybridserving.io/component=router")
+    return sorted(d["metadata"]["name"] for d in json.loads(out.stdout)["items"]
+                  if not d["metadata"].get("deletionTimestamp"))
+
+
 def start_router(cluster: Cluster, namespace: str, deployment: str, log: pathlib.Path,
                  timeout: float = 60) -> Router:
     """Run the router exactly as the operator rendered it, on 127.0.0.1 and free ports."""
