@@ -140,7 +140,7 @@ def bring_up(cluster: Cluster, router_fixture: Callable[[str, str], Router], nam
 
 
 def tear_down(cluster: Cluster, namespace: str) -> None:
-    cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False, timeout=200)
 
 
 def report(f: FleetUnderTest, switch: dict[str, Any], loads: list[Load]) -> None:

@@ -139,8 +139,9 @@ def test_host_network_fleets_get_distinct_port_blocks_and_node_level_isolation()
 @pytest.mark.parametrize("max_unavailable", [1, 2])
 def pairing_invariants(hs: HybridServing):
     """While what prefill and decode must agree on rolls: every pod says the key of what it runs,
-    some routed key keeps an available prefill and decode, and the router of an older key goes
-    before its last pair does (a router without a pair answers 503 until the Service drops it)."""
+    some routed key keeps an available prefill and decode, some router is ready (the Service
+    always has somewhere to send requests), and the router of an older key goes before its last
+    pair does (a router without a pair answers 503 until the Service drops it)."""
     key = pairing.pairing_key(hs.spec)
 
     def check(c: FakeCluster) -> None:
@@ -160,6 +161,9 @@ def pairing_invariants(hs: HybridServing):
         assert any(serving.get(k) == set(ROLES) for k in routed), f"no routed pair serving: {serving}, {routed}"
         for k in routed - {key}:
             assert serving.get(k) == set(ROLES), f"the router of key {k} outlived its last pair: {serving}"
+        ready = [o for (kind, _), o in c.store.items()
+                 if kind == "Deployment" and (o.get("status") or {}).get("readyReplicas")]
+        assert ready, "no ready router: the Service has nowhere to send requests"
 
     return check
 

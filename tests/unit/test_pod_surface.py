@@ -362,6 +362,12 @@ def test_the_router_has_probes_resources_and_scraped_metrics() -> None:
     assert container["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
     assert container["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     assert container["args"][container["args"].index("--prometheus-host") + 1] == "0.0.0.0"
+    # Out of the Service before SIGTERM, then smg drains within the pod's grace period.
+    prestop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = int(container["args"][container["args"].index("--shutdown-grace-period-secs") + 1])
+    template = objs[("Deployment", router_deployment(fleet()))]["spec"]["template"]["spec"]
+    grace = template["terminationGracePeriodSeconds"]
+    assert prestop > 0 and grace > prestop + drain
     ports = {p["name"]: p["port"] for p in objs[("Service", "hs-router")]["spec"]["ports"]}
     assert ports == {"http": 8000, "metrics": ROUTER_METRICS_PORT}
     assert ("PodDisruptionBudget", "hs-router") not in objs, "one replica: nothing to protect"

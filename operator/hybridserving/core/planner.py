@@ -98,7 +98,9 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     views = {n: InstanceView(instances[n], observed.instances[n], observed.pods_of(n))
              for n in instances if n in observed.instances and not observed.instances[n].deleting}
     holding = held_by(spec.rollout, views) is not None
-    pairing_keys = routed_keys(views, pairing_key, running, holding)
+    ready_routers = {obj["metadata"]["labels"].get(LABEL_PAIRING, "") for (kind, _), obj in observed.objects.items()
+                     if kind == "Deployment" and ((obj.get("status") or {}).get("readyReplicas") or 0) > 0}
+    pairing_keys = routed_keys(views, pairing_key, running, holding, ready_routers)
     objects: dict[ObjectKey, dict[str, Any]] = {
         (obj["kind"], obj["metadata"]["name"]): obj
         for obj in fleet_objects(hs, configs, role_hashes, spec_hash, instances, access, owner, pairing_keys)

@@ -163,15 +163,18 @@ def _pair_serving(views: Mapping[str, InstanceView], spec_key: str, down: set[st
     return any(set(r) == set(ROLES) for r in _serving_roles(views, spec_key, down).values())
 
 
-def routed_keys(views: Mapping[str, InstanceView], spec_key: str, live_keys: set[str], holding: bool) -> list[str]:
+def routed_keys(views: Mapping[str, InstanceView], spec_key: str, live_keys: set[str], holding: bool,
+                ready_routers: set[str]) -> list[str]:
     """The pairing keys that keep a router: the spec's, and each older one its pods still run,
     until it retires.
 
     An older key retires once it is down to its last instance of a role while a key that keeps
-    its router serves a pair (the spec's first, then older ones by size), so that its router
-    leaves the Service (smg drains what it has in flight) before the roll takes that instance;
-    `select_rollout` waits for that. A held rollout (paused, or at its canary) keeps every key
-    that serves a pair; a key without one has no router (smg would answer 503 to what it got).
+    its router serves a pair through a ready router (`ready_routers`: the keys whose router
+    Deployment has a ready replica, which smg is only with a worker of each role), the spec's
+    first, then older ones by size. Its router then leaves the Service (smg drains what it has
+    in flight) before the roll takes that instance; `select_rollout` waits for that. A held
+    rollout (paused, or at its canary) keeps every key that serves a pair; a key without one has
+    no router (smg would answer 503 to what it got).
     """
     serving = _serving_roles(views, spec_key, set())
     keys = [spec_key]
@@ -180,7 +183,7 @@ def routed_keys(views: Mapping[str, InstanceView], spec_key: str, live_keys: set
         if set(roles) != set(ROLES):
             continue  # no pair: a router of it could only answer 503
         last = min(roles.count(role) for role in ROLES) == 1
-        covered = any(set(serving.get(k, ())) == set(ROLES) for k in keys)
+        covered = any(k in ready_routers and set(serving.get(k, ())) == set(ROLES) for k in keys)
         if holding or not last or not covered:
             keys.append(key)
     return keys
