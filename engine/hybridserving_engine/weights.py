@@ -45,12 +45,13 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from hybridserving.contract import ENV_LAUNCHER_PORT, WEIGHTS_PROGRESS_PATH
+
 log = logging.getLogger("hybridserving.weights")
 
 COMPLETE = ".complete"
 CHUNK = 1 << 20
 DEFAULT_ENDPOINT = "https://huggingface.co"
-PROGRESS_PATH = "/weights"
 # The progress file is rewritten at most this often: a TB download reads ~10^6 chunks.
 PROGRESS_EVERY_S = 0.5
 
@@ -120,9 +121,8 @@ def progress_file(directory: Path) -> Path:
 class Progress:
     """The running download's figures, kept in the progress file (replaced whole, never torn)."""
 
-    def __init__(self, path: Path, source: Source, sizes: dict[str, int | None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.path, self.clock = path, clock
+    def __init__(self, path: Path, source: Source, sizes: dict[str, int | None]) -> None:
+        self.path = path
         self.head = {"repo": source.repo, "revision": source.revision}
         known = [size for size in sizes.values() if size is not None]
         self.bytes_total = sum(known) if len(known) == len(sizes) else None
@@ -132,7 +132,7 @@ class Progress:
 
     def advance(self, n: int) -> None:
         self.bytes_done += n
-        if self.written_at is None or self.clock() - self.written_at >= PROGRESS_EVERY_S:
+        if self.written_at is None or time.monotonic() - self.written_at >= PROGRESS_EVERY_S:
             self.write()
 
     def file_done(self) -> None:
@@ -145,7 +145,7 @@ class Progress:
         aside = self.path.with_name(self.path.name + ".tmp")
         aside.write_text(json.dumps(doc))
         os.replace(aside, self.path)
-        self.written_at = self.clock()
+        self.written_at = time.monotonic()
 
 
 def fill(source: Source, directory: Path) -> dict[str, object]:
@@ -190,7 +190,7 @@ def serve_progress(path: Path, host: str, port: int) -> ThreadingHTTPServer | No
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             try:
-                body = path.read_bytes() if self.path.split("?", 1)[0] == PROGRESS_PATH else None
+                body = path.read_bytes() if self.path.split("?", 1)[0] == WEIGHTS_PROGRESS_PATH else None
                 status = HTTPStatus.OK if body is not None else HTTPStatus.NOT_FOUND
             except OSError:  # no download has recorded anything yet
                 body, status = None, HTTPStatus.NOT_FOUND
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             token=env.get("HF_TOKEN") or None,
         )
         directory = Path(env["HYBRIDSERVING_WEIGHTS_DIR"])
-        port = env.get("HYBRIDSERVING_LAUNCHER_PORT", "")
+        port = env.get(ENV_LAUNCHER_PORT, "")
         server = serve_progress(progress_file(directory), env.get("HYBRIDSERVING_LAUNCHER_HOST") or "0.0.0.0",
                                 int(port)) if port.isdigit() else None
         try:

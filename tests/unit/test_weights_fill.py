@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridserving.contract import WEIGHTS_PROGRESS_PATH
 from support.fakehub import FakeHub
 from hybridserving_engine import weights
 
@@ -97,7 +98,7 @@ def read_progress(port: int) -> dict | None:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{weights.PROGRESS_PATH}", timeout=1) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{WEIGHTS_PROGRESS_PATH}", timeout=1) as r:
             return json.load(r)
     except (urllib.error.URLError, OSError):
         return None

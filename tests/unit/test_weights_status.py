@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from hybridserving.api.weights import WeightsSpec
+from hybridserving.contract import ENV_LAUNCHER_PORT
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.engines import Engines
 from hybridserving.core import weights
@@ -25,7 +26,7 @@ def pod_manifest(name: str, node: str, state: dict[str, Any] | None, *, ip: str 
                  port: str | None = "28000") -> dict[str, Any]:
     env = [{"name": "HYBRIDSERVING_WEIGHTS_REPO", "value": "org/model"}]
     if port is not None:
-        env.append({"name": weights.PROGRESS_PORT_ENV, "value": port})
+        env.append({"name": ENV_LAUNCHER_PORT, "value": port})
     status: dict[str, Any] = {"initContainerStatuses": [{"name": "weights", "state": state}] if state else []}
     if ip:
         status["podIP"] = ip
@@ -66,7 +67,7 @@ def test_the_fill_step_serves_progress_on_the_launcher_port() -> None:
     spec = HybridServingSpec.model_validate({**SPEC, "model": {**SPEC["model"], "weights": {
         "uri": "hf://org/model", "cache": "Node"}}})
     (fill,) = weights.render(spec, 28003).init_containers
-    assert {"name": weights.PROGRESS_PORT_ENV, "value": "28003"} in fill["env"]
+    assert {"name": ENV_LAUNCHER_PORT, "value": "28003"} in fill["env"]
 
 
 def test_fleet_progress_adds_up_the_nodes_whose_figures_are_known() -> None:

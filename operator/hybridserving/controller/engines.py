@@ -10,7 +10,7 @@ The role-switch controller reads, on each instance's leader pod:
 * the launcher (`http://<podIP>:<launcher port>`): `/status` (the step and outcome of a switch).
 
 The reconcile reads, on pods whose node-cache fill step runs, the step's progress on the same
-launcher port (`core.weights.PROGRESS_PATH`; the launcher starts only once the step is done).
+launcher port (`contract.WEIGHTS_PROGRESS_PATH`; the launcher starts only once the step is done).
 
 Every call has a short timeout and returns None instead of raising: an engine that does not answer
 is an observation, not an error. `instance_metrics` turns two scrapes into the policy's
@@ -29,9 +29,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from hybridserving.contract import bearer, inflight_requests
+from hybridserving.contract import WEIGHTS_PROGRESS_PATH, bearer, inflight_requests
 from hybridserving.core.policy import InstanceMetrics
-from hybridserving.core.weights import PROGRESS_PATH, FillProgress
+from hybridserving.core.weights import FillProgress
 
 TIMEOUT_S = 2.0
 FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
@@ -245,7 +245,7 @@ class Engines:
 
     def fill_progress(self, address: tuple[str, int]) -> FillProgress | None:
         """What a running fill step says of its download (None: no answer, or not its figures)."""
-        doc = self._json(f"http://{address[0]}:{address[1]}{PROGRESS_PATH}")
+        doc = self._json(f"http://{address[0]}:{address[1]}{WEIGHTS_PROGRESS_PATH}")
         return None if doc is None else FillProgress.parse(doc)
 
     def fill_progress_many(self, targets: Mapping[str, tuple[str, int]]) -> dict[str, FillProgress]:

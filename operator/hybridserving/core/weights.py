@@ -9,8 +9,9 @@ The node cache is a host directory per node, keyed by repository and revision; t
 (`hybridserving-weights`, an init container in the engine image) takes a per-node lock and
 skips the download when a completed copy is there, so restarts, gang restarts and role
 switches on that node start without a second download. While it runs it serves its
-progress at `PROGRESS_PATH` on the pod's launcher port (the launcher starts only after it),
-which the operator reads into `FillProgress`: engine pods never get API access to report it.
+progress at `contract.WEIGHTS_PROGRESS_PATH` on the pod's launcher port (the launcher starts
+only after it), which the operator reads into `FillProgress`: engine pods never get API
+access to report it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from hybridserving.api.v1alpha1 import HybridServingSpec
 from hybridserving.api.weights import WeightsSpec
+from hybridserving.contract import ENV_LAUNCHER_PORT
 from hybridserving.core.layout import LayoutIssue
 
 MOUNT_PATH = "/models/weights"
@@ -32,10 +34,6 @@ FILL_COMMAND = ("hybridserving-weights",)
 TOKEN_ENV = "HF_TOKEN"
 # Init container termination messages carry the fill's outcome (bytes, files, downloaded).
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-# Where a running fill step serves its progress (hybridserving_engine/weights.py), on the port
-# this variable of its container names: the launcher's, free until the init step ends.
-PROGRESS_PATH = "/weights"
-PROGRESS_PORT_ENV = "HYBRIDSERVING_LAUNCHER_PORT"
 
 
 def cache_key(weights: WeightsSpec) -> str:
@@ -121,7 +119,7 @@ def render(spec: HybridServingSpec, progress_port: int) -> PodWeights:
             {"name": "HYBRIDSERVING_WEIGHTS_REPO", "value": w.location},
             {"name": "HYBRIDSERVING_WEIGHTS_REVISION", "value": w.revision or "main"},
             {"name": "HYBRIDSERVING_WEIGHTS_DIR", "value": f"/cache/{key}"},
-            {"name": PROGRESS_PORT_ENV, "value": str(progress_port)},
+            {"name": ENV_LAUNCHER_PORT, "value": str(progress_port)},
             *_hub_env(w),
         ],
         "volumeMounts": [{"name": VOLUME, "mountPath": "/cache"}],
@@ -212,8 +210,8 @@ def progress_address(pod: Mapping[str, Any]) -> tuple[str, int] | None:
     for container in (pod.get("spec") or {}).get("initContainers") or []:
         if container.get("name") != FILL_CONTAINER:
             continue
-        port = next((str(e.get("value", "")) for e in container.get("env") or [] if e.get("name") == PROGRESS_PORT_ENV),
-                    "")
+        port = next((str(e.get("value", "")) for e in container.get("env") or []
+                     if e.get("name") == ENV_LAUNCHER_PORT), "")
         return (ip, int(port)) if port.isdigit() else None
     return None
 
