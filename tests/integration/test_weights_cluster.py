@@ -76,40 +76,32 @@ def fleet_in(cluster, api, op, wait_for) -> Iterator[Fleet]:
 
 def test_engine_pods_keep_their_image_volume_through_the_apiserver(cluster, api_client, operator, wait_for) -> None:
     with fleet_in(cluster, api_client, operator, wait_for) as fleet:
-        check_image_volumes_kept(fleet)
-
-
-def check_image_volumes_kept(fleet: Fleet) -> None:
-    fleet.apply(manifest("oci-weights"))
-    pods = fleet.wait_for(lambda: (lambda p: p if len(p) == 2 else None)(fleet.pods()), timeout=90,
-                          what="engine pods created")
-    for pod in pods.values():
-        stored = client.ApiClient().sanitize_for_serialization(pod)
-        assert {"name": weights.VOLUME, "image": {"reference": IMAGE, "pullPolicy": "IfNotPresent"}} \
-            in stored["spec"]["volumes"]
-        engine = stored["spec"]["containers"][0]
-        assert {"name": weights.VOLUME, "mountPath": weights.MOUNT_PATH, "readOnly": True} \
-            in engine["volumeMounts"]
-    assert fleet.condition("Degraded").get("reason") != "WeightsVolumeDropped"
+        fleet.apply(manifest("oci-weights"))
+        pods = fleet.wait_for(lambda: (lambda p: p if len(p) == 2 else None)(fleet.pods()), timeout=90,
+                              what="engine pods created")
+        for pod in pods.values():
+            stored = client.ApiClient().sanitize_for_serialization(pod)
+            assert {"name": weights.VOLUME, "image": {"reference": IMAGE, "pullPolicy": "IfNotPresent"}} \
+                in stored["spec"]["volumes"]
+            engine = stored["spec"]["containers"][0]
+            assert {"name": weights.VOLUME, "mountPath": weights.MOUNT_PATH, "readOnly": True} \
+                in engine["volumeMounts"]
+        assert fleet.condition("Degraded").get("reason") != "WeightsVolumeDropped"
 
 
 def test_a_cluster_without_image_volumes_gets_no_weightless_engine_and_says_why(gate_off, wait_for) -> None:
     c, api, op = gate_off
     with fleet_in(c, api, op, wait_for) as fleet:
-        check_no_pod_and_the_reason(c, fleet)
-
-
-def check_no_pod_and_the_reason(c, fleet: Fleet) -> None:
-    fleet.apply(manifest("oci-weights"))
-    degraded = fleet.wait_for(
-        lambda: (lambda d: d if d.get("reason") == "WeightsVolumeDropped" else None)(fleet.condition("Degraded")),
-        timeout=90, what="Degraded: WeightsVolumeDropped")
-    assert degraded["status"] == "True"
-    assert f"spec.model.weights.uri oci://{IMAGE}" in degraded["message"]
-    assert "enable the ImageVolume feature gate" in degraded["message"]
-    assert len(fleet.instances()) == 2, "the rest of the fleet is made"
-    assert fleet.pods() == {}, "no engine pod runs without its weights"
-    events = json.loads(c.kubectl("-n", fleet.ns, "get", "events", "--field-selector",
-                                  "reason=WeightsVolumeDropped", "-o", "json").stdout)["items"]
-    assert len(events) == 1 and events[0]["type"] == "Warning"
-    assert "ImageVolume" in events[0]["message"]
+        fleet.apply(manifest("oci-weights"))
+        degraded = fleet.wait_for(
+            lambda: (lambda d: d if d.get("reason") == "WeightsVolumeDropped" else None)(fleet.condition("Degraded")),
+            timeout=90, what="Degraded: WeightsVolumeDropped")
+        assert degraded["status"] == "True"
+        assert f"spec.model.weights.uri oci://{IMAGE}" in degraded["message"]
+        assert "enable the ImageVolume feature gate" in degraded["message"]
+        assert len(fleet.instances()) == 2, "the rest of the fleet is made"
+        assert fleet.pods() == {}, "no engine pod runs without its weights"
+        events = json.loads(c.kubectl("-n", fleet.ns, "get", "events", "--field-selector",
+                                      "reason=WeightsVolumeDropped", "-o", "json").stdout)["items"]
+        assert len(events) == 1 and events[0]["type"] == "Warning"
+        assert "ImageVolume" in events[0]["message"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -131,6 +133,15 @@ def test_the_reconcile_asks_running_fills_and_writes_the_fleets_progress(filling
     assert outcome.requeue_after == rec.WEIGHTS_PROGRESS_SECONDS, "progress is read again soon"
 
 
+def test_one_pod_per_node_is_asked(filling: MemoryApi) -> None:
+    for (kind, _), obj in filling.store.items():
+        if kind == "Pod":
+            obj["spec"]["nodeName"] = "node-shared"
+    asked: list[Mapping[str, tuple[str, int]]] = []
+    rec.reconcile(filling, NS, "fleet", fill_probe=lambda t: asked.append(dict(t)) or {})
+    assert [len(t) for t in asked] == [1]
+
+
 def test_a_failing_probe_leaves_the_figures_unknown_and_nothing_else(filling: MemoryApi) -> None:
     rec.reconcile(filling, NS, "fleet", fill_probe=lambda t: {n: FillProgress(10, 100) for n in t})
     before = {k: v for k, v in filling.status().items() if k != "weights"}
@@ -172,6 +183,16 @@ def test_engines_read_progress_and_count_silence_as_unknown() -> None:
         assert got == {"up": FillProgress(7, 9)}
         answers["/weights"] = (200, {"something": "else"})
         assert engines.fill_progress(("127.0.0.1", port)) is None
+        with socket.socket() as silent:  # accepts connections, never answers
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(8)
+            slow = Engines(timeout=10.0)
+            started = time.monotonic()
+            try:
+                assert slow.fill_progress_many({f"p{i}": silent.getsockname() for i in range(20)}, budget=0.5) == {}
+            finally:
+                slow.close()
+            assert time.monotonic() - started < 2.0, "silent pods cost the pass the budget, not their timeouts"
     finally:
         engines.close()
         server.shutdown()

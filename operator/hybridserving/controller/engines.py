@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,7 +248,12 @@ class Engines:
         doc = self._json(f"http://{address[0]}:{address[1]}{WEIGHTS_PROGRESS_PATH}")
         return None if doc is None else FillProgress.parse(doc)
 
-    def fill_progress_many(self, targets: Mapping[str, tuple[str, int]]) -> dict[str, FillProgress]:
-        """`fill_progress` of several pods in parallel: pod name → address; only the answers."""
+    def fill_progress_many(self, targets: Mapping[str, tuple[str, int]],
+                           budget: float = TIMEOUT_S) -> dict[str, FillProgress]:
+        """`fill_progress` of several pods in parallel: pod name → address; the answers that came
+        within `budget` seconds in all, so pods that do not answer delay a reconcile by that much at
+        most, however many they are."""
         futures = {name: self.pool.submit(self.fill_progress, address) for name, address in targets.items()}
-        return {name: said for name, f in futures.items() if (said := f.result()) is not None}
+        wait(futures.values(), timeout=budget)
+        return {name: said for name, f in futures.items()
+                if f.done() and not f.exception() and (said := f.result()) is not None}

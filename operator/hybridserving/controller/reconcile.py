@@ -299,11 +299,17 @@ def weights_status(w: WeightsSpec, observed: Observed, previous: Mapping[str, An
                    probe: FillProbe | None) -> dict[str, Any]:
     """`status.weights`, with the progress of the fills that run now read from their pods.
 
-    A probe that fails leaves those nodes' figures unknown and nothing else. A figure that was
-    set and is unknown now is sent as null: the status write is a merge patch, which keeps a
-    field it does not mention.
+    One pod is asked per node: every fill step on a node reports that node's one download. A
+    probe that fails leaves the figures unknown and nothing else. A figure that was set and is
+    unknown now is sent as null: the status write is a merge patch, which keeps a field it does
+    not mention.
     """
-    targets = {p.name: p.weights_progress_at for p in observed.pods.values() if p.weights_progress_at}
+    targets: dict[str, tuple[str, int]] = {}
+    asked: set[str] = set()
+    for pod in sorted(observed.pods.values(), key=lambda p: p.name):
+        if pod.weights_progress_at and pod.node_name and pod.node_name not in asked:
+            asked.add(pod.node_name)
+            targets[pod.name] = pod.weights_progress_at
     progress: Mapping[str, weights.FillProgress] = {}
     if probe is not None and targets:
         try:
