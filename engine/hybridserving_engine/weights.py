@@ -103,7 +103,7 @@ class Source:
         partial = target.with_name(target.name + ".part")
         with self._open(path) as r, open(partial, "wb") as out:
             expected = r.headers.get("Content-Length")
-            while chunk := r.read(CHUNK):
+            while chunk := r.read1(CHUNK):  # what has arrived, up to CHUNK: progress moves within a file
                 out.write(chunk)
                 advanced(len(chunk))
         size = partial.stat().st_size

@@ -187,9 +187,10 @@ THROTTLE_BYTES_PER_SECOND = 40_000
 def test_status_shows_the_download_progress_while_it_runs(hub_fleet) -> None:
     view, hub, token, state = hub_fleet
     copy = sum(map(len, FILES.values()))
-    during = wait_for(lambda: (lambda w: w if w.get("bytesTotal") and 0 < w.get("bytesDone", 0) < w["bytesTotal"]
+    config = 2 * len(FILES["config.json"])  # the first file, on both nodes: the weight files come after
+    during = wait_for(lambda: (lambda w: w if w.get("bytesTotal") and config < w.get("bytesDone", 0) < w["bytesTotal"]
                                else None)(view.weights_status()), timeout=120, interval=0.5,
-                      what="status.weights with a download part-way")
+                      what="status.weights with the weight files part-way")
     assert during["nodesFilling"] >= 1 and during["nodesReady"] < 2
     assert during["bytesTotal"] % copy == 0, "one copy per node the figure covers"
     wait_for(view.all_ready, timeout=180, what="both instances Ready with their weights")
