@@ -7,10 +7,19 @@ starts at once. Pods that arrive while a download runs wait on the same file loc
 of downloading a second time.
 
 The hub protocol is the Hugging Face Hub's HTTP API (also served by its mirrors and proxies):
-`GET {endpoint}/api/models/{repo}/revision/{revision}` lists the files (`siblings`), and
+`GET {endpoint}/api/models/{repo}/revision/{revision}?blobs=true` lists the files (`siblings`,
+each with its `size`: the total a download's progress is measured against), and
 `GET {endpoint}/{repo}/resolve/{revision}/{file}` returns one, with `Authorization: Bearer
 <token>` for gated or private repositories. A download interrupted half-way resumes file by
 file: files already complete at their announced size are kept.
+
+While it runs, the step records its progress (bytes done and total, files done and total) in
+`.<directory>.progress` next to the copy, and serves that file as JSON at `GET /weights` on the
+pod's launcher port (`HYBRIDSERVING_LAUNCHER_HOST` / `HYBRIDSERVING_LAUNCHER_PORT`: the launcher
+does not run before the init step ends, and the operator may already reach that port). A pod
+that waits on the node's lock serves the same file, so it reports the download it waits for.
+The operator reads it (it never gives engine pods API access); a port it cannot bind only
+means no progress is served.
 
 The outcome goes to the termination message (`HYBRIDSERVING_TERMINATION_LOG`, else
 /dev/termination-log), which the kubelet copies into the pod status for the operator:
@@ -24,20 +33,27 @@ import http.client
 import json
 import logging
 import os
-import shutil
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from hybridserving.contract import ENV_LAUNCHER_PORT, WEIGHTS_PROGRESS_PATH
 
 log = logging.getLogger("hybridserving.weights")
 
 COMPLETE = ".complete"
 CHUNK = 1 << 20
 DEFAULT_ENDPOINT = "https://huggingface.co"
+# The progress file is rewritten at most this often: a TB download reads ~10^6 chunks.
+PROGRESS_EVERY_S = 0.5
 
 
 class FetchError(Exception):
@@ -70,26 +86,66 @@ class Source:
         except urllib.error.URLError as e:
             raise FetchError(f"hub {self.endpoint} unreachable: {e.reason}") from None
 
-    def files(self) -> list[str]:
+    def files(self) -> dict[str, int | None]:
+        """Every file of the revision and its size (None where the hub does not say)."""
         repo = urllib.parse.quote(self.repo)
-        with self._open(f"api/models/{repo}/revision/{urllib.parse.quote(self.revision, safe='')}") as r:
+        with self._open(f"api/models/{repo}/revision/{urllib.parse.quote(self.revision, safe='')}?blobs=true") as r:
             info = json.load(r)
-        return sorted(s["rfilename"] for s in info.get("siblings") or [])
+        return {s["rfilename"]: s["size"] if isinstance(s.get("size"), int) else None
+                for s in sorted(info.get("siblings") or [], key=lambda s: s["rfilename"])}
 
-    def download(self, name: str, target: Path) -> int:
-        """One file into `target` (written aside, then renamed); its size in bytes."""
+    def download(self, name: str, target: Path, advanced: Callable[[int], None] = lambda n: None) -> int:
+        """One file into `target` (written aside, then renamed); its size in bytes. `advanced` hears
+        of every chunk written."""
         path = (f"{urllib.parse.quote(self.repo)}/resolve/{urllib.parse.quote(self.revision, safe='')}/"
                 f"{urllib.parse.quote(name)}")
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
         with self._open(path) as r, open(partial, "wb") as out:
             expected = r.headers.get("Content-Length")
-            shutil.copyfileobj(r, out, CHUNK)
+            while chunk := r.read1(CHUNK):  # what has arrived, up to CHUNK: progress moves within a file
+                out.write(chunk)
+                advanced(len(chunk))
         size = partial.stat().st_size
         if expected is not None and int(expected) != size:
             raise FetchError(f"{name}: got {size} of {expected} bytes")
         os.replace(partial, target)
         return size
+
+
+def progress_file(directory: Path) -> Path:
+    """Where the fill of `directory` records its progress: next to it, like the node's lock."""
+    return directory.parent / f".{directory.name}.progress"
+
+
+class Progress:
+    """The running download's figures, kept in the progress file (replaced whole, never torn)."""
+
+    def __init__(self, path: Path, source: Source, sizes: dict[str, int | None]) -> None:
+        self.path = path
+        self.head = {"repo": source.repo, "revision": source.revision}
+        known = [size for size in sizes.values() if size is not None]
+        self.bytes_total = sum(known) if len(known) == len(sizes) else None
+        self.files_total = len(sizes)
+        self.bytes_done = self.files_done = 0
+        self.written_at: float | None = None
+
+    def advance(self, n: int) -> None:
+        self.bytes_done += n
+        if self.written_at is None or time.monotonic() - self.written_at >= PROGRESS_EVERY_S:
+            self.write()
+
+    def file_done(self) -> None:
+        self.files_done += 1
+        self.write()
+
+    def write(self) -> None:
+        doc = {**self.head, "bytesDone": self.bytes_done, "bytesTotal": self.bytes_total,
+               "filesDone": self.files_done, "filesTotal": self.files_total}
+        aside = self.path.with_name(self.path.name + ".tmp")
+        aside.write_text(json.dumps(doc))
+        os.replace(aside, self.path)
+        self.written_at = time.monotonic()
 
 
 def fill(source: Source, directory: Path) -> dict[str, object]:
@@ -103,20 +159,56 @@ def fill(source: Source, directory: Path) -> dict[str, object]:
         if marker.exists():
             done = json.loads(marker.read_text())
             return {**done, "downloaded": False, "seconds": round(time.monotonic() - started, 3)}
-        names = source.files()
+        sizes = source.files()
+        progress = Progress(progress_file(directory), source, sizes)
+        progress.write()  # at once: a file left by an earlier, failed attempt is not this one's
         total = downloaded_files = 0
-        for name in names:
+        for name in sizes:
             target = directory / name
             if target.exists():
-                total += target.stat().st_size
-                continue
-            total += source.download(name, target)
-            downloaded_files += 1
-            log.info("%s: %d bytes so far", name, total)
-        done = {"repo": source.repo, "revision": source.revision, "files": len(names), "bytes": total}
+                size = target.stat().st_size
+                total += size
+                progress.advance(size)
+            else:
+                total += source.download(name, target, progress.advance)
+                downloaded_files += 1
+                log.info("%s: %d bytes so far", name, total)
+            progress.file_done()
+        done = {"repo": source.repo, "revision": source.revision, "files": len(sizes), "bytes": total}
         marker.write_text(json.dumps(done))
         return {**done, "downloaded": True, "downloadedFiles": downloaded_files,
                 "seconds": round(time.monotonic() - started, 3)}
+
+
+def serve_progress(path: Path, host: str, port: int) -> ThreadingHTTPServer | None:
+    """Serve the progress file at `GET /weights` until shut down; None when the port cannot be bound
+    (progress is then unknown to the operator, and the fill goes on regardless)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            try:
+                body = path.read_bytes() if self.path.split("?", 1)[0] == WEIGHTS_PROGRESS_PATH else None
+                status = HTTPStatus.OK if body is not None else HTTPStatus.NOT_FOUND
+            except OSError:  # no download has recorded anything yet
+                body, status = None, HTTPStatus.NOT_FOUND
+            body = body or b'{"error": "no progress recorded"}'
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as e:
+        log.warning("weights: progress not served on %s:%d (%s)", host, port, e)
+        return None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="progress", daemon=True).start()
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +222,16 @@ def main(argv: list[str] | None = None) -> int:
             endpoint=env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT,
             token=env.get("HF_TOKEN") or None,
         )
-        outcome = fill(source, Path(env["HYBRIDSERVING_WEIGHTS_DIR"]))
+        directory = Path(env["HYBRIDSERVING_WEIGHTS_DIR"])
+        port = env.get(ENV_LAUNCHER_PORT, "")
+        server = serve_progress(progress_file(directory), env.get("HYBRIDSERVING_LAUNCHER_HOST") or "0.0.0.0",
+                                int(port)) if port.isdigit() else None
+        try:
+            outcome = fill(source, directory)
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
     except (FetchError, KeyError, OSError) as e:
         message = f"missing setting {e}" if isinstance(e, KeyError) else str(e)
         log.error("weights: %s", message)

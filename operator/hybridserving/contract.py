@@ -53,6 +53,9 @@ ENV_LAUNCHER_PORT = "HYBRIDSERVING_LAUNCHER_PORT"
 # The fleet's engine API key, from the Secret the operator writes (`core.enginekey`): the launcher
 # passes it to SGLang as `--api-key` and sends it on its own calls; never in the rendered argv.
 ENV_ENGINE_API_KEY = "HYBRIDSERVING_ENGINE_API_KEY"
+# The node-cache fill step (init container `weights`) serves its download's progress here on the
+# launcher port (ENV_LAUNCHER_PORT in its environment too), which the launcher takes only after it.
+WEIGHTS_PROGRESS_PATH = "/weights"
 ENV_PREFIX = "HYBRIDSERVING_"
 """`HYBRIDSERVING_<PLACEHOLDER>` carries the value of each placeholder below."""
 

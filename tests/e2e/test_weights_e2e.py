@@ -5,7 +5,9 @@ fake nodes; its weights come from `hf://` with `cache: Node` and the hub token f
 Secret. The hub counts every file it serves, so the test can show: one download per node,
 none for a restarted pod or a role switch, a token that reached the fill step (the hub
 refused nothing) yet appears in no object the operator wrote, and a failed download that
-is reported in status and Events while the other instance keeps serving.
+is reported in status and Events while the other instance keeps serving. A throttled hub
+shows the download's progress in status while it runs: the operator reads it from the fill
+steps through the pods' launcher ports.
 """
 
 from __future__ import annotations
@@ -80,12 +82,13 @@ class View:
 
 
 @pytest.fixture
-def hub_fleet(local_cluster, fleet_operator, pod_runner, tmp_path):
+def hub_fleet(request, local_cluster, fleet_operator, pod_runner, tmp_path):
+    """The fleet on a hub of its own; an indirect parameter throttles the hub (bytes per second)."""
     ns = f"w-{secrets.token_hex(4)}"
     token = f"hf_{secrets.token_hex(16)}"
     local_cluster.kubectl("create", "namespace", ns)
     local_cluster.kubectl("-n", ns, "create", "secret", "generic", "hub-token", f"--from-literal=HF_TOKEN={token}")
-    with FakeHub({REPO: FILES}, token=token) as hub:
+    with FakeHub({REPO: FILES}, token=token, bytes_per_second=getattr(request, "param", None)) as hub:
         doc = manifest(hub.endpoint)
         doc["metadata"]["namespace"] = ns
         local_cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
@@ -173,3 +176,24 @@ def test_a_failed_download_is_reported_and_the_other_instance_keeps_serving(hub_
     hub.failing = False
     wait_for(view.all_ready, timeout=120, what="the retried fill succeeds")
     assert dict(hub.downloads) == {key: 3 for key in per_file()}, "only the node that lost its copy downloaded"
+
+
+# About 15 s per node for FILES: long enough for the operator to read the progress mid-way
+# (it looks every 5 s while a node fills), short enough to keep the test quick.
+THROTTLE_BYTES_PER_SECOND = 40_000
+
+
+@pytest.mark.parametrize("hub_fleet", [THROTTLE_BYTES_PER_SECOND], indirect=True)
+def test_status_shows_the_download_progress_while_it_runs(hub_fleet) -> None:
+    view, hub, token, state = hub_fleet
+    copy = sum(map(len, FILES.values()))
+    config = 2 * len(FILES["config.json"])  # the first file, on both nodes: the weight files come after
+    during = wait_for(lambda: (lambda w: w if w.get("bytesTotal") and config < w.get("bytesDone", 0) < w["bytesTotal"]
+                               else None)(view.weights_status()), timeout=120, interval=0.5,
+                      what="status.weights with the weight files part-way")
+    assert during["nodesFilling"] >= 1 and during["nodesReady"] < 2
+    assert during["bytesTotal"] % copy == 0, "one copy per node the figure covers"
+    wait_for(view.all_ready, timeout=180, what="both instances Ready with their weights")
+    after = wait_for(lambda: (lambda w: w if w.get("nodesReady") == 2 else None)(view.weights_status()),
+                     timeout=30, what="status.weights complete")
+    assert (after["bytesDone"], after["bytesTotal"], after["nodesFilling"]) == (2 * copy, 2 * copy, 0)

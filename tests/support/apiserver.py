@@ -34,6 +34,15 @@ GPUS = 8
 NODES_PER_DOMAIN = 2
 
 
+def drop_image_volumes(pod_spec: dict[str, Any]) -> None:
+    """What kube-apiserver does to a new pod while the ImageVolume feature gate is off: the image
+    volumes and every mount of them go, silently (pkg/api/pod/util.go, dropImageVolumes)."""
+    names = {v["name"] for v in pod_spec.get("volumes") or [] if "image" in v}
+    pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v["name"] not in names]
+    for c in [*(pod_spec.get("containers") or []), *(pod_spec.get("initContainers") or [])]:
+        c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m["name"] not in names]
+
+
 class MemoryApi:
     """An in-memory stand-in for `Kube`, with fault injection."""
 
@@ -43,6 +52,7 @@ class MemoryApi:
         self.writes: Counter[tuple[str, str]] = Counter()
         self.fail: Callable[[str, str, str], int | None] = lambda verb, kind, name: None
         self.down = False
+        self.image_volumes = True  # False: the ImageVolume feature gate is off (see drop_image_volumes)
 
     def _check(self, verb: str, kind: str, name: str) -> None:
         if self.down:
@@ -65,18 +75,21 @@ class MemoryApi:
             if k == kind and all(o["metadata"].get("labels", {}).get(a) == b for a, b in labels.items())
         ]
 
-    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    def create(self, kind: str, namespace: str, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         meta = body["metadata"]
         name = meta.get("name") or f"{meta['generateName']}{next(self.counter)}"
-        self._check("create", kind, name)
-        self.writes[("create", kind)] += 1
+        self._check("create-dry-run" if dry_run else "create", kind, name)
+        self.writes[("create-dry-run" if dry_run else "create", kind)] += 1
         if (kind, name) in self.store:
             raise KubeError(409, "already exists")
         obj = copy.deepcopy(body)
         obj["kind"] = kind
         obj["metadata"].update(name=name, uid=f"uid-{next(self.counter)}", resourceVersion=str(next(self.counter)),
                                generation=1)
-        self.store[(kind, name)] = obj
+        if kind == "Pod" and not self.image_volumes:
+            drop_image_volumes(obj["spec"])
+        if not dry_run:
+            self.store[(kind, name)] = obj
         return copy.deepcopy(obj)
 
     def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any], *,
@@ -193,9 +206,9 @@ class FakeCluster(MemoryApi):
         self.pod_uids_seen: dict[str, list[str]] = {}
 
     # -- apiserver: pods start Pending and are deleted gracefully, as on a node
-    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        created = super().create(kind, namespace, body)
-        if kind == "Pod":
+    def create(self, kind: str, namespace: str, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        created = super().create(kind, namespace, body, dry_run=dry_run)
+        if kind == "Pod" and not dry_run:
             name, uid = created["metadata"]["name"], created["metadata"]["uid"]
             self.store[(kind, name)]["status"] = {"phase": "Pending"}
             self.store[(kind, name)]["_age"] = 0

@@ -60,3 +60,16 @@ def test_render_has_a_rollout_line_with_the_revisions_and_what_holds_it() -> Non
     line = next(row for row in out.getvalue().splitlines() if "Rollout" in row)
     assert "[held: Canary]" in line and "held by canary 1" in line
     assert "update flex-bbb" in line and "current flex-aaa" in line and "last good flex-aaa" in line
+
+
+def test_render_has_a_weights_line_with_the_download_progress_when_known() -> None:
+    def line(weights: dict) -> str:
+        out = io.StringIO()
+        render({**HS, "status": {**HS["status"], "weights": weights}}, INSTANCES, out)
+        return next(x for x in out.getvalue().splitlines() if "Weights:" in x)
+
+    base = {"source": "hf://org/m", "nodesReady": 1, "nodesFilling": 1, "nodesFailed": 0}
+    assert line({**base, "bytesDone": 1_500_000_000, "bytesTotal": 2_000_000_000}).endswith(
+        "hf://org/m  1 node(s) ready, 1 filling, 0 failed; 75% (1.5 GB of 2.0 GB)")
+    assert line(base).endswith("; progress unknown")
+    assert "last error gpu-1: 503" in line({**base, "nodesFailed": 1, "errors": ["gpu-1: 503 from the hub"]})

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from hybridserving.contract import WEIGHTS_PROGRESS_PATH
 from support.fakehub import FakeHub
 from hybridserving_engine import weights
 
@@ -81,3 +83,77 @@ def test_success_writes_the_outcome_as_the_termination_message(tmp_path: Path, m
         assert weights.main([]) == 0
     outcome = json.loads(log.read_text())
     assert outcome["downloaded"] is True and outcome["files"] == 2
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def read_progress(port: int) -> dict | None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{WEIGHTS_PROGRESS_PATH}", timeout=1) as r:
+            return json.load(r)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def test_a_running_fill_serves_its_progress_on_the_launcher_port_and_a_waiting_pod_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    total = sum(map(len, FILES.values()))
+    directory = tmp_path / "m"
+    port, waiting_port = free_port(), free_port()
+    seen: list[dict] = []
+    with FakeHub({"org/model": FILES}, token="hf_test", bytes_per_second=200_000) as hub:
+        for key, value in {"HYBRIDSERVING_WEIGHTS_REPO": "org/model", "HYBRIDSERVING_WEIGHTS_DIR": str(directory),
+                           "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_test",
+                           "HYBRIDSERVING_LAUNCHER_HOST": "127.0.0.1", "HYBRIDSERVING_LAUNCHER_PORT": str(port),
+                           "HYBRIDSERVING_TERMINATION_LOG": str(tmp_path / "termination")}.items():
+            monkeypatch.setenv(key, value)
+        runner = threading.Thread(target=weights.main, args=([],))
+        runner.start()
+        # A second pod on the node: it waits on the lock and serves the file the first one writes.
+        waiting = weights.serve_progress(weights.progress_file(directory), "127.0.0.1", waiting_port)
+        assert waiting is not None
+        try:
+            while runner.is_alive():
+                doc = read_progress(port)
+                if doc is not None:
+                    seen.append(doc)
+                    assert read_progress(waiting_port) is not None
+                time.sleep(0.05)
+        finally:
+            runner.join()
+            waiting.shutdown()
+            waiting.server_close()
+    config = len(FILES["config.json"])
+    middle = [d for d in seen if config < d["bytesDone"] < total]
+    assert middle, "progress moves within a file, not only between files"
+    assert all(d["bytesTotal"] == total and d["filesTotal"] == 2 for d in middle)
+    assert read_progress(port) is None, "the endpoint goes with the step (the launcher takes the port)"
+    final = json.loads(weights.progress_file(directory).read_text())
+    assert (final["bytesDone"], final["filesDone"]) == (total, 2)
+
+
+def test_a_port_in_use_leaves_progress_unserved_and_the_fill_goes_on(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert weights.serve_progress(tmp_path / "p", "127.0.0.1", taken.getsockname()[1]) is None
+
+
+def test_sizes_come_from_the_hub_listing_and_a_missing_one_leaves_the_total_unknown(tmp_path: Path) -> None:
+    with FakeHub({"org/model": FILES}, token="hf_test") as hub:
+        sizes = source(hub).files()
+    assert sizes == {name: len(data) for name, data in FILES.items()}
+    progress = weights.Progress(tmp_path / "p", source(hub), {"a": 3, "b": None})
+    progress.write()
+    assert json.loads((tmp_path / "p").read_text())["bytesTotal"] is None

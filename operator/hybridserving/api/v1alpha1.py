@@ -631,6 +631,15 @@ class WeightsStatus(ApiModel):
     nodes_filling: int = Field(default=0, description="Nodes downloading now.")
     nodes_failed: int = Field(default=0, description="Nodes whose last download failed (pods retry).")
     bytes: int = Field(default=0, description="Size of one complete copy.")
+    bytes_done: int | None = Field(
+        default=None, ge=0,
+        description="Bytes on the nodes so far: a copy per node with the weights plus what each filling node's "
+        "download reported. Nodes whose progress is unknown are left out of bytesDone and bytesTotal alike; "
+        "unset while no figure is known.")
+    bytes_total: int | None = Field(
+        default=None, ge=0,
+        description="What those nodes hold once complete (one copy each): bytesDone / bytesTotal is the fleet's "
+        "download progress.")
     errors: list[str] = Field(default_factory=list, description="Last download errors, by node (bounded).")
 
 

@@ -10,7 +10,8 @@ write: one URI whose scheme names the source, plus the secret that unlocks it.
 * `pvc://claim/sub/path` — a PersistentVolumeClaim mounted read-only by every pod
   (ReadOnlyMany), filled by whatever the platform uses.
 * `oci://registry/repo:tag` — an OCI image mounted as a read-only volume (Kubernetes image
-  volumes, where the cluster supports them).
+  volumes, where the cluster supports them; where its apiserver drops them, no engine pod is
+  created and the fleet says why: controller/reconcile.py `image_volume_refused`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class WeightsSpec(ApiModel):
         description="Host directory of the node-local cache (cache: Node).",
     )
     size_bytes: int | None = Field(
-        default=None, ge=0, description="Expected size, to report download progress in status."
+        default=None, ge=0,
+        description="Size of one copy, for status.weights.bytesTotal when the hub lists no file sizes "
+        "(cache: Node; the Hub itself lists them).",
     )
 
     @model_validator(mode="after")

@@ -37,6 +37,9 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
     capacity = (status.get("capacity") or {}).get("summary")
     if capacity:
         out.write(f"  KV capacity: {capacity}\n")
+    weights = status.get("weights") or {}
+    if weights:
+        out.write(f"  Weights: {weights_line(weights)}\n")
     rollout = status.get("rollout") or {}
     if rollout:
         held = f" [held: {rollout['held']}]" if rollout.get("held") else ""
@@ -70,6 +73,24 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
         write_table(rows, out, indent="    ")
     else:
         out.write("  no role switches yet\n")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def weights_line(w: dict[str, Any]) -> str:
+    """`status.weights` in one line: nodes by state, the download's progress when known, errors."""
+    line = (f"{w.get('source', '-')}  {w.get('nodesReady', 0)} node(s) ready, {w.get('nodesFilling', 0)} filling, "
+            f"{w.get('nodesFailed', 0)} failed")
+    done, total = w.get("bytesDone"), w.get("bytesTotal")
+    if isinstance(done, int) and isinstance(total, int) and total > 0:
+        line += f"; {done * 100 // total}% ({_size(done)} of {_size(total)})"
+    elif w.get("nodesFilling"):
+        line += "; progress unknown"
+    if w.get("errors"):
+        line += f"; last error {w['errors'][0]}"
+    return line
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:

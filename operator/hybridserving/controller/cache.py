@@ -200,7 +200,9 @@ class CachedKube(Kube):
         self.cache.prime(kind, namespace, labels, items, list_version)
         return items, list_version
 
-    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    def create(self, kind: str, namespace: str, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        if dry_run:  # nothing was stored: nothing to cache
+            return super().create(kind, namespace, body, dry_run=True)
         written = self._behind_on_conflict(kind, namespace, lambda: super(CachedKube, self).create(
             kind, namespace, body))
         self.cache.store(kind, written)

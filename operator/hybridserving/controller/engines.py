@@ -9,6 +9,9 @@ The role-switch controller reads, on each instance's leader pod:
   simulator's time scale), `/metrics` (the `sglang:` series the policy reads);
 * the launcher (`http://<podIP>:<launcher port>`): `/status` (the step and outcome of a switch).
 
+The reconcile reads, on pods whose node-cache fill step runs, the step's progress on the same
+launcher port (`contract.WEIGHTS_PROGRESS_PATH`; the launcher starts only once the step is done).
+
 Every call has a short timeout and returns None instead of raising: an engine that does not answer
 is an observation, not an error. `instance_metrics` turns two scrapes into the policy's
 `InstanceMetrics` (utilisation and latency percentiles from counter and histogram deltas).
@@ -19,15 +22,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from hybridserving.contract import bearer, inflight_requests
+from hybridserving.contract import WEIGHTS_PROGRESS_PATH, bearer, inflight_requests
 from hybridserving.core.policy import InstanceMetrics
+from hybridserving.core.weights import FillProgress
 
 TIMEOUT_S = 2.0
 FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
@@ -238,3 +242,18 @@ class Engines:
         futures = {name: self.pool.submit(self.sample, t[0], t[1], switching=t[2], scrape=t[3], api_key=api_key)
                    for name, t in targets.items()}
         return {name: f.result() for name, f in futures.items()}
+
+    def fill_progress(self, address: tuple[str, int]) -> FillProgress | None:
+        """What a running fill step says of its download (None: no answer, or not its figures)."""
+        doc = self._json(f"http://{address[0]}:{address[1]}{WEIGHTS_PROGRESS_PATH}")
+        return None if doc is None else FillProgress.parse(doc)
+
+    def fill_progress_many(self, targets: Mapping[str, tuple[str, int]],
+                           budget: float = TIMEOUT_S) -> dict[str, FillProgress]:
+        """`fill_progress` of several pods in parallel: pod name → address; the answers that came
+        within `budget` seconds in all, so pods that do not answer delay a reconcile by that much at
+        most, however many they are."""
+        futures = {name: self.pool.submit(self.fill_progress, address) for name, address in targets.items()}
+        wait(futures.values(), timeout=budget)
+        return {name: said for name, f in futures.items()
+                if f.done() and not f.exception() and (said := f.result()) is not None}

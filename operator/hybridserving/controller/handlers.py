@@ -22,6 +22,7 @@ from hybridserving.controller import metrics
 from hybridserving.controller.leadership import Election, Leadership
 from hybridserving.controller import switching as role_switching
 from hybridserving.controller.cache import CachedKube, ObjectCache
+from hybridserving.controller.engines import Engines
 from hybridserving.controller.kube import OWNED_KINDS, RESOURCES, Kube
 from hybridserving.controller.queue import Key, WorkQueue
 from hybridserving.controller.reconcile import reconcile
@@ -59,6 +60,7 @@ class Runtime:
     cache: ObjectCache
     switcher: asyncio.Task[None] | None = None  # the role-switch controller (controller/switching.py)
     leadership: Leadership | None = None
+    engines: Engines | None = None  # the reconcile's engine reads (controller/engines.py)
 
 
 _runtime: Runtime | None = None
@@ -92,11 +94,15 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         threading.Thread(target=leadership.hold, name="lease", daemon=True).start()
     metrics.LEADER.set(1)
 
+    # The reconcile's own reads of engine pods: the progress of running weights downloads.
+    engines = Engines()
+
     async def work(key: Key) -> float | None:
         namespace, name = key
         try:
             outcome = await asyncio.to_thread(reconcile, kube, namespace, name, None, OPTIONS.engine_policy,
-                                              OPTIONS.progress_deadline_seconds, operator_key=OPTIONS.operator_key)
+                                              OPTIONS.progress_deadline_seconds, operator_key=OPTIONS.operator_key,
+                                              fill_probe=engines.fill_progress_many)
         except Exception:
             metrics.RECONCILES.labels("error").inc()
             raise
@@ -120,7 +126,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
                 queue.add(key)
 
     _runtime = Runtime(kube=kube, queue=queue, resync=asyncio.create_task(resync(), name="resync"),
-                       cache=cache, leadership=leadership)
+                       cache=cache, leadership=leadership, engines=engines)
     # Role switches: every fleet the queue knows, ticked every few seconds.
     _runtime.switcher = asyncio.create_task(
         role_switching.run(kube.sibling("switch"), lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds,
@@ -136,6 +142,8 @@ async def stop(**_: Any) -> None:
         if _runtime.switcher is not None:
             _runtime.switcher.cancel()
         await _runtime.queue.stop()
+        if _runtime.engines is not None:
+            _runtime.engines.close()
         if _runtime.leadership is not None:
             await asyncio.to_thread(_runtime.leadership.release)
         metrics.LEADER.set(0)

@@ -26,13 +26,14 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec, WeightsStatus
+from hybridserving.api.weights import WeightsSpec
 from hybridserving.controller import gauges, metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import (
@@ -71,6 +72,15 @@ EVENT_REASONS = {Cause.GANG_RESTART: "GangRestart", Cause.ROLLOUT: "RollingUpdat
 
 # How soon to look again while something is still moving (pods start, old pods go away).
 FOLLOW_UP_SECONDS = 2.0
+# How often a download's progress is read while a node fills its weights cache (nothing in
+# the pods' objects changes while it runs, so no event would bring the next look).
+WEIGHTS_PROGRESS_SECONDS = 5.0
+
+# The Degraded reason (and Warning Event) of a cluster that drops image volumes.
+WEIGHTS_VOLUME_DROPPED = "WeightsVolumeDropped"
+
+# Asks the running fill steps for their progress: pod name → (IP, port) in, the answers out.
+FillProbe = Callable[[Mapping[str, tuple[str, int]]], Mapping[str, weights.FillProgress]]
 
 # Frozen, so one shared instance is safe as a default: it grants nothing.
 DEFAULT_ENGINE_POLICY = EnginePolicy()
@@ -285,6 +295,53 @@ def weights_warnings(previous: dict[str, Any] | None, current: dict[str, Any] | 
              f"pods retry with back-off, running instances keep serving: {'; '.join(current['errors'])}"),)
 
 
+def weights_status(w: WeightsSpec, observed: Observed, previous: Mapping[str, Any] | None,
+                   probe: FillProbe | None) -> dict[str, Any]:
+    """`status.weights`, with the progress of the fills that run now read from their pods.
+
+    One pod is asked per node: every fill step on a node reports that node's one download. A
+    probe that fails leaves the figures unknown and nothing else. A figure that was set and is
+    unknown now is sent as null: the status write is a merge patch, which keeps a field it does
+    not mention.
+    """
+    targets: dict[str, tuple[str, int]] = {}
+    asked: set[str] = set()
+    for pod in sorted(observed.pods.values(), key=lambda p: p.name):
+        if pod.weights_progress_at and pod.node_name and pod.node_name not in asked:
+            asked.add(pod.node_name)
+            targets[pod.name] = pod.weights_progress_at
+    progress: Mapping[str, weights.FillProgress] = {}
+    if probe is not None and targets:
+        try:
+            progress = probe(targets)
+        except Exception:  # noqa: BLE001 - progress is a nicety: it never fails a pass
+            log.exception("weights progress not read")
+    status = wire(WeightsStatus.model_validate(weights.summarize(w, observed.pods.values(), progress)))
+    for key in ("bytesDone", "bytesTotal"):
+        if key not in status and key in (previous or {}):
+            status[key] = None
+    return status
+
+
+def image_volume_refused(kube: Kube, namespace: str, spec: HybridServingSpec, todo: list[Action]) -> bool:
+    """Whether the cluster would drop the image volume of an `oci://` fleet's pods (see
+    `weights.volume_kept`): the first pod to create is created as a dry run and compared.
+
+    A dry run that fails tells nothing (the real create then reports its own error), so it
+    counts as kept.
+    """
+    w = spec.model.weights
+    first = next((a for a in todo if a.verb == "create" and a.kind == "Pod"), None)
+    if w is None or w.scheme != "oci" or first is None or first.body is None:
+        return False
+    try:
+        stored = kube.create("Pod", namespace, first.body, dry_run=True)
+    except KubeError as exc:
+        log.info("%s/%s: dry-run create failed (%s)", namespace, first.name, exc)
+        return False
+    return not weights.volume_kept(stored)
+
+
 def report_instances(kube: Kube, namespace: str, views: dict[str, InstanceView]) -> None:
     """Instance status, written only where it changed, and only on the instance as observed.
 
@@ -379,9 +436,10 @@ def reconcile(kube: Kube, namespace: str, name: str,
               plan_hook: Callable[[list[Action]], list[Action]] | None = None,
               engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY,
               progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS,
-              *, operator_key: bytes = b"") -> Outcome:
+              *, operator_key: bytes = b"", fill_probe: FillProbe | None = None) -> Outcome:
     """One pass over one HybridServing. `plan_hook` lets tests cut a pass short (a crash).
-    `operator_key` derives the fleet's engine key (`core.enginekey`); an empty one is refused."""
+    `operator_key` derives the fleet's engine key (`core.enginekey`); an empty one is refused.
+    `fill_probe` reads the progress of running weights downloads (none read without it)."""
     started = time.monotonic()
     outcome = Outcome()
     try:
@@ -417,6 +475,10 @@ def reconcile(kube: Kube, namespace: str, name: str,
     if desired is not None:
         outcome.actions = planner.diff(desired, observed)
         todo = plan_hook(outcome.actions) if plan_hook else outcome.actions
+        if image_volume_refused(kube, namespace, desired.spec, todo):
+            assert desired.spec.model.weights is not None, "only a fleet with weights has an image volume"
+            outcome.fail(WEIGHTS_VOLUME_DROPPED, weights.volume_dropped_message(desired.spec.model.weights))
+            todo = [a for a in todo if not (a.verb == "create" and a.kind == "Pod")]
         if todo or previous.get("ready") != "True":
             write_engine_key(kube, namespace, meta, operator_key, outcome)
         owners = {meta["uid"]} | {i.uid for i in observed.instances.values()}
@@ -437,8 +499,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
                           error_reason=outcome.error_reason, progress_deadline_seconds=progress_deadline_seconds)
     gauges.record(namespace, name, status, views)
     if desired is not None and desired.spec.model.weights is not None:
-        status["weights"] = wire(WeightsStatus.model_validate(
-            weights.summarize(desired.spec.model.weights, observed.pods.values())))
+        status["weights"] = weights_status(desired.spec.model.weights, observed, previous.get("weights"), fill_probe)
     if changed(previous, status):
         try:
             kube.patch(KIND, namespace, name, {"status": status}, subresource="status")
@@ -446,13 +507,21 @@ def reconcile(kube: Kube, namespace: str, name: str,
             if not exc.conflict:
                 raise
     more = weights_warnings(previous.get("weights"), status.get("weights"))
+    if outcome.error_reason == WEIGHTS_VOLUME_DROPPED and outcome.errors:
+        was = {c.get("type"): c.get("reason") for c in previous.get("conditions") or []}.get("Degraded")
+        if was != WEIGHTS_VOLUME_DROPPED:  # once, when it starts
+            more += ((WEIGHTS_VOLUME_DROPPED, outcome.errors[0]),)
     if outcome.applied or warning or more:
         post_events(kube, body, outcome.actions[: outcome.applied], warning, more)
     if outcome.errors:
         outcome.requeue_after = backoff_seconds(status)
     elif outcome.conflict:
         outcome.requeue_after = 1.0
-    elif outcome.actions or status.get("ready") != "True":
-        outcome.requeue_after = FOLLOW_UP_SECONDS if outcome.actions else 10.0
+    elif outcome.actions:
+        outcome.requeue_after = FOLLOW_UP_SECONDS
+    elif (status.get("weights") or {}).get("nodesFilling") and fill_probe is not None:
+        outcome.requeue_after = WEIGHTS_PROGRESS_SECONDS
+    elif status.get("ready") != "True":
+        outcome.requeue_after = 10.0
     metrics.DURATION.observe(time.monotonic() - started)
     return outcome

@@ -47,6 +47,7 @@ class ObservedPod:
     host_ports: tuple[int, ...] = ()
     owner_uids: tuple[str, ...] = ()
     weights_fill: tuple[str, str] | None = None  # the node-cache fill step: (state, detail)
+    weights_progress_at: tuple[str, int] | None = None  # (IP, port) where its running fill serves progress
 
     @property
     def instance(self) -> str:
@@ -114,6 +115,7 @@ class ObservedPod:
             host_ports=host_ports,
             owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
             weights_fill=weights.fill_outcome(obj),
+            weights_progress_at=weights.progress_address(obj),
         )
 
 

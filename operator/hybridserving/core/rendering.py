@@ -234,7 +234,7 @@ def pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instanc
         enginekey.env_var(hs.metadata.name),
         *(e.to_pod() for e in spec.engine.env),
     ]
-    pod_weights = weights.render(spec)
+    pod_weights = weights.render(spec, p.launcher)
     env += pod_weights.env
     container_ports = []
     for port_name, number in (

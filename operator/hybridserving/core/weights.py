@@ -8,7 +8,10 @@ ever travels as a `secretKeyRef`: nothing the operator writes holds its value.
 The node cache is a host directory per node, keyed by repository and revision; the fill step
 (`hybridserving-weights`, an init container in the engine image) takes a per-node lock and
 skips the download when a completed copy is there, so restarts, gang restarts and role
-switches on that node start without a second download.
+switches on that node start without a second download. While it runs it serves its
+progress at `contract.WEIGHTS_PROGRESS_PATH` on the pod's launcher port (the launcher starts
+only after it), which the operator reads into `FillProgress`: engine pods never get API
+access to report it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from hybridserving.api.v1alpha1 import HybridServingSpec
 from hybridserving.api.weights import WeightsSpec
+from hybridserving.contract import ENV_LAUNCHER_PORT
 from hybridserving.core.layout import LayoutIssue
 
 MOUNT_PATH = "/models/weights"
@@ -87,7 +91,8 @@ class PodWeights:
     init_containers: list[dict[str, Any]]
 
 
-def render(spec: HybridServingSpec) -> PodWeights:
+def render(spec: HybridServingSpec, progress_port: int) -> PodWeights:
+    """The weights' part of an engine pod; a fill step serves its progress on `progress_port`."""
     w = spec.model.weights
     if w is None:
         return PodWeights([], [], [], [])
@@ -114,6 +119,7 @@ def render(spec: HybridServingSpec) -> PodWeights:
             {"name": "HYBRIDSERVING_WEIGHTS_REPO", "value": w.location},
             {"name": "HYBRIDSERVING_WEIGHTS_REVISION", "value": w.revision or "main"},
             {"name": "HYBRIDSERVING_WEIGHTS_DIR", "value": f"/cache/{key}"},
+            {"name": ENV_LAUNCHER_PORT, "value": str(progress_port)},
             *_hub_env(w),
         ],
         "volumeMounts": [{"name": VOLUME, "mountPath": "/cache"}],
@@ -121,6 +127,25 @@ def render(spec: HybridServingSpec) -> PodWeights:
         "terminationMessagePolicy": "File",
     }
     return PodWeights([volume], [{**mount, "subPath": key}], [], [fill])
+
+
+def volume_kept(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod, as the apiserver stores it, still has its weights volume.
+
+    An apiserver whose ImageVolume feature gate is off drops image volumes and their mounts
+    from new pods without an error (kubernetes pkg/api/pod/util.go, dropImageVolumes); such a
+    pod would run its engine with no weights.
+    """
+    return any(v.get("name") == VOLUME for v in (pod.get("spec") or {}).get("volumes") or [])
+
+
+def volume_dropped_message(w: WeightsSpec) -> str:
+    """What to tell the fleet's owner when the cluster drops the image volume of `w`."""
+    return (f"spec.model.weights.uri {w.uri}: the apiserver drops image volumes (its ImageVolume feature gate is "
+            "off), so engines would start without their weights; no engine pod is created. Fix: enable the "
+            "ImageVolume feature gate on kube-apiserver and the kubelets (on by default from Kubernetes 1.35; "
+            "nodes need a runtime that mounts images: containerd 2.1+ or CRI-O 1.31+), or serve the weights "
+            "from pvc:// or hf:// with cache: Node")
 
 
 def check(spec: HybridServingSpec) -> list[LayoutIssue]:
@@ -171,14 +196,64 @@ def fill_outcome(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def summarize(w: WeightsSpec, pods: Iterable[Any]) -> dict[str, Any]:
+def progress_address(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(pod IP, port) where the pod's fill step serves its progress while it runs, else None.
+
+    Only a running step serves it (one waiting to retry or not yet started has nothing there),
+    and only one whose container names the port (pods rendered before it did are never asked).
+    """
+    ip = (pod.get("status") or {}).get("podIP")
+    running = any(s.get("name") == FILL_CONTAINER and "running" in (s.get("state") or {})
+                  for s in (pod.get("status") or {}).get("initContainerStatuses") or [])
+    if not ip or not running:
+        return None
+    for container in (pod.get("spec") or {}).get("initContainers") or []:
+        if container.get("name") != FILL_CONTAINER:
+            continue
+        port = next((str(e.get("value", "")) for e in container.get("env") or []
+                     if e.get("name") == ENV_LAUNCHER_PORT), "")
+        return (ip, int(port)) if port.isdigit() else None
+    return None
+
+
+@dataclass(frozen=True)
+class FillProgress:
+    """What a running fill step said of its download: bytes so far and, when the hub listed every
+    file's size, the total."""
+
+    bytes_done: int
+    bytes_total: int | None = None
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> FillProgress | None:
+        """The figures of a progress document, or None when they are not figures (a document from
+        something else on that port is no progress)."""
+        done, total = doc.get("bytesDone"), doc.get("bytesTotal")
+        if type(done) is not int or done < 0:
+            return None
+        if total is not None and (type(total) is not int or total < done):
+            return None
+        return cls(done, total)
+
+
+def summarize(w: WeightsSpec, pods: Iterable[Any], progress: Mapping[str, FillProgress] | None = None
+              ) -> dict[str, Any]:
     """Status of the weights across nodes: how many have them, how many fill, bytes, errors.
 
     A node counts once, by its best outcome (a node where one pod filled the cache has the
     weights even if another pod's earlier attempt failed). Sources mounted from a volume are
     ready where a pod runs; their readiness shows in the pods' own status.
+
+    `progress` (by pod name) is what running fill steps said. The fleet's `bytesDone` /
+    `bytesTotal` add up the nodes whose figure is known: a node with the weights holds one
+    copy, a filling node what its step reported (the furthest, when several of its pods
+    report the one download they share) out of the copy's size. A filling node that did not
+    answer is left out of both, so the ratio stays right; with no figure at all both are None.
+    The copy's size comes from a finished fill, else the hub's listing, else `sizeBytes`.
     """
+    progress = progress or {}
     per_node: dict[str, tuple[str, str]] = {}
+    reported: dict[str, FillProgress] = {}
     rank = {"Filled": 2, "Filling": 1, "Failed": 0}
     for pod in pods:
         if pod.weights_fill is None or not pod.node_name:
@@ -186,6 +261,10 @@ def summarize(w: WeightsSpec, pods: Iterable[Any]) -> dict[str, Any]:
         best = per_node.get(pod.node_name)
         if best is None or rank[pod.weights_fill[0]] > rank[best[0]]:
             per_node[pod.node_name] = pod.weights_fill
+        said = progress.get(pod.name)
+        if said is not None and (pod.node_name not in reported
+                                 or said.bytes_done > reported[pod.node_name].bytes_done):
+            reported[pod.node_name] = said
     filled = [detail for state, detail in per_node.values() if state == "Filled"]
     size = 0
     for detail in filled:
@@ -193,6 +272,14 @@ def summarize(w: WeightsSpec, pods: Iterable[Any]) -> dict[str, Any]:
             size = max(size, int(json.loads(detail).get("bytes", 0)))
         except (ValueError, AttributeError):
             continue
+    filling = {node: reported[node] for node, (state, _) in per_node.items()
+               if state == "Filling" and node in reported}
+    copy = size or max((p.bytes_total for p in filling.values() if p.bytes_total is not None),
+                       default=w.size_bytes or 0)
+    bytes_done = bytes_total = None
+    if copy and (filled or filling):
+        bytes_done = copy * len(filled) + sum(min(p.bytes_done, copy) for p in filling.values())
+        bytes_total = copy * (len(filled) + len(filling))
     errors = sorted({f"{node}: {detail[:200]}" for node, (state, detail) in per_node.items() if state == "Failed"})
     return {
         "source": w.uri,
@@ -201,5 +288,7 @@ def summarize(w: WeightsSpec, pods: Iterable[Any]) -> dict[str, Any]:
         "nodesFilling": sum(1 for state, _ in per_node.values() if state == "Filling"),
         "nodesFailed": len(errors),
         "bytes": size,
+        "bytesDone": bytes_done,
+        "bytesTotal": bytes_total,
         "errors": errors[:5],
     }

@@ -38,6 +38,8 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 # Gang admission through the Workload API (scheduling.k8s.io/v1alpha1, alpha in 1.35): the
 # apiserver serves Workloads and pods' spec.workloadRef, the scheduler's gang plugin holds a
 # pod group until all of its pods fit. Pods without a workloadRef schedule as before.
+# Image volumes (oci:// weights) need no gate here: ImageVolume is beta and on by default in
+# 1.35 (`kube-apiserver --help`: "ImageVolume=true|false (BETA - default=true)").
 FEATURE_GATES = "GenericWorkload=true,GangScheduling=true"
 RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha1=true"
 BINARIES = COMPONENTS + ("kubectl",)
@@ -276,13 +278,17 @@ class Cluster:
         *,
         root: pathlib.Path | None = None,
         progress: Progress | None = None,
+        feature_gates: str = "",
     ) -> None:
+        """`feature_gates` are set on top of `FEATURE_GATES` (`Name=false,...`): a cluster configured
+        like one a fleet may meet, such as one without a beta feature."""
         if not name or not all(c.isalnum() or c in "-_." for c in name):
             raise ValueError(f"invalid cluster name {name!r}")
         self.name = name
         self.fleet = fleet or FleetSpec()
         self.dir = (root or clusters_dir()) / name
         self.progress: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.feature_gates = ",".join(g for g in (FEATURE_GATES, feature_gates) if g)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._t0 = time.monotonic()
 
@@ -583,7 +589,7 @@ class Cluster:
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "--event-ttl=30m",
-            f"--feature-gates={FEATURE_GATES}",
+            f"--feature-gates={self.feature_gates}",
             f"--runtime-config={RUNTIME_CONFIG}",
             "--v=1",
         ])
@@ -633,7 +639,7 @@ class Cluster:
             "--bind-address=127.0.0.1",
             f"--secure-port={p.scheduler}",
             f"--cert-dir={pki / 'scheduler'}",
-            f"--feature-gates={FEATURE_GATES}",
+            f"--feature-gates={self.feature_gates}",
             "--profiling=false",
             "--v=1",
         ])
