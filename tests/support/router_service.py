@@ -153,7 +153,8 @@ class RouterService:
                     if "draining" in json.dumps(w).lower() or not w.get("is_healthy", True):
                         # smg drains a removed worker for 5 s before dropping it
                         # (workflow/steps/local/drain_workers.rs): listed, no new requests.
-                        self.audit.draining.append(json.dumps(w)[:300])
+                        self.audit.draining.append(json.dumps(
+                            {k: v for k, v in w.items() if isinstance(v, (str, bool, int)) and k != "id"}))
                         continue
                     at = (e.pod, w["url"], pod["metadata"]["uid"])
                     listed.add(at)
