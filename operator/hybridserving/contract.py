@@ -10,6 +10,7 @@ operator code for it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib import resources
@@ -115,3 +116,11 @@ def inflight_requests(loads: Mapping[str, Any]) -> int:
         total += sum(int(v or 0) for k, v in disagg.items() if k.endswith("_queue_reqs"))
         total += int((load.get("queues") or {}).get("paused") or 0)
     return total
+
+
+def expand_references(arg: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion of a container's command and args (`$$` escapes; unknown
+    names stay as written): how the router's `--api-key $(HYBRIDSERVING_ENGINE_API_KEY)` gets the
+    key from the Secret its env references. The local stand-ins for the kubelet use it."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), arg)

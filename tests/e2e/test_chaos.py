@@ -47,6 +47,7 @@ import httpx
 import pytest
 import yaml
 
+from hybridserving.devcluster import stack
 from hybridserving.devcluster.stack import Router
 from support.polling import wait_for
 
@@ -223,15 +224,16 @@ def test_faults_under_steady_load(local_cluster, fleet_operator, pod_runner, dis
     try:
         local_cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-",
                               input=yaml.safe_dump(fleet_manifest(faults_file)))
-        wait_for(lambda: local_cluster.kubectl("-n", NAMESPACE, "get", "deployment", "chaos-router",
-                                               check=False).returncode == 0, 60, "the router Deployment")
-        chaos = Chaos(local_cluster, discovering_router(NAMESPACE, "chaos-router"), operator_handle, faults_file)
+        wait_for(lambda: stack.router_deployments(local_cluster, NAMESPACE, "chaos"), 60, "the router Deployment")
+        [router] = stack.router_deployments(local_cluster, NAMESPACE, "chaos")
+        chaos = Chaos(local_cluster, discovering_router(NAMESPACE, router), operator_handle, faults_file)
         wait_for(chaos.serving, 180, "the fleet serving")
         _scenarios(chaos)
     finally:
         REPORT.write_text(json.dumps([o.__dict__ for o in chaos.outcomes] if chaos else [], indent=1))
         bound = _bound_ports(local_cluster)
-        local_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s", check=False)
+        local_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s", check=False,
+                              timeout=200)
         # Pod objects go before their processes stop; the next test's pods may get the same loopback
         # IPs, so wait until the fleet's engines and launchers have let go of their ports.
         wait_for(lambda: not any(_listening(addr) for addr in bound), 120, "the fleet's ports released")

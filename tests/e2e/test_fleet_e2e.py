@@ -26,6 +26,7 @@ import yaml
 
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import PROFILES
+from hybridserving.devcluster import stack
 from hybridserving.devcluster.stack import Router, launcher_url
 from support.completions import complete, stream_completion
 from support.polling import wait_for
@@ -125,8 +126,8 @@ def fleet(local_cluster, fleet_operator, pod_runner):
     namespace = "fleet-e2e"
     local_cluster.kubectl("create", "namespace", namespace)
     local_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(fleet_manifest()))
-    wait_for(lambda: local_cluster.kubectl("-n", namespace, "get", "deployment", f"{NAME}-router", check=False)
-             .returncode == 0, 60, "the operator to render the router Deployment")
+    wait_for(lambda: stack.router_deployments(local_cluster, namespace, NAME), 60,
+             "the operator to render the router Deployment")
     yield namespace
     local_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
@@ -134,7 +135,8 @@ def fleet(local_cluster, fleet_operator, pod_runner):
 @pytest.fixture
 def serving_fleet(local_cluster, fleet, discovering_router) -> Fleet:
     started = time.monotonic()
-    f = Fleet(local_cluster, fleet, discovering_router(fleet, f"{NAME}-router"))
+    [router] = stack.router_deployments(local_cluster, fleet, NAME)
+    f = Fleet(local_cluster, fleet, discovering_router(fleet, router))
     wait_for(f.serving, 120, "three ready leaders registered with the router")
     print(f"fleet serving {time.monotonic() - started:.1f} s after the router started")
     return f

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from hybridserving.devcluster import stack
 from support.cluster_fleet import GROUP, VERSION, Fleet, Operator
 from support.crds import apply_crds
 
@@ -78,8 +79,9 @@ def test_an_example_fleet_lands_on_the_right_gpu_nodes(fleet: Fleet) -> None:
     assert status["capacity"]["decodeTokensPerInstance"] > 0
     for name in ("glm-53-prefill-config", "glm-53-decode-config"):
         assert fleet.core.read_namespaced_config_map(name, fleet.ns).data
-    router = fleet.cluster.kubectl("get", "deployment", "glm-53-router", "-n", fleet.ns, "-o", "json").stdout
-    args = json.loads(router)["spec"]["template"]["spec"]["containers"][0]["args"]
+    [router] = stack.router_deployments(fleet.cluster, fleet.ns, "glm-53")
+    deployment = fleet.cluster.kubectl("get", "deployment", router, "-n", fleet.ns, "-o", "json").stdout
+    args = json.loads(deployment)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--service-discovery" in args and "hybridserving.io/role=prefill" in args
     assert "--service-discovery-namespace" in args and fleet.ns in args
 
@@ -429,20 +431,21 @@ def test_selector_keys_and_router_privileges_the_plan_does_not_set_are_removed(f
                                               "json").stdout)
     assert policy["spec"]["podSelector"]["matchLabels"]["hybridserving.io/component"] == "engine"
     kubectl = fleet.cluster.kubectl
+    [router] = stack.router_deployments(fleet.cluster, ns, name)
     kubectl("patch", "service", f"{name}-router", "-n", ns, "--type=merge", "-p",
             json.dumps({"spec": {"selector": {"extra": "x"}}}))
     kubectl("patch", "pdb", f"{name}-prefill", "-n", ns, "--type=merge", "-p",
             json.dumps({"spec": {"selector": {"matchLabels": {"extra": "x"}}}}))
     kubectl("patch", "networkpolicy", f"{name}-engines", "-n", ns, "--type=json", "-p",
             json.dumps([{"op": "add", "path": "/spec/ingress/-", "value": {}}]))
-    kubectl("patch", "deployment", f"{name}-router", "-n", ns, "--type=merge", "-p",
+    kubectl("patch", "deployment", router, "-n", ns, "--type=merge", "-p",
             json.dumps({"spec": {"template": {"spec": {"hostNetwork": True}}}}))
 
     def repaired() -> bool:
         svc = json.loads(kubectl("get", "service", f"{name}-router", "-n", ns, "-o", "json").stdout)
         pdb = json.loads(kubectl("get", "pdb", f"{name}-prefill", "-n", ns, "-o", "json").stdout)
         pol = json.loads(kubectl("get", "networkpolicy", f"{name}-engines", "-n", ns, "-o", "json").stdout)
-        dep = json.loads(kubectl("get", "deployment", f"{name}-router", "-n", ns, "-o", "json").stdout)
+        dep = json.loads(kubectl("get", "deployment", router, "-n", ns, "-o", "json").stdout)
         return ("extra" not in svc["spec"]["selector"] and "extra" not in pdb["spec"]["selector"]["matchLabels"]
                 and len(pol["spec"]["ingress"]) == len(policy["spec"]["ingress"])
                 and not dep["spec"]["template"]["spec"].get("hostNetwork"))
@@ -453,7 +456,7 @@ def test_selector_keys_and_router_privileges_the_plan_does_not_set_are_removed(f
         """Spec writes: generation where the kind has one (status writes by controllers leave it)."""
         out = {}
         for kind, obj in (("service", f"{name}-router"), ("pdb", f"{name}-prefill"),
-                          ("networkpolicy", f"{name}-engines"), ("deployment", f"{name}-router")):
+                          ("networkpolicy", f"{name}-engines"), ("deployment", router)):
             meta = json.loads(kubectl("get", kind, obj, "-n", ns, "-o", "json").stdout)["metadata"]
             out[kind] = str(meta.get("generation") or meta["resourceVersion"])
         return out

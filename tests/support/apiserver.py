@@ -140,6 +140,35 @@ class MemoryApi:
             if kind == "Pod":
                 obj["spec"]["nodeName"] = "node-0"
                 obj["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        self._ready_routers()
+
+    def _ready_routers(self) -> None:
+        """A router Deployment is ready as smg is: with a ready leader of each role among the pods
+        its selectors pick (`--prefill-selector` / `--decode-selector`), a step after they are."""
+        for (kind, _), deployment in self.store.items():
+            if kind != "Deployment":
+                continue
+            args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            roles = set()
+            for flag in ("--prefill-selector", "--decode-selector"):
+                at = args.index(flag) + 1
+                terms = []
+                while at < len(args) and not args[at].startswith("--"):
+                    terms.append(args[at].split("=", 1))
+                    at += 1
+                for (pod_kind, _), pod in self.store.items():
+                    if pod_kind != "Pod":
+                        continue
+                    labels = pod["metadata"].get("labels") or {}
+                    ready = any(c["type"] == "Ready" and c["status"] == "True"
+                                for c in (pod.get("status") or {}).get("conditions") or [])
+                    if ready and not pod["metadata"].get("deletionTimestamp") and all(
+                            labels.get(k) == v for k, v in terms):
+                        roles.add(flag)
+            # smg health-checks a new worker before using it, and the readiness probe runs
+            # periodically: a router turns ready a step after its pair does.
+            seen = deployment["_pair_seen"] = deployment.get("_pair_seen", 0) + 1 if len(roles) == 2 else 0
+            deployment["status"] = {"readyReplicas": deployment["spec"]["replicas"] if seen > 1 else 0}
 
     def user_apply(self, spec: dict[str, Any], name: str = "fleet") -> None:
         key = (KIND, name)
@@ -277,6 +306,7 @@ class FakeCluster(MemoryApi):
             if pod["_age"] >= self.ready_after:
                 status["conditions"] = [{"type": "PodScheduled", "status": "True"},
                                         {"type": "Ready", "status": "True"}]
+        self._ready_routers()
 
     # -- reading the fleet
     def pods(self) -> dict[str, dict[str, Any]]:

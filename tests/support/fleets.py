@@ -11,6 +11,7 @@ from hybridserving.api.v1alpha1 import HybridServing
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import Kube
 from hybridserving.contract import LABEL_ROLE
+from hybridserving.core import naming, pairing
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_LEADER
 from support.apiserver import NS, FakeCluster, MemoryApi
 
@@ -25,11 +26,14 @@ SPEC: dict[str, Any] = {
 
 
 def settle(api: MemoryApi, passes: int = 10) -> rec.Outcome:
-    """Reconcile, letting pods run, until a pass asks for nothing."""
+    """Reconcile, letting pods run, until two passes in a row ask for nothing (a router turns
+    ready a pass after its pair, and the planner may wait on that without writing)."""
+    quiet = 0
     for _ in range(passes):
         outcome = rec.reconcile(cast(Kube, api), NS, "fleet")  # MemoryApi has Kube's methods
         api.run_pods()
-        if not outcome.actions:
+        quiet = 0 if outcome.actions else quiet + 1
+        if quiet == 2:
             return outcome
     raise AssertionError(f"not settled: {[str(a) for a in outcome.actions]}")
 
@@ -77,7 +81,9 @@ def check_invariants(cluster: FakeCluster, hs: HybridServing) -> None:
 
 def converge(cluster: FakeCluster, hs: HybridServing, steps: int = 60,
              check: Callable[[FakeCluster], None] | None = None) -> int:
-    """Reconcile and advance until a pass writes nothing and everything is ready."""
+    """Reconcile and advance until two passes in a row write nothing and everything is ready (a
+    router turns ready a step after its pair, and the planner may wait on that without writing)."""
+    quiet = 0
     for step in range(steps):
         settled = not any(cluster.unavailable(hs).values())
         actions = cluster.reconcile(hs)
@@ -88,10 +94,16 @@ def converge(cluster: FakeCluster, hs: HybridServing, steps: int = 60,
         check_invariants(cluster, hs)
         if check:
             check(cluster)
-        if not actions and settled:
+        quiet = quiet + 1 if not actions and settled else 0
+        if quiet == 2:
             return step
     raise AssertionError(f"no convergence in {steps} steps; last actions: {[str(a) for a in actions]}")
 
 
 def uids(cluster: FakeCluster) -> dict[str, str]:
     return {name: p["metadata"]["uid"] for name, p in cluster.pods().items()}
+
+
+def router_deployment(hs: HybridServing) -> str:
+    """The name of the router Deployment of the pairing key `hs`'s spec runs."""
+    return naming.router_deployment_name(hs.metadata.name, pairing.pairing_key(hs.spec))

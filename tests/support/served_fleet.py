@@ -15,6 +15,7 @@ import httpx
 import yaml
 
 from hybridserving.devcluster import Cluster
+from hybridserving.devcluster import stack
 from hybridserving.devcluster.stack import Router
 from support.polling import wait_for
 
@@ -130,9 +131,8 @@ def bring_up(cluster: Cluster, router_fixture: Callable[[str, str], Router], nam
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(doc))
     f = FleetUnderTest(cluster, namespace, doc["metadata"]["name"])
-    wait_for(lambda: cluster.kubectl("-n", namespace, "get", "deployment", f"{f.name}-router", check=False)
-             .returncode == 0, 60, "the router Deployment")
-    f.router = router_fixture(namespace, f"{f.name}-router")
+    wait_for(lambda: stack.router_deployments(cluster, namespace, f.name), 60, "the router Deployment")
+    f.router = router_fixture(namespace, stack.router_deployments(cluster, namespace, f.name)[0])
     if serving is not None:
         wait_for(lambda: f.serving(*serving), 180,
                  f"{serving[0]} prefill and {serving[1]} decode leaders in the router")
@@ -140,7 +140,7 @@ def bring_up(cluster: Cluster, router_fixture: Callable[[str, str], Router], nam
 
 
 def tear_down(cluster: Cluster, namespace: str) -> None:
-    cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False, timeout=200)
 
 
 def report(f: FleetUnderTest, switch: dict[str, Any], loads: list[Load]) -> None:

@@ -56,7 +56,8 @@ def test_the_key_is_in_no_object_but_its_secret(api: MemoryApi, operator_key: by
                  "valueFrom": {"secretKeyRef": {"name": "fleet-engine-key", "key": enginekey.SECRET_KEY}}}
     pods = [o for (kind, _), o in api.store.items() if kind == "Pod"]
     assert pods and all(reference in p["spec"]["containers"][0]["env"] for p in pods)
-    router = api.store[("Deployment", "fleet-router")]["spec"]["template"]["spec"]["containers"][0]
+    [deployment] = [o for (kind, _), o in api.store.items() if kind == "Deployment"]
+    router = deployment["spec"]["template"]["spec"]["containers"][0]
     assert router["env"] == [reference]
     args = router["args"]
     assert args[args.index("--api-key") + 1] == f"$({ENV_ENGINE_API_KEY})"

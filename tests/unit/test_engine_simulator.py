@@ -13,6 +13,7 @@ from hybridserving_engine.simulator.args import FlagError, SimulatorOptions, par
 from hybridserving_engine.simulator.engine import count_tokens
 from hybridserving_engine.simulator.faults import Faults
 from hybridserving_engine.simulator.process import free_port
+from hybridserving_engine.simulator import server as simulator_server
 from hybridserving_engine.simulator.server import SimulatorServer
 
 from support.scrape import metric_sum
@@ -92,8 +93,12 @@ def test_simulator_refuses_blackwell_backends_on_hopper():
                       profile="kimi-k3")
 
 
-def test_decode_refuses_a_prefill_with_another_kv_cache_dtype():
-    # disaggregation/common/conn.py:1320-1334: checked when decode first asks the prefill's bootstrap server.
+def test_a_prefill_with_another_kv_cache_dtype_kills_the_decode_server(monkeypatch):
+    # disaggregation/common/conn.py:1319-1334: checked when decode first asks the prefill's bootstrap server;
+    # the RuntimeError is not caught (disaggregation/decode.py:1200), the scheduler dies and SIGQUITs its
+    # server (managers/scheduler.py:6370-6373).
+    exits: list[int] = []
+    monkeypatch.setattr(simulator_server, "exit_process", exits.append)
     bootstrap = free_port()
     # GLM-5.2 is a DSA model: both page sizes resolve to 64 and agree; the KV dtypes do not.
     prefill = make_server(*pd_flags("prefill", bootstrap), "--page-size", "1", "--kv-cache-dtype", "fp8_e4m3")
@@ -108,6 +113,7 @@ def test_decode_refuses_a_prefill_with_another_kv_cache_dtype():
 
     status, answer = run(check, prefill, decode)
     assert status != 200 and "KV cache dtype mismatch" in answer
+    assert exits == [1], "the decode server exits"
 
 
 def test_unknown_sglang_flags_are_ignored_with_a_note(caplog):

@@ -19,12 +19,19 @@ from hypothesis import strategies as st
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
 from hybridserving.controller.kube import KubeError
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
-from hybridserving.core import health, planner, ports, rendering
-from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, LABEL_INSTANCE, LABEL_LEADER, LABEL_NAME, LABEL_REVISION
+from hybridserving.core import health, pairing, planner, ports, rendering
+from hybridserving.core.naming import (
+    ANNOTATION_CONFIG_HASH,
+    LABEL_INSTANCE,
+    LABEL_LEADER,
+    LABEL_NAME,
+    LABEL_PAIRING,
+    LABEL_REVISION,
+)
 from hybridserving.core.observed import Observed
 from hybridserving.core.switching import SwitchState
 from support.apiserver import FakeCluster
-from support.fleets import check_invariants, converge, fleet, uids
+from support.fleets import check_invariants, converge, fleet, router_deployment, uids
 
 # A switch in flight at its Switch step, as the role-switch controller records it.
 SWITCH_RECORD = SwitchState.start("decode", "prefill", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
@@ -130,12 +137,79 @@ def test_host_network_fleets_get_distinct_port_blocks_and_node_level_isolation()
 
 
 @pytest.mark.parametrize("max_unavailable", [1, 2])
-def test_an_image_change_rolls_one_role_at_a_time_within_budget(max_unavailable: int) -> None:
+def pairing_invariants(hs: HybridServing):
+    """While what prefill and decode must agree on rolls: every pod says the key of what it runs,
+    some routed key keeps an available prefill and decode, some router is ready (the Service
+    always has somewhere to send requests), and the router of an older key goes before its last
+    pair does (a router without a pair answers 503 until the Service drops it)."""
+    key = pairing.pairing_key(hs.spec)
+
+    def check(c: FakeCluster) -> None:
+        observed = c.observed()
+        desired = planner.plan(hs, observed)
+        serving: dict[str, set[str]] = {}
+        for v in health.view(desired, observed).values():
+            keys = {p.labels[LABEL_PAIRING] for p in v.pods}
+            assert len(keys) <= 1, f"{v.plan.name} mixes pairing keys {keys}"
+            for pod in v.pods:
+                runs_spec = pod.annotations[ANNOTATION_CONFIG_HASH] == v.plan.config_hash
+                assert (pod.labels[LABEL_PAIRING] == key) == runs_spec, f"{pod.name} says the wrong key"
+            if v.available:
+                serving.setdefault(keys.pop(), set()).add(v.plan.role)
+        routed = {o["metadata"]["labels"][LABEL_PAIRING] for (kind, _), o in c.store.items() if kind == "Deployment"}
+        assert key in routed
+        assert any(serving.get(k) == set(ROLES) for k in routed), f"no routed pair serving: {serving}, {routed}"
+        for k in routed - {key}:
+            assert serving.get(k) == set(ROLES), f"the router of key {k} outlived its last pair: {serving}"
+        ready = [o for (kind, _), o in c.store.items()
+                 if kind == "Deployment" and (o.get("status") or {}).get("readyReplicas")]
+        assert ready, "no ready router: the Service has nowhere to send requests"
+
+    return check
+
+
+@pytest.mark.parametrize("max_unavailable", [1, 2])
+def test_an_image_change_rolls_alternating_roles_so_a_compatible_pair_always_serves(max_unavailable: int) -> None:
+    """A new engine build may not exchange KV with the old one: the roll keeps an old prefill and
+    decode serving until a new pair does, within each role's budget, one role at a time."""
     hs = fleet(rollout={"maxUnavailable": max_unavailable})
     cluster = FakeCluster()
     converge(cluster, hs)
     before = uids(cluster)
+    old_key = pairing.pairing_key(hs.spec)
     new = fleet(rollout={"maxUnavailable": max_unavailable}, engine={"image": "sglang:v2"})
+    assert pairing.pairing_key(new.spec) != old_key
+    order: list[str] = []
+    routers: set[str] = set()
+
+    def check(c: FakeCluster) -> None:
+        rollout_invariants(new)(c)
+        pairing_invariants(new)(c)
+        routers.update(n for k, n in c.store if k == "Deployment")
+        for role, n in c.unavailable(new).items():
+            if n and (not order or order[-1] != role):
+                order.append(role)
+
+    converge(cluster, new, check=check)
+    assert order[:3] == ["prefill", "decode", "prefill"], f"the roles alternate while no new pair serves: {order}"
+    assert routers == {f"hs-router-{old_key}", f"hs-router-{pairing.pairing_key(new.spec)}"}
+    assert [n for k, n in cluster.store if k == "Deployment"] == [f"hs-router-{pairing.pairing_key(new.spec)}"]
+    after = uids(cluster)
+    assert set(after) == set(before) and all(after[n] != before[n] for n in before), "every pod replaced once"
+    assert all(p["spec"]["containers"][0]["image"] == "sglang:v2" for p in cluster.pods().values())
+    assert all(len(seen) == 2 for seen in cluster.pod_uids_seen.values())
+
+
+@pytest.mark.parametrize("max_unavailable", [1, 2])
+def test_a_change_both_sides_can_mix_rolls_prefill_then_decode_under_one_router(max_unavailable: int) -> None:
+    """Pod resources do not change what prefill and decode exchange: the roll stays as fast as
+    before (one role completely, then the other) and the router is never replaced."""
+    hs = fleet(rollout={"maxUnavailable": max_unavailable})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    router_uid = cluster.store[("Deployment", f"hs-router-{pairing.pairing_key(hs.spec)}")]["metadata"]["uid"]
+    new = fleet(rollout={"maxUnavailable": max_unavailable}, podTemplate={"spec": {"priorityClassName": "serving"}})
+    assert pairing.pairing_key(new.spec) == pairing.pairing_key(hs.spec)
     order: list[str] = []
 
     def check(c: FakeCluster) -> None:
@@ -146,10 +220,49 @@ def test_an_image_change_rolls_one_role_at_a_time_within_budget(max_unavailable:
 
     converge(cluster, new, check=check)
     assert order == ["prefill", "decode"], "prefill rolls completely before decode starts"
-    after = uids(cluster)
-    assert set(after) == set(before) and all(after[n] != before[n] for n in before), "every pod replaced once"
+    assert [o["metadata"]["uid"] for (k, _), o in cluster.store.items() if k == "Deployment"] == [router_uid]
+    assert all(p["spec"]["priorityClassName"] == "serving" for p in cluster.pods().values())
+
+
+def test_a_fleet_of_one_instance_per_role_still_rolls_a_pairing_change() -> None:
+    """No compatible pair can outlive the roll of a lone instance: the roll goes on (it never
+    waits forever), one instance at a time."""
+    hs = fleet(prefill={"replicas": 1}, decode={"replicas": 1})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    new = fleet(prefill={"replicas": 1}, decode={"replicas": 1}, engine={"image": "sglang:v2"})
+    converge(cluster, new, check=rollout_invariants(new))
     assert all(p["spec"]["containers"][0]["image"] == "sglang:v2" for p in cluster.pods().values())
-    assert all(len(seen) == 2 for seen in cluster.pod_uids_seen.values())
+    assert [n for k, n in cluster.store if k == "Deployment"] == [f"hs-router-{pairing.pairing_key(new.spec)}"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(prefill=st.integers(2, 4), decode=st.integers(2, 4), max_unavailable=st.integers(1, 3),
+       ready_after=st.integers(1, 3), interrupt=st.integers(0, 12), canary=st.sampled_from([None, 1, 2]))
+def test_pairing_changes_on_top_of_each_other_keep_a_routed_pair_and_converge(
+    prefill: int, decode: int, max_unavailable: int, ready_after: int, interrupt: int, canary: int | None
+) -> None:
+    """A second incompatible change lands mid-roll (or while a canary holds): three keys live at
+    once, and still every step keeps a routed pair, no older router outlives its last pair, and
+    the fleet ends on one key with one router."""
+    def spec(image: str | None, held: int | None) -> HybridServing:
+        extra: dict[str, Any] = {"engine": {"image": image}} if image else {}
+        return fleet(prefill={"replicas": prefill}, decode={"replicas": decode},
+                     rollout={"maxUnavailable": max_unavailable, "canary": held}, **extra)
+
+    cluster = FakeCluster(ready_after=ready_after)
+    converge(cluster, spec(None, None))
+    v2 = spec("sglang:v2", canary)
+    for _ in range(interrupt):
+        cluster.reconcile(v2)
+        pairing_invariants(v2)(cluster)
+        cluster.advance()
+        pairing_invariants(v2)(cluster)
+    v3 = spec("sglang:v3", None)
+    converge(cluster, v3, steps=120, check=pairing_invariants(v3))
+    assert all(p["spec"]["containers"][0]["image"] == "sglang:v3" for p in cluster.pods().values())
+    assert [n for k, n in cluster.store if k == "Deployment"] == [router_deployment(v3)]
 
 
 def test_a_layout_change_of_one_role_rolls_only_that_role() -> None:
@@ -468,7 +581,8 @@ def test_turning_the_router_off_deletes_only_its_objects() -> None:
     assert {a.name: a.body for a in actions if a.kind == INSTANCE_KIND} == {
         f"hs-{i}": {"metadata": {"labels": {LABEL_REVISION: revision}}} for i in range(6)}
     assert sorted((a.verb, a.kind, a.name) for a in actions if a.verb == "delete") == sorted(
-        ("delete", kind, "hs-router") for kind in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")
+        [("delete", kind, "hs-router") for kind in ("ServiceAccount", "Role", "RoleBinding", "Service")]
+        + [("delete", "Deployment", router_deployment(hs))]
     )
 
 
@@ -556,12 +670,14 @@ def test_the_planner_is_deterministic() -> None:
     assert a.objects == b.objects
 
 
-def test_the_router_discovers_leaders_by_role_in_the_fleet_namespace() -> None:
+def test_the_router_discovers_leaders_of_its_pairing_key_by_role_in_the_fleet_namespace() -> None:
     hs = fleet()
-    argv = rendering.router_argv(hs, planner.plan(hs, Observed()).instances)
+    argv = rendering.router_argv(hs, planner.plan(hs, Observed()).instances, "k1")
     joined = " ".join(argv)
-    assert "--prefill-selector hybridserving.io/name=hs hybridserving.io/role=prefill" in joined
-    assert "--decode-selector hybridserving.io/name=hs hybridserving.io/role=decode" in joined
+    assert "--prefill-selector hybridserving.io/name=hs hybridserving.io/role=prefill hybridserving.io/pairing-key=k1" \
+        in joined
+    assert "--decode-selector hybridserving.io/name=hs hybridserving.io/role=decode hybridserving.io/pairing-key=k1" \
+        in joined
     assert "--service-discovery-namespace ns" in joined
     assert "--service-discovery-port 30000" in joined
 

@@ -15,6 +15,7 @@ from hybridserving.core.actions import Action
 from hybridserving.core.naming import LABEL_COMPONENT, LABEL_NAME
 from hybridserving.core.observed import Observed
 from hybridserving.core.rendering import EngineAccess
+from support.fleets import router_deployment
 from support.patches import apply_merge_patch
 
 
@@ -27,6 +28,9 @@ def fleet(**spec: Any) -> HybridServing:
     body.update(spec)
     return HybridServing.model_validate(
         {"metadata": {"name": "hs", "namespace": "ns", "uid": "hs-uid"}, "spec": body})
+
+
+ROUTER = router_deployment(fleet())
 
 
 def objects(hs: HybridServing, access: EngineAccess | None = None) -> dict[tuple[str, str], dict[str, Any]]:
@@ -97,7 +101,7 @@ def test_engine_pods_are_restricted_unless_a_privilege_was_granted() -> None:
 
 def test_the_router_is_restricted_and_its_token_only_lists_and_watches_pods() -> None:
     found = objects(fleet())
-    template = found[("Deployment", "hs-router")]["spec"]["template"]["spec"]
+    template = found[("Deployment", ROUTER)]["spec"]["template"]["spec"]
     assert template["securityContext"]["runAsNonRoot"] is True
     assert template["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
     assert found[("Role", "hs-router")]["rules"] == [
@@ -134,14 +138,14 @@ def test_a_converged_fleet_has_no_drift() -> None:
      [{"key": "a", "operator": "Exists"}]),
     ("Service", "hs-router", ("spec", "selector", "extra"), "x"),
     ("NetworkPolicy", "hs-engines", ("spec", "ingress", 0, "from", 0, "namespaceSelector"), {}),
-    ("Deployment", "hs-router", ("spec", "template", "spec", "hostNetwork"), True),
-    ("Deployment", "hs-router", ("spec", "template", "spec", "hostPID"), True),
-    ("Deployment", "hs-router", ("spec", "template", "spec", "securityContext", "runAsUser"), 0),
-    ("Deployment", "hs-router", ("spec", "template", "spec", "containers", 0, "securityContext", "privileged"),
+    ("Deployment", ROUTER, ("spec", "template", "spec", "hostNetwork"), True),
+    ("Deployment", ROUTER, ("spec", "template", "spec", "hostPID"), True),
+    ("Deployment", ROUTER, ("spec", "template", "spec", "securityContext", "runAsUser"), 0),
+    ("Deployment", ROUTER, ("spec", "template", "spec", "containers", 0, "securityContext", "privileged"),
      True),
-    ("Deployment", "hs-router", ("spec", "template", "spec", "containers", 0, "securityContext", "capabilities",
+    ("Deployment", ROUTER, ("spec", "template", "spec", "containers", 0, "securityContext", "capabilities",
                                  "add"), ["NET_ADMIN"]),
-    ("Deployment", "hs-router", ("spec", "template", "spec", "volumes"), [{"name": "h", "hostPath": {"path": "/"}}]),
+    ("Deployment", ROUTER, ("spec", "template", "spec", "volumes"), [{"name": "h", "hostPath": {"path": "/"}}]),
 ])
 def test_additions_the_plan_does_not_set_are_drift_and_the_patch_removes_them(
     kind: str, name: str, path: tuple, value: Any,

@@ -15,7 +15,7 @@ from hybridserving.core.naming import LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAM
 from hybridserving.core.observed import Observed
 from hybridserving.core.rendering import ROUTER_METRICS_PORT, role_config
 from support.apiserver import FakeCluster
-from support.fleets import converge, fleet, uids
+from support.fleets import converge, fleet, router_deployment, uids
 
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -352,16 +352,22 @@ def test_kueue_gets_pod_group_labels_and_a_fleet_without_gang_is_unchanged() -> 
 
 
 def router_objects(hs: HybridServing) -> dict[tuple[str, str], dict[str, Any]]:
-    return {k: v for k, v in planner.plan(hs, Observed()).objects.items() if k[1] == "hs-router"}
+    return {k: v for k, v in planner.plan(hs, Observed()).objects.items() if k[1].startswith("hs-router")}
 
 
 def test_the_router_has_probes_resources_and_scraped_metrics() -> None:
     objs = router_objects(fleet())
-    container = objs[("Deployment", "hs-router")]["spec"]["template"]["spec"]["containers"][0]
+    container = objs[("Deployment", router_deployment(fleet()))]["spec"]["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
     assert container["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     assert container["args"][container["args"].index("--prometheus-host") + 1] == "0.0.0.0"
+    # Out of the Service before SIGTERM, then smg drains within the pod's grace period.
+    prestop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = int(container["args"][container["args"].index("--shutdown-grace-period-secs") + 1])
+    template = objs[("Deployment", router_deployment(fleet()))]["spec"]["template"]["spec"]
+    grace = template["terminationGracePeriodSeconds"]
+    assert prestop > 0 and grace > prestop + drain
     ports = {p["name"]: p["port"] for p in objs[("Service", "hs-router")]["spec"]["ports"]}
     assert ports == {"http": 8000, "metrics": ROUTER_METRICS_PORT}
     assert ("PodDisruptionBudget", "hs-router") not in objs, "one replica: nothing to protect"
@@ -373,7 +379,7 @@ def test_replicated_routers_get_a_budget_and_spread_and_lose_them_when_scaled_ba
     pdb = objs[("PodDisruptionBudget", "hs-router")]
     assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {
         LABEL_NAME: "hs", LABEL_COMPONENT: "router"}}}
-    pod = objs[("Deployment", "hs-router")]["spec"]["template"]["spec"]
+    pod = objs[("Deployment", router_deployment(fleet()))]["spec"]["template"]["spec"]
     assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert pod["containers"][0]["resources"] == {"requests": {"cpu": "4"}, "limits": {}}
     cluster = FakeCluster()

@@ -15,7 +15,9 @@ from kubernetes import client
 from urllib3.exceptions import MaxRetryError
 
 from support.polling import wait_for
-from hybridserving_engine.podrunner.runner import PodRunner, PodWorker
+from hybridserving.contract import expand_references
+from hybridserving_engine.podrunner.container import container_command
+from hybridserving_engine.podrunner.runner import FINALIZER, PodRunner, PodWorker, runs
 
 
 class FlakyCore:
@@ -25,6 +27,8 @@ class FlakyCore:
         self.down = down
         self.calls = 0
         self.statuses: list[dict[str, Any]] = []
+        self.patches: list[tuple[str | None, Any]] = []
+        self.finalizers: list[str] = ["someone-else"]
 
     def _maybe_fail(self) -> None:
         self.calls += 1
@@ -38,6 +42,23 @@ class FlakyCore:
     def patch_namespaced_pod_status(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> None:
         self._maybe_fail()
         self.statuses.append(body)
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
+        """The pod's finalizers, as the apiserver applies the two patches the worker sends."""
+        self._maybe_fail()
+        self.patches.append((kwargs.get("_content_type"), body))
+        if isinstance(body, dict):
+            self.finalizers += [f for f in body["metadata"]["finalizers"] if f not in self.finalizers]
+        else:
+            assert body[0] == {"op": "test", "path": "/metadata/uid", "value": "uid-12345678"}
+            index = int(body[2]["path"].rsplit("/", 1)[1])
+            assert body[1]["value"] == self.finalizers[index]
+            del self.finalizers[index]
+
+    def read_namespaced_pod(self, name: str, namespace: str) -> Any:
+        self._maybe_fail()
+        return client.V1Pod(metadata=client.V1ObjectMeta(name=name, uid="uid-12345678",
+                                                         finalizers=list(self.finalizers)))
 
 
 def leader_pod(command: list[str]) -> dict[str, Any]:
@@ -66,6 +87,26 @@ def test_the_worker_keeps_its_container_through_an_apiserver_outage(tmp_path: Pa
     finally:
         worker.terminate(1)
         worker.thread.join(10)
+
+
+def test_a_pod_is_held_by_a_finalizer_until_its_process_has_stopped(tmp_path: Path) -> None:
+    """As the kubelet keeps a deleted pod's object until its containers stopped: kwok deletes at
+    once, and the freed IP would go to a replacement while the old engine still drains on it."""
+    runner = PodRunner(client.ApiClient(), tmp_path, volume_refresh_seconds=0.1, shutdown_grace_seconds=5)
+    core = FlakyCore(down=3)
+    runner.core = core  # type: ignore[assignment]
+    script = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))\n" \
+             "while True: time.sleep(1)"
+    worker = PodWorker(runner, leader_pod([sys.executable, "-c", script]))
+    worker.thread.start()
+    wait_for(lambda: worker.process is not None and FINALIZER in core.finalizers, timeout=20)
+    assert core.finalizers == ["someone-else", FINALIZER], "held through the outage at start"
+    process = worker.process
+    worker.terminate(5)
+    wait_for(lambda: FINALIZER not in core.finalizers, timeout=20)
+    assert process.exit_code() is not None, "released only once the process had stopped"
+    assert core.finalizers == ["someone-else"], "only its own finalizer removed"
+    worker.thread.join(10)
 
 
 def test_containers_die_with_the_runner(tmp_path: Path) -> None:
@@ -102,3 +143,24 @@ def test_containers_die_with_the_runner(tmp_path: Path) -> None:
     finally:
         if runner.poll() is None:
             runner.kill()
+
+
+def test_command_and_args_run_as_the_kubelet_runs_them_in_the_pods_network() -> None:
+    """`$(VAR)` expands from the container's environment (`$$` is a `$`, an unknown reference stays),
+    and a wildcard bind means the pod's own address."""
+    container = {"name": "router", "command": ["python3"],
+                 "args": ["--api-key", "$(KEY)", "--host", "0.0.0.0", "--prometheus-host", "0.0.0.0",
+                          "--note", "$$(KEY) $(UNKNOWN)"]}
+    argv = container_command(container, {"PATH": os.environ["PATH"], "KEY": "s3cret"}, "127.0.0.7")
+    assert argv[1:] == ["--api-key", "s3cret", "--host", "127.0.0.7", "--prometheus-host", "127.0.0.7",
+                        "--note", "$(KEY) $(UNKNOWN)"]
+    assert expand_references("a$(KEY)b", {"KEY": "x"}) == "axb"
+
+
+def test_routers_run_alongside_engine_leaders_and_engine_workers_do_not() -> None:
+    def pod(**labels: str) -> dict[str, Any]:
+        return {"metadata": {"labels": labels}}
+
+    assert runs(pod(**{"hybridserving.io/component": "router"}))
+    assert runs(pod(**{"hybridserving.io/component": "engine", "hybridserving.io/node-rank": "0"}))
+    assert not runs(pod(**{"hybridserving.io/component": "engine", "hybridserving.io/node-rank": "1"}))

@@ -155,3 +155,19 @@ def test_a_relabel_for_a_new_revision_does_not_hold_back_a_role_switch() -> None
     assert patch.causes == (Cause.ROLE_SWITCH, Cause.DRIFT)
     assert patch.body is not None and "configHash" in patch.body["spec"]
     assert patch.body["metadata"]["labels"] == {LABEL_REVISION: revisions.revision_hash(new.spec)}
+
+
+def test_status_names_the_pairing_keys_routed_apart_while_an_incompatible_change_is_held() -> None:
+    api = MemoryApi()
+    api.user_apply(SPEC)
+    settle(api)
+    assert len(rollout(api)["pairingKeys"]) == 1
+    apply(api, engine={"image": "v2"}, rollout={"canary": 1})  # a new engine build: another pairing key
+    settle(api)
+    held = rollout(api)
+    assert held["held"] == "Canary" and len(held["pairingKeys"]) == 2
+    assert "pair apart under 2 routers" in held["message"]
+    apply(api, engine={"image": "v2"})
+    settle(api)
+    done = rollout(api)
+    assert done["pairingKeys"] == [held["pairingKeys"][0]] and "pair apart" not in done["message"]

@@ -82,6 +82,21 @@ def test_without_a_last_good_one_it_goes_to_the_revision_before_the_current_one(
         choose(revs[:1], revs[0]["metadata"]["name"], "", None)
 
 
+def test_a_fleet_on_the_default_image_is_rolled_back_from_the_revision_status_names() -> None:
+    """A spec that names no image runs the chart's default, which its revisions record and the
+    spec alone does not say: the current revision is the one status recorded for this generation."""
+    revs = [revision("v1", 1), revision("v2", 2)]
+    hs = fleet("v2", last_good=revs[1]["metadata"]["name"], generation=5)
+    del hs["spec"]["engine"]["image"]
+    hs["status"].update(observedGeneration=5)
+    hs["status"]["rollout"]["updateRevision"] = revs[1]["metadata"]["name"]
+    api = FakeApi(hs, revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out) == 0
+    assert api.replaced is not None and api.replaced["spec"]["engine"]["image"] == "v1"
+    assert "rolled back to revision 1" in out.getvalue()
+
+
 def test_a_revision_of_another_object_is_not_used() -> None:
     api = FakeApi(fleet("v2"), [revision("v1", 1, owner="someone-else"), revision("v2", 2)])
     out = io.StringIO()

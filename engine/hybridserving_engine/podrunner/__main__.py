@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import tempfile
 import threading
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = client.Configuration()
     config.load_kube_config(config_file=args.kubeconfig, client_configuration=cfg)
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="hybridserving-pods-"))
+    # What a pod's service account gives its Kubernetes clients (the router's discovery): the
+    # containers inherit the runner's environment.
+    os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
     runner = PodRunner(
         client.ApiClient(cfg), state_dir, args.namespace,
         probe_period_seconds=args.probe_period_seconds,

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hybridserving_engine.podrunner.volumes import field_value
+from hybridserving.contract import expand_references
+from hybridserving_engine.podrunner.volumes import WILDCARD_HOSTS, field_value
 
 # What the runner sets on top of the pod's own environment: the SGLang simulator stands in
 # for the GPU engine, and the launcher's HTTP listens on the pod IP (its port is not a
@@ -69,14 +70,20 @@ def container_environment(container: Mapping[str, Any], pod: Mapping[str, Any], 
     return env
 
 
-def container_command(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """`command` + `args`, the executable found on the container's PATH."""
-    command = list(container.get("command") or []) + list(container.get("args") or [])
+def container_command(container: Mapping[str, Any], env: Mapping[str, str], pod_ip: str) -> list[str]:
+    """`command` + `args` as the kubelet runs them (`$(VAR)` expanded), the executable found on
+    the container's PATH, and a wildcard bind (`--host 0.0.0.0`, `--prometheus-host ::`) pinned to
+    the pod IP, which is what it means in a pod's own network namespace (`pin_wildcard_host`)."""
+    written = list(container.get("command") or []) + list(container.get("args") or [])
+    command = [expand_references(str(a), env) for a in written]
     if not command:
         raise ValueError(f"container {container.get('name')} has no command; the runner has no image to take one from")
     resolved = shutil.which(command[0], path=env.get("PATH"))
     if resolved is None:
         raise FileNotFoundError(f"{command[0]} is not on the container's PATH")
+    for i in range(1, len(command) - 1):
+        if command[i].startswith("--") and command[i].endswith("-host") and command[i + 1] in WILDCARD_HOSTS:
+            command[i + 1] = pod_ip
     return [resolved, *command[1:]]
 
 

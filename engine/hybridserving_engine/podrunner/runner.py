@@ -1,4 +1,5 @@
-"""The watch loop and one worker per leader pod: the kubelet's job for engine pods on fake nodes.
+"""The watch loop and one worker per pod it runs: the kubelet's job for engine leaders and routers
+on fake nodes.
 
 A simulated multi-node instance runs whole on its leader (the simulator's worker ranks only
 wait for SIGTERM, and SGLang's serve no HTTP), so worker pods get no process: they keep the
@@ -8,6 +9,11 @@ Each leader's worker thread materialises the pod's volumes, starts the container
 (the launcher) at the pod IP, probes it, writes the readiness and the restart count into the
 pod's status, refreshes ConfigMap volumes and the role file while the pod lives, and stops
 the process when the pod goes, honouring its grace period.
+
+Like the kubelet, it keeps a deleted pod's object until its process has stopped (a finalizer,
+`FINALIZER`): kwok's own pod-delete stage removes a deleted pod at once, which would free its IP
+for a replacement while the old engine still drains on it, so that a router could find the new
+pod's address answered by the old engine.
 """
 
 from __future__ import annotations
@@ -39,10 +45,13 @@ from hybridserving_engine.podrunner.volumes import (
 
 log = logging.getLogger("hybridserving.podrunner")
 
-ENGINE_SELECTOR = "hybridserving.io/component=engine"
+POD_SELECTOR = "hybridserving.io/component in (engine,router)"
 NODE_RANK_LABEL = "hybridserving.io/node-rank"
+COMPONENT_LABEL = "hybridserving.io/component"
 FAKE_NODE_SELECTOR = "type=kwok"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+FINALIZER = "hybridserving.io/pod-runner"
 TICK_SECONDS = 0.2
 # What an apiserver that restarts or is briefly unreachable raises: the worker keeps its
 # container running and tries again on its next tick, as the kubelet does.
@@ -57,8 +66,10 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def is_leader(pod: Mapping[str, Any]) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(NODE_RANK_LABEL) == "0"
+def runs(pod: Mapping[str, Any]) -> bool:
+    """Whether the runner runs the pod's container: an engine instance's leader, or a router."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(COMPONENT_LABEL) == "router" or labels.get(NODE_RANK_LABEL) == "0"
 
 
 def grace_seconds(pod: Mapping[str, Any]) -> float:
@@ -135,6 +146,7 @@ class PodWorker:
         self._init_statuses: dict[str, dict[str, Any]] = {}
         self._changed = threading.Event()
         self._terminate: float | None = None  # grace period, once the pod goes
+        self._held = self._hold_tried = False  # FINALIZER on the pod; a hold refused for good
         self._reported: tuple[object, ...] | None = None
         self.thread = threading.Thread(target=self._run, name=f"pod-{self.name}", daemon=True)
 
@@ -161,6 +173,43 @@ class PodWorker:
             log.exception("%s/%s: worker failed", self.namespace, self.name)
         finally:
             self._stop()
+            self._release()
+
+    def _hold(self) -> None:
+        """Keep the pod's object (and so its IP) until the process has stopped."""
+        try:
+            self.runner.core.patch_namespaced_pod(self.name, self.namespace, {"metadata": {"finalizers": [FINALIZER]}},
+                                                  _content_type=STRATEGIC_MERGE)
+            self._held = True
+        except ApiException as e:
+            if e.status is not None and e.status < 500:  # being deleted already (no new finalizer) or gone
+                log.info("%s/%s: not held (%s)", self.namespace, self.name, e.reason)
+                self._hold_tried = True
+        except (TransportError, OSError):
+            pass  # the API is away for a moment: the next tick tries again
+
+    def _release(self) -> None:
+        """Drop the finalizer of this very pod (a replacement of the same name keeps its own)."""
+        for attempt in range(3):
+            if not self._held:
+                return
+            try:
+                meta = self.runner.core.read_namespaced_pod(self.name, self.namespace).metadata
+                finalizers = list((meta and meta.finalizers) or [])
+                if meta is None or meta.uid != self.uid or FINALIZER not in finalizers:
+                    return
+                at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
+                ops = [{"op": "test", "path": "/metadata/uid", "value": self.uid},
+                       {"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
+                self.runner.core.patch_namespaced_pod(self.name, self.namespace, ops, _content_type=JSON_PATCH)
+                return
+            except ApiException as e:
+                if e.status == 404:
+                    return
+                log.warning("%s/%s: finalizer not removed yet (%s)", self.namespace, self.name, e.reason)
+            except (TransportError, OSError) as e:
+                log.warning("%s/%s: finalizer not removed yet (%s)", self.namespace, self.name, e)
+            time.sleep(1 + attempt)
 
     def _serve(self) -> None:
         self._report()  # kwok marked the pod Ready; it is not until the probe says so
@@ -168,6 +217,8 @@ class PodWorker:
         restart_at: float | None = 0.0
         while self._terminate is None and not self.runner.stopping.is_set():
             now = time.monotonic()
+            if not (self._held or self._hold_tried):
+                self._hold()
             if self._changed.is_set() or now >= next_refresh:
                 self._changed.clear()
                 next_refresh = now + self.runner.volume_refresh_seconds
@@ -211,7 +262,7 @@ class PodWorker:
                                         read_key=self.runner.read_key_for(self.namespace))
             env["HYBRIDSERVING_TERMINATION_LOG"] = str(self._termination_log(name))
             self._termination_log(name).unlink(missing_ok=True)
-            self._init_process = ContainerProcess(container_command(spec, env), env, self.dir,
+            self._init_process = ContainerProcess(container_command(spec, env, self.pod_ip), env, self.dir,
                                                   self.dir / f"init-{name}.log")
             self._init_process.start()
             self.waiting_reason = "PodInitializing"
@@ -291,7 +342,7 @@ class PodWorker:
         mounts = self._mounts(self.container_spec)
         env = container_environment(self.container_spec, self.pod, mounts,
                                     read_key=self.runner.read_key_for(self.namespace))
-        command = container_command(self.container_spec, env)
+        command = container_command(self.container_spec, env, self.pod_ip)
         self.process = ContainerProcess(command, env, self.dir, self.dir / "container.log")
         self.process.start()
         self.probe.reset()
@@ -323,6 +374,13 @@ class PodWorker:
         if self._init_process is not None:
             self._init_process.stop(grace)
         if self.process is not None:
+            # The kubelet runs the preStop hook first, within the grace period.
+            pause = float(((self.container_spec.get("lifecycle") or {}).get("preStop") or {}).get(
+                "sleep", {}).get("seconds", 0))
+            if pause and self._terminate is not None:
+                log.info("%s/%s: preStop sleep %.0f s", self.namespace, self.name, min(pause, grace))
+                time.sleep(min(pause, grace))
+                grace = max(0.0, grace - pause)
             log.info("%s/%s: stopping (grace %.0f s)", self.namespace, self.name, grace)
             code = self.process.stop(grace)
             log.info("%s/%s: stopped, exit %s", self.namespace, self.name, code)
@@ -463,7 +521,7 @@ class PodRunner:
             worker.update(pod)
             return
         status = pod.get("status") or {}
-        if (status.get("phase") != "Running" or not is_leader(pod)
+        if (status.get("phase") != "Running" or not runs(pod)
                 or not self._on_fake_node((pod.get("spec") or {}).get("nodeName"))):
             return
         if loopback_ip(pod) is None:
@@ -476,8 +534,8 @@ class PodRunner:
         worker.thread.start()
 
     def _list(self) -> tuple[list[dict[str, Any]], str]:
-        result = (self.core.list_namespaced_pod(self.namespace, label_selector=ENGINE_SELECTOR) if self.namespace
-                  else self.core.list_pod_for_all_namespaces(label_selector=ENGINE_SELECTOR))
+        result = (self.core.list_namespaced_pod(self.namespace, label_selector=POD_SELECTOR) if self.namespace
+                  else self.core.list_pod_for_all_namespaces(label_selector=POD_SELECTOR))
         pods = [self.core.api_client.sanitize_for_serialization(p) for p in result.items]
         assert result.metadata is not None and result.metadata.resource_version is not None, "lists are versioned"
         return pods, result.metadata.resource_version
@@ -506,7 +564,7 @@ class PodRunner:
 
     def _watch(self, version: str) -> None:
         w = watch.Watch()
-        kwargs = {"label_selector": ENGINE_SELECTOR, "resource_version": version, "timeout_seconds": 30,
+        kwargs = {"label_selector": POD_SELECTOR, "resource_version": version, "timeout_seconds": 30,
                   "allow_watch_bookmarks": True}
         lister = (self.core.list_namespaced_pod if self.namespace else self.core.list_pod_for_all_namespaces)
         args = (self.namespace,) if self.namespace else ()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,10 +187,12 @@ class BootstrapServer:
 class KvReceiver:
     """Decode side: find the prefill rank through its bootstrap server, then wait for the KV."""
 
-    def __init__(self, timeout_s: float, page_size: int = 1, kv_cache_dtype: str = "auto") -> None:
+    def __init__(self, timeout_s: float, page_size: int = 1, kv_cache_dtype: str = "auto",
+                 on_incompatible: Callable[[str], None] | None = None) -> None:
         self.timeout_s = timeout_s
         self.page_size = page_size
         self.kv_cache_dtype = kv_cache_dtype
+        self.on_incompatible = on_incompatible
         self._rank_addr: dict[tuple[str, int], tuple[str, int]] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -238,16 +241,26 @@ class KvReceiver:
 
     def _check_layout(self, info: dict[str, Any]) -> None:
         """The decode side's sanity checks on the prefill it pairs with
-        (`disaggregation/common/conn.py:1320-1334`)."""
+        (`disaggregation/common/conn.py:1319-1334`).
+
+        SGLang raises a RuntimeError there that nothing catches on the way up
+        (`disaggregation/decode.py:1200`, `_resolve_pending_reqs`): the decode scheduler dies
+        and SIGQUITs its server (`managers/scheduler.py:6370-6373`). `on_incompatible` does
+        the same to the simulator's process; the request fails either way.
+        """
+        message = None
         if info.get("page_size") is not None and info["page_size"] != self.page_size:
-            raise HandoffError(
-                f"Page size mismatch: prefill server has page_size={info['page_size']}, but decode server has "
-                f"page_size={self.page_size}. Both servers must use the same --page-size value.")
-        if info.get("kv_cache_dtype") is not None and info["kv_cache_dtype"] != self.kv_cache_dtype:
-            raise HandoffError(
-                f"KV cache dtype mismatch: prefill server has kv_cache_dtype={info['kv_cache_dtype']}, but decode "
-                f"server has kv_cache_dtype={self.kv_cache_dtype}. Both servers must use the same --kv-cache-dtype "
-                "value.")
+            message = (f"Page size mismatch: prefill server has page_size={info['page_size']}, but decode server has "
+                       f"page_size={self.page_size}. Both servers must use the same --page-size value.")
+        elif info.get("kv_cache_dtype") is not None and info["kv_cache_dtype"] != self.kv_cache_dtype:
+            message = (f"KV cache dtype mismatch: prefill server has kv_cache_dtype={info['kv_cache_dtype']}, but "
+                       f"decode server has kv_cache_dtype={self.kv_cache_dtype}. Both servers must use the same "
+                       "--kv-cache-dtype value.")
+        if message is None:
+            return
+        if self.on_incompatible is not None:
+            self.on_incompatible(message)
+        raise HandoffError(message)
 
     async def receive(self, host: str, port: int, room_id: int, prompt_tokens: int) -> dict[str, Any]:
         """Announce the reserved slots for `room_id` and return once the prefill has sent the KV."""

@@ -72,6 +72,11 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
+def exit_process(status: int) -> None:
+    """The whole server goes, at once, as SGLang's does when its scheduler dies."""
+    os._exit(status)
+
+
 class SimulatorServer:
     """One simulated SGLang server: HTTP app, scheduler, optional bootstrap server."""
 
@@ -90,7 +95,8 @@ class SimulatorServer:
             BootstrapServer(args.host, args.disaggregation_bootstrap_port, BOOTSTRAP_TIMEOUT_S)
             if runs_bootstrap else None
         )
-        self.receiver = KvReceiver(BOOTSTRAP_TIMEOUT_S, self.resolved.page_size, self.resolved.kv_cache_dtype)
+        self.receiver = KvReceiver(BOOTSTRAP_TIMEOUT_S, self.resolved.page_size, self.resolved.kv_cache_dtype,
+                                   on_incompatible=self._scheduler_died)
         self.engine = SimulatedEngine(
             role=self.role,
             perf=self.perf,
@@ -159,7 +165,13 @@ class SimulatorServer:
     def _crash(self, why: str) -> None:
         log.error("simulator fault injected (%s): exiting with status 1", why)
         sys.stderr.flush()
-        os._exit(1)
+        exit_process(1)
+
+    def _scheduler_died(self, error: str) -> None:
+        """What SGLang's scheduler does on an exception it does not catch (see KvReceiver)."""
+        log.error("Scheduler hit an exception: RuntimeError: %s", error)
+        sys.stderr.flush()
+        exit_process(1)
 
     def _register_prefill_ranks(self) -> None:
         """What every prefill rank does at start-up: `PUT /route` with its layout and address."""

@@ -665,6 +665,10 @@ class RolloutStatus(ApiModel):
     held: Literal["", "Canary", "Paused"] = Field(
         default="", description="What holds the rollout short of the update revision; empty when nothing does.")
     message: str = Field(default="", max_length=1024, description="The rollout in words.")
+    pairing_keys: list[Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=list, max_length=16,
+        description="Pairing keys with a router (what prefill and decode must agree on): the spec's first, "
+        "then older ones still serving while a change of it rolls.")
 
 
 class HybridServingStatus(ApiModel):

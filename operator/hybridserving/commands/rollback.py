@@ -94,11 +94,17 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
         "apps", "v1", namespace, "controllerrevisions", label_selector=f"{LABEL_NAME}={name}"))
     found = [r for r in listed.get("items") or []
              if uid in {o.get("uid") for o in r["metadata"].get("ownerReferences") or []}]
-    rollout = (hs.get("status") or {}).get("rollout") or {}
-    try:
-        current = revision_name(name, revisions.revision_hash(HybridServingSpec.model_validate(hs["spec"])))
-    except ValidationError:
-        current = rollout.get("updateRevision", "")  # an invalid spec: the fleet runs what status says
+    status = hs.get("status") or {}
+    rollout = status.get("rollout") or {}
+    if rollout.get("updateRevision") and status.get("observedGeneration") == hs["metadata"].get("generation"):
+        # What the operator recorded for this very spec: its revisions carry what it fills in (the
+        # chart's default engine image), which the spec alone does not say.
+        current = rollout["updateRevision"]
+    else:
+        try:
+            current = revision_name(name, revisions.revision_hash(HybridServingSpec.model_validate(hs["spec"])))
+        except ValidationError:
+            current = rollout.get("updateRevision", "")  # an invalid spec: the fleet runs what status says
     try:
         target = choose(found, current, rollout.get("lastGoodRevision", ""), to_revision)
     except ValueError as exc:

@@ -245,7 +245,7 @@ def fleet_status(
     ))
     outdated = [v.plan.name for v in views.values() if not v.current]
     progressing = bool(outdated) or pending_actions > 0 or not all_ready
-    held = held_by(desired, views)
+    held = held_by(desired.spec.rollout, views)
     rollout = rollout_status(desired, views, per_role, all_ready and len(views) == total, held,
                              (previous_status or {}).get("rollout") or {})
     if held == "Paused":
@@ -345,8 +345,12 @@ def rollout_status(desired: DesiredState, views: Mapping[str, InstanceView], per
         message = f"rolling from {current or 'an unrecorded revision'} to {update}: {progress}"
     else:
         message = f"every instance runs {update}"
+    keys = list(desired.router_keys) if desired.spec.router.enabled else []
+    if len(keys) > 1:
+        message += (f"; prefill and decode pair apart under {len(keys)} routers (pairing key {keys[0]} of the spec, "
+                    f"{', '.join(keys[1:])} still serving)")
     status = RolloutStatus(current_revision=current, update_revision=update, updated=counts, message=message,
-                           held=held or "")
+                           held=held or "", pairing_keys=keys)
     if last_good:
         status.last_good_revision = last_good
     return status

@@ -41,6 +41,8 @@ class DesiredState:
     objects: dict[ObjectKey, dict[str, Any]]
     revision_hash: str = ""  # of the spec's configuration (core.revisions)
     last_good_revision: str = ""  # as status last recorded it: never pruned
+    pairing_key: str = ""  # what the spec's prefill and decode pair under (core.pairing)
+    router_keys: tuple[str, ...] = ()  # the pairing keys that keep a router (rollout.routed_keys)
 
     @property
     def max_unavailable(self) -> int:

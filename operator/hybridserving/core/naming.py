@@ -30,6 +30,9 @@ LABEL_COMPONENT = "hybridserving.io/component"
 # On instances: the fleet revision (ControllerRevision hash) whose configuration the instance's
 # spec carries, as a StatefulSet's pods carry controller-revision-hash.
 LABEL_REVISION = "hybridserving.io/revision-hash"
+# On instances, engine pods and routers: the pairing key (`core.pairing`) of the configuration
+# they run. A pod keeps its key for life; each router discovers the pods of one key only.
+LABEL_PAIRING = "hybridserving.io/pairing-key"
 # app.kubernetes.io/name of what each component runs.
 APP_NAMES = {"engine": "sglang", "router": "smg"}
 
@@ -73,6 +76,11 @@ def applied_spec_name(hs: str) -> str:
 
 def revision_name(hs: str, revision_hash: str) -> str:
     return f"{hs}-{revision_hash}"
+
+
+def router_deployment_name(hs: str, key: str) -> str:
+    """One router per pairing key present in the fleet; the Service `router_name` spans them all."""
+    return f"{router_name(hs)}-{key}"
 
 
 def router_name(hs: str) -> str:

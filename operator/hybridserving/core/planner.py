@@ -30,15 +30,16 @@ from __future__ import annotations
 from typing import Any
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing
-from hybridserving.core import ports, revisions
+from hybridserving.core import pairing, ports, revisions
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.assignment import assign_instances
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.drift import contains, extra_fields, overlay_removals
-from hybridserving.core.health import view
+from hybridserving.core.health import InstanceView, view
 from hybridserving.core.naming import (
     API_VERSION,
     LABEL_INSTANCE,
+    LABEL_PAIRING,
     LABEL_REVISION,
     applied_spec_name,
     digest,
@@ -47,7 +48,13 @@ from hybridserving.core.naming import (
 )
 from hybridserving.core.observed import ObjectKey, Observed
 from hybridserving.core.rendering import EngineAccess, fleet_objects, render_instance, role_config
-from hybridserving.core.rollout import pod_actions, select_rollout
+from hybridserving.core.rollout import (
+    held_by,
+    instance_pairing_key,
+    pod_actions,
+    routed_keys,
+    select_rollout,
+)
 
 
 def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = None,
@@ -66,6 +73,7 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     role_hashes = {role: digest(configs[role]) for role in ROLES}
     spec_hash = digest(spec.to_wire())
     revision_hash = revisions.revision_hash(spec)
+    pairing_key = pairing.pairing_key(spec)
 
     assigned = assign_instances(name, spec, observed)
     order = sorted(assigned, key=lambda n: assigned[n][0])
@@ -80,12 +88,22 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     for inst_name in order:
         index, role = assigned[inst_name]
         instances[inst_name] = render_instance(
-            hs, inst_name, index, role, allocated[inst_name], role_hashes, observed.instances.get(inst_name), owner
+            hs, inst_name, index, role, allocated[inst_name], role_hashes, observed.instances.get(inst_name), owner,
+            pairing_key,
         )
         instances[inst_name].manifest["metadata"]["labels"][LABEL_REVISION] = revision_hash
+    # A router per pairing key the fleet still runs (the spec's, older ones until they retire).
+    running = {pod.labels[LABEL_PAIRING] for pod in observed.pods.values()
+               if not pod.deleting and pod.labels.get(LABEL_PAIRING)}
+    views = {n: InstanceView(instances[n], observed.instances[n], observed.pods_of(n))
+             for n in instances if n in observed.instances and not observed.instances[n].deleting}
+    holding = held_by(spec.rollout, views) is not None
+    ready_routers = {obj["metadata"]["labels"].get(LABEL_PAIRING, "") for (kind, _), obj in observed.objects.items()
+                     if kind == "Deployment" and ((obj.get("status") or {}).get("readyReplicas") or 0) > 0}
+    pairing_keys = routed_keys(views, pairing_key, running, holding, ready_routers)
     objects: dict[ObjectKey, dict[str, Any]] = {
         (obj["kind"], obj["metadata"]["name"]): obj
-        for obj in fleet_objects(hs, configs, role_hashes, spec_hash, instances, access, owner)
+        for obj in fleet_objects(hs, configs, role_hashes, spec_hash, instances, access, owner, pairing_keys)
     }
     return DesiredState(
         name=name,
@@ -98,6 +116,8 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
         objects=objects,
         revision_hash=revision_hash,
         last_good_revision=last_good_revision,
+        pairing_key=pairing_key,
+        router_keys=tuple(pairing_keys),
     )
 
 
@@ -135,7 +155,9 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     actions.extend(record)
 
     views = view(desired, observed)
-    selected = select_rollout(desired, views)
+    routed = frozenset(obj["metadata"]["labels"].get(LABEL_PAIRING, "") for (kind, _), obj in observed.objects.items()
+                       if kind == "Deployment" and not obj["metadata"].get("deletionTimestamp"))
+    selected = select_rollout(desired, views, routed)
 
     # Instances: create, adopt role switches, roll, restart broken gangs. `next_hash` is the
     # configHash each instance carries once this step's patch lands; its pods follow it.
@@ -157,6 +179,9 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
         labels: dict[str, str] = {}
         if existing.labels.get(LABEL_REVISION) != desired.revision_hash and (name in selected or v.current):
             labels[LABEL_REVISION] = desired.revision_hash
+        pairs_under = desired.pairing_key if name in selected else instance_pairing_key(v, desired.pairing_key)
+        if existing.labels.get(LABEL_PAIRING) != pairs_under:
+            labels[LABEL_PAIRING] = pairs_under
         if name in selected:
             patch.update(configHash=p.config_hash, ports=p.ports.to_wire(), nodes=p.nodes)
             causes.append(Cause.ROLLOUT)
@@ -171,7 +196,10 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
                 reasons.append(f"role switched to {p.role}: the pods follow in place with the {p.role} flags")
         if labels and name not in selected:
             causes.append(Cause.DRIFT)
-            reasons.append(f"runs revision {desired.revision_hash} already (its configuration did not change)")
+            if LABEL_REVISION in labels:
+                reasons.append(f"runs revision {desired.revision_hash} already (its configuration did not change)")
+            if LABEL_PAIRING in labels:
+                reasons.append(f"pairs under key {labels[LABEL_PAIRING]}")
         failure = v.failure()
         if failure:
             patch["restartGeneration"] = existing.spec.restart_generation + 1
@@ -200,7 +228,7 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
             sync(p.service, f"rendezvous Service of {name}")
         if p.workload is not None:
             sync(p.workload, f"gang Workload of {name}")
-        actions.extend(pod_actions(views[name], next_hash[name], name in gang_restarts))
+        actions.extend(pod_actions(views[name], next_hash[name], name in gang_restarts, desired.pairing_key))
 
     for (kind, _), obj in desired.objects.items():
         if kind != "ConfigMap":

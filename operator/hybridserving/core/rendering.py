@@ -9,7 +9,7 @@ is the rollout's job (`core.rollout`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ from hybridserving.core.naming import (
     LABEL_LEADER,
     LABEL_NAME,
     LABEL_NODE_RANK,
+    LABEL_PAIRING,
     applied_spec_name,
     config_map_name,
     digest,
@@ -53,6 +54,7 @@ from hybridserving.core.naming import (
     owner_reference,
     pdb_name,
     pod_name,
+    router_deployment_name,
     router_name,
     standard_labels,
 )
@@ -103,6 +105,7 @@ def render_instance(
     role_hashes: Mapping[Role, str],
     existing: ObservedInstance | None,
     owner: dict[str, Any],
+    pairing_key: str,
 ) -> InstancePlan:
     spec = hs.spec
     nodes = spec.role(role).nodes_per_instance
@@ -115,7 +118,7 @@ def render_instance(
     manifest = {
         "apiVersion": API_VERSION,
         "kind": INSTANCE_KIND,
-        "metadata": _meta(hs, name, owner, "engine", **{LABEL_INSTANCE: name}),
+        "metadata": _meta(hs, name, owner, "engine", **{LABEL_INSTANCE: name, LABEL_PAIRING: pairing_key}),
         "spec": HybridServingInstanceSpec(
             role=role,
             index=index,
@@ -132,7 +135,8 @@ def render_instance(
         inst_owner = owner_reference(API_VERSION, INSTANCE_KIND, name, existing.uid)
         routable = existing.phase not in SWITCH_PHASES
         for rank in range(nodes):
-            labels = {**extra_labels, **pod_labels(hs.metadata.name, name, rank, role, routable)}
+            labels = {**extra_labels, **pod_labels(hs.metadata.name, name, rank, role, routable),
+                      LABEL_PAIRING: pairing_key}
             annotations = {
                 **extra_annotations,
                 ANNOTATION_ROLE: role,
@@ -504,25 +508,27 @@ def _network_policy(hs: HybridServing, access: EngineAccess, owner: dict[str, An
     }
 
 
-def router_argv(hs: HybridServing, instances: Mapping[str, InstancePlan]) -> list[str]:
-    """`smg launch` in PD mode, discovering leaders by the role label in the fleet's namespace."""
+def router_argv(hs: HybridServing, instances: Mapping[str, InstancePlan], pairing_key: str) -> list[str]:
+    """`smg launch` in PD mode, discovering the leaders of one pairing key by their role label."""
     spec = hs.spec
     name = hs.metadata.name
     http_port = min((i.ports.http for i in instances.values()), default=ports.HTTP_BASE)
+    paired = f"{LABEL_PAIRING}={pairing_key}"
     return [
         "launch",
         "--host", "0.0.0.0",
         "--port", str(spec.router.port),
         "--pd-disaggregation",
         "--service-discovery",
-        "--prefill-selector", f"{LABEL_NAME}={name}", f"{LABEL_ROLE}=prefill",
-        "--decode-selector", f"{LABEL_NAME}={name}", f"{LABEL_ROLE}=decode",
+        "--prefill-selector", f"{LABEL_NAME}={name}", f"{LABEL_ROLE}=prefill", paired,
+        "--decode-selector", f"{LABEL_NAME}={name}", f"{LABEL_ROLE}=decode", paired,
         "--service-discovery-port", str(http_port),
         "--service-discovery-namespace", hs.metadata.namespace,
         "--prefill-policy", spec.router.prefill_policy,
         "--decode-policy", spec.router.decode_policy,
         "--prometheus-host", "0.0.0.0",
         "--prometheus-port", str(ROUTER_METRICS_PORT),
+        "--shutdown-grace-period-secs", str(router.DRAIN_SECONDS),
         # smg sends it to every discovered worker and asks it of its own clients
         # (model_gateway/src/service_discovery.rs, server.rs: one key for both). Kubernetes expands
         # $(VAR) from the container's env, which references the Secret: the key is in no object.
@@ -531,14 +537,55 @@ def router_argv(hs: HybridServing, instances: Mapping[str, InstancePlan]) -> lis
 
 
 def _router_objects(
-    hs: HybridServing, instances: Mapping[str, InstancePlan], owner: dict[str, Any]
+    hs: HybridServing, instances: Mapping[str, InstancePlan], pairing_keys: Sequence[str], owner: dict[str, Any]
 ) -> list[dict[str, Any]]:
+    """The router's Service, RBAC and budget, and one router Deployment per pairing key.
+
+    Each Deployment's routers discover only the pods of their key, so no request pairs a prefill
+    and a decode that cannot exchange KV; the Service spans them all, and smg's readiness keeps
+    a router without both roles of its key out of it (`core.router`).
+    """
     spec = hs.spec
     name = router_name(hs.metadata.name)
     selector = {LABEL_NAME: hs.metadata.name, LABEL_COMPONENT: "router"}
 
-    def meta() -> dict[str, Any]:
-        return _meta(hs, name, owner, "router")
+    def meta(object_name: str = name, **labels: str) -> dict[str, Any]:
+        return _meta(hs, object_name, owner, "router", **labels)
+
+    def deployment(key: str) -> dict[str, Any]:
+        keyed = {**selector, LABEL_PAIRING: key}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta(router_deployment_name(hs.metadata.name, key), **{LABEL_PAIRING: key}),
+            "spec": {
+                "replicas": spec.router.replicas,
+                "selector": {"matchLabels": keyed},
+                "template": {
+                    "metadata": {"labels": {**standard_labels(hs.metadata.name, "router"), **keyed}},
+                    "spec": {
+                        "serviceAccountName": name,
+                        "securityContext": _pod_security(),
+                        "containers": [
+                            {
+                                "name": "router",
+                                "image": spec.router.image,
+                                "command": ["smg"],
+                                "args": router_argv(hs, instances, key),
+                                "env": [enginekey.env_var(hs.metadata.name)],
+                                "ports": [
+                                    {"name": "http", "containerPort": spec.router.port, "protocol": "TCP"},
+                                    {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+                                ],
+                                "securityContext": _container_security(),
+                                **router.container_fields(spec.router),
+                            }
+                        ],
+                        **router.pod_fields(spec.router, selector),
+                    },
+                },
+            },
+        }
 
     budget = router.disruption_budget(spec.router, meta(), selector)
     return [*([budget] if budget else []),
@@ -558,38 +605,7 @@ def _router_objects(
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": hs.metadata.namespace}],
         },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": meta(),
-            "spec": {
-                "replicas": spec.router.replicas,
-                "selector": {"matchLabels": selector},
-                "template": {
-                    "metadata": {"labels": {**standard_labels(hs.metadata.name, "router"), **selector}},
-                    "spec": {
-                        "serviceAccountName": name,
-                        "securityContext": _pod_security(),
-                        "containers": [
-                            {
-                                "name": "router",
-                                "image": spec.router.image,
-                                "command": ["smg"],
-                                "args": router_argv(hs, instances),
-                                "env": [enginekey.env_var(hs.metadata.name)],
-                                "ports": [
-                                    {"name": "http", "containerPort": spec.router.port, "protocol": "TCP"},
-                                    {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
-                                ],
-                                "securityContext": _container_security(),
-                                **router.container_fields(spec.router),
-                            }
-                        ],
-                        **router.pod_fields(spec.router, selector),
-                    },
-                },
-            },
-        },
+        *(deployment(key) for key in pairing_keys),
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -614,9 +630,11 @@ def fleet_objects(
     instances: Mapping[str, InstancePlan],
     access: EngineAccess,
     owner: dict[str, Any],
+    pairing_keys: Sequence[str],
 ) -> list[dict[str, Any]]:
     """The fleet's objects besides its instances: engine configuration, the applied spec, the
-    disruption budgets, the engine network policy and, when enabled, the router."""
+    disruption budgets, the engine network policy and, when enabled, the router (one per key in
+    `pairing_keys`: the spec's and those of the engine pods still running an older one)."""
     objects: list[dict[str, Any]] = []
     for role in ROLES:
         objects.append(_config_map(hs, role, configs[role], role_hashes[role], owner))
@@ -624,5 +642,5 @@ def fleet_objects(
     objects.append(_applied_spec(hs, spec_hash, owner))
     objects.append(_network_policy(hs, access, owner))
     if hs.spec.router.enabled:
-        objects.extend(_router_objects(hs, instances, owner))
+        objects.extend(_router_objects(hs, instances, pairing_keys, owner))
     return objects

@@ -3,6 +3,9 @@
 Voluntary disruption (rolling a serving instance) is held to `rollout.maxUnavailable`
 instances per role and one role at a time; pods of a gang are replaced whole (one rank alone
 cannot rejoin a running collective), and a switched instance's pods are relabelled in place.
+A change of what prefill and decode must agree on (`core.pairing`) also keeps a compatible
+pair serving throughout: the roll alternates roles so that the old key keeps a prefill and a
+decode until the new key has both.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from hybridserving.api.v1alpha1 import ROLES, Role
+from hybridserving.api.v1alpha1 import ROLES, Role, RolloutSpec
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.desired import DesiredState
@@ -21,12 +24,22 @@ from hybridserving.core.naming import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_RESTART_GENERATION,
     ANNOTATION_WORKER_PORTS,
+    LABEL_PAIRING,
     split_config_hash,
 )
+
 from hybridserving.core.observed import ObservedPod
 
+# The key of an instance created before pairing keys existed and not on the spec's configuration.
+UNKNOWN_PAIRING = "unknown"
 
-def pod_actions(v: InstanceView, config_hash: str, restarting: bool) -> list[Action]:
+
+def instance_pairing_key(v: InstanceView, spec_key: str) -> str:
+    """The key the instance's configuration pairs under: its label, else the spec's if it runs it."""
+    return v.observed.labels.get(LABEL_PAIRING) or (spec_key if v.current else UNKNOWN_PAIRING)
+
+
+def pod_actions(v: InstanceView, config_hash: str, restarting: bool, spec_key: str) -> list[Action]:
     """Delete stale gangs whole, relabel switched pods, create missing ones once the gang is gone.
 
     `config_hash` is what the instance's spec says after this step; pods that run another
@@ -50,7 +63,8 @@ def pod_actions(v: InstanceView, config_hash: str, restarting: bool) -> list[Act
     desired_pods = {pod["metadata"]["name"]: pod for pod in p.pods}
     for pod in live:
         want = desired_pods.get(pod.name)
-        body = {} if want is None else _metadata_patch(pod, want, flags_half, p.role)
+        key = instance_pairing_key(v, spec_key)
+        body = {} if want is None else _metadata_patch(pod, want, flags_half, p.role, key)
         if body:
             if pod.annotations.get(ANNOTATION_ROLE) != p.role:
                 cause, why = Cause.ROLE_SWITCH, f"role switched to {p.role} (relabel, no restart)"
@@ -77,13 +91,22 @@ def _stamp(pod: dict[str, Any], generation: int) -> dict[str, Any]:
     return out
 
 
-def _metadata_patch(pod: ObservedPod, want: Mapping[str, Any], flags_half: str, role: Role) -> dict[str, Any]:
-    """A merge patch bringing a live pod's labels and role annotations to the plan (or {})."""
+def _metadata_patch(
+    pod: ObservedPod, want: Mapping[str, Any], flags_half: str, role: Role, pairing_key: str
+) -> dict[str, Any]:
+    """A merge patch bringing a live pod's labels and role annotations to the plan (or {}).
+
+    The pairing key is the one label a live pod never changes: it says what the pod runs,
+    which the plan (rendered from the spec) does not know for an instance not rolled yet. A pod
+    from before pairing keys gets its instance's.
+    """
     labels: dict[str, str | None] = {}
     want_labels = want["metadata"]["labels"]
     for key, value in want_labels.items():
-        if pod.labels.get(key) != value:
+        if key != LABEL_PAIRING and pod.labels.get(key) != value:
             labels[key] = value
+    if LABEL_PAIRING not in pod.labels:
+        labels[LABEL_PAIRING] = pairing_key
     if LABEL_ROLE not in want_labels and LABEL_ROLE in pod.labels:
         labels[LABEL_ROLE] = None
     annotations: dict[str, str] = {}
@@ -108,7 +131,7 @@ def updated(views: Mapping[str, InstanceView], role: Role) -> int:
     return sum(1 for v in views.values() if v.plan.role == role and v.current)
 
 
-def held_by(desired: DesiredState, views: Mapping[str, InstanceView]) -> Literal["Canary", "Paused"] | None:
+def held_by(rollout: RolloutSpec, views: Mapping[str, InstanceView]) -> Literal["Canary", "Paused"] | None:
     """What keeps instances on an older configuration on purpose, if anything.
 
     Paused: while set, nothing serving rolls. Canary: every role with instances left to roll has
@@ -118,15 +141,56 @@ def held_by(desired: DesiredState, views: Mapping[str, InstanceView]) -> Literal
     pending = {v.plan.role for v in views.values() if not v.current}
     if not pending:
         return None
-    if desired.paused:
+    if rollout.paused:
         return "Paused"
-    canary = desired.canary
+    canary = rollout.canary
     if canary is not None and all(updated(views, role) >= canary for role in pending):
         return "Canary"
     return None
 
 
-def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView]) -> dict[str, str]:
+def _serving_roles(views: Mapping[str, InstanceView], spec_key: str, down: set[str]) -> dict[str, list[Role]]:
+    """The roles of the available instances of each pairing key, `down` taken out."""
+    roles: dict[str, list[Role]] = {}
+    for v in views.values():
+        if v.available and v.plan.name not in down:
+            roles.setdefault(instance_pairing_key(v, spec_key), []).append(v.plan.role)
+    return roles
+
+
+def _pair_serving(views: Mapping[str, InstanceView], spec_key: str, down: set[str]) -> bool:
+    """Whether some pairing key has an available prefill and decode with `down` taken out."""
+    return any(set(r) == set(ROLES) for r in _serving_roles(views, spec_key, down).values())
+
+
+def routed_keys(views: Mapping[str, InstanceView], spec_key: str, live_keys: set[str], holding: bool,
+                ready_routers: set[str]) -> list[str]:
+    """The pairing keys that keep a router: the spec's, and each older one its pods still run,
+    until it retires.
+
+    An older key retires once it is down to its last instance of a role while a key that keeps
+    its router serves a pair through a ready router (`ready_routers`: the keys whose router
+    Deployment has a ready replica, which smg is only with a worker of each role), the spec's
+    first, then older ones by size. Its router then leaves the Service (smg drains what it has
+    in flight) before the roll takes that instance; `select_rollout` waits for that. A held
+    rollout (paused, or at its canary) keeps every key that serves a pair; a key without one has
+    no router (smg would answer 503 to what it got).
+    """
+    serving = _serving_roles(views, spec_key, set())
+    keys = [spec_key]
+    for key in sorted(live_keys - {spec_key}, key=lambda k: (-len(serving.get(k, ())), k)):
+        roles = serving.get(key, [])
+        if set(roles) != set(ROLES):
+            continue  # no pair: a router of it could only answer 503
+        last = min(roles.count(role) for role in ROLES) == 1
+        covered = any(k in ready_routers and set(serving.get(k, ())) == set(ROLES) for k in keys)
+        if holding or not last or not covered:
+            keys.append(key)
+    return keys
+
+
+def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
+                   routed: frozenset[str] = frozenset()) -> dict[str, str]:
     """Instances whose spec moves to the planned configuration now, with the reason.
 
     An instance that is down anyway is rolled at once: it costs no availability, and the plan
@@ -134,7 +198,11 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView]) -> 
     serving one is rolled only within its role's budget (maxUnavailable minus instances already
     down), only while its role has fewer than `canary` instances rolled, only in the first role
     (prefill, then decode) that still has instances it may roll, and only while the other role
-    has no instance coming back from its own roll.
+    has no instance coming back from its own roll. When the roll changes the pairing key, an
+    instance is rolled only if a compatible prefill and decode keep serving without it, and the
+    last pair of an older key only once that key has no router (`routed`: the keys with a router
+    Deployment); a fleet too small for that (one instance of a role) rolls anyway once nothing
+    is coming back, taking first the role the new key still lacks.
     """
     selected: dict[str, str] = {}
     pending = {role: [v for v in views.values() if v.plan.role == role and not v.current] for role in ROLES}
@@ -144,6 +212,10 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView]) -> 
                 selected[v.plan.name] = f"rolling {role} instance (down already: costs no availability)"
     if desired.paused:
         return selected
+    key = desired.pairing_key
+    before = _serving_roles(views, key, set(selected))
+    paired_before = any(set(r) == set(ROLES) for r in before.values())
+    blocked: list[tuple[Role, InstanceView, int]] = []
     for role in ROLES:
         serving = [v for v in pending[role] if v.available]
         room = len(serving)
@@ -157,12 +229,41 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView]) -> 
             break  # the other role is mid-rollout: one role at a time
         down = sum(1 for v in views.values() if v.plan.role == role and not v.available)
         budget = min(room, desired.max_unavailable - down)
-        for v in sorted(serving, key=lambda v: -v.plan.index)[: max(0, budget)]:
+        chosen = 0
+        for v in sorted(serving, key=lambda v: -v.plan.index):
+            if chosen >= budget:
+                break
+            own = instance_pairing_key(v, key)
+            if paired_before and own != key:
+                after = set(selected) | {v.plan.name}
+                if not _pair_serving(views, key, after):
+                    blocked.append((role, v, down))
+                    continue
+                if own in routed and set(before.get(own, ())) == set(ROLES) != set(
+                        _serving_roles(views, key, after).get(own, ())):
+                    # The last pair of its key goes only once the key's router has: wait for a
+                    # retiring router (routed_keys), pass over a kept one.
+                    if own in desired.router_keys:
+                        continue
+                    return selected
             selected[v.plan.name] = (
                 f"rolling {role} instance to the new configuration "
                 f"({down + 1}/{desired.max_unavailable} of the role's budget"
                 + (f", canary {desired.canary}" if desired.canary is not None else "") + ")"
             )
             down += 1
-        break
+            chosen += 1
+        if chosen:
+            break
+    too_small = any(sum(1 for v in views.values() if v.plan.role == role) < 2 for role in ROLES)
+    if blocked and too_small and not any(v.plan.name in selected for v in views.values() if v.available) and not any(
+            v.recovering for v in views.values()):
+        # With one instance of a role, no compatible pair can survive the roll of that instance:
+        # once nothing is on its way back, roll towards the role the new key lacks.
+        new_roles = {v.plan.role for v in views.values() if v.available and instance_pairing_key(v, key) == key}
+        role, v, down = min(blocked, key=lambda b: (b[0] in new_roles, ROLES.index(b[0])))
+        selected[v.plan.name] = (
+            f"rolling {role} instance to the new configuration ({down + 1}/{desired.max_unavailable} of the "
+            "role's budget; too few instances to keep a compatible prefill and decode serving meanwhile)"
+        )
     return selected

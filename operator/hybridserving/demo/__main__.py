@@ -26,10 +26,9 @@ import yaml
 from hybridserving.api.crd import dump, render_all
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL
 from hybridserving.commands.status import render
-from hybridserving.core.naming import router_name
 from hybridserving.demo.traffic import PhaseResult, run_phase
 from hybridserving.devcluster import Cluster, FleetSpec, MissingBinaries, find_binaries
-from hybridserving.devcluster.stack import Router, Stack
+from hybridserving.devcluster.stack import Router, Stack, router_deployments
 
 T0 = time.monotonic()
 SWITCH_ANNOTATION = "hybridserving.io/switch-to"
@@ -119,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         fleet = Fleet(cluster, namespace, name, manifest["spec"]["model"]["path"])
         _wait("the fleet to be Ready", lambda: (fleet.hs().get("status") or {}).get("ready") == "True", 180)
         say("fleet Ready:\n" + fleet.view())
-        router = stack.router(namespace, router_name(name))
+        [deployment] = router_deployments(cluster, namespace, name)
+        router = stack.router(namespace, deployment)
         _wait("the router to discover 4 healthy workers",
               lambda: sum(1 for w in router.workers() if w.get("is_healthy")) >= 4, 120)
         say(f"router at {router.url} discovered the leaders by label (Kubernetes service discovery)")

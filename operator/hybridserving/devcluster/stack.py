@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import pathlib
-import re
 import secrets
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridserving.contract import ENV_ENGINE_API_KEY
+from hybridserving.contract import ENV_ENGINE_API_KEY, expand_references
 
 from .cluster import Cluster, free_ports
 
@@ -87,12 +86,6 @@ def _container_env(cluster: Cluster, namespace: str, container: dict[str, Any]) 
     return env
 
 
-def _expand(arg: str, env: dict[str, str]) -> str:
-    """Kubernetes' `$(VAR)` expansion of command and args (`$$` escapes; unknown names stay)."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), arg)
-
-
 # The pod runner gives its containers this long to stop when it stops; it is stopped with
 # room to spare, since a runner killed early leaves its containers running.
 POD_SHUTDOWN_GRACE_SECONDS = 10
@@ -140,6 +133,14 @@ class Router:
             return workers
 
 
+def router_deployments(cluster: Cluster, namespace: str, fleet: str) -> list[str]:
+    """The fleet's router Deployments, one per pairing key it runs (the spec's one when settled)."""
+    out = cluster.kubectl("-n", namespace, "get", "deployments", "-o", "json", "-l",
+                          f"hybridserving.io/name={fleet},hybridserving.io/component=router")
+    return sorted(d["metadata"]["name"] for d in json.loads(out.stdout)["items"]
+                  if not d["metadata"].get("deletionTimestamp"))
+
+
 def start_router(cluster: Cluster, namespace: str, deployment: str, log: pathlib.Path,
                  timeout: float = 60) -> Router:
     """Run the router exactly as the operator rendered it, on 127.0.0.1 and free ports."""
@@ -149,7 +150,7 @@ def start_router(cluster: Cluster, namespace: str, deployment: str, log: pathlib
         raise ValueError(f"deployment {deployment} does not run smg: {container.get('command')}")
     port, metrics_port = free_ports(2)
     container_env = _container_env(cluster, namespace, container)
-    args = [_expand(a, container_env) for a in container["args"]]
+    args = [expand_references(a, container_env) for a in container["args"]]
     for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)),
                         ("--prometheus-host", "127.0.0.1"), ("--prometheus-port", str(metrics_port))):
         args = _replace_flag(args, flag, value)

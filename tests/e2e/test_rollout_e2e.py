@@ -1,0 +1,146 @@
+"""A change prefill and decode must agree on, rolled as a canary under client load through the real routers.
+
+A fleet of two prefill and two decode instances (`examples/role-switch.yaml` on the SGLang
+simulator, role switching off) changes its page size: SGLang's decode side refuses a prefill with
+another page size and its server dies of it (`core.pairing`; the simulator does the same), so the
+old and the new configuration must never be paired. The change rolls as a canary of one instance
+per role, holds, resumes, and is rolled back with `hybridserving rollback`, while closed-loop
+clients keep sending through the fleet's router Service: the pod runner runs the router pods the
+operator's Deployments create (smg, with their readiness probes), and `support.router_service`
+sends each request to one of the Service's ready endpoints as kube-proxy would.
+
+Counted: every request answered; both configurations serving while the canary holds; every worker
+every ready router listed, sampled twice a second, a pod of the router's own pairing key; no engine
+log with a page-size mismatch (the decode server that met one would have died of it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from hybridserving.devcluster import stack
+from support.polling import wait_for
+from support.router_service import RouterService
+from support.served_fleet import ROOT, SHORT_PROMPT, Load, manifest, tear_down
+
+NAME = "canary"
+NAMESPACE = "canary-rollout"
+
+
+def status(cluster) -> dict[str, Any]:
+    obj = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "hybridserving", NAME, "-o", "json").stdout)
+    out: dict[str, Any] = obj.get("status") or {}
+    out["_current"] = out.get("observedGeneration") == obj["metadata"]["generation"]
+    return out
+
+
+def routers(cluster) -> list[str]:
+    return stack.router_deployments(cluster, NAMESPACE, NAME)
+
+
+def mismatches(pods_dir) -> list[str]:
+    return [f"{log.parent.name}: {line.strip()[:200]}" for log in pods_dir.glob(f"{NAMESPACE}_*/*.log")
+            for line in log.read_text(errors="replace").splitlines() if "mismatch" in line]
+
+
+def test_an_incompatible_change_rolls_as_a_canary_holds_resumes_and_rolls_back_without_mixing(
+        local_cluster, fleet_operator, pod_runner) -> None:
+    doc = manifest(NAME, backend="mooncake", time_scale=0.5, startup_seconds=2.0)
+    doc["spec"]["prefill"]["replicas"] = 2
+    doc["spec"]["roleSwitch"]["enabled"] = False
+    local_cluster.kubectl("create", "namespace", NAMESPACE)
+    local_cluster.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=json.dumps(doc))
+    wait_for(lambda: routers(local_cluster), 60, "the router Deployment")
+    wait_for(lambda: stack.secret_value(local_cluster, NAMESPACE, f"{NAME}-engine-key", "api-key"), 60,
+             "the fleet's engine key")
+    service = RouterService(local_cluster, NAMESPACE, NAME)
+    timeline: list[str] = []
+    started = time.monotonic()
+
+    def mark(what: str) -> None:
+        timeline.append(f"{time.monotonic() - started:6.1f} s  {what} (requests ok so far: {load.ok})")
+
+    try:
+        [first] = routers(local_cluster)
+        old_key = first.rsplit("-", 1)[1]
+        wait_for(lambda: status(local_cluster).get("ready") == "True" and service.ready_keys() == {old_key}
+                 and service.serving(), 240, "the fleet Ready behind its router")
+        load = Load(service, 3, SHORT_PROMPT, 32, "steady load (1K-token prompts, 32 tokens out)")  # type: ignore[arg-type]
+        wait_for(lambda: load.ok >= 5, 60, "requests flowing")
+        mark("serving on the first configuration")
+
+        # 1. The incompatible change, as a canary of one instance per role: it holds with both keys routed.
+        patch = {"spec": {"prefill": {"pageSize": 64}, "decode": {"pageSize": 64}, "rollout": {"canary": 1}}}
+        local_cluster.kubectl("-n", NAMESPACE, "patch", "hybridserving", NAME, "--type=merge", "-p", json.dumps(patch))
+        wait_for(lambda: len(routers(local_cluster)) == 2, 60, "a router for the new pairing key")
+        new_key = next(r for r in routers(local_cluster) if r != first).rsplit("-", 1)[1]
+
+        def held() -> bool:
+            s = status(local_cluster)
+            rollout = s.get("rollout") or {}
+            return bool(s["_current"] and rollout.get("held") == "Canary"
+                        and rollout.get("updated") == {"prefill": 1, "decode": 1}
+                        and service.ready_keys() == {old_key, new_key})
+
+        wait_for(held, 300, "the canary held, both configurations routed", interval=1)
+        mark("canary held: one instance per role on the new page size")
+        at_hold = dict(service.picks)
+        wait_for(lambda: all(service.picks[k] >= at_hold.get(k, 0) + 10 for k in (old_key, new_key)), 120,
+                 "both configurations taking requests while held")
+        during_hold = {k: service.picks[k] - at_hold.get(k, 0) for k in (old_key, new_key)}
+        assert routers(local_cluster) == sorted([first, f"{NAME}-router-{new_key}"]), "held: nothing retires"
+        mark(f"held: requests to the old key {during_hold[old_key]}, to the new key {during_hold[new_key]}")
+
+        # 2. Resume: the rest rolls; the old key's router retires before its last pair goes.
+        local_cluster.kubectl("-n", NAMESPACE, "patch", "hybridserving", NAME, "--type=merge", "-p",
+                              json.dumps({"spec": {"rollout": {"canary": None}}}))
+
+        def settled_on(key: str) -> bool:
+            s = status(local_cluster)
+            rollout = s.get("rollout") or {}
+            return bool(s["_current"] and s.get("ready") == "True" and not rollout.get("held")
+                        and rollout.get("updated") == {"prefill": 2, "decode": 2}
+                        and routers(local_cluster) == [f"{NAME}-router-{key}"] and service.ready_keys() == {key})
+
+        wait_for(lambda: settled_on(new_key), 400, "the roll completed on the new key", interval=1)
+        mark("resumed: every instance on the new page size, one router")
+        wait_for(lambda: service.picks[new_key] >= at_hold[new_key] + during_hold[new_key] + 20, 60,
+                 "requests after the roll")
+
+        # 3. Roll back with the CLI: the first configuration, its pairing key and its router come back.
+        out = subprocess.run([sys.executable, "-m", "hybridserving.cli", "rollback", NAME, "-n", NAMESPACE,
+                              "--kubeconfig", str(local_cluster.kubeconfig)],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+        wait_for(lambda: settled_on(old_key), 400, "the rollback completed on the first key", interval=1)
+        mark("rolled back: every instance on the first configuration, its router back")
+        after = service.picks[old_key]
+        wait_for(lambda: service.picks[old_key] >= after + 20, 60, "requests after the rollback")
+        load.stop()
+        mark("load stopped")
+
+        print(f"\n[{NAMESPACE}] page size 1 -> 64 (canary 1 per role, held, resumed) -> rolled back; {load}")
+        print("\n".join(f"  {line}" for line in timeline))
+        print("  the router Service's ready endpoints:\n" + "\n".join(f"    {line}" for line in service.events))
+        print(f"  requests that found no ready router, by second: {dict(service.no_router)}")
+        print(f"  requests by router pairing key: {dict(service.picks)} (old {old_key}, new {new_key})")
+        print(f"  router audits: {service.audit.samples} samples, {service.audit.workers_seen} workers listed, "
+              f"{len(service.audit.foreign)} of another key "
+              f"({service.audit.momentary} for a moment at a freed address, {len(service.audit.draining)} "
+              "while smg drained them)")
+        if service.audit.draining:
+            print(f"  e.g. {service.audit.draining[0]}")
+        found = mismatches(pod_runner)
+        print(f"  engine logs with a page-size or KV-dtype mismatch: {len(found)}")
+        assert not load.failures, load.failures[:5]
+        assert service.audit.samples > 100 and service.audit.workers_seen > 0
+        assert not service.audit.foreign, service.audit.foreign[:5]
+        assert not found, found[:5]
+        assert all(during_hold[k] >= 10 for k in during_hold), during_hold
+    finally:
+        service.stop()
+        tear_down(local_cluster, NAMESPACE)
