@@ -294,6 +294,23 @@ def test_operator_restarted_mid_switch_resumes_to_the_same_end(h: Harness) -> No
     assert steps >= {"Unroute", "Drain", "Switch", "Route"}  # Verify may pass in the tick Switch ends
     assert h.history()[-1]["outcome"] == "Succeeded" and len(h.history()) == 1
     assert h.instance(name)["spec"]["role"] == "decode"
+    # Every process posted the Event of the step it found; the names let only the first one land.
+    assert h.reasons().count("RoleSwitchStarted") == 1
+    assert len(h.reasons()) == len(set(h.reasons())), h.reasons()
+
+
+def test_a_replica_taking_over_posts_the_event_its_predecessor_died_before(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).inflight = 2
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.api.fail = lambda verb, kind, obj: 503 if kind == "Event" else None  # it dies after the record lands
+    h.tick()
+    assert h.instance(name)["metadata"]["annotations"].get(ANNOTATION_SWITCH) and h.reasons() == []
+    h.api.fail = lambda verb, kind, obj: None
+    h.ctl = h.controller()
+    h.run_until(lambda: h.history() and h.history()[-1]["outcome"] != "InProgress")
+    assert h.reasons()[0] == "RoleSwitchStarted" and h.reasons().count("RoleSwitchStarted") == 1
+    assert h.reasons()[-1] == "RoleSwitchSucceeded" and len(h.reasons()) == len(set(h.reasons())), h.reasons()
 
 
 def test_conflicts_are_retried_without_duplicates(h: Harness) -> None:

@@ -190,6 +190,9 @@ class FleetMemory:
     scrapes: dict[str, Scrape] = field(default_factory=dict)
     ticks: int = 0
     drifting: set[str] = field(default_factory=set)  # instances whose engine role disagreed last tick
+    announced: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """Per instance, the (switch start, step) whose Event this process has posted: a replica that takes
+    over mid-switch posts the one its predecessor may have died before posting."""
 
 
 @dataclass
@@ -319,6 +322,8 @@ class SwitchController:
                history: list[dict[str, Any]], report: TickReport) -> None:
         state = inst.record
         assert state is not None
+        if self._fleet_memory(namespace, hs_body).announced.get(inst.name) != (state.started, state.step):
+            self._event(namespace, hs_body, inst.name, state)  # named: a second post is refused
         obs = inst.observation()
         new, want = state, None
         moves: list[tuple[SwitchState, SwitchState]] = []
@@ -621,48 +626,55 @@ class SwitchController:
 
     # ------------------------------------------------------------------ events
 
+    def _fleet_memory(self, namespace: str, hs_body: dict[str, Any]) -> FleetMemory:
+        return self.memory.setdefault((namespace, hs_body["metadata"]["name"]), FleetMemory())
+
     def _event(self, namespace: str, hs_body: dict[str, Any], instance: str, state: SwitchState) -> None:
+        """The Event of the step `state` entered, named after the switch and the step so that it is
+        posted once even when a replica taking over mid-switch posts it again."""
+        self._fleet_memory(namespace, hs_body).announced[instance] = (state.started, state.step)
         s = state.step
         what = f"{instance} {state.from_role} → {state.to_role} ({state.mode})"
         if s == "Unroute":
-            self._post(namespace, hs_body, "Normal", "RoleSwitchStarted",
-                       f"{what}: removed from the router, draining; {state.reason}")
+            event = ("Normal", "RoleSwitchStarted", f"{what}: removed from the router, draining; {state.reason}")
         elif s == "Drain":
-            self._post(namespace, hs_body, "Normal", "RoleSwitchUnrouted", f"{what}: out of the router, draining")
+            event = ("Normal", "RoleSwitchUnrouted", f"{what}: out of the router, draining")
         elif s == "Switch":
-            self._post(namespace, hs_body, "Normal", "RoleSwitchDrained",
-                       f"{what}: drained in {state.phases.get('Drain', 0):.1f} s; switching")
+            event = ("Normal", "RoleSwitchDrained",
+                     f"{what}: drained in {state.phases.get('Drain', 0):.1f} s; switching")
         elif s == "Verify":
-            self._post(namespace, hs_body, "Normal", "RoleSwitchSwitched",
-                       f"{what}: launcher runs {state.to_role} after {state.phases.get('Switch', 0):.1f} s; verifying")
+            event = ("Normal", "RoleSwitchSwitched",
+                     f"{what}: launcher runs {state.to_role} after {state.phases.get('Switch', 0):.1f} s; verifying")
         elif s == "Route":
-            self._post(namespace, hs_body, "Normal", "RoleSwitchVerified",
-                       f"{what}: engine healthy as {state.to_role}; routing")
+            event = ("Normal", "RoleSwitchVerified", f"{what}: engine healthy as {state.to_role}; routing")
         elif s == "Restore":
-            reason = "RoleSwitchRefused" if state.outcome == "Refused" else "RoleSwitchAborted"
-            self._post(namespace, hs_body, "Warning", reason, f"{what}: {state.message}; restoring {state.from_role}")
+            event = ("Warning", "RoleSwitchRefused" if state.outcome == "Refused" else "RoleSwitchAborted",
+                     f"{what}: {state.message}; restoring {state.from_role}")
         elif s == "Restart":
-            self._post(namespace, hs_body, "Warning", "RoleSwitchFailed",
-                       f"{what}: {state.message}; restarting the instance as {state.from_role}")
-        elif s == "Done":
+            event = ("Warning", "RoleSwitchFailed",
+                     f"{what}: {state.message}; restarting the instance as {state.from_role}")
+        else:
             reason = {"Succeeded": "RoleSwitchSucceeded", "Failed": "RoleSwitchRestarted"}.get(
                 state.outcome, "RoleSwitchRestored")
-            self._post(namespace, hs_body, "Normal" if state.outcome == "Succeeded" else "Warning", reason,
-                       f"{what}: {state.outcome}: {state.message}; {_phase_summary(state)}")
+            event = ("Normal" if state.outcome == "Succeeded" else "Warning", reason,
+                     f"{what}: {state.outcome}: {state.message}; {_phase_summary(state)}")
+        self._post(namespace, hs_body, *event, name=f"{instance}.switch-{int(state.started * 1000):x}.{s.lower()}")
 
-    def _post(self, namespace: str, hs_body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    def _post(self, namespace: str, hs_body: dict[str, Any], type_: str, reason: str, message: str,
+              name: str | None = None) -> None:
         meta = hs_body["metadata"]
         stamp = rfc3339(self.clock())
+        naming_ = {"name": name} if name else {"generateName": f"{meta['name']}."}
         try:
             self.kube.create("Event", namespace, {
-                "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+                "metadata": {**naming_, "namespace": namespace},
                 "involvedObject": {"apiVersion": hs_body.get("apiVersion"), "kind": KIND, "name": meta["name"],
                                    "namespace": namespace, "uid": meta.get("uid")},
                 "type": type_, "reason": reason, "message": message[:1000],
                 "source": {"component": "hybridserving-operator"},
                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
             })
-        except KubeError as exc:  # best effort
+        except KubeError as exc:  # best effort; a 409 on a named Event: posted already
             log.debug("event not posted: %s", exc)
 
 
