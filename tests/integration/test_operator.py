@@ -39,12 +39,8 @@ def crds(cluster) -> None:
 
 @pytest.fixture(scope="module")
 def operator(cluster, crds, tmp_path_factory) -> Operator:
-    op = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
-    op.start()
-    try:
+    with Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log") as op:
         yield op
-    finally:
-        op.stop()
 
 
 @pytest.fixture

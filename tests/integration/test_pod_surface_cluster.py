@@ -37,12 +37,10 @@ def gpu_pool(make_cluster, tmp_path_factory):
         core.patch_node(node.metadata.name, {"spec": {"taints": [TAINT]}})
     client.SchedulingV1Api(api).create_priority_class(
         {"metadata": {"name": "llm-serving"}, "value": 100000, "description": "serving fleets"})
-    op = Operator(c.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
-    op.start()
     try:
-        yield c, api, op
+        with Operator(c.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log") as op:
+            yield c, api, op
     finally:
-        op.stop()
         api.close()
 
 

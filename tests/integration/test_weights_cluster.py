@@ -38,12 +38,8 @@ def manifest(name: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def operator(cluster, tmp_path_factory) -> Operator:
     apply_crds(cluster)
-    op = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
-    op.start()
-    try:
+    with Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log") as op:
         yield op
-    finally:
-        op.stop()
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +49,10 @@ def gate_off(make_cluster, tmp_path_factory):
     c.up(timeout=120)
     apply_crds(c)
     api = c.api_client()
-    op = Operator(c.kubeconfig, tmp_path_factory.mktemp("operator-gate-off") / "operator.log")
-    op.start()
     try:
-        yield c, api, op
+        with Operator(c.kubeconfig, tmp_path_factory.mktemp("operator-gate-off") / "operator.log") as op:
+            yield c, api, op
     finally:
-        op.stop()
         api.close()
 
 

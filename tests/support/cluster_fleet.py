@@ -42,6 +42,13 @@ class Operator:
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
         )
 
+    def __enter__(self) -> Operator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
