@@ -12,6 +12,11 @@ sends each request to one of the Service's ready endpoints as kube-proxy would.
 Counted: every request answered; both configurations serving while the canary holds; every worker
 every ready router listed, sampled twice a second, a pod of the router's own pairing key; no engine
 log with a page-size mismatch (the decode server that met one would have died of it).
+
+The second test rolls the same change on one prefill and one decode with `maxSurge: 1` and
+`maxUnavailable: 0`: without surge no compatible pair can outlive the roll of a lone instance;
+with it the new configuration has its pair before the old one loses anything, and no request
+fails or finds no router.
 """
 
 from __future__ import annotations
@@ -31,19 +36,19 @@ NAME = "canary"
 NAMESPACE = "canary-rollout"
 
 
-def status(cluster) -> dict[str, Any]:
-    obj = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "hybridserving", NAME, "-o", "json").stdout)
+def status(cluster, namespace: str = NAMESPACE, name: str = NAME) -> dict[str, Any]:
+    obj = json.loads(cluster.kubectl("-n", namespace, "get", "hybridserving", name, "-o", "json").stdout)
     out: dict[str, Any] = obj.get("status") or {}
     out["_current"] = out.get("observedGeneration") == obj["metadata"]["generation"]
     return out
 
 
-def routers(cluster) -> list[str]:
-    return stack.router_deployments(cluster, NAMESPACE, NAME)
+def routers(cluster, namespace: str = NAMESPACE, name: str = NAME) -> list[str]:
+    return stack.router_deployments(cluster, namespace, name)
 
 
-def mismatches(pods_dir) -> list[str]:
-    return [f"{log.parent.name}: {line.strip()[:200]}" for log in pods_dir.glob(f"{NAMESPACE}_*/*.log")
+def mismatches(pods_dir, namespace: str = NAMESPACE) -> list[str]:
+    return [f"{log.parent.name}: {line.strip()[:200]}" for log in pods_dir.glob(f"{namespace}_*/*.log")
             for line in log.read_text(errors="replace").splitlines() if "mismatch" in line]
 
 
@@ -144,3 +149,67 @@ def test_an_incompatible_change_rolls_as_a_canary_holds_resumes_and_rolls_back_w
     finally:
         service.stop()
         tear_down(local_cluster, NAMESPACE)
+
+
+def test_one_instance_per_role_rolls_an_incompatible_change_with_surge_and_no_gap(
+        local_cluster, fleet_operator, pod_runner) -> None:
+    name, namespace = "surge", "surge-rollout"
+    doc = manifest(name, backend="mooncake", time_scale=0.5, startup_seconds=2.0)
+    doc["spec"]["decode"]["replicas"] = 1
+    doc["spec"]["roleSwitch"]["enabled"] = False
+    doc["spec"]["rollout"] = {"maxUnavailable": 0, "maxSurge": 1}
+    local_cluster.kubectl("create", "namespace", namespace)
+    local_cluster.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(doc))
+    wait_for(lambda: routers(local_cluster, namespace, name), 60, "the router Deployment")
+    wait_for(lambda: stack.secret_value(local_cluster, namespace, f"{name}-engine-key", "api-key"), 60,
+             "the fleet's engine key")
+    service = RouterService(local_cluster, namespace, name)
+    try:
+        [first] = routers(local_cluster, namespace, name)
+        old_key = first.rsplit("-", 1)[1]
+        wait_for(lambda: status(local_cluster, namespace, name).get("ready") == "True"
+                 and service.ready_keys() == {old_key} and service.serving(), 240, "the fleet Ready behind its router")
+        load = Load(service, 3, SHORT_PROMPT, 32, "steady load (1K-token prompts, 32 tokens out)")  # type: ignore[arg-type]
+        wait_for(lambda: load.ok >= 5, 60, "requests flowing")
+        patch = {"spec": {"prefill": {"pageSize": 64}, "decode": {"pageSize": 64}}}
+        local_cluster.kubectl("-n", namespace, "patch", "hybridserving", name, "--type=merge", "-p", json.dumps(patch))
+        most: dict[str, int] = {}
+        messages: list[str] = []
+
+        def settled() -> bool:
+            s = status(local_cluster, namespace, name)
+            instances = json.loads(local_cluster.kubectl("-n", namespace, "get", "hybridservinginstances",
+                                                         "-o", "json").stdout)["items"]
+            for role in ("prefill", "decode"):
+                most[role] = max(most.get(role, 0), sum(1 for i in instances if i["spec"]["role"] == role))
+            message = (s.get("rollout") or {}).get("message", "")
+            if message and (not messages or messages[-1] != message):
+                messages.append(message)
+            keys = {r.rsplit("-", 1)[1] for r in routers(local_cluster, namespace, name)}
+            return bool(s["_current"] and s.get("ready") == "True" and len(instances) == 2
+                        and (s.get("rollout") or {}).get("updated") == {"prefill": 1, "decode": 1}
+                        and len(keys) == 1 and keys != {old_key} and service.ready_keys() == keys)
+
+        wait_for(settled, 400, "the roll completed with the surge instances gone", interval=1)
+        new_key = service.ready_keys().pop()
+        after = service.picks[new_key]
+        wait_for(lambda: service.picks[new_key] >= after + 20, 60, "requests after the roll")
+        load.stop()
+        print(f"\n[{namespace}] 1 prefill + 1 decode, page size 1 -> 64 with maxSurge 1, maxUnavailable 0; {load}")
+        print(f"  most instances per role during the roll: {most}")
+        print("  rollout messages:\n" + "\n".join(f"    {m}" for m in messages))
+        print("  the router Service's ready endpoints:\n" + "\n".join(f"    {line}" for line in service.events))
+        print(f"  requests that found no ready router, by second: {dict(service.no_router)}")
+        print(f"  requests by router pairing key: {dict(service.picks)} (old {old_key}, new {new_key})")
+        print(f"  router audits: {service.audit.samples} samples, {len(service.audit.foreign)} workers of another key")
+        found = mismatches(pod_runner, namespace)
+        print(f"  engine logs with a page-size or KV-dtype mismatch: {len(found)}")
+        assert most == {"prefill": 2, "decode": 2}, most
+        assert not load.failures, load.failures[:5]
+        assert not service.no_router, dict(service.no_router)
+        assert not service.audit.foreign, service.audit.foreign[:5]
+        assert not found, found[:5]
+        assert any("surge" in m for m in messages), messages
+    finally:
+        service.stop()
+        tear_down(local_cluster, namespace)

@@ -226,6 +226,11 @@ BAD_FLEETS = {
         "spec.transfer.ibDevices",
         "ibDevicesPerGpu splits ibDevices",
     ),
+    "a rollout that can never roll": (
+        _both(_set("spec.rollout.maxUnavailable", 0), _set("spec.rollout.maxSurge", 0)),
+        "spec.rollout.maxUnavailable",
+        "set maxUnavailable: 1",
+    ),
     "role floors above the fleet": (
         _both(_set("spec.roleSwitch.enabled", True), _set("spec.roleSwitch.minPrefill", 4)),
         "spec.roleSwitch.minPrefill",

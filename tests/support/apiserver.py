@@ -16,6 +16,7 @@ objects whose owners are gone.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -197,8 +198,12 @@ class MemoryApi:
 class FakeCluster(MemoryApi):
     """Just enough apiserver, scheduler, kubelet and garbage collector for the planner."""
 
-    def __init__(self, nodes: int = 16, ready_after: int = 1) -> None:
+    def __init__(self, nodes: int = 16, ready_after: int = 1, step_seconds: float | None = None) -> None:
+        """`step_seconds`: each `advance` is that much time, pods carry when they turned Ready and
+        the planner reads the time (minReadySeconds); None: no time passes, readiness is timeless."""
         super().__init__()
+        self.step_seconds = step_seconds
+        self.clock = 1_000_000.0
         self.nodes: dict[str, dict[str, Any]] = {
             f"node-{i}": {"domain": f"nvl-{i // NODES_PER_DOMAIN}", "gpus": GPUS} for i in range(nodes)
         }
@@ -239,7 +244,8 @@ class FakeCluster(MemoryApi):
         pods = [o for (k, _), o in self.store.items() if k == "Pod"]
         insts = [o for (k, _), o in self.store.items() if k == INSTANCE_KIND]
         others = [o for (k, _), o in self.store.items() if k not in ("Pod", INSTANCE_KIND)]
-        return Observed.from_manifests(insts, pods, others)
+        return Observed.from_manifests(insts, pods, others,
+                                       now=self.clock if self.step_seconds is not None else None)
 
     def reconcile(self, hs: HybridServing, limit: int | None = None) -> list[Action]:
         """One operator pass; `limit` stops it after that many writes (a crash)."""
@@ -303,10 +309,16 @@ class FakeCluster(MemoryApi):
                 continue
             pod["_age"] += 1
             status["phase"] = "Running"
-            if pod["_age"] >= self.ready_after:
-                status["conditions"] = [{"type": "PodScheduled", "status": "True"},
-                                        {"type": "Ready", "status": "True"}]
+            if pod["_age"] >= self.ready_after and not any(
+                    c["type"] == "Ready" for c in status.get("conditions") or []):
+                ready: dict[str, Any] = {"type": "Ready", "status": "True"}
+                if self.step_seconds is not None:
+                    ready["lastTransitionTime"] = dt.datetime.fromtimestamp(
+                        self.clock, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                status["conditions"] = [{"type": "PodScheduled", "status": "True"}, ready]
         self._ready_routers()
+        if self.step_seconds is not None:
+            self.clock += self.step_seconds
 
     # -- reading the fleet
     def pods(self) -> dict[str, dict[str, Any]]:
@@ -320,6 +332,6 @@ class FakeCluster(MemoryApi):
         views = health.view(desired, self.observed())
         out: dict[str, int] = {role: 0 for role in ROLES}
         for v in views.values():
-            if not v.available:
+            if not v.settled:  # available, and for minReadySeconds where time passes
                 out[v.plan.role] += 1
         return out

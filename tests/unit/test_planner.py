@@ -13,7 +13,7 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
@@ -27,6 +27,7 @@ from hybridserving.core.naming import (
     LABEL_NAME,
     LABEL_PAIRING,
     LABEL_REVISION,
+    LABEL_SURGE,
 )
 from hybridserving.core.observed import Observed
 from hybridserving.core.switching import SwitchState
@@ -238,31 +239,42 @@ def test_a_fleet_of_one_instance_per_role_still_rolls_a_pairing_change() -> None
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
-@given(prefill=st.integers(2, 4), decode=st.integers(2, 4), max_unavailable=st.integers(1, 3),
-       ready_after=st.integers(1, 3), interrupt=st.integers(0, 12), canary=st.sampled_from([None, 1, 2]))
+@given(prefill=st.integers(2, 4), decode=st.integers(2, 4), max_unavailable=st.integers(0, 3),
+       max_surge=st.integers(0, 2), ready_after=st.integers(1, 3), interrupt=st.integers(0, 12),
+       canary=st.sampled_from([None, 1, 2]), timed=st.booleans())
 def test_pairing_changes_on_top_of_each_other_keep_a_routed_pair_and_converge(
-    prefill: int, decode: int, max_unavailable: int, ready_after: int, interrupt: int, canary: int | None
+    prefill: int, decode: int, max_unavailable: int, max_surge: int, ready_after: int, interrupt: int,
+    canary: int | None, timed: bool
 ) -> None:
     """A second incompatible change lands mid-roll (or while a canary holds): three keys live at
-    once, and still every step keeps a routed pair, no older router outlives its last pair, and
-    the fleet ends on one key with one router."""
+    once, and still every step keeps a routed pair, no older router outlives its last pair, no
+    role serves below its budget nor surges above it, and the fleet ends on one key with one
+    router at its declared size. `timed`: each step is 2 s, so minReadySeconds (10) holds the
+    roll after each instance comes back."""
+    assume(max_unavailable + max_surge >= 1)
+    seen: dict[str, set[str]] = {role: set() for role in ROLES}
+
     def spec(image: str | None, held: int | None) -> HybridServing:
         extra: dict[str, Any] = {"engine": {"image": image}} if image else {}
         return fleet(prefill={"replicas": prefill}, decode={"replicas": decode},
-                     rollout={"maxUnavailable": max_unavailable, "canary": held}, **extra)
+                     rollout={"maxUnavailable": max_unavailable, "maxSurge": max_surge, "canary": held}, **extra)
 
-    cluster = FakeCluster(ready_after=ready_after)
+    def check(hs: HybridServing):
+        return lambda c: (pairing_invariants(hs)(c), surge_invariants(hs, seen)(c))
+
+    cluster = FakeCluster(ready_after=ready_after, step_seconds=2.0 if timed else None)
     converge(cluster, spec(None, None))
     v2 = spec("sglang:v2", canary)
     for _ in range(interrupt):
         cluster.reconcile(v2)
-        pairing_invariants(v2)(cluster)
+        check(v2)(cluster)
         cluster.advance()
-        pairing_invariants(v2)(cluster)
+        check(v2)(cluster)
     v3 = spec("sglang:v3", None)
-    converge(cluster, v3, steps=120, check=pairing_invariants(v3))
+    converge(cluster, v3, steps=320, check=check(v3))
     assert all(p["spec"]["containers"][0]["image"] == "sglang:v3" for p in cluster.pods().values())
     assert [n for k, n in cluster.store if k == "Deployment"] == [router_deployment(v3)]
+    assert len(cluster.instances()) == prefill + decode
 
 
 def test_a_layout_change_of_one_role_rolls_only_that_role() -> None:
@@ -722,3 +734,174 @@ def test_the_fleets_total_is_split_by_the_roles_shares_and_never_below_a_floor()
               for role in ROLES}
     assert sorted(cluster.instances()) == sorted(lowest.values()), "each role's highest indexes leave first"
 
+
+
+# --------------------------------------------------------------------------- surge
+
+
+def serving(cluster: FakeCluster) -> dict[str, int]:
+    """Instances per role whose every pod runs and is ready, whatever configuration it runs."""
+    observed = cluster.observed()
+    out = {role: 0 for role in ROLES}
+    for name, inst in observed.instances.items():
+        pods = [p for p in observed.pods_of(name) if not p.deleting]
+        if len(pods) == inst.spec.nodes and all(p.phase == "Running" and p.ready for p in pods):
+            out[inst.spec.role] += 1
+    return out
+
+
+def surge_names(cluster: FakeCluster) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {role: set() for role in ROLES}
+    for name, inst in cluster.instances().items():
+        if LABEL_SURGE in inst["metadata"]["labels"]:
+            out[inst["spec"]["role"]].add(name)
+    return out
+
+
+def surge_invariants(hs: HybridServing, seen: dict[str, set[str]]):
+    """While a role rolls with surge: it serves at least its replicas less maxUnavailable, and it
+    never has more than maxSurge instances above its replicas."""
+    rollout = hs.spec.rollout
+
+    def check(c: FakeCluster) -> None:
+        up = serving(c)
+        extra = surge_names(c)
+        for role in ROLES:
+            replicas = hs.spec.role(role).replicas
+            assert up[role] >= replicas - rollout.max_unavailable, f"{role}: {up[role]} serving of {replicas}"
+            assert len(extra[role]) <= rollout.max_surge, f"{role}: surge {extra[role]}"
+            assert sum(1 for i in c.instances().values() if i["spec"]["role"] == role) <= replicas + rollout.max_surge
+            seen[role] |= extra[role]
+
+    return check
+
+
+@pytest.mark.parametrize(("max_unavailable", "max_surge"), [(0, 1), (0, 2), (1, 1)])
+@pytest.mark.parametrize("change", ["image", "priority"])
+def test_max_surge_starts_new_instances_first_and_retires_them_once_the_role_has_rolled(
+        max_unavailable: int, max_surge: int, change: str) -> None:
+    """maxUnavailable 0 keeps every role at its replicas throughout; an incompatible change still
+    keeps a routed pair serving; at the end the surge instances are gone and the fleet is its
+    declared size, every instance it had kept by name and rolled."""
+    rollout = {"maxUnavailable": max_unavailable, "maxSurge": max_surge}
+    hs = fleet(rollout=rollout)
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    names = set(cluster.instances())
+    before = uids(cluster)
+    extra: dict[str, Any] = {"engine": {"image": "sglang:v2"}} if change == "image" else {
+        "podTemplate": {"spec": {"priorityClassName": "serving"}}}
+    new = fleet(rollout=rollout, **extra)
+    seen: dict[str, set[str]] = {role: set() for role in ROLES}
+
+    def check(c: FakeCluster) -> None:
+        surge_invariants(new, seen)(c)
+        if change == "image":
+            pairing_invariants(new)(c)
+
+    converge(cluster, new, steps=120, check=check)
+    assert all(len(seen[role]) >= max_surge for role in ROLES), f"surge instances seen: {seen}"
+    assert set(cluster.instances()) == names and surge_names(cluster) == {role: set() for role in ROLES}
+    assert all(uids(cluster)[n] != before[n] for n in before), "every original pod replaced"
+    desired = planner.plan(new, cluster.observed())
+    assert all(v.current and v.available for v in health.view(desired, cluster.observed()).values())
+
+
+def test_one_instance_per_role_rolls_a_pairing_change_with_a_pair_serving_throughout_when_surging() -> None:
+    """Without surge a lone prefill cannot roll without a gap; with one surge instance per role the
+    new key has its pair before the old one goes."""
+    rollout = {"maxUnavailable": 0, "maxSurge": 1}
+    hs = fleet(prefill={"replicas": 1}, decode={"replicas": 1}, rollout=rollout)
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    new = fleet(prefill={"replicas": 1}, decode={"replicas": 1}, rollout=rollout, engine={"image": "sglang:v2"})
+    seen: dict[str, set[str]] = {role: set() for role in ROLES}
+
+    def check(c: FakeCluster) -> None:
+        surge_invariants(new, seen)(c)
+        pairing_invariants(new)(c)
+
+    converge(cluster, new, steps=120, check=check)
+    assert all(p["spec"]["containers"][0]["image"] == "sglang:v2" for p in cluster.pods().values())
+    assert len(cluster.instances()) == 2
+    assert [n for k, n in cluster.store if k == "Deployment"] == [router_deployment(new)]
+
+
+def test_a_held_rollout_runs_at_its_declared_size_and_surges_again_when_it_resumes() -> None:
+    rollout: dict[str, Any] = {"maxUnavailable": 0, "maxSurge": 1, "canary": 1}
+    hs = fleet(rollout=rollout)
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    held = fleet(rollout=rollout, engine={"image": "sglang:v2"})
+    seen: dict[str, set[str]] = {role: set() for role in ROLES}
+    converge(cluster, held, steps=120, check=surge_invariants(held, seen))
+    assert all(seen[role] for role in ROLES), "the canary instances rolled with a surge instance up"
+    assert updated(cluster, held) == {"prefill": 1, "decode": 1}, "surge instances are not the canary"
+    assert surge_names(cluster) == {role: set() for role in ROLES} and len(cluster.instances()) == 6
+    for _ in range(3):
+        assert cluster.reconcile(held) == []
+        cluster.advance()
+    resumed = fleet(rollout={"maxUnavailable": 0, "maxSurge": 1}, engine={"image": "sglang:v2"})
+    converge(cluster, resumed, steps=120, check=surge_invariants(resumed, seen))
+    assert updated(cluster, resumed) == {"prefill": 3, "decode": 3} and len(cluster.instances()) == 6
+
+
+def test_the_surge_instances_a_newer_change_makes_stale_are_replaced_without_dropping_capacity() -> None:
+    rollout = {"maxUnavailable": 0, "maxSurge": 1}
+    hs = fleet(rollout=rollout)
+    cluster = FakeCluster(ready_after=2)
+    converge(cluster, hs)
+    v2 = fleet(rollout=rollout, engine={"image": "v2"})
+    seen: dict[str, set[str]] = {role: set() for role in ROLES}
+    for _ in range(12):  # surge instances up, a first instance rolled or rolling
+        cluster.reconcile(v2)
+        surge_invariants(v2, seen)(cluster)
+        cluster.advance()
+    first = set().union(*surge_names(cluster).values())
+    assert first
+    v3 = fleet(rollout=rollout, engine={"image": "v3"})
+    converge(cluster, v3, steps=160, check=lambda c: (surge_invariants(v3, seen)(c), pairing_invariants(v3)(c)))
+    assert all(p["spec"]["containers"][0]["image"] == "v3" for p in cluster.pods().values())
+    assert len(cluster.instances()) == 6 and not first & set(cluster.instances())
+
+
+def test_a_rollout_that_could_never_roll_is_refused_naming_the_fields() -> None:
+    with pytest.raises(ValueError, match=r"rollout.maxUnavailable and rollout.maxSurge are both 0"):
+        fleet(rollout={"maxUnavailable": 0})
+    assert fleet(rollout={"maxUnavailable": 0, "maxSurge": 1}).spec.rollout.max_surge == 1
+
+
+def not_settled(cluster: FakeCluster, hs: HybridServing, seconds: float) -> dict[str, int]:
+    """Instances per role not ready on the spec they carry for `seconds` yet (down ones included)."""
+    observed = cluster.observed()
+    out = {role: 0 for role in ROLES}
+    for v in health.view(planner.plan(hs, observed), observed).values():
+        since = [p.ready_since for p in v.pods if p.ready_since is not None]
+        if not (v.available and since and cluster.clock - max(since) >= seconds):
+            out[v.plan.role] += 1
+    return out
+
+
+@pytest.mark.parametrize("min_ready", [0, 10])
+def test_the_roll_goes_on_only_once_an_instance_has_been_ready_for_min_ready_seconds(min_ready: int) -> None:
+    """The router registers a worker seconds after its pod turns Ready: with minReadySeconds the
+    next instance of the role rolls only once the last one has been ready that long. The same
+    check fails without it (so it can fail)."""
+    hs = fleet(rollout={"minReadySeconds": min_ready})
+    cluster = FakeCluster(step_seconds=2.0)
+    converge(cluster, hs)
+    for _ in range(10):
+        cluster.advance()
+    new = fleet(engine={"image": "sglang:v2"}, rollout={"minReadySeconds": min_ready})
+    worst = {role: 0 for role in ROLES}
+
+    def check(c: FakeCluster) -> None:
+        for role, n in not_settled(c, new, 10).items():
+            worst[role] = max(worst[role], n)
+
+    steps = converge(cluster, new, steps=200, check=check)
+    assert all(p["spec"]["containers"][0]["image"] == "sglang:v2" for p in cluster.pods().values())
+    if min_ready:
+        assert worst == {"prefill": 1, "decode": 1}, worst
+    else:
+        assert max(worst.values()) > 1, f"without minReadySeconds the roll goes on at once: {worst}, {steps} steps"

@@ -53,6 +53,11 @@ def test_a_single_instance_role_may_be_evicted_for_maintenance() -> None:
     assert found[("PodDisruptionBudget", "hs-prefill")]["spec"]["minAvailable"] == 0
 
 
+def test_a_rollout_that_keeps_every_instance_up_still_lets_a_node_drain() -> None:
+    found = objects(fleet(rollout={"maxUnavailable": 0, "maxSurge": 1}))
+    assert found[("PodDisruptionBudget", "hs-prefill")]["spec"]["minAvailable"] == 2  # 3 instances, one may go
+
+
 def test_the_engine_policy_admits_only_the_fleet_its_router_and_the_operator() -> None:
     policy = objects(fleet(), EngineAccess(operator_namespace="hybridserving-system"))[
         ("NetworkPolicy", "hs-engines")]["spec"]

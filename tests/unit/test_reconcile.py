@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from collections import Counter
 from typing import Any
 
@@ -43,6 +44,16 @@ def test_a_settled_fleet_is_ready_and_a_further_pass_writes_nothing(api: MemoryA
     assert [c["lastTransitionTime"] for c in api.status()["conditions"]] == stamps
     events = [o for (k, _), o in api.store.items() if k == "Event"]
     assert {e["reason"] for e in events} >= {"CreatedInstance", "CreatedPod", "CreatedConfigMap"}
+
+
+def test_a_pass_comes_back_when_a_just_ready_instance_has_been_ready_for_min_ready_seconds(api: MemoryApi) -> None:
+    settle(api)
+    assert rec.reconcile(api, NS, "fleet").requeue_after is None, "a settled fleet waits for nothing"
+    just_now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    pod = next(o for (k, _), o in api.store.items() if k == "Pod")
+    pod["status"]["conditions"][0]["lastTransitionTime"] = just_now
+    requeue = rec.reconcile(api, NS, "fleet").requeue_after
+    assert requeue is not None and 8.0 < requeue <= 10.5, requeue  # rollout.minReadySeconds 10, then half a second
 
 
 def test_a_conflict_ends_the_pass_and_the_next_one_finishes_without_duplicates(api: MemoryApi) -> None:

@@ -171,3 +171,22 @@ def test_status_names_the_pairing_keys_routed_apart_while_an_incompatible_change
     settle(api)
     done = rollout(api)
     assert done["pairingKeys"] == [held["pairingKeys"][0]] and "pair apart" not in done["message"]
+
+
+def test_status_counts_surge_instances_apart_from_the_rolled_ones() -> None:
+    api = MemoryApi()
+    api.user_apply(SPEC)
+    settle(api)
+    apply(api, engine={"image": "v2"}, rollout={"maxUnavailable": 0, "maxSurge": 1})
+    messages = []
+    for _ in range(12):
+        rec.reconcile(api, NS, "fleet")
+        api.run_pods()
+        messages.append(rollout(api)["message"])
+    surging = [m for m in messages if "surge" in m]
+    assert surging and "(1 surge prefill, 1 surge decode on top)" in surging[0], messages
+    assert all(rollout(api)["updated"][role] <= 2 for role in ("prefill", "decode"))
+    settle(api, passes=40)
+    done = rollout(api)
+    assert done["updated"] == {"prefill": 2, "decode": 2} and "surge" not in done["message"]
+    assert api.status()["prefill"]["summary"] == "2/2"

@@ -454,7 +454,33 @@ class ScalingSpec(ApiModel):
 
 
 class RolloutSpec(ApiModel):
-    max_unavailable: int = Field(default=1, ge=1, le=1024, description="Instances of a role rolled at once.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.maxUnavailable + self.maxSurge >= 1",
+                    "maxUnavailable and maxSurge are both 0, so no instance could ever roll: set maxUnavailable: 1 "
+                    "(roll one instance of a role at a time) or maxSurge: 1 (start one extra first)",
+                    "maxUnavailable"),
+            ]
+        }
+    )
+
+    max_unavailable: int = Field(
+        default=1, ge=0, le=1024,
+        description="Instances of a role that may be down at once while it rolls, surge instances that serve "
+        "already counting as up. 0 (with maxSurge) keeps every role's serving capacity whole. The role's "
+        "PodDisruptionBudget allows at least one instance's pods to be evicted, so node drains never block.")
+    min_ready_seconds: int = Field(
+        default=10, ge=0, le=3600,
+        description="How long an instance's pods must have been Ready before the rollout counts it as serving "
+        "(a Deployment's minReadySeconds): the next instance rolls, and a surge instance goes, only then. The "
+        "router (smg) registers a worker a few seconds after its pod turns Ready; going on at once can leave "
+        "it without a worker of a role meanwhile.")
+    max_surge: int = Field(
+        default=0, ge=0, le=1024,
+        description="Extra instances of a role started on the new configuration while that role rolls, on "
+        "top of its replicas (they need free GPU nodes). They go once every instance of the role has rolled "
+        "and is ready again, and while the rollout is paused or held at its canary.")
     paused: bool = Field(default=False, description="Stop rolling out spec changes (and role switches).")
     canary: int | None = Field(
         default=None, ge=0, le=1024,
@@ -467,6 +493,14 @@ class RolloutSpec(ApiModel):
         description="Old configurations kept as ControllerRevisions for `hybridserving rollback`, besides "
         "the ones instances run and the last one that became fully ready.",
     )
+
+    @model_validator(mode="after")
+    def _can_roll(self) -> RolloutSpec:
+        if self.max_unavailable + self.max_surge < 1:
+            raise ValueError(
+                "rollout.maxUnavailable and rollout.maxSurge are both 0, so no instance could ever roll: set "
+                "maxUnavailable: 1 (roll one instance of a role at a time) or maxSurge: 1 (start one extra first)")
+        return self
 
 
 class HybridServingSpec(ApiModel):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -43,7 +44,6 @@ from hybridserving.controller.status import (
     fleet_status,
     instance_status,
     now,
-    parse_time,
     wire,
 )
 from hybridserving.contract import ANNOTATION_ROLE
@@ -60,7 +60,7 @@ from hybridserving.core.naming import (
     selectable,
     standard_labels,
 )
-from hybridserving.core.observed import Observed
+from hybridserving.core.observed import Observed, parse_time
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.rendering import EngineAccess
 
@@ -138,7 +138,7 @@ def observe(kube: Kube, namespace: str, name: str, hs_uid: str, extra_kinds: tup
                 raise
             # Not served (an alpha API switched off): creating one fails and Degraded says so.
             log.warning("%s/%s: %s is not served by this cluster", namespace, name, kind)
-    return Observed.from_manifests(instances, pods, objects)
+    return Observed.from_manifests(instances, pods, objects, now=time.time())
 
 
 def validate(
@@ -523,5 +523,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
         outcome.requeue_after = WEIGHTS_PROGRESS_SECONDS
     elif status.get("ready") != "True":
         outcome.requeue_after = 10.0
+    settling = [s for v in views.values() if (s := v.settles_in)]
+    if settling:  # the rollout goes on when an instance has been ready for minReadySeconds
+        outcome.requeue_after = min(outcome.requeue_after or math.inf, min(settling) + 0.5)
     metrics.DURATION.observe(time.monotonic() - started)
     return outcome

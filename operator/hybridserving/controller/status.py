@@ -32,7 +32,7 @@ from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
 from hybridserving.core.naming import LABEL_REVISION, engine_selector, revision_name
-from hybridserving.core.observed import Observed
+from hybridserving.core.observed import Observed, parse_time
 from hybridserving.core.rollout import held_by
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
@@ -52,16 +52,6 @@ def wire(status: ApiModel) -> dict[str, Any]:
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str | None) -> float | None:
-    """Seconds since the epoch of an RFC 3339 time as conditions carry it, or None."""
-    if not value:
-        return None
-    try:
-        return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -232,7 +222,7 @@ def fleet_status(
         planned = [p for p in desired.instances.values() if p.role == role]
         role_views = [v for v in views.values() if v.plan.role == role]
         ready = sum(1 for v in role_views if v.available)
-        updated = sum(1 for v in role_views if v.current and not any(v.stale(p) for p in v.pods))
+        updated = sum(1 for v in role_views if v.current and not v.plan.surge and not any(v.stale(p) for p in v.pods))
         per_role[role] = RoleStatus(desired=len(planned), ready=ready, updated=updated,
                                     summary=f"{ready}/{len(planned)}")
     total = sum(r.desired for r in per_role.values())
@@ -334,8 +324,11 @@ def rollout_status(desired: DesiredState, views: Mapping[str, InstanceView], per
     done = not behind and all_ready and all(v.current for v in views.values())
     last_good = update if done else str(previous.get("lastGoodRevision", ""))
     counts = RoleCounts(prefill=per_role["prefill"].updated, decode=per_role["decode"].updated)
-    progress = (f"prefill {counts.prefill}/{per_role['prefill'].desired}, "
-                f"decode {counts.decode}/{per_role['decode'].desired} updated")
+    surge = {role: sum(1 for p in desired.instances.values() if p.role == role and p.surge) for role in ROLES}
+    progress = (f"prefill {counts.prefill}/{per_role['prefill'].desired - surge['prefill']}, "
+                f"decode {counts.decode}/{per_role['decode'].desired - surge['decode']} updated")
+    if any(surge.values()):
+        progress += " (" + ", ".join(f"{n} surge {role}" for role, n in surge.items() if n) + " on top)"
     if held == "Canary":
         message = (f"held by canary {desired.canary}: {progress}; raise or remove spec.rollout.canary "
                    "to roll the rest")

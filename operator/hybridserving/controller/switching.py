@@ -40,8 +40,9 @@ from hybridserving.controller import metrics
 from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engines, Scrape, instance_metrics
 from hybridserving.controller.kube import KubeError
 from hybridserving.core import enginekey, flags, switching
+from hybridserving.core.observed import parse_time
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK
+from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK, LABEL_SURGE
 from hybridserving.api.v1alpha1 import Role
 from hybridserving.core.policy import (
     Decision,
@@ -94,15 +95,6 @@ class EnginesLike(Protocol):
 
 def rfc3339(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def launcher_port(pod: Mapping[str, Any]) -> int:
@@ -538,7 +530,9 @@ class SwitchController:
         for inst in instances.values():
             record = inst.record
             last = parse_time((inst.obj.get("status") or {}).get("lastSwitch"))
-            pinned = inst.annotations.get(ANNOTATION_PINNED, "").lower() == "true"
+            # A surge instance leaves when its role has rolled: moving it would only unbalance the roles.
+            pinned = (inst.annotations.get(ANNOTATION_PINNED, "").lower() == "true"
+                      or LABEL_SURGE in (inst.obj["metadata"].get("labels") or {}))
             phase: Phase
             if record is not None:
                 phase = ("draining" if record.step in ("Unroute", "Drain")

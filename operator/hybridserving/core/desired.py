@@ -25,6 +25,7 @@ class InstancePlan:
     pods: list[dict[str, Any]]  # empty until the instance exists (pods need its uid as owner)
     service: dict[str, Any] | None
     workload: dict[str, Any] | None = None  # gang admission (core.gang), owned by the instance
+    surge: bool = False  # above its role's replicas while the role rolls (rollout.maxSurge)
 
 
 @dataclass
@@ -47,6 +48,10 @@ class DesiredState:
     @property
     def max_unavailable(self) -> int:
         return self.spec.rollout.max_unavailable
+
+    @property
+    def max_surge(self) -> int:
+        return self.spec.rollout.max_surge
 
     @property
     def paused(self) -> bool:

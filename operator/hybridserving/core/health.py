@@ -49,6 +49,8 @@ class InstanceView:
     plan: InstancePlan
     observed: ObservedInstance
     pods: list[ObservedPod]
+    now: float | None = None  # when the pods were read; None: `settled` is `available`
+    min_ready: float = 0.0  # rollout.minReadySeconds
 
     @property
     def by_rank(self) -> dict[int, ObservedPod]:
@@ -75,6 +77,23 @@ class InstanceView:
             and p.ready
             for rank in range(self.observed.spec.nodes)
         )
+
+    @property
+    def settles_in(self) -> float | None:
+        """Seconds until the rollout counts this available instance as serving (0: it does),
+        None while it is not available. A pod with no Ready time counts as ready long since."""
+        if not self.available:
+            return None
+        since = [p.ready_since for p in self.pods if not p.deleting and p.ready_since is not None]
+        if self.now is None or not since:
+            return 0.0
+        return max(0.0, max(since) + self.min_ready - self.now)
+
+    @property
+    def settled(self) -> bool:
+        """Available for `minReadySeconds`: what the rollout counts as serving (the router has had
+        time to register it)."""
+        return self.settles_in == 0.0
 
     @property
     def switching(self) -> bool:
@@ -138,7 +157,8 @@ class InstanceView:
 def view(desired: DesiredState, observed: Observed) -> dict[str, InstanceView]:
     """Existing, planned instances read against their plans."""
     return {
-        name: InstanceView(p, observed.instances[name], observed.pods_of(name))
+        name: InstanceView(p, observed.instances[name], observed.pods_of(name), observed.now,
+                           desired.spec.rollout.min_ready_seconds)
         for name, p in desired.instances.items()
         if name in observed.instances and not observed.instances[name].deleting
     }

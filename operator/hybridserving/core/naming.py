@@ -33,6 +33,9 @@ LABEL_REVISION = "hybridserving.io/revision-hash"
 # On instances, engine pods and routers: the pairing key (`core.pairing`) of the configuration
 # they run. A pod keeps its key for life; each router discovers the pods of one key only.
 LABEL_PAIRING = "hybridserving.io/pairing-key"
+# On instances started above a role's replicas while it rolls (`rollout.maxSurge`): they go
+# once the role has rolled, and the role-switch policy leaves them where they are.
+LABEL_SURGE = "hybridserving.io/surge"
 # app.kubernetes.io/name of what each component runs.
 APP_NAMES = {"engine": "sglang", "router": "smg"}
 

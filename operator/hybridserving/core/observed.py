@@ -6,6 +6,7 @@ leaves out (a pod not yet scheduled, an instance without status) has one default
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,16 @@ from hybridserving.core import weights
 from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_INSTANCE, LABEL_NODE_RANK
 
 ObjectKey = tuple[str, str]  # (kind, name)
+
+
+def parse_time(value: str | None) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as the API writes it, or None."""
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def describe_termination(terminated: Mapping[str, Any]) -> str:
@@ -48,6 +59,7 @@ class ObservedPod:
     owner_uids: tuple[str, ...] = ()
     weights_fill: tuple[str, str] | None = None  # the node-cache fill step: (state, detail)
     weights_progress_at: tuple[str, int] | None = None  # (IP, port) where its running fill serves progress
+    ready_since: float | None = None  # when it last turned Ready (the condition's lastTransitionTime), if ready
 
     @property
     def instance(self) -> str:
@@ -79,6 +91,7 @@ class ObservedPod:
         spec = obj.get("spec") or {}
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         ready = (conditions.get("Ready") or {}).get("status") == "True"
+        ready_since = parse_time((conditions.get("Ready") or {}).get("lastTransitionTime")) if ready else None
         scheduled = conditions.get("PodScheduled") or {}
         unschedulable = None
         if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
@@ -106,6 +119,7 @@ class ObservedPod:
             annotations=dict(meta.get("annotations") or {}),
             phase=status.get("phase") or "Pending",
             ready=ready,
+            ready_since=ready_since,
             node_name=spec.get("nodeName"),
             deleting=bool(meta.get("deletionTimestamp")),
             restarts=restarts,
@@ -161,6 +175,7 @@ class Observed:
     pods: dict[str, ObservedPod] = field(default_factory=dict)
     # Every other owned object as read, keyed by (kind, name).
     objects: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)
+    now: float | None = None  # when it was read (seconds since the epoch); None: times are not compared
 
     @classmethod
     def from_manifests(
@@ -168,8 +183,9 @@ class Observed:
         instances: Iterable[Mapping[str, Any]] = (),
         pods: Iterable[Mapping[str, Any]] = (),
         objects: Iterable[Mapping[str, Any]] = (),
+        now: float | None = None,
     ) -> Observed:
-        obs = cls()
+        obs = cls(now=now)
         for obj in instances:
             inst = ObservedInstance.from_manifest(obj)
             obs.instances[inst.name] = inst

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing
+from hybridserving.api.instance import InstancePorts
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing, Role
 from hybridserving.core import pairing, ports, revisions
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.assignment import assign_instances
@@ -41,8 +42,10 @@ from hybridserving.core.naming import (
     LABEL_INSTANCE,
     LABEL_PAIRING,
     LABEL_REVISION,
+    LABEL_SURGE,
     applied_spec_name,
     digest,
+    instance_name,
     owner_reference,
     split_config_hash,
 )
@@ -54,6 +57,7 @@ from hybridserving.core.rollout import (
     pod_actions,
     routed_keys,
     select_rollout,
+    surge_plan,
 )
 
 
@@ -76,31 +80,53 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     pairing_key = pairing.pairing_key(spec)
 
     assigned = assign_instances(name, spec, observed)
-    order = sorted(assigned, key=lambda n: assigned[n][0])
+    surging = {n: (i.spec.index, i.spec.role) for n, i in observed.instances.items()
+               if LABEL_SURGE in i.labels and not i.deleting}
+    members = {**assigned, **surging}
+    order = sorted(members, key=lambda n: members[n][0])
     held = {n: observed.instances[n].spec.ports for n in order if n in observed.instances}
-    leaving = [i.spec.ports for n, i in observed.instances.items() if n not in assigned]
+    leaving = [i.spec.ports for n, i in observed.instances.items() if n not in members]
     allocated = ports.allocate(
         order, held, host_network=spec.network.host_network, bootstrap_base=spec.transfer.bootstrap_port,
         reserved=leaving,
     )
 
-    instances: dict[str, InstancePlan] = {}
-    for inst_name in order:
-        index, role = assigned[inst_name]
-        instances[inst_name] = render_instance(
-            hs, inst_name, index, role, allocated[inst_name], role_hashes, observed.instances.get(inst_name), owner,
-            pairing_key,
+    def render(inst_name: str, index: int, role: Role, inst_ports: InstancePorts, surge: bool) -> InstancePlan:
+        out = render_instance(hs, inst_name, index, role, inst_ports, role_hashes, observed.instances.get(inst_name),
+                              owner, pairing_key)
+        out.manifest["metadata"]["labels"][LABEL_REVISION] = revision_hash
+        if surge:
+            out.manifest["metadata"]["labels"][LABEL_SURGE] = "true"
+            out.surge = True
+        return out
+
+    instances = {n: render(n, *members[n], allocated[n], n in surging) for n in order}
+    views = {n: InstanceView(instances[n], observed.instances[n], observed.pods_of(n), observed.now,
+                             spec.rollout.min_ready_seconds)
+             for n in instances if n in observed.instances and not observed.instances[n].deleting}
+    routers = _routed(observed)
+    gone, wanted = surge_plan(spec.rollout, views, pairing_key, routers)
+    for n in gone:
+        del instances[n], views[n]
+    if any(wanted.values()):
+        taken = {i.spec.index for i in observed.instances.values()} | {p.index for p in instances.values()}
+        free = (index for index in range(1 << 20) if index not in taken)
+        added = [(index, role) for role in ROLES for index in (next(free) for _ in range(wanted[role]))]
+        new_names = {instance_name(name, index): (index, role) for index, role in added}
+        allocated = ports.allocate(
+            [*instances, *new_names], {n: p.ports for n, p in instances.items()},
+            host_network=spec.network.host_network, bootstrap_base=spec.transfer.bootstrap_port,
+            reserved=leaving + [observed.instances[n].spec.ports for n in gone],
         )
-        instances[inst_name].manifest["metadata"]["labels"][LABEL_REVISION] = revision_hash
+        for n, (index, role) in new_names.items():
+            instances[n] = render(n, index, role, allocated[n], True)
     # A router per pairing key the fleet still runs (the spec's, older ones until they retire).
     running = {pod.labels[LABEL_PAIRING] for pod in observed.pods.values()
                if not pod.deleting and pod.labels.get(LABEL_PAIRING)}
-    views = {n: InstanceView(instances[n], observed.instances[n], observed.pods_of(n))
-             for n in instances if n in observed.instances and not observed.instances[n].deleting}
     holding = held_by(spec.rollout, views) is not None
     ready_routers = {obj["metadata"]["labels"].get(LABEL_PAIRING, "") for (kind, _), obj in observed.objects.items()
                      if kind == "Deployment" and ((obj.get("status") or {}).get("readyReplicas") or 0) > 0}
-    pairing_keys = routed_keys(views, pairing_key, running, holding, ready_routers)
+    pairing_keys = routed_keys(views, pairing_key, running, holding, routers, ready_routers)
     objects: dict[ObjectKey, dict[str, Any]] = {
         (obj["kind"], obj["metadata"]["name"]): obj
         for obj in fleet_objects(hs, configs, role_hashes, spec_hash, instances, access, owner, pairing_keys)
@@ -119,6 +145,12 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
         pairing_key=pairing_key,
         router_keys=tuple(pairing_keys),
     )
+
+
+def _routed(observed: Observed) -> frozenset[str]:
+    """The pairing keys with a router Deployment not on its way out."""
+    return frozenset(obj["metadata"]["labels"].get(LABEL_PAIRING, "") for (kind, _), obj in observed.objects.items()
+                     if kind == "Deployment" and not obj["metadata"].get("deletionTimestamp"))
 
 
 def diff(desired: DesiredState, observed: Observed) -> list[Action]:
@@ -155,9 +187,7 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     actions.extend(record)
 
     views = view(desired, observed)
-    routed = frozenset(obj["metadata"]["labels"].get(LABEL_PAIRING, "") for (kind, _), obj in observed.objects.items()
-                       if kind == "Deployment" and not obj["metadata"].get("deletionTimestamp"))
-    selected = select_rollout(desired, views, routed)
+    selected = select_rollout(desired, views, _routed(observed))
 
     # Instances: create, adopt role switches, roll, restart broken gangs. `next_hash` is the
     # configHash each instance carries once this step's patch lands; its pods follow it.
@@ -166,8 +196,13 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     for name, p in desired.instances.items():
         existing = observed.instances.get(name)
         if existing is None:
-            actions.append(Action("create", INSTANCE_KIND, name, (Cause.SCALE_UP,), f"new {p.role} instance",
-                                  p.manifest))
+            if p.surge:
+                actions.append(Action("create", INSTANCE_KIND, name, (Cause.ROLLOUT,),
+                                      f"surge {p.role} instance on the new configuration while the role rolls "
+                                      f"(maxSurge {desired.max_surge})", p.manifest))
+            else:
+                actions.append(Action("create", INSTANCE_KIND, name, (Cause.SCALE_UP,), f"new {p.role} instance",
+                                      p.manifest))
             continue
         if existing.deleting:
             continue
@@ -217,8 +252,13 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
 
     for name, inst in observed.instances.items():
         if name not in desired.instances and not inst.deleting and desired.uid in inst.owner_uids:
-            actions.append(Action("delete", INSTANCE_KIND, name, (Cause.SCALE_DOWN,),
-                                  f"scaled down: {inst.spec.role} instance no longer wanted", uid=inst.uid))
+            if LABEL_SURGE in inst.labels:
+                actions.append(Action("delete", INSTANCE_KIND, name, (Cause.ROLLOUT,),
+                                      f"surge {inst.spec.role} instance retired: its role has rolled, the rollout "
+                                      "is held, or it runs an older configuration", uid=inst.uid))
+            else:
+                actions.append(Action("delete", INSTANCE_KIND, name, (Cause.SCALE_DOWN,),
+                                      f"scaled down: {inst.spec.role} instance no longer wanted", uid=inst.uid))
 
     # Per-instance Services and pods, for instances whose spec is what the pods should run.
     for name, p in desired.instances.items():

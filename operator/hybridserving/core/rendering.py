@@ -427,7 +427,8 @@ def _applied_spec(hs: HybridServing, spec_hash: str, owner: dict[str, Any]) -> d
 
 
 def _pdb(hs: HybridServing, role: Role, instances: int, owner: dict[str, Any]) -> dict[str, Any]:
-    """Evictions (node drains) take down at most the rollout budget of a role, counted in pods.
+    """Evictions (node drains) take down at most the rollout budget of a role, counted in pods,
+    and at least one instance (`maxUnavailable: 0` keeps rollouts whole, it must not block drains).
 
     An integer `minAvailable` is the one PDB shape the disruption controller can evaluate
     for pods whose controller (the instance) has no scale subresource: `maxUnavailable` and
@@ -441,7 +442,7 @@ def _pdb(hs: HybridServing, role: Role, instances: int, owner: dict[str, Any]) -
         "kind": "PodDisruptionBudget",
         "metadata": _meta(hs, pdb_name(hs.metadata.name, role), owner, "engine"),
         "spec": {
-            "minAvailable": max(0, instances - hs.spec.rollout.max_unavailable) * nodes,
+            "minAvailable": max(0, instances - max(1, hs.spec.rollout.max_unavailable)) * nodes,
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
             "selector": {
                 "matchLabels": {

@@ -1,7 +1,9 @@
 """The rollout: which instances move to a new configuration in this step, and what their pods do.
 
 Voluntary disruption (rolling a serving instance) is held to `rollout.maxUnavailable`
-instances per role and one role at a time; pods of a gang are replaced whole (one rank alone
+instances per role, counting `rollout.maxSurge` extra instances started on the new
+configuration as serving, and one role at a time; an instance serves for the rollout once its
+pods have been ready for `rollout.minReadySeconds`; pods of a gang are replaced whole (one rank alone
 cannot rejoin a running collective), and a switched instance's pods are relabelled in place.
 A change of what prefill and decode must agree on (`core.pairing`) also keeps a compatible
 pair serving throughout: the roll alternates roles so that the old key keeps a prefill and a
@@ -127,8 +129,9 @@ def _metadata_patch(
 
 
 def updated(views: Mapping[str, InstanceView], role: Role) -> int:
-    """Instances of `role` whose spec already says what the plan says."""
-    return sum(1 for v in views.values() if v.plan.role == role and v.current)
+    """Instances of `role` whose spec already says what the plan says (surge instances aside:
+    they are not what a canary counts)."""
+    return sum(1 for v in views.values() if v.plan.role == role and v.current and not v.plan.surge)
 
 
 def held_by(rollout: RolloutSpec, views: Mapping[str, InstanceView]) -> Literal["Canary", "Paused"] | None:
@@ -138,7 +141,7 @@ def held_by(rollout: RolloutSpec, views: Mapping[str, InstanceView]) -> Literal[
     its `canary` instances rolled already (one role still rolling towards its canary is progress,
     not a hold).
     """
-    pending = {v.plan.role for v in views.values() if not v.current}
+    pending = {v.plan.role for v in views.values() if not v.current and not v.plan.surge}
     if not pending:
         return None
     if rollout.paused:
@@ -149,24 +152,29 @@ def held_by(rollout: RolloutSpec, views: Mapping[str, InstanceView]) -> Literal[
     return None
 
 
-def _serving_roles(views: Mapping[str, InstanceView], spec_key: str, down: set[str]) -> dict[str, list[Role]]:
-    """The roles of the available instances of each pairing key, `down` taken out."""
+def _serving_roles(views: Mapping[str, InstanceView], spec_key: str, down: set[str],
+                   settled: bool = False) -> dict[str, list[Role]]:
+    """The roles of the available instances of each pairing key, `down` taken out.
+
+    What the rollout protects counts every available instance; what it relies on to go on
+    (`settled`) only those ready for minReadySeconds, which the router has registered."""
     roles: dict[str, list[Role]] = {}
     for v in views.values():
-        if v.available and v.plan.name not in down:
+        if (v.settled if settled else v.available) and v.plan.name not in down:
             roles.setdefault(instance_pairing_key(v, spec_key), []).append(v.plan.role)
     return roles
 
 
-def _pair_serving(views: Mapping[str, InstanceView], spec_key: str, down: set[str]) -> bool:
-    """Whether some pairing key has an available prefill and decode with `down` taken out."""
-    return any(set(r) == set(ROLES) for r in _serving_roles(views, spec_key, down).values())
+def _pair_serving(views: Mapping[str, InstanceView], spec_key: str, down: set[str], settled: bool = False) -> bool:
+    """Whether some pairing key has an available (or settled) prefill and decode with `down` taken out."""
+    return any(set(r) == set(ROLES) for r in _serving_roles(views, spec_key, down, settled).values())
 
 
 def routed_keys(views: Mapping[str, InstanceView], spec_key: str, live_keys: set[str], holding: bool,
-                ready_routers: set[str]) -> list[str]:
+                routers: frozenset[str], ready_routers: set[str]) -> list[str]:
     """The pairing keys that keep a router: the spec's, and each older one its pods still run,
-    until it retires.
+    until it retires. A retired key's router never comes back (`routers`: the keys with a router
+    Deployment): the roll may already have taken what its pair needed.
 
     An older key retires once it is down to its last instance of a role while a key that keeps
     its router serves a pair through a ready router (`ready_routers`: the keys whose router
@@ -177,16 +185,56 @@ def routed_keys(views: Mapping[str, InstanceView], spec_key: str, live_keys: set
     no router (smg would answer 503 to what it got).
     """
     serving = _serving_roles(views, spec_key, set())
+    settled = _serving_roles(views, spec_key, set(), settled=True)
     keys = [spec_key]
     for key in sorted(live_keys - {spec_key}, key=lambda k: (-len(serving.get(k, ())), k)):
         roles = serving.get(key, [])
-        if set(roles) != set(ROLES):
-            continue  # no pair: a router of it could only answer 503
+        if set(roles) != set(ROLES) or key not in routers:
+            continue  # no pair (a router of it could only answer 503), or retired already
         last = min(roles.count(role) for role in ROLES) == 1
-        covered = any(k in ready_routers and set(serving.get(k, ())) == set(ROLES) for k in keys)
+        covered = any(k in ready_routers and set(settled.get(k, ())) == set(ROLES) for k in keys)
         if holding or not last or not covered:
             keys.append(key)
     return keys
+
+
+def surge_plan(rollout: RolloutSpec, views: Mapping[str, InstanceView], spec_key: str,
+               routed: frozenset[str]) -> tuple[set[str], dict[Role, int]]:
+    """Which surge instances go now, and how many new ones each role gets (`rollout.maxSurge`).
+
+    A role with instances left to roll, neither paused nor held at its canary, runs `maxSurge`
+    instances on the new configuration above its replicas; `select_rollout` counts those serving
+    as up, so that with `maxUnavailable: 0` the role never serves below its replicas. A surge
+    instance no longer wanted (its role has rolled, the rollout is held) or on an older
+    configuration (the spec changed again) goes at once if it is down; if it serves, only once
+    every other instance of its role serves again, never taking the last compatible prefill and
+    decode, nor the last pair of an older key whose router has not retired yet (`routed`).
+    Until it has gone it counts against `maxSurge`.
+    """
+    leaving: set[str] = set()
+    new: dict[Role, int] = {}
+    for role in ROLES:
+        regular = [v for v in views.values() if v.plan.role == role and not v.plan.surge]
+        surge = sorted((v for v in views.values() if v.plan.role == role and v.plan.surge), key=lambda v: v.plan.index)
+        pending = any(not v.current for v in regular)
+        held = rollout.paused or (rollout.canary is not None and updated(views, role) >= rollout.canary)
+        want = rollout.max_surge if pending and not held else 0
+        fresh = [v for v in surge if v.current]
+        settled = all(v.settled for v in regular)
+        for v in [v for v in surge if not v.current] + fresh[want:]:
+            if v.available:
+                after = leaving | {v.plan.name}
+                if not settled or (_pair_serving(views, spec_key, leaving)
+                                   and not _pair_serving(views, spec_key, after, settled=True)):
+                    continue
+                own = instance_pairing_key(v, spec_key)
+                if own != spec_key and own in routed and set(
+                        _serving_roles(views, spec_key, leaving).get(own, ())) == set(ROLES) != set(
+                        _serving_roles(views, spec_key, after).get(own, ())):
+                    continue  # its router retires first (routed_keys)
+            leaving.add(v.plan.name)
+        new[role] = max(0, want - sum(1 for v in surge if v.plan.name not in leaving))
+    return leaving, new
 
 
 def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
@@ -195,17 +243,19 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
 
     An instance that is down anyway is rolled at once: it costs no availability, and the plan
     renders only the new configuration's pods, so it could not come back on the old one. A
-    serving one is rolled only within its role's budget (maxUnavailable minus instances already
-    down), only while its role has fewer than `canary` instances rolled, only in the first role
-    (prefill, then decode) that still has instances it may roll, and only while the other role
-    has no instance coming back from its own roll. When the roll changes the pairing key, an
+    serving one is rolled only within its role's budget (maxUnavailable plus the role's surge
+    instances that serve, minus its instances not serving; an instance serves once it has been
+    ready for minReadySeconds), only while its role has fewer than `canary` instances rolled, only
+    in the first role (prefill, then decode) that still has instances it may roll, and only while
+    the other role has no instance coming back from its own roll. When the roll changes the pairing key, an
     instance is rolled only if a compatible prefill and decode keep serving without it, and the
     last pair of an older key only once that key has no router (`routed`: the keys with a router
     Deployment); a fleet too small for that (one instance of a role) rolls anyway once nothing
     is coming back, taking first the role the new key still lacks.
     """
     selected: dict[str, str] = {}
-    pending = {role: [v for v in views.values() if v.plan.role == role and not v.current] for role in ROLES}
+    pending = {role: [v for v in views.values() if v.plan.role == role and not v.current and not v.plan.surge]
+               for role in ROLES}
     for role in ROLES:
         for v in pending[role]:
             if not v.available:
@@ -224,11 +274,12 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
             room = min(room, desired.canary - rolled)
         if room <= 0:
             continue  # nothing to roll, or held at its canary: the other role may roll
-        other = [v for v in views.values() if v.plan.role != role]
-        if any(v.recovering for v in other):
-            break  # the other role is mid-rollout: one role at a time
-        down = sum(1 for v in views.values() if v.plan.role == role and not v.available)
-        budget = min(room, desired.max_unavailable - down)
+        other = [v for v in views.values() if v.plan.role != role and not v.plan.surge]
+        if any(v.recovering or (v.available and not v.settled) for v in other):
+            break  # the other role is mid-rollout: one role at a time (a surge instance starting takes nothing)
+        down = sum(1 for v in views.values() if v.plan.role == role and not v.settled and not v.plan.surge)
+        surging = sum(1 for v in views.values() if v.plan.role == role and v.settled and v.plan.surge)
+        budget = min(room, desired.max_unavailable + surging - down)
         chosen = 0
         for v in sorted(serving, key=lambda v: -v.plan.index):
             if chosen >= budget:
@@ -236,7 +287,7 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
             own = instance_pairing_key(v, key)
             if paired_before and own != key:
                 after = set(selected) | {v.plan.name}
-                if not _pair_serving(views, key, after):
+                if not _pair_serving(views, key, after, settled=True):
                     blocked.append((role, v, down))
                     continue
                 if own in routed and set(before.get(own, ())) == set(ROLES) != set(
@@ -248,7 +299,8 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
                     return selected
             selected[v.plan.name] = (
                 f"rolling {role} instance to the new configuration "
-                f"({down + 1}/{desired.max_unavailable} of the role's budget"
+                f"({down + 1}/{desired.max_unavailable + surging} of the role's budget"
+                + (f", {surging} surge instance(s) serving" if surging else "")
                 + (f", canary {desired.canary}" if desired.canary is not None else "") + ")"
             )
             down += 1
