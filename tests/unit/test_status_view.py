@@ -44,6 +44,16 @@ def test_render_shows_instances_in_index_order_with_roles_phases_and_switches() 
     assert "in-place" in text and "decode KV 93%" in text
 
 
+def test_render_marks_the_surge_instances_of_a_rollout() -> None:
+    surge = {"metadata": {"name": "flex-3", "labels": {"hybridserving.io/surge": "true"}},
+             "spec": {"index": 3, "role": "decode", "nodes": 1}, "status": {"role": "decode", "phase": "Starting"}}
+    out = io.StringIO()
+    render(HS, [*INSTANCES, surge], out)
+    [row] = [line for line in out.getvalue().splitlines() if "flex-3" in line]
+    assert "decode (surge)" in row and "flex-1" not in row
+    assert "(surge)" not in next(line for line in out.getvalue().splitlines() if "flex-1" in line)
+
+
 def test_render_without_status_says_so_instead_of_failing() -> None:
     out = io.StringIO()
     render({"metadata": {"name": "new", "generation": 1}}, [], out)

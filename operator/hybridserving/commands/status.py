@@ -13,6 +13,7 @@ from typing import Any, TextIO, cast
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
 from hybridserving.commands.output import write_table
+from hybridserving.core.naming import LABEL_SURGE
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,7 +57,8 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
         rows.append(
             [
                 inst["metadata"]["name"],
-                inst["spec"].get("role", "-"),
+                inst["spec"].get("role", "-") + (" (surge)" if LABEL_SURGE in (inst["metadata"].get("labels") or {})
+                                                 else ""),
                 st.get("role", "-"),
                 st.get("phase", "-"),
                 f"{st.get('readyPods', 0)}/{inst['spec'].get('nodes', 1)}",
