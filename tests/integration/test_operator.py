@@ -192,19 +192,32 @@ def _ready(pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
-def test_an_image_change_rolls_prefill_before_decode(fleet: Fleet) -> None:
+@pytest.mark.parametrize("change", ["env", "image"])
+def test_a_roll_takes_prefill_before_decode_unless_the_pairing_key_changes(fleet: Fleet, change: str) -> None:
+    """An engine env change both sides can mix rolls prefill, then decode; a new engine image
+    (another pairing key) alternates the roles so that a compatible pair always serves."""
     manifest = example("role-switch")
     manifest["spec"]["roleSwitch"]["enabled"] = False
     fleet.apply(manifest)
     fleet.wait_settled()
-    fleet.edit(lambda s: s["engine"].update(image="lmsysorg/sglang:v0.5.23-post1"))
+    if change == "env":
+        fleet.edit(lambda s: s["engine"].setdefault("env", []).append({"name": "NCCL_DEBUG", "value": "WARN"}))
+    else:
+        fleet.edit(lambda s: s["engine"].update(image="lmsysorg/sglang:v0.5.23-post1"))
     fleet.wait_settled()
     pods = fleet.pods()
-    assert {p.spec.containers[0].image for p in pods.values()} == {"lmsysorg/sglang:v0.5.23-post1"}
+    if change == "env":
+        assert all(("NCCL_DEBUG", "WARN") in {(e.name, e.value) for e in p.spec.containers[0].env or []}
+                   for p in pods.values())
+    else:
+        assert {p.spec.containers[0].image for p in pods.values()} == {"lmsysorg/sglang:v0.5.23-post1"}
     roles = {n: i["spec"]["role"] for n, i in fleet.instances().items()}
-    created = {role: [p.metadata.creation_timestamp for n, p in pods.items()
-                      if roles[n.rsplit("-", 1)[0]] == role] for role in ("prefill", "decode")}
-    assert max(created["prefill"]) <= min(created["decode"]), "decode rolled only after prefill"
+    created = sorted(pods.items(), key=lambda kv: kv[1].metadata.creation_timestamp)
+    order = [roles[n.rsplit("-", 1)[0]] for n, _ in created]
+    if change == "env":
+        assert order == ["prefill", "prefill", "decode", "decode"], order
+    else:
+        assert order == ["prefill", "decode", "prefill", "decode"], order
 
 
 def test_a_deleted_worker_restarts_its_whole_gang(fleet: Fleet) -> None:
