@@ -113,7 +113,7 @@ def test_an_incompatible_change_rolls_as_a_canary_holds_resumes_and_rolls_back_w
 
         wait_for(lambda: settled_on(new_key), 400, "the roll completed on the new key", interval=1)
         mark("resumed: every instance on the new page size, one router")
-        wait_for(lambda: service.picks[new_key] >= at_hold[new_key] + during_hold[new_key] + 20, 60,
+        wait_for(lambda: service.picks[new_key] >= at_hold.get(new_key, 0) + during_hold[new_key] + 20, 60,
                  "requests after the roll")
 
         # 3. Roll back with the CLI: the first configuration, its pairing key and its router come back.
