@@ -170,6 +170,13 @@ def _pair_serving(views: Mapping[str, InstanceView], spec_key: str, down: set[st
     return any(set(r) == set(ROLES) for r in _serving_roles(views, spec_key, down, settled).values())
 
 
+def _ends_routed_pair(key: str, routed: frozenset[str], before: Mapping[str, list[Role]],
+                      after: Mapping[str, list[Role]]) -> bool:
+    """Whether going from `before` to `after` (`_serving_roles`) ends the last serving pair of
+    `key` while its router is still there: the router must retire first."""
+    return key in routed and set(before.get(key, ())) == set(ROLES) != set(after.get(key, ()))
+
+
 def routed_keys(views: Mapping[str, InstanceView], spec_key: str, live_keys: set[str], holding: bool,
                 routers: frozenset[str], ready_routers: set[str]) -> list[str]:
     """The pairing keys that keep a router: the spec's, and each older one its pods still run,
@@ -228,9 +235,8 @@ def surge_plan(rollout: RolloutSpec, views: Mapping[str, InstanceView], spec_key
                                    and not _pair_serving(views, spec_key, after, settled=True)):
                     continue
                 own = instance_pairing_key(v, spec_key)
-                if own != spec_key and own in routed and set(
-                        _serving_roles(views, spec_key, leaving).get(own, ())) == set(ROLES) != set(
-                        _serving_roles(views, spec_key, after).get(own, ())):
+                if own != spec_key and _ends_routed_pair(own, routed, _serving_roles(views, spec_key, leaving),
+                                                         _serving_roles(views, spec_key, after)):
                     continue  # its router retires first (routed_keys)
             leaving.add(v.plan.name)
         new[role] = max(0, want - sum(1 for v in surge if v.plan.name not in leaving))
@@ -290,8 +296,7 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
                 if not _pair_serving(views, key, after, settled=True):
                     blocked.append((role, v, down))
                     continue
-                if own in routed and set(before.get(own, ())) == set(ROLES) != set(
-                        _serving_roles(views, key, after).get(own, ())):
+                if _ends_routed_pair(own, routed, before, _serving_roles(views, key, after)):
                     # The last pair of its key goes only once the key's router has: wait for a
                     # retiring router (routed_keys), pass over a kept one.
                     if own in desired.router_keys:
