@@ -232,15 +232,22 @@ def test_killed_launcher_is_restarted_and_counted(serving_fleet: Fleet):
 
 def test_pod_deleted_under_load_finishes_its_requests(serving_fleet: Fleet):
     f = serving_fleet
-    victim = f.pods("decode")[0]
-    name, url, uid = victim["metadata"]["name"], f.engine_url(victim), victim["metadata"]["uid"]
+    decodes = {f.engine_url(p): p for p in f.pods("decode")}
     long_output = 256
+
+    def busiest() -> tuple[str, float] | None:
+        # The victim is whichever decode pod the router gave work to: after the crash test the
+        # router may still keep a circuit open to the pod that crashed and send all of it elsewhere.
+        running = {u: metric_sum(metrics_of(u), "sglang:num_running_reqs") for u in decodes}
+        url = max(running, key=running.__getitem__)
+        return (url, running[url]) if running[url] > 0 else None
+
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(stream, f.router.url, headers=f.router.headers, chat=i % 2 == 1,
                                max_tokens=long_output) for i in range(8)]
-        wait_for(lambda: metric_sum(metrics_of(url), "sglang:num_running_reqs") > 0, 10,
-                 f"requests running on {name}")
-        held = metric_sum(metrics_of(url), "sglang:num_running_reqs")
+        url, held = wait_for(busiest, 10, "requests running on a decode pod")
+        victim = decodes[url]
+        name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
         f.cluster.kubectl("-n", f.namespace, "delete", "pod", name, "--wait=false")
         results = [fut.result() for fut in futures]
     for _, arrivals, text in results:
