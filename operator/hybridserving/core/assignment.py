@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.contract import ANNOTATION_ROLE
-from hybridserving.core.naming import LABEL_SURGE, instance_name
+from hybridserving.core.naming import instance_name
 from hybridserving.core.observed import Observed, ObservedInstance
 from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
 
@@ -28,7 +28,7 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     instance still being deleted keeps its index until it is gone). Surge instances
     (`rollout.surge_plan`) are not counted: they come and go with a rollout.
     """
-    live = sorted((i for i in observed.instances.values() if not i.deleting and LABEL_SURGE not in i.labels),
+    live = sorted((i for i in observed.instances.values() if not i.deleting and not i.surge),
                   key=lambda i: i.spec.index)
     target = role_shares(spec)
     total = spec.total_instances()

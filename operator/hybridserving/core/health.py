@@ -7,6 +7,7 @@ each with its own target.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -156,9 +157,13 @@ class InstanceView:
 
 def view(desired: DesiredState, observed: Observed) -> dict[str, InstanceView]:
     """Existing, planned instances read against their plans."""
+    return views_of(desired.instances, observed, desired.spec.rollout.min_ready_seconds)
+
+
+def views_of(plans: Mapping[str, InstancePlan], observed: Observed, min_ready: float) -> dict[str, InstanceView]:
+    """`view` for plans not yet gathered into a DesiredState (the planner reads them while it plans)."""
     return {
-        name: InstanceView(p, observed.instances[name], observed.pods_of(name), observed.now,
-                           desired.spec.rollout.min_ready_seconds)
-        for name, p in desired.instances.items()
+        name: InstanceView(p, observed.instances[name], observed.pods_of(name), observed.now, min_ready)
+        for name, p in plans.items()
         if name in observed.instances and not observed.instances[name].deleting
     }

@@ -13,7 +13,7 @@ from typing import Any
 
 from hybridserving.api.instance import HybridServingInstanceSpec
 from hybridserving.core import weights
-from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_INSTANCE, LABEL_NODE_RANK
+from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_INSTANCE, LABEL_NODE_RANK, LABEL_SURGE
 
 ObjectKey = tuple[str, str]  # (kind, name)
 
@@ -148,6 +148,11 @@ class ObservedInstance:
     status: Mapping[str, Any] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def surge(self) -> bool:
+        """Started above its role's replicas while the role rolls (`rollout.maxSurge`)."""
+        return LABEL_SURGE in self.labels
 
     @classmethod
     def from_manifest(cls, obj: Mapping[str, Any]) -> ObservedInstance:

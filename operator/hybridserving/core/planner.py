@@ -36,7 +36,7 @@ from hybridserving.core.actions import Action, Cause
 from hybridserving.core.assignment import assign_instances
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.drift import contains, extra_fields, overlay_removals
-from hybridserving.core.health import InstanceView, view
+from hybridserving.core.health import view, views_of
 from hybridserving.core.naming import (
     API_VERSION,
     LABEL_INSTANCE,
@@ -81,7 +81,7 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
 
     assigned = assign_instances(name, spec, observed)
     surging = {n: (i.spec.index, i.spec.role) for n, i in observed.instances.items()
-               if LABEL_SURGE in i.labels and not i.deleting}
+               if i.surge and not i.deleting}
     members = {**assigned, **surging}
     order = sorted(members, key=lambda n: members[n][0])
     held = {n: observed.instances[n].spec.ports for n in order if n in observed.instances}
@@ -101,9 +101,7 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
         return out
 
     instances = {n: render(n, *members[n], allocated[n], n in surging) for n in order}
-    views = {n: InstanceView(instances[n], observed.instances[n], observed.pods_of(n), observed.now,
-                             spec.rollout.min_ready_seconds)
-             for n in instances if n in observed.instances and not observed.instances[n].deleting}
+    views = views_of(instances, observed, spec.rollout.min_ready_seconds)
     routers = _routed(observed)
     gone, wanted = surge_plan(spec.rollout, views, pairing_key, routers)
     for n in gone:
@@ -252,7 +250,7 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
 
     for name, inst in observed.instances.items():
         if name not in desired.instances and not inst.deleting and desired.uid in inst.owner_uids:
-            if LABEL_SURGE in inst.labels:
+            if inst.surge:
                 actions.append(Action("delete", INSTANCE_KIND, name, (Cause.ROLLOUT,),
                                       f"surge {inst.spec.role} instance retired: its role has rolled, the rollout "
                                       "is held, or it runs an older configuration", uid=inst.uid))
