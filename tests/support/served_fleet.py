@@ -31,7 +31,9 @@ def manifest(name: str, *, backend: str, time_scale: float, startup_seconds: flo
     spec["prefill"]["replicas"] = 1
     spec["decode"]["replicas"] = 2
     spec["transfer"] = {"backend": backend}
-    spec["roleSwitch"].update(cooldownSeconds=60, drainTimeoutSeconds=60, maxConcurrent=1)
+    # A cooldown longer than any test: a quiet fleet returns to its declared split (1:2) a cooldown
+    # after its last switch, which would be a second switch in tests that check the first.
+    spec["roleSwitch"].update(cooldownSeconds=900, drainTimeoutSeconds=60, maxConcurrent=1)
     env = [
         {"name": "HYBRIDSERVING_SIM_PROFILE", "value": spec["model"]["profile"]},
         {"name": "HYBRIDSERVING_SIM_TIME_SCALE", "value": str(time_scale)},

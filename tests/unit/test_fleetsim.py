@@ -178,6 +178,54 @@ def test_policy_follows_a_mix_shift_within_its_invariants():
     assert first_half > 3  # moved towards prefill while prompts were long
 
 
+@pytest.mark.slow
+def test_between_agentic_waves_the_fleet_is_back_at_its_declared_split():
+    """Waves of long-context sessions (prefill-heavy as a wave opens, KV-heavy as it proceeds, idle
+    between): whatever the policy does inside a wave, the next wave opens at the split the fleet
+    was declared at, and no wave fares worse than on that split held fixed."""
+    from hybridserving.fleetsim.experiment import LONG_CONTEXT_SLO, shipped_config
+    from hybridserving.fleetsim.goodput import phase_attainments
+
+    trace = traces.agentic_sessions().at_load(4.4)
+    cfg = shipped_config(LONG_CONTEXT_SLO)
+    ctl = Checked(PolicyController(RoleSwitchPolicy(cfg, MODEL)), cfg)
+    ours = FleetSimulator(FleetConfig(8, 6, MODEL), ctl).run(trace, "ours")
+    static = FleetSimulator(FleetConfig(8, 6, MODEL)).run(trace, "static 6:2")
+    assert ours.switches >= 2  # it moved inside the waves...
+    for opens in (1200.0, 2400.0):  # ...and each later wave opens at 6:2
+        before = (ours.timeline_t > opens - 60) & (ours.timeline_t <= opens)
+        assert before.any() and set(ours.timeline_prefill[before].tolist()) == {6}
+    returns = [d for _, d in ours.decisions if "declared split 6:2" in d.reason]
+    assert returns and all(d.to_role == "prefill" for d in returns)
+    waves = (0.0, 1200.0, 2400.0, 3600.0)
+    mine = phase_attainments(ours, LONG_CONTEXT_SLO, waves)
+    fixed = phase_attainments(static, LONG_CONTEXT_SLO, waves)
+    assert all(a >= b - 0.02 for a, b in zip(mine, fixed, strict=True)), (mine, fixed)
+
+
+def test_hindsight_sizing_serves_each_window_with_the_fewest_instances_that_meet_it():
+    from hybridserving.fleetsim.experiment import DEFAULT_SLO, hindsight_sizing
+    from hybridserving.fleetsim.simulator import SimResult
+
+    arrival = np.arange(0.0, 1200.0)
+    quiet_then_busy = arrival < 600  # two instances meet the first window only
+
+    def fleet(n: int, ok: np.ndarray) -> SimResult:
+        ttft = np.where(ok, 0.5, 5.0)
+        empty = np.zeros(0)
+        return SimResult(f"fixed {n}", "t", n, 8, arrival, ttft, np.full(len(arrival), 0.01), 0, 0.0, 0.0,
+                         empty, empty, empty)
+
+    fixed = {2: fleet(2, quiet_then_busy), 3: fleet(3, np.ones(len(arrival), dtype=bool))}
+    row = hindsight_sizing(fixed, DEFAULT_SLO, 3, 1200.0)
+    assert row.gpu_hours == pytest.approx((2 * 600 + 3 * 600) * 8 / 3600)
+    assert row.attainment == 1.0 and row.misses == 0
+    # A window no smaller fleet meets falls to the peak fleet, misses and all.
+    fixed[3] = fleet(3, arrival % 10 != 0)
+    row = hindsight_sizing(fixed, DEFAULT_SLO, 3, 1200.0)
+    assert row.gpu_hours == pytest.approx((2 * 600 + 3 * 600) * 8 / 3600) and row.misses == 60
+
+
 class PlannerProbe:
     """Wraps the restart-based planner; at each of its decisions records and checks its own plan."""
 

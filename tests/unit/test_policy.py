@@ -154,11 +154,15 @@ class Fleet:
     min_prefill=st.integers(1, 3),
     min_decode=st.integers(1, 3),
     pinned=st.sets(st.sampled_from(["p0", "p1", "d0", "d1", "d2"])),
+    declared=st.sampled_from([None, 0.125, 0.5, 0.875]),
 )
-def test_invariants_hold_at_every_tick_under_arbitrary_load(loads, max_concurrent, min_prefill, min_decode, pinned):
+def test_invariants_hold_at_every_tick_under_arbitrary_load(
+    loads, max_concurrent, min_prefill, min_decode, pinned, declared
+):
     cfg = PolicyConfig(
-        max_concurrent=max_concurrent, min_prefill=min_prefill, min_decode=min_decode, cooldown_s=60, sustain_s=10
-    )
+        max_concurrent=max_concurrent, min_prefill=min_prefill, min_decode=min_decode, cooldown_s=60, sustain_s=10,
+        declared_prefill_share=declared,
+    )  # fmt: skip
     f = Fleet(4, 4, cfg, pinned)
     for i, (util, kv, queue) in enumerate(loads):
         # each load holds for 30 s so that sustained pressure can actually trigger switches
@@ -181,6 +185,78 @@ def test_noisy_metrics_around_the_thresholds_do_not_flap(seed):
     directions = [to for _, _, to in f.switches]
     reversals = sum(1 for a, b in itertools.pairwise(directions) if a != b)
     assert reversals == 0
+
+
+def test_a_quiet_fleet_returns_to_its_declared_split_one_instance_at_a_time():
+    cfg = PolicyConfig(cooldown_s=300, sustain_s=10, max_concurrent=3, declared_prefill_share=2 / 8)
+    f = Fleet(2, 6, cfg)
+    for t in range(0, 400, 5):  # a prefill-heavy burst
+        f.step(float(t), 1.0, 0.02, 100_000)
+    assert len(f.switches) >= 2 and all(to == "prefill" for _, _, to in f.switches)
+    for t in range(400, 2400, 5):  # then quiet (the smoothed demand takes a while to fall)
+        f.step(float(t), 0.1, 0.05, 0)
+        if f.memory.quiet_since is None:
+            quiet_from = t + 5
+    moved = [to for _, _, to in f.switches].count("prefill")
+    returns = f.switches[moved:]
+    assert [to for _, _, to in returns] == ["decode"] * moved
+    assert returns[0][0] - quiet_from >= cfg.cooldown_s
+    for (t0, _, _), (t1, _, _) in itertools.pairwise(returns):
+        assert t1 >= t0 + 15  # the next return only once the last one landed
+    roles = [s.role for s in f.states.values()]
+    assert roles.count("prefill") == 2 and roles.count("decode") == 6
+
+
+def test_no_return_while_the_role_giving_the_instance_would_need_it():
+    """Prefill at 5 instances runs at 0.71 of its target: no pressure, but at 4 it would be at
+    0.88, past the reversal ceiling (0.75), so the instance stays; at a lighter load it goes."""
+    cfg = PolicyConfig(cooldown_s=300, declared_prefill_share=3 / 8)
+    policy = RoleSwitchPolicy(cfg, MODEL)
+    states = fleet(5, 3)
+    memory = PolicyMemory()
+    for t in range(0, 1800, 5):
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 0.6, 0.05), memory)
+        assert decision is None
+    assert memory.quiet_since == 0.0
+    decision, memory = policy.decide(1800.0, states, metrics_for(states, 0.3, 0.05), memory)
+    decision, memory = policy.decide(1900.0, states, metrics_for(states, 0.3, 0.05), memory)
+    assert decision is not None and (decision.from_role, decision.to_role) == ("prefill", "decode")
+    assert "declared split 3:5" in decision.reason
+
+
+def test_any_switch_an_on_call_one_included_holds_for_a_cooldown_before_a_return():
+    """Quiet for long, at its declared 4:4; an on-call request moves d3 to prefill at 1000 s. The
+    fleet has been quiet far longer than a cooldown, yet d3's switch holds until 1300 s."""
+    policy = RoleSwitchPolicy(PolicyConfig(cooldown_s=300, declared_prefill_share=4 / 8), MODEL)
+    states = fleet(4, 4)
+    memory = PolicyMemory()
+    for t in range(0, 1000, 5):
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 0.1, 0.05), memory)
+        assert decision is None  # at its declared split
+    states = [replace(s, role="prefill", last_switch_at=1000.0) if s.name == "d3" else s for s in states]
+    for t in range(1000, 1300, 5):
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 0.1, 0.05), memory)
+        assert decision is None
+    assert memory.quiet_since == 0.0
+    decision, memory = policy.decide(1300.0, states, metrics_for(states, 0.1, 0.05), memory)
+    assert decision is not None and decision.to_role == "decode" and decision.instance != "d3"
+
+
+def test_without_a_declared_split_the_fleet_stays_where_it_was_moved():
+    policy = RoleSwitchPolicy(PolicyConfig(cooldown_s=300), MODEL)
+    states = fleet(5, 3)
+    memory = PolicyMemory()
+    for t in range(0, 1800, 5):
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 0.1, 0.05), memory)
+        assert decision is None
+
+
+def test_from_spec_carries_the_declared_split():
+    from hybridserving.api.v1alpha1 import RoleSwitchSpec
+
+    cfg = PolicyConfig.from_spec(RoleSwitchSpec(enabled=True), declared_prefill_share=0.25)
+    assert cfg.declared_prefill_share == 0.25
+    assert PolicyConfig.from_spec(RoleSwitchSpec(enabled=True)).declared_prefill_share is None
 
 
 def test_decisions_are_deterministic():

@@ -373,6 +373,26 @@ def test_the_policy_moves_an_idle_decode_instance_to_an_overloaded_prefill(h: Ha
     assert len(prefill_instances(h)) == 3
 
 
+def test_once_the_burst_is_over_the_policy_returns_the_fleet_to_its_declared_split(h: Harness) -> None:
+    """The spec's replicas (2 prefill, 2 decode) are the split a quiet fleet goes back to."""
+    overload_prefill(h)
+    h.run_until(lambda: h.history() and h.history()[-1]["outcome"] == "Succeeded", limit=80)
+    assert len(prefill_instances(h)) == 3
+    for kind, name in list(h.api.store):
+        if kind == INSTANCE_KIND:
+            e = h.engine(name)
+            e.utilization, e.queue_tokens, e.kv_usage, e.running = 0.05, 0, 0.01, 1
+    quiet_from = h.now
+    h.run_until(lambda: len(h.history()) == 2 and h.history()[-1]["outcome"] == "Succeeded", limit=200)
+    back = h.history()[-1]
+    assert back["fromRole"] == "prefill" and back["toRole"] == "decode"
+    assert back["reason"].startswith("policy:") and "declared split 2:2" in back["reason"]
+    assert h.now - quiet_from >= FLEET_SPEC["roleSwitch"]["cooldownSeconds"]  # quiet for a cooldown first
+    assert len(prefill_instances(h)) == 2
+    h.tick(60)
+    assert len(h.history()) == 2  # home: nothing more moves
+
+
 def test_pinned_instances_are_never_moved_by_the_policy(h: Harness) -> None:
     decode = sorted(n for (k, n), o in h.api.store.items() if k == INSTANCE_KIND and o["spec"]["role"] == "decode")
     for name in decode:

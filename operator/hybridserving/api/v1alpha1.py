@@ -292,7 +292,12 @@ class SpeculativeSpec(ApiModel):
 
 
 class RoleSpec(ApiModel):
-    replicas: int = Field(default=1, ge=0, le=1024, description="Engine instances of this role.")
+    replicas: int = Field(
+        default=1, ge=0, le=1024,
+        description="Engine instances of this role. With roleSwitch.enabled it is the role's declared share of the "
+        "fleet: the controller moves instances away from it under pressure and back to it once no role has been "
+        "under pressure for a cooldown.",
+    )  # fmt: skip
     nodes_per_instance: int = Field(default=1, ge=1, le=64, description="Nodes (pods) one instance spans.")
     layout: LayoutSpec = Field(default_factory=LayoutSpec)
     speculative: SpeculativeSpec | None = Field(default=None, description="Speculative decoding.")

@@ -14,7 +14,11 @@ is where the KV and TPOT cliff shows), smooths it (EWMA), and moves instances on
 
 Moves are sized (several instances when the imbalance is large, up to `max_concurrent`), the
 cooldown is per instance, and moving back is allowed when the mix clearly reverses (stricter
-evidence than the first move, so noise does not flap).
+evidence than the first move, so noise does not flap). Once no role has been under pressure for
+a cooldown, instances go back one at a time toward the declared split (the roles' replicas): a
+move answers the load that caused it, and a fleet left at the split of the last burst meets the
+next one with the wrong roles (agentic waves: prefill-heavy as a wave opens, KV-heavy as it
+proceeds, idle between).
 
 Everything here is a pure, deterministic function of its arguments: the caller keeps the small
 `PolicyMemory` between ticks (in status, in the simulator) and passes it back in.
@@ -123,13 +127,19 @@ class PolicyConfig:
     acute_kv_wait_fraction: float = 0.5
     """Requests waiting for decode KV are an acute overload when the newest one's estimated wait
     exceeds this fraction of the TTFT limit (the rest of the budget is prefill's)."""
+    declared_prefill_share: float | None = None
+    """Prefill's share of the fleet in the spec (its replicas over both roles'): the split the
+    fleet returns to once quiet. None: the fleet stays wherever the last move left it."""
 
     @classmethod
-    def from_spec(cls, role_switch: Any, paused: bool = False, **tuning: Any) -> PolicyConfig:
+    def from_spec(
+        cls, role_switch: Any, paused: bool = False, declared_prefill_share: float | None = None, **tuning: Any
+    ) -> PolicyConfig:
         """From the API's RoleSwitchSpec (duck-typed, so the core does not import the API)."""
         return cls(
             enabled=role_switch.enabled,
             paused=paused,
+            declared_prefill_share=declared_prefill_share,
             min_prefill=role_switch.min_prefill,
             min_decode=role_switch.min_decode,
             cooldown_s=float(role_switch.cooldown_seconds),
@@ -170,6 +180,8 @@ class PolicyMemory:
     """Since when requests wait for decode KV slots longer than the TTFT budget allows (None: they do not)."""
     output_tokens_per_request: float = 0.0
     """Smoothed mean output length (0: not known yet; `typical_output_tokens` stands in)."""
+    quiet_since: float | None = None
+    """Since when no role has been under pressure, acute or sustained (None: one is)."""
 
     def since(self, role: Role) -> float | None:
         return self.prefill_pressure_since if role == "prefill" else self.decode_pressure_since
@@ -416,7 +428,10 @@ class RoleSwitchPolicy:
             if (d := self._consider(now, receiver, fleet, metrics, demand, memory, started)) is not None
         ]
         if not candidates:
-            return None, memory
+            # A return is one instance at a time, never part of a sized move.
+            if in_flight or started:
+                return None, memory
+            return self._return(now, fleet, metrics, demand, memory), memory
         return max(candidates, key=lambda d: (d.expected_benefit_s, d.to_role == "prefill")), memory
 
     def decide_all(
@@ -479,11 +494,18 @@ class RoleSwitchPolicy:
         if now != memory.smoothed_at:
             return memory
         acute = self.acute(fleet, metrics, memory)
-        return replace(
+        memory = replace(
             memory,
             prefill_acute_since=_held_since(memory.prefill_acute_since, acute["prefill"], now),
             decode_acute_since=_held_since(memory.decode_acute_since, acute["decode"], now),
         )
+        pressed = (
+            memory.prefill_pressure_since,
+            memory.decode_pressure_since,
+            memory.prefill_acute_since,
+            memory.decode_acute_since,
+        )
+        return replace(memory, quiet_since=_held_since(memory.quiet_since, all(p is None for p in pressed), now))
 
     def acute(
         self,
@@ -668,6 +690,57 @@ class RoleSwitchPolicy:
                 + ("; reversal" if reversal else "")
             ),
             expected_benefit_s=gain - cost,
+        )
+
+    def _return(
+        self,
+        now: float,
+        fleet: Sequence[InstanceState],
+        metrics: Mapping[str, InstanceMetrics],
+        demand: RoleDemand,
+        memory: PolicyMemory,
+    ) -> Decision | None:
+        """One instance back toward the declared split, once no role has been under pressure and no
+        instance has switched for a cooldown, and the role giving it stays clearly within its SLO
+        without it (the reversal ceiling): the split the user declared is the bet for the next
+        burst, the split of the last one is not. Idle instances drain at once, so a return costs
+        only its switch time."""
+        cfg = self.config
+        quiet = memory.quiet_since
+        if cfg.declared_prefill_share is None or quiet is None or now - quiet < cfg.cooldown_s:
+            return None
+        # Any switch (the policy's, an on-call request's) holds for a cooldown before a return.
+        if any(s.last_switch_at is not None and now - s.last_switch_at < cfg.cooldown_s for s in fleet):
+            return None
+        n_prefill, n_decode = _capacity(fleet, "prefill"), _capacity(fleet, "decode")
+        total = n_prefill + n_decode
+        # Half an instance goes to prefill, as the assignment breaks a tie for a new instance.
+        home = min(max(math.floor(cfg.declared_prefill_share * total + 0.5), cfg.min_prefill), total - cfg.min_decode)
+        if home == n_prefill:
+            return None
+        receiver: Role = "prefill" if home > n_prefill else "decode"
+        donor = other_role(receiver)
+        n_give = n_decode if donor == "decode" else n_prefill
+        serving_donors = sum(1 for s in fleet if s.role == donor and s.phase == "serving")
+        if min(n_give, serving_donors) - 1 < (cfg.min_prefill if donor == "prefill" else cfg.min_decode):
+            return None
+        give_after = self.projected(donor, demand.released() if donor == "decode" else demand, n_give - 1)
+        ceiling = cfg.donor_ceiling - cfg.reversal_margin
+        if give_after > ceiling:
+            return None
+        instance = self._pick_donor(now, donor, fleet, metrics)
+        if instance is None:
+            return None
+        return Decision(
+            instance=instance.name,
+            from_role=donor,
+            to_role=receiver,
+            mode="in-place" if instance.in_place else "relaunch",
+            reason=(
+                f"no pressure for {now - quiet:.0f}s: back toward the declared split "
+                f"{home}:{total - home}; {donor} projected {give_after:.2f} with one fewer (≤{ceiling:.2f})"
+            ),
+            expected_benefit_s=0.0,
         )
 
     def _pick_donor(

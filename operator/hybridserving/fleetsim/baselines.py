@@ -39,8 +39,20 @@ class PolicyController:
     memory: PolicyMemory = field(default_factory=PolicyMemory)
 
     def tick(self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]) -> list[Decision]:
+        if self.memory.smoothed_at is None:
+            self.policy = declare_first_split(self.policy, fleet)
         decisions, self.memory = self.policy.decide_all(now, fleet, metrics, self.memory)
         return decisions
+
+
+def declare_first_split(policy: RoleSwitchPolicy, fleet: Sequence[InstanceState]) -> RoleSwitchPolicy:
+    """The split a simulated fleet starts at is its declared one (in the operator, the spec's
+    replicas), unless the policy was given one."""
+    up = [s for s in fleet if s.phase != "down"]
+    if policy.config.declared_prefill_share is not None or not up:
+        return policy
+    share = sum(1 for s in up if s.role == "prefill") / len(up)
+    return replace(policy, config=replace(policy.config, declared_prefill_share=share))
 
 
 def zero_cost_relabel(model: PerformanceModel, config: PolicyConfig) -> PolicyController:
@@ -268,6 +280,8 @@ class ScalingPlanner:
     def tick(
         self, now: float, fleet: Sequence[InstanceState], metrics: dict[str, InstanceMetrics]
     ) -> list[Decision | ScaleAction]:
+        if self.memory.smoothed_at is None:
+            self.policy = declare_first_split(self.policy, fleet)
         decisions, self.memory = self.policy.decide_all(now, fleet, metrics, self.memory)
         moving = {d.instance for d in decisions}
         rest = [s for s in fleet if s.name not in moving]
