@@ -426,7 +426,11 @@ class RoleSwitchSpec(ApiModel):
     enabled: bool = Field(default=False, description="Move instances between roles as the mix shifts.")
     min_prefill: int = Field(default=1, ge=0, le=1024, description="Never fewer prefill instances than this.")
     min_decode: int = Field(default=1, ge=0, le=1024, description="Never fewer decode instances than this.")
-    cooldown_seconds: int = Field(default=300, ge=0, le=86400, description="Quiet time after a switch.")
+    cooldown_seconds: int = Field(
+        default=300, ge=0, le=86400,
+        description="Quiet time after a switch: the instance is not moved again within it, and the fleet goes back "
+        "to the roles' declared replicas only once no role has been under pressure and nothing has switched for it.",
+    )  # fmt: skip
     drain_timeout_seconds: int = Field(default=600, ge=1, le=86400, description="Give up draining after this.")
     max_concurrent: int = Field(default=1, ge=1, le=64, description="Instances switching at once.")
     slo: SloSpec = Field(default_factory=SloSpec)
