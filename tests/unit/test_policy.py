@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
@@ -15,7 +16,9 @@ from hybridserving.core.policy import (
     InstanceState,
     PolicyConfig,
     PolicyMemory,
+    RoleDemand,
     RoleSwitchPolicy,
+    projected_decode_batch,
 )
 from hybridserving.api.profiles import PROFILES
 
@@ -259,6 +262,36 @@ def test_from_spec_carries_the_declared_split():
     assert PolicyConfig.from_spec(RoleSwitchSpec(enabled=True)).declared_prefill_share is None
 
 
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.floats(100.0, 500_000.0), per_request=st.floats(100.0, 200_000.0))
+def test_more_decode_instances_never_project_more_pressure_nor_a_larger_shortfall(tokens, per_request):
+    """Across the cliff too: a batch that only just keeps up is as bad as one that cannot, never
+    worse, so one more instance always helps a role past its cliff."""
+    policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
+    demand = RoleDemand(0.0, tokens, per_request)
+    pressure = [policy.projected("decode", demand, n) for n in range(1, 40)]
+    short = [policy.shortfall("decode", demand, n) for n in range(1, 40)]
+    assert all(a >= b for a, b in itertools.pairwise(pressure))
+    assert all(a >= b - 1e-9 for a, b in itertools.pairwise(short))
+    assert all((s > 0) == (p > 1.0) for s, p in zip(short, pressure, strict=True))
+
+
+def test_a_decode_role_past_its_cliff_gets_an_instance_even_if_one_more_leaves_it_short():
+    """3 decode instances cannot keep up; 4 keep up only with a batch far past the KV pool. The
+    move still pays: decode is short of 1.7 instances, and 0.7 after it."""
+    policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
+    states = fleet(5, 3)
+    memory = PolicyMemory(
+        decode_pressure_since=0.0, smoothed_at=60.0, prefill_load=1.0,
+        decode_tokens_per_s=22_500.0, decode_tokens_per_request=1_400.0,
+    )  # fmt: skip
+    demand = policy.demand_of(memory)
+    assert math.isinf(projected_decode_batch(demand, 3, MODEL)) and policy.projected("decode", demand, 4) > 1.0
+    assert policy.shortfall("decode", demand, 3) - policy.shortfall("decode", demand, 4) == pytest.approx(1.0)
+    decision, _ = policy.decide(60.0, states, metrics_for(states, 0.2, 0.95), memory)
+    assert decision is not None and (decision.from_role, decision.to_role) == ("prefill", "decode")
+
+
 def test_decisions_are_deterministic():
     states = fleet(3, 5)
     m = metrics_for(states, 1.0, 0.2, 80_000)
@@ -347,7 +380,7 @@ def test_a_clear_large_overload_moves_after_the_acute_sustain_not_the_full_one()
     cfg = PolicyConfig(sustain_s=60, acute_sustain_s=10)
     policy = RoleSwitchPolicy(cfg, MODEL)
     states = fleet(2, 6)
-    hot = metrics_for(states, 1.0, 0.1, 200_000)  # ~5.8 s of work queued on each
+    hot = metrics_for(states, 1.0, 0.02, 200_000)  # ~5.8 s of work queued on each; decode nearly idle
     memory, first = PolicyMemory(), None
     for t in range(0, 60, 5):
         decision, memory = policy.decide(float(t), states, hot, memory)
@@ -384,7 +417,7 @@ def test_after_an_instance_lands_the_pressure_must_be_sustained_anew():
     cfg = PolicyConfig(sustain_s=30, acute_sustain_s=10, cooldown_s=600, max_concurrent=1)
     f = Fleet(2, 6, cfg)
     for t in range(0, 300, 5):
-        f.step(float(t), 1.0, 0.05, 200_000)
+        f.step(float(t), 1.0, 0.02, 200_000)
     assert len(f.switches) >= 2
     for (t0, _, _), (t1, _, _) in itertools.pairwise(f.switches):
         assert t1 - (t0 + 15) >= cfg.acute_sustain_s  # landed 15 s after the start

@@ -354,9 +354,12 @@ def projected_decode_pressure(
 ) -> float:
     """The worst of KV occupancy, step time (TPOT) and running slots at the projected batch.
 
-    Past the cliff (no finite batch keeps up) the pressure is `1/target + d·g`: above every
-    feasible value, and still falling as instances are added, so the split that hurts least
-    can be found even when every split is overloaded.
+    Past the cliff (no finite batch keeps up) the pressure is `1/target + d·g`, still falling as
+    instances are added, so the split that hurts least can be found even when every split is
+    overloaded. Just short of the cliff the batch, and with it the KV it needs, diverges; a batch
+    that only just keeps up is as bad as one that cannot, not worse, so the cliff value also caps
+    the finite ones. Without the cap one more instance could project *more* pressure than none
+    more, and a decode role past its cliff was refused the instance that would relieve it.
     """
     if demand.decode_tokens_per_s <= 0:
         return 0.0
@@ -366,23 +369,23 @@ def projected_decode_pressure(
     g = (
         model.decode_per_request_s + model.decode_per_context_token_s * demand.decode_tokens_per_request
     ) * model.time_scale
+    d = demand.decode_tokens_per_s / instances
+    cliff = min(_PRESSURE_CAP, 1.0 / min(config.target_kv_usage, config.target_tpot_fraction) + d * g)
     if math.isinf(b):
-        d = demand.decode_tokens_per_s / instances
-        return min(_PRESSURE_CAP, 1.0 / min(config.target_kv_usage, config.target_tpot_fraction) + d * g)
+        return cliff
     kv = b * demand.decode_tokens_per_request / model.kv_capacity_tokens / config.target_kv_usage
     step = model.decode_step_seconds(1, 0) + g * (b - 1)
     tpot = step / (config.tpot_slo_s * config.target_tpot_fraction)
     slots = b / model.max_running_requests
-    return min(_PRESSURE_CAP, max(kv, tpot, slots))
+    return min(cliff, max(kv, tpot, slots))
 
 
 def _ewma(old: float, new: float, alpha: float) -> float:
     return old + alpha * (new - old)
 
 
-def _pain(pressure: float, instances: int) -> float:
-    """Instances' worth of load beyond what `instances` carry at target (pressure capped)."""
-    return max(0.0, min(pressure, _PRESSURE_CAP) - 1.0) * max(instances, 1)
+_MAX_SHORTFALL = 64
+"""Bound on the instances a role can be found short of (the search stops there)."""
 
 
 @dataclass(frozen=True)
@@ -673,8 +676,12 @@ class RoleSwitchPolicy:
         # The receiver gets its instance only after drain + switch; the donor loses it at once,
         # so its capacity is lost for the whole busy time, in proportion to how loaded it was,
         # and any overload it adds to the donor counts over the whole horizon.
-        gain = (_pain(recv_now, n_recv) - _pain(recv_after, n_recv + 1)) * max(0.0, horizon - busy)
-        cost = busy * min(1.0, give_now) + (_pain(give_after, n_give - 1) - _pain(give_now, n_give)) * horizon
+        gain = (self.shortfall(receiver, demand, n_recv) - self.shortfall(receiver, demand, n_recv + 1)) * max(
+            0.0, horizon - busy
+        )
+        cost = busy * min(1.0, give_now) + (
+            self.shortfall(donor, donor_demand, n_give - 1) - self.shortfall(donor, donor_demand, n_give)
+        ) * horizon
         if gain <= cost:
             return None
         return Decision(
@@ -742,6 +749,22 @@ class RoleSwitchPolicy:
             ),
             expected_benefit_s=0.0,
         )
+
+    def shortfall(self, role: Role, demand: RoleDemand, instances: int) -> float:
+        """Instances' worth of demand beyond what `instances` carry at target: how many more the
+        role needs. Prefill's compute is linear in instances, so it is the projected excess times
+        the instances; decode's batch is not (its pressure stops falling in proportion near the
+        cliff), so it is the instances it is short of the fewest that bring it to target."""
+        pressure = self.projected(role, demand, instances)
+        if role == "prefill" or pressure <= 1.0:
+            return max(0.0, pressure - 1.0) * max(instances, 1)
+        # Where the pressure crosses 1, interpolated between whole instance counts.
+        for more in range(instances + 1, instances + _MAX_SHORTFALL + 1):
+            after = self.projected(role, demand, more)
+            if after <= 1.0:
+                return more - 1 - instances + (pressure - 1.0) / (pressure - after)
+            pressure = after
+        return float(_MAX_SHORTFALL)
 
     def _pick_donor(
         self, now: float, donor: Role, fleet: Sequence[InstanceState], metrics: Mapping[str, InstanceMetrics]
