@@ -40,7 +40,7 @@ from hybridserving.controller import metrics
 from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engines, Scrape, instance_metrics
 from hybridserving.controller.kube import KubeError
 from hybridserving.core import enginekey, flags, switching
-from hybridserving.core.assignment import role_shares
+from hybridserving.core.assignment import prefill_share
 from hybridserving.core.observed import parse_time
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK, LABEL_SURGE
@@ -549,14 +549,8 @@ class SwitchController:
                 if s.scrape is not None:
                     mem.scrapes[inst.name] = s.scrape
         model = self._model(spec, instances)
-        shares = role_shares(spec)
-        whole = shares["prefill"] + shares["decode"]
-        config = PolicyConfig.from_spec(
-            spec.role_switch,
-            paused=spec.rollout.paused,
-            declared_prefill_share=shares["prefill"] / whole if whole else None,
-            **self.policy_tuning,
-        )
+        config = PolicyConfig.from_spec(spec.role_switch, paused=spec.rollout.paused,
+                                        declared_prefill_share=prefill_share(spec), **self.policy_tuning)
         policy = RoleSwitchPolicy(config, model)
         decisions, mem.policy = policy.decide_all(now, states, observed, mem.policy)
         for d in decisions:

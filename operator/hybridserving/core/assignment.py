@@ -75,6 +75,14 @@ def role_shares(spec: HybridServingSpec) -> dict[Role, float]:
     return {role: spec.replicas * declared[role] / whole for role in ROLES}
 
 
+def prefill_share(spec: HybridServingSpec) -> float | None:
+    """Prefill's share of the declared split (the split a quiet fleet returns to); None when both
+    roles declare no replicas."""
+    shares = role_shares(spec)
+    whole = shares["prefill"] + shares["decode"]
+    return shares["prefill"] / whole if whole else None
+
+
 def held_role(existing: ObservedInstance | None, observed: Observed) -> Role | None:
     """The role an instance's pods keep while its `spec.role` changed outside a switch, or None.
 

@@ -240,8 +240,11 @@ class RoleDemand:
     prefill_backlog_factor: float = 1.0
     """Prefill demand over what it delivers (≥ 1): how much more decode will see once prefill catches up."""
 
-    def released(self) -> RoleDemand:
-        """Decode demand once prefill's backlog reaches it (for projecting decode as a donor)."""
+    def as_donor(self, role: Role) -> RoleDemand:
+        """The demand to project `role` with when it gives an instance away: decode's once
+        prefill's backlog reaches it (conservative), prefill's as measured."""
+        if role == "prefill":
+            return self
         return replace(self, decode_tokens_per_s=self.decode_tokens_per_s * self.prefill_backlog_factor)
 
 
@@ -637,9 +640,7 @@ class RoleSwitchPolicy:
                 ),
             )
         n_recv, n_give = _capacity(fleet, receiver), _capacity(fleet, donor)
-        floor = cfg.min_prefill if donor == "prefill" else cfg.min_decode
-        serving_donors = sum(1 for s in fleet if s.role == donor and s.phase == "serving")
-        if serving_donors - 1 < floor or n_give - 1 < floor:
+        if not self._can_give(fleet, donor, n_give):
             return None
         # The decision rests on the projection alone: the p90s (a minute of completed requests,
         # and TPOT only known when a request ends) lag, and would keep adding instances after
@@ -649,7 +650,7 @@ class RoleSwitchPolicy:
             return None
         recv_after = self.projected(receiver, demand, n_recv + 1)
         # A decode donor is projected with the demand prefill's backlog will release onto it.
-        donor_demand = demand.released() if donor == "decode" else demand
+        donor_demand = demand.as_donor(donor)
         give_now = self.projected(donor, donor_demand, n_give)
         give_after = self.projected(donor, donor_demand, n_give - 1)
         # The donor stays within its ceiling; past it only when both roles are overloaded and the
@@ -728,10 +729,9 @@ class RoleSwitchPolicy:
         receiver: Role = "prefill" if home > n_prefill else "decode"
         donor = other_role(receiver)
         n_give = n_decode if donor == "decode" else n_prefill
-        serving_donors = sum(1 for s in fleet if s.role == donor and s.phase == "serving")
-        if min(n_give, serving_donors) - 1 < (cfg.min_prefill if donor == "prefill" else cfg.min_decode):
+        if not self._can_give(fleet, donor, n_give):
             return None
-        give_after = self.projected(donor, demand.released() if donor == "decode" else demand, n_give - 1)
+        give_after = self.projected(donor, demand.as_donor(donor), n_give - 1)
         ceiling = cfg.donor_ceiling - cfg.reversal_margin
         if give_after > ceiling:
             return None
@@ -749,6 +749,13 @@ class RoleSwitchPolicy:
             ),
             expected_benefit_s=0.0,
         )
+
+    def _can_give(self, fleet: Sequence[InstanceState], donor: Role, capacity: int) -> bool:
+        """Whether `donor` keeps its floor after giving one instance, both in capacity (serving
+        plus arriving) and in instances serving now."""
+        floor = self.config.min_prefill if donor == "prefill" else self.config.min_decode
+        serving = sum(1 for s in fleet if s.role == donor and s.phase == "serving")
+        return min(capacity, serving) - 1 >= floor
 
     def shortfall(self, role: Role, demand: RoleDemand, instances: int) -> float:
         """Instances' worth of demand beyond what `instances` carry at target: how many more the
