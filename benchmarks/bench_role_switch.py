@@ -176,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     for key, label in (("mooncake", "(d)"), ("agentic", "(c)")):
         if key in results:
             print(verdict(f"{label} ours / best static", ratio(results[key], "ours", "static"), 0.98))
+    # Ours is one setting for every workload; so is Splitwise's row "splitwise-one". Its worst
+    # workload is what a user of either gets without a sweep per workload.
+    for name in ("ours", "splitwise-one"):
+        worst = min(((ratio(c, name, "static"), key) for key, c in results.items() if name in c.reports), default=None)
+        if worst is not None and len(results) > 1:
+            print(f"       one setting, worst workload: {name} {worst[0]:.2f}× best static ({worst[1]})")
 
     if not args.no_scaling:
         d = traces_dir()

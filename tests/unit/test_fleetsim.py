@@ -30,6 +30,7 @@ from hybridserving.fleetsim.baselines import (
     SplitwiseMixedPool,
     zero_cost_relabel,
 )
+from hybridserving.fleetsim.experiment import SPLITWISE_ONE_SETTING, policy_sweeps
 from hybridserving.fleetsim.goodput import Slo, oracle_phase_score, phase_score, search_goodput
 from hybridserving.fleetsim.simulator import FleetConfig, FleetSimulator
 
@@ -330,6 +331,18 @@ def test_restart_based_and_splitwise_run_and_respect_floors():
             FleetConfig(6, 3, MODEL, in_place=not isinstance(inner, RestartRebalancer)), Checked(inner, cfg)
         ).run(shifting_trace(), inner.name)
         assert np.isfinite(r.ttft_s).all()
+
+
+def test_splitwise_at_one_setting_is_a_point_of_its_own_sweep():
+    """The one-setting row is the swept rule held still (as ours is), not a different rule."""
+    sweeps = policy_sweeps(MODEL, Slo(ttft_s=2.0, tpot_s=0.050), quick=True)
+    one, swept = sweeps["splitwise-one"], sweeps["splitwise"]
+    assert list(one.grid) == [SPLITWISE_ONE_SETTING]
+    assert SPLITWISE_ONE_SETTING in list(swept.grid)
+    built = one.make(**one.grid[0])
+    assert isinstance(built, SplitwiseMixedPool)
+    assert (built.queue_threshold_tokens, built.return_hold_s) == (32768, 300.0)
+    assert "one setting" in one.note and not swept.note
 
 
 def test_goodput_search_finds_the_threshold_of_a_monotone_curve():

@@ -68,10 +68,31 @@ def test_pressure_that_is_not_sustained_switches_nothing():
     policy = RoleSwitchPolicy(PolicyConfig(sustain_s=30), MODEL)
     states = fleet(2, 6)
     memory = PolicyMemory()
-    for t in range(0, 300, 5):
-        hot = (t // 10) % 2 == 0  # pressure for 10 s, then calm for 10 s
+    for t in range(0, 600, 5):
+        hot = (t // 10) % 12 == 0  # pressure for 10 s every two minutes: its peak fades in between
         decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0 if hot else 0.3, 0.1), memory)
         assert decision is None
+
+
+def test_bursts_that_recur_within_the_burst_memory_are_sustained_pressure():
+    """Prefill busy half of every 20 s averages 0.65 (below target), but each burst queues
+    prompts and costs their TTFT: judged at its recent peak, prefill gets an idle decode
+    instance; judged by the mean alone (burst memory 0) it never does."""
+
+    def run(cfg: PolicyConfig):
+        policy = RoleSwitchPolicy(cfg, MODEL)
+        states = fleet(2, 6)
+        memory = PolicyMemory()
+        for t in range(0, 300, 5):
+            hot = (t // 10) % 2 == 0
+            decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0 if hot else 0.3, 0.1), memory)
+            if decision:
+                return decision, t
+        return None, None
+
+    decision, t = run(PolicyConfig(sustain_s=30))
+    assert decision is not None and decision.to_role == "prefill" and t >= 30
+    assert run(PolicyConfig(sustain_s=30, burst_memory_s=0)) == (None, None)
 
 
 def test_relaunch_that_cannot_pay_back_within_the_cooldown_is_not_started():
@@ -243,6 +264,31 @@ def test_any_switch_an_on_call_one_included_holds_for_a_cooldown_before_a_return
     assert memory.quiet_since == 0.0
     decision, memory = policy.decide(1300.0, states, metrics_for(states, 0.1, 0.05), memory)
     assert decision is not None and decision.to_role == "decode" and decision.instance != "d3"
+
+
+def test_a_role_that_lent_an_instance_recalls_it_before_it_is_overloaded():
+    """Declared 5:3, at 6:2 since a prefill burst a minute ago. While decode runs at 0.56 of
+    its target nothing moves (a return waits for a quiet cooldown); once it reaches 0.8 on its
+    two instances an instance comes back at once, a minute after the last switch, not
+    after a cooldown; not while prefill, at its recent peak, would be past the reversal ceiling
+    with one fewer."""
+    policy = RoleSwitchPolicy(PolicyConfig(cooldown_s=300, declared_prefill_share=5 / 8), MODEL)
+    states = [replace(s, last_switch_at=0.0) if s.name == "p5" else s for s in fleet(6, 2)]
+    memory = PolicyMemory()
+    for t in range(60, 120, 5):
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 0.2, 0.5), memory)
+        assert decision is None
+    decision, memory = policy.decide(120.0, states, metrics_for(states, 0.2, 0.8), memory)
+    assert decision is not None and (decision.from_role, decision.to_role) == ("prefill", "decode")
+    assert decision.instance != "p5"  # the instance that just switched keeps its cooldown
+    assert decision.reason.startswith("decode recalled at 0.8") and "declared split 5:3" in decision.reason
+    # The same rise while prefill has just burst: its peak at 5 instances would be past 0.75.
+    memory = PolicyMemory()
+    decision, memory = policy.decide(60.0, states, metrics_for(states, 0.9, 0.5), memory)
+    assert decision is None
+    decision, memory = policy.decide(65.0, states, metrics_for(states, 0.2, 0.8), memory)
+    assert decision is None
+    assert policy.projected("prefill", policy.demand_of(memory).with_bursts(), 5) > 0.75
 
 
 def test_without_a_declared_split_the_fleet_stays_where_it_was_moved():

@@ -14,11 +14,13 @@ is where the KV and TPOT cliff shows), smooths it (EWMA), and moves instances on
 
 Moves are sized (several instances when the imbalance is large, up to `max_concurrent`), the
 cooldown is per instance, and moving back is allowed when the mix clearly reverses (stricter
-evidence than the first move, so noise does not flap). Once no role has been under pressure for
-a cooldown, instances go back one at a time toward the declared split (the roles' replicas): a
-move answers the load that caused it, and a fleet left at the split of the last burst meets the
-next one with the wrong roles (agentic waves: prefill-heavy as a wave opens, KV-heavy as it
-proceeds, idle between).
+evidence than the first move, so noise does not flap). Prefill is judged at its recent peak as
+well as its mean: TTFT is set by bursts of long prompts, which a mean hides. Once no role has
+been under pressure for a cooldown, instances go back one at a time toward the declared split
+(the roles' replicas): a move answers the load that caused it, and a fleet left at the split of
+the last burst meets the next one with the wrong roles (agentic waves: prefill-heavy as a wave
+opens, KV-heavy as it proceeds, idle between). A role below its declared count recalls an
+instance sooner, as soon as it nears its target on the instances it kept.
 
 Everything here is a pure, deterministic function of its arguments: the caller keeps the small
 `PolicyMemory` between ticks (in status, in the simulator) and passes it back in.
@@ -127,6 +129,12 @@ class PolicyConfig:
     acute_kv_wait_fraction: float = 0.5
     """Requests waiting for decode KV are an acute overload when the newest one's estimated wait
     exceeds this fraction of the TTFT limit (the rest of the budget is prefill's)."""
+    burst_memory_s: float = 60.0
+    """Prefill's need is its recent peak load, which decays with this time constant (0: the
+    smoothed mean alone). TTFT is set by bursts of long prompts, which a mean hides."""
+    recall_pressure: float = 0.8
+    """A role below its declared count gets an instance back at once when it reaches this
+    pressure on the instances it has (it lent one; it does not wait to be overloaded)."""
     declared_prefill_share: float | None = None
     """Prefill's share of the fleet in the spec (its replicas over both roles'): the split the
     fleet returns to once quiet. None: the fleet stays wherever the last move left it."""
@@ -182,6 +190,8 @@ class PolicyMemory:
     """Smoothed mean output length (0: not known yet; `typical_output_tokens` stands in)."""
     quiet_since: float | None = None
     """Since when no role has been under pressure, acute or sustained (None: one is)."""
+    prefill_peak_load: float = 0.0
+    """Prefill's recent peak load in instances' worth: the highest tick, decaying with `burst_memory_s`."""
 
     def since(self, role: Role) -> float | None:
         return self.prefill_pressure_since if role == "prefill" else self.decode_pressure_since
@@ -239,6 +249,19 @@ class RoleDemand:
     decode_slo: float = 0.0
     prefill_backlog_factor: float = 1.0
     """Prefill demand over what it delivers (≥ 1): how much more decode will see once prefill catches up."""
+    prefill_peak_load: float = 0.0
+    """Prefill's recent peak load (instances' worth); 0 where only the mean is known."""
+
+    def with_bursts(self) -> RoleDemand:
+        """Prefill at its recent peak: the load its TTFT has to survive, not its mean."""
+        return replace(self, prefill_load=max(self.prefill_load, self.prefill_peak_load))
+
+    def burst_ratio(self) -> float:
+        """How far prefill's peak stands above its mean (1..3): what serving its bursts in full
+        passes on to decode (every prompt prefilled becomes a request decode holds)."""
+        if self.prefill_load <= 0:
+            return 1.0
+        return min(3.0, max(1.0, self.prefill_peak_load / self.prefill_load))
 
     def as_donor(self, role: Role) -> RoleDemand:
         """The demand to project `role` with when it gives an instance away: decode's once
@@ -478,6 +501,7 @@ class RoleSwitchPolicy:
         else:
             alpha = 1.0 - math.exp(-(now - memory.smoothed_at) / cfg.smoothing_s)
         if alpha > 0:
+            peak = _held_peak(memory, m.prefill_load, now, cfg.burst_memory_s)
             per_request = m.decode_tokens_per_request or memory.decode_tokens_per_request
             memory = replace(
                 memory,
@@ -493,6 +517,7 @@ class RoleSwitchPolicy:
                 decode_slo=_ewma(memory.decode_slo, m.decode_slo, alpha),
                 prefill_backlog_factor=_ewma(memory.prefill_backlog_factor, m.prefill_backlog_factor, alpha),
                 output_tokens_per_request=_smoothed_output_length(memory, fleet, metrics, alpha),
+                prefill_peak_load=peak,
             )
             demand = self.demand_of(memory)
             for role in ("prefill", "decode"):
@@ -549,6 +574,7 @@ class RoleSwitchPolicy:
             memory.prefill_slo,
             memory.decode_slo,
             memory.prefill_backlog_factor,
+            memory.prefill_peak_load,
         )
 
     def _remember(self, memory: PolicyMemory, role: Role, now: float, pressure: float) -> PolicyMemory:
@@ -568,8 +594,11 @@ class RoleSwitchPolicy:
         return projected_decode_pressure(demand, instances, self.config, self.model)
 
     def current_pressure(self, role: Role, demand: RoleDemand, fleet: Sequence[InstanceState]) -> float:
-        """Projected pressure at the role's current capacity, or the SLO evidence if that is worse."""
+        """Projected pressure at the role's current capacity (prefill at its recent peak), or the
+        SLO evidence if that is worse."""
         slo = demand.prefill_slo if role == "prefill" else demand.decode_slo
+        if role == "prefill":
+            demand = demand.with_bursts()
         return max(self.projected(role, demand, _capacity(fleet, role)), slo)
 
     # ------------------------------------------------------------------ the decision
@@ -645,12 +674,20 @@ class RoleSwitchPolicy:
         # The decision rests on the projection alone: the p90s (a minute of completed requests,
         # and TPOT only known when a request ends) lag, and would keep adding instances after
         # the cause is fixed. They only start the sustain clock (`observe`).
-        recv_now = self.projected(receiver, demand, n_recv)
+        # Prefill is judged at its recent peak (a burst of long prompts sets TTFT, not the mean);
+        # a decode donor then with the demand that serving those bursts passes on to it, on top
+        # of what prefill's backlog will release (an agentic wave's prompts are decode's KV a
+        # minute later: judged by today's decode alone, it would lend the instance it needs).
+        recv_demand = demand.with_bursts() if receiver == "prefill" else demand
+        recv_now = self.projected(receiver, recv_demand, n_recv)
         if recv_now < cfg.enter_pressure:
             return None
-        recv_after = self.projected(receiver, demand, n_recv + 1)
-        # A decode donor is projected with the demand prefill's backlog will release onto it.
+        recv_after = self.projected(receiver, recv_demand, n_recv + 1)
         donor_demand = demand.as_donor(donor)
+        if donor == "decode":
+            donor_demand = replace(
+                donor_demand, decode_tokens_per_s=donor_demand.decode_tokens_per_s * demand.burst_ratio()
+            )
         give_now = self.projected(donor, donor_demand, n_give)
         give_after = self.projected(donor, donor_demand, n_give - 1)
         # The donor stays within its ceiling; past it only when both roles are overloaded and the
@@ -677,12 +714,13 @@ class RoleSwitchPolicy:
         # The receiver gets its instance only after drain + switch; the donor loses it at once,
         # so its capacity is lost for the whole busy time, in proportion to how loaded it was,
         # and any overload it adds to the donor counts over the whole horizon.
-        gain = (self.shortfall(receiver, demand, n_recv) - self.shortfall(receiver, demand, n_recv + 1)) * max(
-            0.0, horizon - busy
+        gain = (
+            self.shortfall(receiver, recv_demand, n_recv) - self.shortfall(receiver, recv_demand, n_recv + 1)
+        ) * max(0.0, horizon - busy)
+        cost = (
+            busy * min(1.0, give_now)
+            + (self.shortfall(donor, donor_demand, n_give - 1) - self.shortfall(donor, donor_demand, n_give)) * horizon
         )
-        cost = busy * min(1.0, give_now) + (
-            self.shortfall(donor, donor_demand, n_give - 1) - self.shortfall(donor, donor_demand, n_give)
-        ) * horizon
         if gain <= cost:
             return None
         return Decision(
@@ -708,17 +746,20 @@ class RoleSwitchPolicy:
         demand: RoleDemand,
         memory: PolicyMemory,
     ) -> Decision | None:
-        """One instance back toward the declared split, once no role has been under pressure and no
-        instance has switched for a cooldown, and the role giving it stays clearly within its SLO
-        without it (the reversal ceiling): the split the user declared is the bet for the next
-        burst, the split of the last one is not. Idle instances drain at once, so a return costs
-        only its switch time."""
+        """One instance back toward the declared split, when the role giving it stays clearly
+        within its SLO without it (the reversal ceiling, prefill at its recent peak), and either
+
+        - no role has been under pressure and no instance has switched for a cooldown: the split
+          the user declared is the bet for the next burst, the split of the last one is not; or
+        - the role below its declared count is recalled: it has reached `recall_pressure` on the
+          instances it kept (smoothed or this tick, whichever is higher: a filling KV pool rises
+          a minute ahead of its smoothed mean). It lent the instance while it could spare it;
+          waiting until it is overloaded (the KV queue of a conversation segment met at 6:2)
+          costs more than the move back.
+
+        Idle instances drain at once, so a return costs only its switch time."""
         cfg = self.config
-        quiet = memory.quiet_since
-        if cfg.declared_prefill_share is None or quiet is None or now - quiet < cfg.cooldown_s:
-            return None
-        # Any switch (the policy's, an on-call request's) holds for a cooldown before a return.
-        if any(s.last_switch_at is not None and now - s.last_switch_at < cfg.cooldown_s for s in fleet):
+        if cfg.declared_prefill_share is None:
             return None
         n_prefill, n_decode = _capacity(fleet, "prefill"), _capacity(fleet, "decode")
         total = n_prefill + n_decode
@@ -728,10 +769,23 @@ class RoleSwitchPolicy:
             return None
         receiver: Role = "prefill" if home > n_prefill else "decode"
         donor = other_role(receiver)
+        now_demand = measure_demand(fleet, metrics, cfg, self.model)
+        latest = replace(
+            demand.with_bursts(), decode_tokens_per_s=max(demand.decode_tokens_per_s, now_demand.decode_tokens_per_s)
+        )
+        need = self.projected(receiver, latest, _capacity(fleet, receiver))
+        recalled = need >= cfg.recall_pressure
+        quiet = memory.quiet_since
+        if not recalled:
+            if quiet is None or now - quiet < cfg.cooldown_s:
+                return None
+            # Any switch (the policy's, an on-call request's) holds for a cooldown before a return.
+            if any(s.last_switch_at is not None and now - s.last_switch_at < cfg.cooldown_s for s in fleet):
+                return None
         n_give = n_decode if donor == "decode" else n_prefill
         if not self._can_give(fleet, donor, n_give):
             return None
-        give_after = self.projected(donor, demand.as_donor(donor), n_give - 1)
+        give_after = self.projected(donor, demand.with_bursts().as_donor(donor), n_give - 1)
         ceiling = cfg.donor_ceiling - cfg.reversal_margin
         if give_after > ceiling:
             return None
@@ -744,8 +798,13 @@ class RoleSwitchPolicy:
             to_role=receiver,
             mode="in-place" if instance.in_place else "relaunch",
             reason=(
-                f"no pressure for {now - quiet:.0f}s: back toward the declared split "
-                f"{home}:{total - home}; {donor} projected {give_after:.2f} with one fewer (≤{ceiling:.2f})"
+                (
+                    f"{receiver} recalled at {need:.2f} (≥{cfg.recall_pressure:.2f})"
+                    if recalled
+                    else f"no pressure for {now - (quiet or now):.0f}s"
+                )
+                + f": back toward the declared split {home}:{total - home}; "
+                f"{donor} projected {give_after:.2f} with one fewer (≤{ceiling:.2f})"
             ),
             expected_benefit_s=0.0,
         )
@@ -819,6 +878,15 @@ def _capacity(fleet: Sequence[InstanceState], role: Role) -> int:
         for s in fleet
         if (s.role == role and s.phase == "serving") or (s.phase in ("draining", "switching") and s.target_role == role)
     )
+
+
+def _held_peak(memory: PolicyMemory, load: float, now: float, memory_s: float) -> float:
+    """This tick's prefill load, or the last peak decayed over the time since, if higher."""
+    if memory_s <= 0:
+        return 0.0
+    if memory.smoothed_at is None:
+        return load
+    return max(load, memory.prefill_peak_load * math.exp(-(now - memory.smoothed_at) / memory_s))
 
 
 def _held_since(was: float | None, on: bool, now: float) -> float | None:
