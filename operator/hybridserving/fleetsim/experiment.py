@@ -60,8 +60,8 @@ POLICIES = (
 )  # fmt: skip
 SPLITWISE_ONE_SETTING: Mapping[str, float] = {"queue_threshold_tokens": 32768, "return_hold_s": 300.0}
 """Splitwise held at one setting for every workload, as ours is: its best on the mix shift."""
-HINDSIGHT_SEGMENT_S = 150.0
-"""Length of the hindsight oracle's segments: a quarter of the shortest workload phase."""
+HINDSIGHT_SEGMENT_S = 75.0
+"""Length of the hindsight oracle's segments: an eighth of the shortest workload phase."""
 
 
 def traces_dir() -> Path:
