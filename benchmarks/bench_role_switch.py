@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.workloads.split(","):
         w = load_workload(key)
         print(f"\n== {w.title}", flush=True)
-        overload = key == "mix-shift" or (key == "diurnal" and not args.quick)
+        # The shifting mix, and the agentic waves where a move into a wave can cost more than it gives.
+        overload = key in ("mix-shift", "agentic") or (key == "diurnal" and not args.quick)
         c = compare(
             w, instances=args.instances, quick=args.quick, policies=policies, model=model, load_mode=args.load,
             overload=overload, log=lambda s: print(s, flush=True),

@@ -270,7 +270,7 @@ def test_a_role_that_lent_an_instance_recalls_it_before_it_is_overloaded():
     """Declared 5:3, at 6:2 since a prefill burst a minute ago. While decode runs at 0.56 of
     its target nothing moves (a return waits for a quiet cooldown); once it reaches 0.8 on its
     two instances an instance comes back at once, a minute after the last switch, not
-    after a cooldown; not while prefill, at its recent peak, would be past the reversal ceiling
+    after a cooldown; not while prefill, at its recent peak, would be past the donor ceiling
     with one fewer."""
     policy = RoleSwitchPolicy(PolicyConfig(cooldown_s=300, declared_prefill_share=5 / 8), MODEL)
     states = [replace(s, last_switch_at=0.0) if s.name == "p5" else s for s in fleet(6, 2)]
@@ -282,13 +282,56 @@ def test_a_role_that_lent_an_instance_recalls_it_before_it_is_overloaded():
     assert decision is not None and (decision.from_role, decision.to_role) == ("prefill", "decode")
     assert decision.instance != "p5"  # the instance that just switched keeps its cooldown
     assert decision.reason.startswith("decode recalled at 0.8") and "declared split 5:3" in decision.reason
-    # The same rise while prefill has just burst: its peak at 5 instances would be past 0.75.
+    # The same rise while prefill has just burst: its peak at 5 instances would be past 0.85.
     memory = PolicyMemory()
     decision, memory = policy.decide(60.0, states, metrics_for(states, 0.9, 0.5), memory)
     assert decision is None
     decision, memory = policy.decide(65.0, states, metrics_for(states, 0.2, 0.8), memory)
     assert decision is None
-    assert policy.projected("prefill", policy.demand_of(memory).with_bursts(), 5) > 0.75
+    assert policy.projected("prefill", policy.demand_of(memory).with_bursts(), 5) > 0.85
+
+
+def test_a_recall_holds_the_giver_to_the_donor_ceiling_not_the_reversal_one():
+    """Declared 5:3, at 7:1 after a code segment; decode is recalled while prefill's recent
+    peak projects between the reversal ceiling (0.75) and the donor ceiling (0.85) at 6: the
+    instance comes back now. A quiet return with the same giver would wait."""
+    policy = RoleSwitchPolicy(PolicyConfig(cooldown_s=300, declared_prefill_share=5 / 8), MODEL)
+    states = fleet(7, 1)
+    memory = PolicyMemory(smoothed_at=60.0, prefill_load=2.0, prefill_peak_load=4.3, decode_tokens_per_s=300.0,
+                          decode_tokens_per_request=2_000.0)  # fmt: skip
+    assert 0.75 < policy.projected("prefill", policy.demand_of(memory).with_bursts(), 6) <= 0.85
+    decision, _ = policy.decide(65.0, states, metrics_for(states, 0.3, 0.85, prealloc=40), memory)
+    assert decision is not None and (decision.from_role, decision.to_role) == ("prefill", "decode")
+    assert decision.reason.startswith("decode recalled") and "(≤0.85)" in decision.reason
+
+
+def test_a_donor_within_its_ceiling_is_not_made_the_worse_of_the_two_roles():
+    """Prefill at 1.17 would fall to 1.00 with decode's second instance, and decode on one would
+    project just above that: past its ceiling, within half prefill's overload, but worse than
+    prefill after the move (the minimax split is where it is). Nothing moves; the same prefill
+    overload beside a decode role that stays the lesser of the two after the move still gets
+    the instance."""
+    policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
+    states = fleet(6, 2)
+    base = PolicyMemory(prefill_pressure_since=0.0, smoothed_at=60.0, prefill_load=6 * 0.85 * 1.17,
+                        decode_tokens_per_request=1_400.0)  # fmt: skip
+
+    def at(tokens: float) -> PolicyMemory:
+        return replace(base, decode_tokens_per_s=tokens)
+
+    def decode_on_one(tokens: float) -> float:
+        return policy.projected("decode", policy.demand_of(at(tokens)), 1)
+
+    prefill_after = policy.projected("prefill", policy.demand_of(base), 7)
+    tokens = [100.0 * 1.002**i for i in range(4000)]
+    heavy = at(next(t for t in tokens if decode_on_one(t) > prefill_after))
+    lighter = at(next(t for t in tokens if decode_on_one(t) > 0.9))
+    assert prefill_after < policy.projected("decode", policy.demand_of(heavy), 1) < 1.0 + (1.17 - 1.0) / 2
+    decision, _ = policy.decide(60.0, states, metrics_for(states, 0.99, 0.1), heavy)
+    assert decision is None
+    assert 0.85 < policy.projected("decode", policy.demand_of(lighter), 1) <= prefill_after
+    decision, _ = policy.decide(60.0, states, metrics_for(states, 0.99, 0.1), lighter)
+    assert decision is not None and (decision.from_role, decision.to_role) == ("decode", "prefill")
 
 
 def test_without_a_declared_split_the_fleet_stays_where_it_was_moved():

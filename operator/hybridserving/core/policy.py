@@ -690,9 +690,13 @@ class RoleSwitchPolicy:
             )
         give_now = self.projected(donor, donor_demand, n_give)
         give_after = self.projected(donor, donor_demand, n_give - 1)
-        # The donor stays within its ceiling; past it only when both roles are overloaded and the
-        # donor's overload after the move is at most half the receiver's now (toward the minimax split).
-        relief = 1.0 + (recv_now - 1.0) / 2 if (cfg.overload_split_in_reversal or not reversal) else ceiling
+        # The donor stays within its ceiling; past it only toward the minimax split: its overload
+        # after the move is at most half the receiver's now and no worse than the receiver's after
+        # it. A move that leaves the donor the worse of the two overshoots, and for a decode donor
+        # the projection hides a cliff: an agentic fleet at 0.9× its goodput load gave decode
+        # (projected 0.30 → 1.05) to prefill (1.17 → 1.00), and its attainment fell to 0.59 from 0.97.
+        toward_minimax = give_after <= recv_after and (cfg.overload_split_in_reversal or not reversal)
+        relief = 1.0 + (recv_now - 1.0) / 2 if toward_minimax else ceiling
         if give_after > max(ceiling, relief):
             return None
         if max(recv_after, give_after) > max(recv_now, give_now) - cfg.min_improvement:
@@ -746,8 +750,8 @@ class RoleSwitchPolicy:
         demand: RoleDemand,
         memory: PolicyMemory,
     ) -> Decision | None:
-        """One instance back toward the declared split, when the role giving it stays clearly
-        within its SLO without it (the reversal ceiling, prefill at its recent peak), and either
+        """One instance back toward the declared split, when the role giving it stays within its
+        SLO without it (prefill at its recent peak), and either
 
         - no role has been under pressure and no instance has switched for a cooldown: the split
           the user declared is the bet for the next burst, the split of the last one is not; or
@@ -755,7 +759,12 @@ class RoleSwitchPolicy:
           instances it kept (smoothed or this tick, whichever is higher: a filling KV pool rises
           a minute ahead of its smoothed mean). It lent the instance while it could spare it;
           waiting until it is overloaded (the KV queue of a conversation segment met at 6:2)
-          costs more than the move back.
+          costs more than the move back. The giver then only has to stay within the donor
+          ceiling, as for any move: held to the stricter reversal ceiling, the instance came back
+          a tick or two after a conversation segment began, by which time hundreds of requests
+          waited for decode slots on the one instance left.
+
+        A return with no recall keeps the reversal ceiling: nothing presses for it.
 
         Idle instances drain at once, so a return costs only its switch time."""
         cfg = self.config
@@ -786,7 +795,7 @@ class RoleSwitchPolicy:
         if not self._can_give(fleet, donor, n_give):
             return None
         give_after = self.projected(donor, demand.with_bursts().as_donor(donor), n_give - 1)
-        ceiling = cfg.donor_ceiling - cfg.reversal_margin
+        ceiling = cfg.donor_ceiling if recalled else cfg.donor_ceiling - cfg.reversal_margin
         if give_after > ceiling:
             return None
         instance = self._pick_donor(now, donor, fleet, metrics)
