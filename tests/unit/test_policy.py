@@ -334,6 +334,33 @@ def test_a_donor_within_its_ceiling_is_not_made_the_worse_of_the_two_roles():
     assert decision is not None and (decision.from_role, decision.to_role) == ("decode", "prefill")
 
 
+def test_a_decode_donor_is_never_taken_past_its_own_target_even_toward_the_minimax_split():
+    """Prefill at 1.6 on 6 instances (1.37 on 7); decode on one would project just past 1.0:
+    within half prefill's overload and still the lesser role after the move, but past decode's
+    cliff, so nothing moves. Just below 1.0 the same prefill overload gets the instance."""
+    policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
+    states = fleet(6, 2)
+    base = PolicyMemory(prefill_pressure_since=0.0, smoothed_at=60.0, prefill_load=6 * 0.85 * 1.6,
+                        decode_tokens_per_request=1_400.0)  # fmt: skip
+
+    def at(tokens: float) -> PolicyMemory:
+        return replace(base, decode_tokens_per_s=tokens)
+
+    def decode_on_one(tokens: float) -> float:
+        return policy.projected("decode", policy.demand_of(at(tokens)), 1)
+
+    tokens = [100.0 * 1.002**i for i in range(4000)]
+    past = at(next(t for t in tokens if decode_on_one(t) > 1.0))
+    below = at(max(t for t in tokens if decode_on_one(t) <= 0.98))
+    prefill_after = policy.projected("prefill", policy.demand_of(base), 7)
+    assert 1.0 < policy.projected("decode", policy.demand_of(past), 1) < min(prefill_after, 1.0 + (1.6 - 1.0) / 2)
+    decision, _ = policy.decide(60.0, states, metrics_for(states, 0.99, 0.1), past)
+    assert decision is None
+    assert 0.85 < policy.projected("decode", policy.demand_of(below), 1) <= 0.98
+    decision, _ = policy.decide(60.0, states, metrics_for(states, 0.99, 0.1), below)
+    assert decision is not None and (decision.from_role, decision.to_role) == ("decode", "prefill")
+
+
 def test_without_a_declared_split_the_fleet_stays_where_it_was_moved():
     policy = RoleSwitchPolicy(PolicyConfig(cooldown_s=300), MODEL)
     states = fleet(5, 3)

@@ -697,6 +697,12 @@ class RoleSwitchPolicy:
         # (projected 0.30 → 1.05) to prefill (1.17 → 1.00), and its attainment fell to 0.59 from 0.97.
         toward_minimax = give_after <= recv_after and (cfg.overload_split_in_reversal or not reversal)
         relief = 1.0 + (recv_now - 1.0) / 2 if toward_minimax else ceiling
+        if donor == "decode":
+            # Never past decode's own target: there its batch stops keeping up, requests wait for
+            # KV slots and TTFT, not only TPOT, fails; past prefill's a queue grows at a fluid rate.
+            # An agentic fleet at 1.1× its goodput load gave decode (0.30 → 1.07) to prefill
+            # (1.61 → 1.38), took three back within two minutes, and fell to 0.28 from static's 0.34.
+            relief = min(relief, 1.0)
         if give_after > max(ceiling, relief):
             return None
         if max(recv_after, give_after) > max(recv_now, give_now) - cfg.min_improvement:
