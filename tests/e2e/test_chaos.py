@@ -353,7 +353,15 @@ def _scenarios(chaos: Chaos) -> None:
                        trust_env=False)
             wait_for(lambda: chaos.json("get", "hybridservinginstance", victim).get("status", {}).get("phase")
                      == "CrashLoop", 180, f"{victim} reported as CrashLoop", interval=1)
-            degraded = {c["type"]: c for c in chaos.json("get", "hybridserving", "chaos")["status"]["conditions"]}
+
+            def fleet_conditions() -> dict[str, dict]:
+                return {c["type"]: c for c in chaos.json("get", "hybridserving", "chaos")["status"]["conditions"]}
+
+            # A reconcile writes its instances' status before the fleet's: a read between the two
+            # writes sees the instance in CrashLoop and the fleet not yet Degraded.
+            wait_for(lambda: fleet_conditions()["Degraded"]["status"] == "True", 60,
+                     "the fleet's Degraded condition", interval=1)
+            degraded = fleet_conditions()
             events = chaos.json("get", "events", "--field-selector",
                                 f"involvedObject.name={victim},reason=CrashLoop")["items"]
         finally:
