@@ -358,10 +358,10 @@ def _scenarios(chaos: Chaos) -> None:
                 return {c["type"]: c for c in chaos.json("get", "hybridserving", "chaos")["status"]["conditions"]}
 
             # A reconcile writes its instances' status before the fleet's: a read between the two
-            # writes sees the instance in CrashLoop and the fleet not yet Degraded.
-            wait_for(lambda: fleet_conditions()["Degraded"]["status"] == "True", 60,
-                     "the fleet's Degraded condition", interval=1)
-            degraded = fleet_conditions()
+            # writes sees the instance in CrashLoop and the fleet not yet Degraded. The conditions
+            # checked below are the ones the fleet reported together, in one status.
+            degraded = wait_for(lambda: (c := fleet_conditions())["Degraded"]["status"] == "True" and c, 60,
+                                "the fleet's Degraded condition", interval=1)
             events = chaos.json("get", "events", "--field-selector",
                                 f"involvedObject.name={victim},reason=CrashLoop")["items"]
         finally:
