@@ -82,14 +82,20 @@ def test_a_crashing_engine_shows_crash_loop_and_fires_the_alert_expression(
         recording: list[dict] = []
         seen_phases: dict[str, set[str]] = {}
         seen_degraded: set[str] = set()
+        crashy_trail: list[tuple[str | None, str | None, str | None]] = []  # (crashy-0, crashy-1, Degraded)
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             recording.append(scrape(fleet_operator.metrics_url))
-            for inst in kubectl_json(cluster, "hybridservinginstances")["items"]:
-                seen_phases.setdefault(inst["metadata"]["name"], set()).add((inst.get("status") or {}).get("phase"))
+            phases = {inst["metadata"]["name"]: (inst.get("status") or {}).get("phase")
+                      for inst in kubectl_json(cluster, "hybridservinginstances")["items"]}
+            for name, phase in phases.items():
+                seen_phases.setdefault(name, set()).add(phase)
             crashy = kubectl_json(cluster, "hybridserving", "crashy")
             seen_degraded |= {c["reason"] for c in crashy.get("status", {}).get("conditions", [])
                               if c["type"] == "Degraded" and c["status"] == "True"}
+            crashy_trail.append((phases.get("crashy-0"), phases.get("crashy-1"),
+                                 next((c["status"] for c in crashy.get("status", {}).get("conditions", [])
+                                       if c["type"] == "Degraded"), None)))
             restarts = {dict(k[1])["hybridserving_instance"]: v for k, v in recording[-1].items()
                         if k[0] == "hybridserving_instance_restarts" and dict(k[1])["hybridserving"] == "crashy"}
             steady = kubectl_json(cluster, "hybridserving", "steady").get("status", {}).get("ready")
@@ -114,6 +120,12 @@ def test_a_crashing_engine_shows_crash_loop_and_fires_the_alert_expression(
             inst = kubectl_json(cluster, "hybridservinginstance", f"crashy-{i}")["status"]
             assert inst["restarts"] >= 3 and "engine crash loop: 2 consecutive engine failures" in inst["lastExit"]
         assert "CrashLoop" in seen_degraded
+        # No flicker: once reported, the loop stays reported while the engines keep exiting, also
+        # while a restarted container runs between two exits (the pod runner's back-off is 1 s).
+        for column, label in ((0, "crashy-0"), (1, "crashy-1"), (2, "Degraded")):
+            values = [row[column] for row in crashy_trail]
+            first = values.index("True" if column == 2 else "CrashLoop")
+            assert set(values[first:]) == {values[first]}, (label, values)
         events = kubectl_json(cluster, "events")["items"]
         crash_events = {e["involvedObject"]["name"] for e in events if e["reason"] == "CrashLoop"}
         assert crash_events == {"crashy-0", "crashy-1"}, crash_events

@@ -9,10 +9,11 @@ tests/e2e/test_crash_loop_e2e.py.
 from __future__ import annotations
 
 import pathlib
+import time
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
-from hybridserving.core.observed import ObservedPod, describe_termination
+from hybridserving.core.observed import CRASH_LOOP_MEMORY_SECONDS, ObservedPod, describe_termination, parse_time
 from hybridserving_engine.podrunner.runner import termination_message
 
 from support.apiserver import NS, MemoryApi
@@ -78,6 +79,38 @@ def test_a_crash_looping_pod_turns_its_instance_to_crash_loop_with_the_last_exit
                    (NS, "fleet", "fleet-1")) == 0
 
 
+def between_exits(pod: dict, finished_at: str) -> None:
+    """The kubelet restarted the container after its back-off: it runs and loads, not Ready yet."""
+    status = pod["status"]["containerStatuses"][0]
+    status["state"] = {"running": {"startedAt": finished_at}}
+    status["lastState"]["terminated"]["finishedAt"] = finished_at
+
+
+def test_a_crash_loop_stays_reported_while_the_engine_runs_between_two_exits() -> None:
+    api = MemoryApi()
+    api.user_apply(SPEC)
+    settle(api)
+    pod = api.store[("Pod", "fleet-1-0")]
+    crash_looping(pod)
+    rec.reconcile(api, NS, "fleet")
+    assert api.condition("Degraded")["reason"] == "CrashLoop"
+
+    between_exits(pod, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5)))
+    rec.reconcile(api, NS, "fleet")
+    assert api.store[(INSTANCE_KIND, "fleet-1")]["status"]["phase"] == "CrashLoop"
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoop", degraded
+    assert api.condition("Ready")["status"] == "False"
+    assert len([o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]) == 1
+
+    # Past the kubelet's back-off memory without another exit, it is a starting engine again.
+    long_ago = time.time() - CRASH_LOOP_MEMORY_SECONDS - 5
+    between_exits(pod, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(long_ago)))
+    rec.reconcile(api, NS, "fleet")
+    assert api.store[(INSTANCE_KIND, "fleet-1")]["status"]["phase"] == "Starting"
+    assert api.condition("Degraded")["status"] == "False"
+
+
 def test_a_deleted_fleet_leaves_no_series_behind() -> None:
     api = MemoryApi()
     api.user_apply(SPEC, name="gone")
@@ -97,6 +130,15 @@ def test_observed_pods_read_the_kubelets_crash_loop() -> None:
     assert pod.last_exit == f"exit code 3 (Error): {LAST_LINE}"
     assert describe_termination({"exitCode": 137, "reason": "OOMKilled"}) == "exit code 137 (OOMKilled)"
     assert not ObservedPod.from_manifest({"metadata": {"name": "q"}}).crash_looping
+
+    between_exits(body, "2026-01-01T00:00:00Z")
+    exited = parse_time("2026-01-01T00:00:00Z")
+    assert exited is not None
+    assert ObservedPod.from_manifest(body, now=exited + 30).crash_looping
+    assert not ObservedPod.from_manifest(body, now=exited + CRASH_LOOP_MEMORY_SECONDS).crash_looping
+    assert not ObservedPod.from_manifest(body).crash_looping  # no clock: only the waiting reason counts
+    body["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    assert not ObservedPod.from_manifest(body, now=exited + 30).crash_looping  # serving again
 
 
 def test_the_pod_runner_reports_the_logs_tail_as_the_kubelet_does(tmp_path: pathlib.Path) -> None:

@@ -99,7 +99,8 @@ class HybridServingInstanceStatus(ApiModel):
     phase: InstancePhase = Field(
         default="Pending",
         description="Pending (pods not scheduled), Starting (engine loading), Ready (serving), "
-        "CrashLoop (an engine container keeps exiting and waits in CrashLoopBackOff: see lastExit), "
+        "CrashLoop (an engine container keeps exiting: it waits in CrashLoopBackOff, or restarted within "
+        "the last 10 minutes and is not Ready yet; see lastExit), "
         "Draining (finishing requests before a switch or restart), Switching (in-place role "
         "switch), Relaunching (restart with the other role's flags), Failed.",
     )

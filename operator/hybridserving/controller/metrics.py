@@ -68,7 +68,8 @@ INSTANCE_RESTARTS = Gauge(
 )
 INSTANCE_CRASH_LOOPING = Gauge(
     "hybridserving_instance_crash_looping",
-    "1 while a container of the instance waits in CrashLoopBackOff, else 0.",
+    "1 while a container of the instance waits in CrashLoopBackOff, or restarted within the last "
+    "10 minutes and is not Ready yet (between two exits), else 0.",
     ["namespace", "hybridserving", "hybridserving_instance"],
 )
 INSTANCE_SWITCHING = Gauge(

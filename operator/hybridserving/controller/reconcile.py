@@ -363,7 +363,7 @@ def report_instances(kube: Kube, namespace: str, views: dict[str, InstanceView])
             continue
         if new.get("phase") == "CrashLoop" and v.observed.status.get("phase") != "CrashLoop":
             post_instance_event(kube, namespace, name, "Warning", "CrashLoop",
-                                f"engine container restarted {status.restarts} time(s) and waits in CrashLoopBackOff; "
+                                f"engine container restarted {status.restarts} time(s) and keeps exiting; "
                                 f"last exit: {status.last_exit or 'not recorded'}")
 
 

@@ -17,6 +17,11 @@ from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_INSTA
 
 ObjectKey = tuple[str, str]  # (kind, name)
 
+# The kubelet forgets a container's restart back-off once it has gone this long without an exit
+# (twice its 300 s cap: pkg/util/flowcontrol/backoff.go, hasExpired). Until then a restarted
+# container that is not Ready is still in its loop, also while it runs between two exits.
+CRASH_LOOP_MEMORY_SECONDS = 600.0
+
 
 def parse_time(value: str | None) -> float | None:
     """Seconds since the epoch of an RFC 3339 time as the API writes it, or None."""
@@ -37,6 +42,20 @@ def describe_termination(terminated: Mapping[str, Any]) -> str:
     if message:
         text += f": {message.splitlines()[-1][:300]}"
     return text
+
+
+def _in_crash_loop(container: Mapping[str, Any], now: float | None) -> bool:
+    """Waiting out its back-off, or restarted recently enough that the kubelet still counts the loop.
+
+    The waiting reason alone flickers: between two exits the container runs (the engine loads)
+    and reads like any starting one.
+    """
+    if ((container.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+        return True
+    if now is None or not int(container.get("restartCount") or 0):
+        return False
+    finished = parse_time(((container.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
+    return finished is not None and now - finished < CRASH_LOOP_MEMORY_SECONDS
 
 
 @dataclass(frozen=True)
@@ -85,7 +104,8 @@ class ObservedPod:
         return self.phase in ("Running", "Succeeded", "Failed")
 
     @classmethod
-    def from_manifest(cls, obj: Mapping[str, Any]) -> ObservedPod:
+    def from_manifest(cls, obj: Mapping[str, Any], now: float | None = None) -> ObservedPod:
+        """`now` (when the pod was read) lets a restarted pod count as crash-looping between exits."""
         meta = obj.get("metadata") or {}
         status = obj.get("status") or {}
         spec = obj.get("spec") or {}
@@ -98,8 +118,7 @@ class ObservedPod:
             unschedulable = scheduled.get("message") or "unschedulable"
         containers = status.get("containerStatuses") or []
         restarts = sum(int(cs.get("restartCount") or 0) for cs in containers)
-        crash_looping = any(((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
-                            for cs in containers)
+        crash_looping = not ready and any(_in_crash_loop(cs, now) for cs in containers)
         last_exit = next((describe_termination(t) for cs in containers
                           if (t := (cs.get("lastState") or {}).get("terminated"))), None)
         host_ports = tuple(
@@ -195,7 +214,7 @@ class Observed:
             inst = ObservedInstance.from_manifest(obj)
             obs.instances[inst.name] = inst
         for obj in pods:
-            pod = ObservedPod.from_manifest(obj)
+            pod = ObservedPod.from_manifest(obj, now)
             obs.pods[pod.name] = pod
         for obj in objects:
             obs.objects[(obj["kind"], obj["metadata"]["name"])] = dict(obj)
