@@ -38,13 +38,19 @@ def _sample(name: str, label_names, labels) -> float | None:
     return REGISTRY.get_sample_value(name, dict(zip(label_names, labels, strict=True)))
 
 
-def test_a_crash_looping_pod_turns_its_instance_to_crash_loop_with_the_last_exit() -> None:
+def fleet_with_a_crash_loop() -> tuple[MemoryApi, dict]:
+    """A settled fleet whose fleet-1 pod crash-loops, after one reconcile has seen it."""
     api = MemoryApi()
     api.user_apply(SPEC)
     settle(api)
     pod = api.store[("Pod", "fleet-1-0")]
     crash_looping(pod)
     rec.reconcile(api, NS, "fleet")
+    return api, pod
+
+
+def test_a_crash_looping_pod_turns_its_instance_to_crash_loop_with_the_last_exit() -> None:
+    api, pod = fleet_with_a_crash_loop()
 
     inst = api.store[(INSTANCE_KIND, "fleet-1")]["status"]
     assert inst["phase"] == "CrashLoop" and inst["restarts"] == 3
@@ -87,12 +93,7 @@ def between_exits(pod: dict, finished_at: str) -> None:
 
 
 def test_a_crash_loop_stays_reported_while_the_engine_runs_between_two_exits() -> None:
-    api = MemoryApi()
-    api.user_apply(SPEC)
-    settle(api)
-    pod = api.store[("Pod", "fleet-1-0")]
-    crash_looping(pod)
-    rec.reconcile(api, NS, "fleet")
+    api, pod = fleet_with_a_crash_loop()
     assert api.condition("Degraded")["reason"] == "CrashLoop"
 
     between_exits(pod, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5)))
