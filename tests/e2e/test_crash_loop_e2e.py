@@ -91,11 +91,11 @@ def test_a_crashing_engine_shows_crash_loop_and_fires_the_alert_expression(
             for name, phase in phases.items():
                 seen_phases.setdefault(name, set()).add(phase)
             crashy = kubectl_json(cluster, "hybridserving", "crashy")
-            seen_degraded |= {c["reason"] for c in crashy.get("status", {}).get("conditions", [])
-                              if c["type"] == "Degraded" and c["status"] == "True"}
-            crashy_trail.append((phases.get("crashy-0"), phases.get("crashy-1"),
-                                 next((c["status"] for c in crashy.get("status", {}).get("conditions", [])
-                                       if c["type"] == "Degraded"), None)))
+            degraded = next((c for c in crashy.get("status", {}).get("conditions", [])
+                             if c["type"] == "Degraded"), {})
+            if degraded.get("status") == "True":
+                seen_degraded.add(degraded["reason"])
+            crashy_trail.append((phases.get("crashy-0"), phases.get("crashy-1"), degraded.get("status")))
             restarts = {dict(k[1])["hybridserving_instance"]: v for k, v in recording[-1].items()
                         if k[0] == "hybridserving_instance_restarts" and dict(k[1])["hybridserving"] == "crashy"}
             steady = kubectl_json(cluster, "hybridserving", "steady").get("status", {}).get("ready")

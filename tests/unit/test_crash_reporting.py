@@ -14,7 +14,7 @@ import time
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.core.observed import CRASH_LOOP_MEMORY_SECONDS, ObservedPod, describe_termination, parse_time
-from hybridserving_engine.podrunner.runner import termination_message
+from hybridserving_engine.podrunner.runner import rfc3339, termination_message
 
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
@@ -96,7 +96,7 @@ def test_a_crash_loop_stays_reported_while_the_engine_runs_between_two_exits() -
     api, pod = fleet_with_a_crash_loop()
     assert api.condition("Degraded")["reason"] == "CrashLoop"
 
-    between_exits(pod, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5)))
+    between_exits(pod, rfc3339(time.time() - 5))
     rec.reconcile(api, NS, "fleet")
     assert api.store[(INSTANCE_KIND, "fleet-1")]["status"]["phase"] == "CrashLoop"
     degraded = api.condition("Degraded")
@@ -105,8 +105,7 @@ def test_a_crash_loop_stays_reported_while_the_engine_runs_between_two_exits() -
     assert len([o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]) == 1
 
     # Past the kubelet's back-off memory without another exit, it is a starting engine again.
-    long_ago = time.time() - CRASH_LOOP_MEMORY_SECONDS - 5
-    between_exits(pod, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(long_ago)))
+    between_exits(pod, rfc3339(time.time() - CRASH_LOOP_MEMORY_SECONDS - 5))
     rec.reconcile(api, NS, "fleet")
     assert api.store[(INSTANCE_KIND, "fleet-1")]["status"]["phase"] == "Starting"
     assert api.condition("Degraded")["status"] == "False"
