@@ -19,6 +19,35 @@ from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, load_manifests,
 from hybridserving.core import capacity, transfer
 from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
 
+
+def _whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number within bounds (the API's, where the flag feeds a spec field), so a
+    flag out of range is a usage error that names it, not a traceback from the model or the arithmetic."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: use a whole number {span}")
+        return value
+
+    return parse
+
+
+def _gib(text: str) -> float:
+    """An argparse type for --gpu-memory-gib: HardwareSpec.gpuMemoryGib's range."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 4096:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: use the GiB of one GPU, above 0 and at most 4096")
+    return value
+
+
 def _human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -100,7 +129,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
     arch = PROFILES[args.model]
-    hardware = HardwareSpec(gpus_per_node=args.tp, gpu_memory_gib=args.gpu_memory_gib) if args.gpu_memory_gib else None
+    hardware = HardwareSpec(gpu_memory_gib=args.gpu_memory_gib) if args.gpu_memory_gib else None
     role = None
     if hardware is not None:
         from hybridserving.api.v1alpha1 import LayoutSpec, RoleSpec
@@ -190,17 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True)
     p = add("capacity", cmd_capacity, "per-rank bytes per token and the gain of decode context parallelism")
     p.add_argument("--model", required=True, choices=sorted(PROFILES))
-    p.add_argument("--dcp", type=int, default=1)
+    p.add_argument("--dcp", type=_whole_number(1, 1024), default=1)
     p.add_argument("--index", choices=["copied", "split"], default="copied")
-    p.add_argument("--tp", type=int, default=8, help="TP of the instance (with --gpu-memory-gib)")
-    p.add_argument("--gpu-memory-gib", type=float, default=None, help="give the hardware to get tokens per instance")
-    p.add_argument("--context", type=int, default=None, help="context length for the gain and the request frontier")
+    p.add_argument("--tp", type=_whole_number(1, 1024), default=8, help="TP of the instance (with --gpu-memory-gib)")
+    p.add_argument("--gpu-memory-gib", type=_gib, default=None, help="give the hardware to get tokens per instance")
+    p.add_argument("--context", type=_whole_number(1), default=None,
+                   help="context length for the gain and the request frontier")
     p = add("transfer-plan", cmd_transfer_plan, "the 2D reshard plan from prefill CP layer-split to decode DCP")
     p.add_argument("--model", required=True, choices=sorted(PROFILES))
-    p.add_argument("--prefill-cp", type=int, required=True)
-    p.add_argument("--decode-dcp", type=int, required=True)
-    p.add_argument("--tokens", type=int, required=True)
-    p.add_argument("--page-size", type=int, default=transfer.DEFAULT_PAGE_SIZE)
+    p.add_argument("--prefill-cp", type=_whole_number(1), required=True)
+    p.add_argument("--decode-dcp", type=_whole_number(1), required=True)
+    p.add_argument("--tokens", type=_whole_number(1), required=True)
+    p.add_argument("--page-size", type=_whole_number(1), default=transfer.DEFAULT_PAGE_SIZE)
     simulate.register(sub)
     status.register(sub)
     rollback.register(sub)

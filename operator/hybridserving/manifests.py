@@ -70,8 +70,6 @@ def errors_from_validation(exc: ValidationError) -> list[ManifestError]:
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         message = err["msg"].removeprefix("Value error, ")
         path = _field_path(loc)
-        if path in ("(document)", "metadata") and "metadata.name" in message:
-            path = "metadata.name"
         fix = _FIXES.get(err["type"], "see `kubectl explain hybridserving." + path + "`")
         if err["type"] == "value_error":
             fix = "see the message"
@@ -106,6 +104,13 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
         raise ManifestInvalid(
             source, [ManifestError(where, f"malformed YAML: {problem}", "fix the YAML syntax")]
         ) from None
+    except RecursionError:
+        # The YAML reader recurses once per level; a manifest needs a dozen.
+        raise ManifestInvalid(
+            source,
+            [ManifestError("(document)", "the YAML nests too deeply to read",
+                           "remove the extra nesting: a HybridServing is about a dozen levels deep")],
+        ) from None
     found = [parse_document(d, source) for d in docs if isinstance(d, dict) and d.get("kind") == "HybridServing"]
     if not found:
         raise ManifestInvalid(
@@ -117,7 +122,13 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
 def load_file(path: str | Path) -> list[HybridServing]:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ManifestInvalid(str(p), [ManifestError("(file)", exc.strerror or str(exc), "check the path")]) from None
+    except UnicodeDecodeError as exc:
+        raise ManifestInvalid(
+            str(p),
+            [ManifestError("(file)", f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}",
+                           "save the file as UTF-8")],
+        ) from None
     return load_text(text, str(p))

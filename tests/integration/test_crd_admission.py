@@ -170,6 +170,14 @@ def _both(*changes: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any
 
 ARCHITECTURE = PROFILES["deepseek-v3"].model_dump(by_alias=True, mode="json")
 
+
+def _custom_architecture(**figures: Any) -> Callable[[dict[str, Any]], None]:
+    def change(body: dict[str, Any]) -> None:
+        body["spec"]["model"].pop("profile")
+        body["spec"]["model"]["architecture"] = {**ARCHITECTURE, **figures}
+
+    return change
+
 BAD_FLEETS = {
     "dcp does not divide tp": (_set("spec.decode.layout.dcp", 3), "spec.decode.layout.dcp", "dcp must divide tp"),
     "attnCp without cpStrategy": (
@@ -235,6 +243,46 @@ BAD_FLEETS = {
         _both(_set("spec.roleSwitch.enabled", True), _set("spec.roleSwitch.minPrefill", 4)),
         "spec.roleSwitch.minPrefill",
         "exceeds the instances of the fleet",
+    ),
+    "a name that starts with a digit": (
+        _set("metadata.name", "1fleet"),
+        "metadata.name",
+        "must start with a lowercase letter",
+    ),
+    "a custom architecture without MLA layers": (
+        _custom_architecture(mlaLayers=0),
+        "spec.model.architecture.mlaLayers",
+        "greater than or equal to 1",
+    ),
+    "more MLA layers than layers": (
+        _custom_architecture(mlaLayers=62),
+        "spec.model.architecture.mlaLayers",
+        "set it to at most layers",
+    ),
+    "a DSA model without indexer layers": (
+        _custom_architecture(attention="mla-dsa", indexerLayers=0, indexBytesPerTokenLayer=132),
+        "spec.model.architecture.indexerLayers",
+        "set indexerLayers to the layers that run the DSA indexer",
+    ),
+    "a label key that is not a qualified name": (
+        _set("spec.podTemplate", {"metadata": {"labels": {"bad key!": "x"}}}),
+        "spec.podTemplate.metadata.labels",
+        "every label key must be",
+    ),
+    "a label value with a space": (
+        _set("spec.podTemplate", {"metadata": {"labels": {"team": "ml infra"}}}),
+        "spec.podTemplate.metadata.labels.team",
+        "should match",
+    ),
+    "an annotation key that is not a qualified name": (
+        _set("spec.podTemplate", {"metadata": {"annotations": {"bad key!": "x"}}}),
+        "spec.podTemplate.metadata.annotations",
+        "every annotation key must be",
+    ),
+    "a router quantity that is not a quantity": (
+        _set("spec.router.resources", {"requests": {"cpu": "lots"}}),
+        "spec.router.resources.requests.cpu",
+        "should match",
     ),
 }
 
@@ -339,7 +387,7 @@ def test_a_fleet_name_too_long_for_its_children_is_refused_at_admission(objects,
     body = with_changes(FLEET, lambda b: None)
     body["metadata"]["name"] = "f" * 41
     message, fields = rejection(lambda: create(objects, namespace, body))
-    assert "metadata.name must be at most 40 characters" in message and "metadata.name" in fields
+    assert "have at most 40 characters" in message and "metadata.name" in fields
     body["metadata"]["name"] = "f" * 40
     assert create(objects, namespace, body)["metadata"]["name"] == "f" * 40
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import ssl
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,63 @@ def test_malformed_input_is_refused_naming_the_field() -> None:
     with pytest.raises(kopf.AdmissionError) as refused:
         admission.review(doc, None, "CREATE", [])
     assert "spec.model.weights.uri" in str(refused.value)
+
+
+def refusal(doc: dict[str, Any]) -> str:
+    with pytest.raises(kopf.AdmissionError) as refused:
+        admission.review(doc, None, "CREATE", [])
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["1abc", "9x", "a.b"])
+def test_a_name_services_cannot_take_is_refused_naming_metadata_name(name: str) -> None:
+    doc = body("role-switch.yaml")
+    doc["metadata"]["name"] = name
+    assert refusal(doc).startswith("metadata.name: ") and "must start with a lowercase letter" in refusal(doc)
+
+
+def test_a_custom_architecture_without_mla_layers_is_refused_before_it_is_planned() -> None:
+    doc = body("role-switch.yaml")
+    doc["spec"]["model"] = {"path": "x", "architecture": {
+        "hfArchitecture": "DeepseekV3ForCausalLM", "attention": "mla", "layers": 61, "mlaLayers": 0,
+        "kvBytesPerTokenLayer": 576, "weightBytes": 700 * 10**9, "attentionHeads": 128}}
+    assert "spec.model.architecture.mlaLayers" in refusal(doc)
+    doc["spec"]["model"]["architecture"]["mlaLayers"] = 62
+    assert "mlaLayers (62) counts some of the model's layers" in refusal(doc)
+
+
+@pytest.mark.parametrize("template, field, text", [
+    ({"metadata": {"labels": {"team": "ml infra"}}}, "spec.podTemplate.metadata.labels", "value 'ml infra'"),
+    ({"metadata": {"labels": {"bad key!": "x"}}}, "spec.podTemplate.metadata.labels", "label key 'bad key!'"),
+    ({"metadata": {"annotations": {"bad key!": "x"}}}, "spec.podTemplate.metadata.annotations",
+     "annotation key 'bad key!'"),
+    ({"spec": {"containers": [{"name": "engine", "resources": {"limits": {"cpu": "lots"}}}]}},
+     "spec.podTemplate.spec", "containers[engine].resources.limits[cpu]: 'lots' is not a Kubernetes quantity"),
+    ({"spec": {"x": functools.reduce(lambda inner, _: {"a": inner}, range(40), {})}}, "spec.podTemplate.spec",
+     "nested more than 32 levels"),
+])
+def test_pod_metadata_and_quantities_the_apiserver_would_refuse_are_refused_at_admission(
+    template: dict[str, Any], field: str, text: str
+) -> None:
+    """The rollout deletes a pod before it creates its successor: one the apiserver refuses loses an instance."""
+    doc = body("role-switch.yaml")
+    doc["spec"]["podTemplate"] = template
+    message = refusal(doc)
+    assert message.startswith(f"{field}: ") and text in message
+
+
+def test_kubernetes_labels_annotations_and_quantities_pass() -> None:
+    doc = body("role-switch.yaml")
+    doc["spec"]["podTemplate"] = {
+        "metadata": {"labels": {"example.com/team": "ml-infra", "tier": ""},
+                     "annotations": {"Example.com/Note": "any text at all"}},
+        "spec": {"containers": [{"name": "engine", "resources": {"requests": {"cpu": 2, "memory": "512Gi"},
+                                                                 "limits": {"cpu": "2.5", "memory": "1e12"}}}]},
+    }
+    doc["spec"]["router"] = {"resources": {"requests": {"cpu": "500m"}}}
+    admission.review(doc, None, "CREATE", [])
+    doc["spec"]["router"] = {"resources": {"requests": {"cpu": "lots"}}}
+    assert refusal(doc).startswith("spec.router.resources.requests: ")
 
 
 def test_updates_that_keep_the_spec_and_objects_being_deleted_always_pass() -> None:

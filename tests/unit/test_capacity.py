@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec, RoleSpec, SpeculativeSpec
 from hybridserving.core.capacity import (
@@ -25,7 +26,7 @@ from hybridserving.core.capacity import (
     pool_bytes,
     rank_footprint,
 )
-from hybridserving.api.profiles import PROFILES
+from hybridserving.api.profiles import PROFILES, ModelArchitecture
 
 GLM53 = PROFILES["glm-5.3"]
 GLM52 = PROFILES["glm-5.2"]
@@ -161,6 +162,37 @@ def test_dcp_must_divide_the_attention_group():
     with pytest.raises(CapacityError) as error:
         rank_footprint(GLM53, LayoutSpec(tp=8, attn_dp=4, dcp=4))
     assert error.value.field_path == "decode.layout.dcp"
+
+
+def test_a_model_that_keeps_no_bytes_per_token_is_a_capacity_error_not_a_division_by_zero():
+    # Built past validation, as the API refuses mlaLayers 0: callers catch CapacityError, not ZeroDivisionError.
+    weightless = PROFILES["deepseek-v3"].model_construct(**{**dict(PROFILES["deepseek-v3"]), "mla_layers": 0})
+    with pytest.raises(CapacityError) as error:
+        instance_capacity(weightless, RoleSpec(layout=LayoutSpec(tp=8)), HardwareSpec())
+    assert error.value.field_path == "model.architecture.mlaLayers"
+    with pytest.raises(CapacityError):
+        capacity_gain(weightless, 8)
+
+
+@pytest.mark.parametrize(
+    "attention, changes",
+    [
+        ("mla", {"mlaLayers": 0}),
+        ("hybrid-kda-mla", {"mlaLayers": 0}),
+        ("mla", {"mlaLayers": 62}),
+        ("mla", {"indexerLayers": 62}),
+        ("mla-dsa", {"indexerLayers": 0}),
+        ("mla-dsa", {"indexBytesPerTokenLayer": 0}),
+    ],
+)
+def test_custom_architectures_keep_their_layer_counts_within_the_model(attention, changes):
+    """A layer count the model cannot have plans a pool of zero bytes per token or more layers than exist."""
+    figures = {**PROFILES["deepseek-v3.2"].model_dump(by_alias=True), "attention": attention}
+    assert ModelArchitecture.model_validate(figures).layers == 61
+    with pytest.raises(ValidationError) as error:
+        ModelArchitecture.model_validate({**figures, **changes})
+    (field,) = changes
+    assert field in str(error.value)
 
 
 # --------------------------------------------------------------------------- frontier and report

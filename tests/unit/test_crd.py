@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic import WithJsonSchema
+from pydantic import ValidationError, WithJsonSchema
 
 from hybridserving.api import crd as crdgen
 from hybridserving.api.instance import HybridServingInstance, HybridServingInstanceStatus, InstancePorts
+from hybridserving.api.pods import PodTemplate
 from hybridserving.api.v1alpha1 import (
     CapacityStatus,
     Condition,
@@ -221,11 +222,67 @@ def test_root_schema_is_the_kubernetes_envelope(name):
     assert root["required"] == ["spec"]
 
 
-def test_the_fleet_name_rule_is_enforced_at_admission():
-    """The operator's child names need a fleet name of at most 40 characters: a CEL rule on the root."""
+def cel_patterns(rule: str) -> list[str]:
+    """The regular expressions of a rule's `matches('...')` calls (RE2 and Python agree on these)."""
+    return re.findall(r"matches\('([^']*)'\)", rule)
+
+
+@pytest.mark.parametrize("name, valid", [
+    ("a", True), ("fleet-1", True), ("f" * 40, True),
+    ("1abc", False), ("9x", False), ("a.b", False), ("-a", False), ("a-", False), ("Fleet", False), ("f" * 41, False),
+])
+def test_the_fleet_name_rule_is_enforced_at_admission(name, valid):
+    """Services named after the fleet need a DNS-1035 label and child names stay within 63: a CEL rule on the root."""
     (rule,) = schema_of(HS_FILE)["x-kubernetes-validations"]
-    assert rule["rule"] == "self.metadata.name.size() <= 40" and rule["fieldPath"] == ".metadata.name"
+    assert rule["fieldPath"] == ".metadata.name"
+    (pattern,) = cel_patterns(rule["rule"])
+    assert bool(re.search(pattern, name)) is valid
     assert "x-kubernetes-validations" not in schema_of(HSI_FILE)
+
+
+POD_METADATA = ".spec.podTemplate.metadata"
+
+
+@pytest.mark.parametrize("kind, key, valid", [
+    ("labels", "team", True), ("labels", "example.com/team", True), ("labels", "a" * 253 + "/b", True),
+    ("labels", "bad key!", False), ("labels", "Example.com/team", False), ("labels", "a" * 64, False),
+    ("labels", "a" * 254 + "/b", False), ("labels", "a/b/c", False), ("labels", "/team", False),
+    ("annotations", "Example.com/team", True), ("annotations", "bad key!", False),
+])
+def test_pod_template_keys_are_checked_by_the_apiserver_as_by_the_model(kind, key, valid):
+    node = resolve(schema_of(HS_FILE), f"{POD_METADATA}.{kind}")
+    (rule,) = node["x-kubernetes-validations"]
+    shape, prefix = cel_patterns(rule["rule"])
+    assert rule["rule"].startswith("self.all(k, k.matches(")
+    admitted = bool(re.search(shape, key)) and ("/" not in key or bool(re.search(prefix, key)))
+    assert admitted is valid
+    assert node["maxProperties"] == 64
+    body = {"metadata": {kind: {key: "x"}}}
+    if valid:
+        PodTemplate.model_validate(body)
+    else:
+        with pytest.raises(ValidationError, match=f"{kind[:-1]} key"):
+            PodTemplate.model_validate(body)
+
+
+@pytest.mark.parametrize("path, value, valid", [
+    (f"{POD_METADATA}.labels", "ml-infra", True), (f"{POD_METADATA}.labels", "", True),
+    (f"{POD_METADATA}.labels", "ml infra", False), (f"{POD_METADATA}.labels", "-x", False),
+    (".spec.router.resources.requests", "500m", True), (".spec.router.resources.requests", "8Gi", True),
+    (".spec.router.resources.requests", "1.5", True), (".spec.router.resources.requests", "1e3", True),
+    (".spec.router.resources.requests", "lots", False), (".spec.router.resources.requests", "-1", False),
+    (".spec.router.resources.requests", "1GiB", False),
+])
+def test_label_values_and_quantities_have_the_kubernetes_pattern(path, value, valid):
+    pattern = resolve(schema_of(HS_FILE), path)["additionalProperties"]["pattern"]
+    assert bool(re.search(pattern, value)) is valid
+
+
+def test_architecture_rules_sit_on_the_custom_architecture():
+    rules = rules_at(HS_FILE, ".spec.model.architecture")
+    assert rules["self.mlaLayers <= self.layers"]["fieldPath"] == ".mlaLayers"
+    assert rules["self.attention != 'mla-dsa' || self.indexerLayers >= 1"]["fieldPath"] == ".indexerLayers"
+    assert resolve(schema_of(HS_FILE), ".spec.model.architecture.mlaLayers")["minimum"] == 1
 
 
 @pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])

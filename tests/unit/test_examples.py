@@ -109,6 +109,40 @@ def test_missing_file_is_a_clear_error() -> None:
     assert code == 1 and "check the path" in out
 
 
+def test_a_file_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
+    latin1 = tmp_path / "fleet.yaml"
+    latin1.write_bytes("# café\n".encode("latin-1") + (ROOT / "examples" / "role-switch.yaml").read_bytes())
+    code, out = run("validate", "-f", str(latin1))
+    assert code == 1
+    assert "error: (file): not UTF-8 text: byte 0xe9 at offset 5" in out and "fix: save the file as UTF-8" in out
+
+
+def test_yaml_nested_too_deeply_to_read_is_a_clear_error(tmp_path: Path) -> None:
+    deep = tmp_path / "fleet.yaml"
+    deep.write_text("a: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    code, out = run("plan", "-f", str(deep))
+    assert code == 1 and "the YAML nests too deeply to read" in out and "fix: remove the extra nesting" in out
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--dcp", "0"), ("--dcp", "2000"), ("--context", "0"), ("--tp", "0"), ("--gpu-memory-gib", "0"),
+    ("--gpu-memory-gib", "nan"),
+])
+def test_capacity_flags_out_of_range_are_usage_errors_naming_the_flag(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run("capacity", "--model", "glm-5.3", "--gpu-memory-gib", "141", "--context", "1000", flag, value)
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(f"hybridserving capacity: error: argument {flag}: {value} is out of range: use ")
+
+
+def test_capacity_of_a_tp_wider_than_a_node_is_reported() -> None:
+    code, out = run("capacity", "--model", "glm-5.3", "--tp", "128", "--gpu-memory-gib", "141")
+    assert code == 0 and "tokens per instance (tp=128" in out
+
+
 @pytest.mark.parametrize("name", ["role-switch.yaml", "kimi-k3.yaml", "glm-5.3.yaml"])
 def test_render_prints_every_object_the_operator_creates(name: str) -> None:
     code, out = run("render", "-f", str(ROOT / "examples" / name))

@@ -49,6 +49,7 @@ SCHEMA_KEYWORDS = (
     "pattern",
     "minItems",
     "maxItems",
+    "maxProperties",
     "items",
     "properties",
     "required",

@@ -9,9 +9,12 @@ operator owns are refused by CEL at admission where the rule is static, and by
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from hybridserving.api.base import ApiModel, cel
@@ -53,13 +56,115 @@ _POD_SPEC_SCHEMA: dict[str, Any] = {
 }
 
 
+# Kubernetes' own grammars (apimachinery's IsQualifiedName, IsValidLabelValue, resource.Quantity): the
+# operator copies these into every pod it creates, so one the apiserver refuses would leave an instance
+# that was deleted for a rollout unable to come back. Written without backslashes, so that the same
+# text is a Python, an OpenAPI and a CEL regular expression.
+_NAME = "([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
+_SUBDOMAIN = "[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+LABEL_KEY_PATTERN = f"^({_SUBDOMAIN}/)?{_NAME}$"
+# The apiserver checks annotation keys lowercased, so their prefix may also use capitals.
+ANNOTATION_KEY_PATTERN = f"^({_SUBDOMAIN.replace('a-z0-9', 'A-Za-z0-9')}/)?{_NAME}$"
+LABEL_VALUE_PATTERN = f"^({_NAME})?$"
+QUANTITY_PATTERN = "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
+_PREFIX_FITS = "^[^/]{1,253}/"  # the prefix (before a key's one '/') has at most 253 characters
+_KEY_RULE = (
+    "an optional DNS subdomain prefix (at most 253 characters) and '/', then a name of at most 63 letters, "
+    "digits, '-', '_' or '.' that starts and ends with a letter or digit, e.g. example.com/team"
+)
+_LABEL_VALUE_RULE = (
+    "at most 63 letters, digits, '-', '_' or '.' that start and end with a letter or digit (or empty), e.g. ml-infra"
+)
+_QUANTITY_RULE = "a non-negative number with an optional suffix, e.g. 500m, 2, 1.5, 512Mi or 8Gi"
+# A pod spec is about ten levels deep (affinity terms, projected volumes); far deeper ones cannot be
+# serialised for the fleet's revision hash.
+MAX_POD_SPEC_DEPTH = 32
+
+
+def _key_rule(kind: str, pattern: str) -> JsonDict:
+    return cel(
+        f"self.all(k, k.matches('{pattern}') && (!k.contains('/') || k.matches('{_PREFIX_FITS}')))",
+        f"every {kind} key must be {_KEY_RULE}",
+    )
+
+
+def _check_key(key: str, kind: str, pattern: str) -> None:
+    if not re.fullmatch(pattern, key) or ("/" in key and not re.match(_PREFIX_FITS, key)):
+        raise ValueError(f"{kind} key {key!r} is not valid: use {_KEY_RULE}")
+
+
+def is_quantity(value: object) -> bool:
+    """Whether the apiserver reads `value` as a non-negative resource quantity (a string or a plain number)."""
+    if isinstance(value, str):
+        return re.fullmatch(QUANTITY_PATTERN, value) is not None
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def quantity_error(value: object, where: str) -> str:
+    return f"{where}: {value!r} is not a Kubernetes quantity; write {_QUANTITY_RULE}"
+
+
 class PodTemplateMetadata(ApiModel):
-    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
-        default_factory=dict, description="Extra pod labels (keys under hybridserving.io/ are the operator's)."
+    labels: dict[str, Annotated[str, Field(max_length=63, json_schema_extra={"pattern": LABEL_VALUE_PATTERN})]] = (
+        Field(
+            default_factory=dict,
+            max_length=64,
+            description="Extra pod labels (keys under hybridserving.io/ are the operator's).",
+            json_schema_extra={"x-kubernetes-validations": [_key_rule("label", LABEL_KEY_PATTERN)]},
+        )
     )
     annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict, description="Extra pod annotations (keys under hybridserving.io/ are the operator's)."
+        default_factory=dict,
+        max_length=64,
+        description="Extra pod annotations (keys under hybridserving.io/ are the operator's).",
+        json_schema_extra={"x-kubernetes-validations": [_key_rule("annotation", ANNOTATION_KEY_PATTERN)]},
     )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            _check_key(key, "label", LABEL_KEY_PATTERN)
+            if not re.fullmatch(LABEL_VALUE_PATTERN, value):
+                raise ValueError(f"label {key}: value {value!r} is not valid: use {_LABEL_VALUE_RULE}")
+        return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotation_keys_are_qualified_names(cls, annotations: dict[str, str]) -> dict[str, str]:
+        for key in annotations:
+            _check_key(key, "annotation", ANNOTATION_KEY_PATTERN)
+        return annotations
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether objects and lists nest past MAX_POD_SPEC_DEPTH; iterative, as the input may be hostile."""
+    stack = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > MAX_POD_SPEC_DEPTH:
+            return True
+        children = node.values() if isinstance(node, Mapping) else node
+        stack.extend((child, level + 1) for child in children if isinstance(child, Mapping | list))
+    return False
+
+
+def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
+    """Resource quantities of the pod and of its containers that the apiserver would refuse."""
+    owners: list[tuple[str, Any]] = [("resources", pod.get("resources"))]
+    for list_name in ("initContainers", "containers"):
+        containers = pod.get(list_name)
+        for container in containers if isinstance(containers, list) else ():
+            if isinstance(container, Mapping):
+                owners.append((f"{list_name}[{container.get('name')}].resources", container.get("resources")))
+    errors = []
+    for at, resources in owners:
+        for section in ("requests", "limits"):
+            values = resources.get(section) if isinstance(resources, Mapping) else None
+            for resource, value in values.items() if isinstance(values, Mapping) else ():
+                if not is_quantity(value):
+                    errors.append(quantity_error(value, f"{at}.{section}[{resource}]"))
+    return errors
 
 
 class PodTemplate(ApiModel):
@@ -67,6 +172,18 @@ class PodTemplate(ApiModel):
 
     metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata)
     spec: Annotated[dict[str, Any], WithJsonSchema(_POD_SPEC_SCHEMA)] = Field(default_factory=dict)
+
+    @field_validator("spec")
+    @classmethod
+    def _spec_can_be_rendered(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        # The rest of the pod spec's shape is `core.podtemplate.check`'s; these two would fail later, when
+        # the fleet is hashed or its pods are created, rather than at admission.
+        if _too_deep(spec):
+            raise ValueError(f"the pod spec is nested more than {MAX_POD_SPEC_DEPTH} levels deep; a pod spec needs "
+                             "about ten: remove the extra nesting")
+        if errors := _quantity_errors(spec):
+            raise ValueError("; ".join(errors))
+        return spec
 
 
 class KeySelector(ApiModel):

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from hybridserving.api.base import cel
 
 AttentionKind = Literal["mla", "mla-dsa", "hybrid-kda-mla"]
 
@@ -24,7 +26,25 @@ class ModelArchitecture(BaseModel):
     model the operator does not know can still get exact capacity and layout checks.
     """
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    # The layer counts divide the per-token bytes the capacity model plans with: a count the model
+    # cannot have would give a pool of zero bytes per token, or more layers than the model has.
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.mlaLayers <= self.layers",
+                    "mlaLayers counts some of the model's layers: set it to at most layers", "mlaLayers"),
+                cel("self.indexerLayers <= self.layers",
+                    "indexerLayers counts some of the model's layers: set it to at most layers", "indexerLayers"),
+                cel("self.attention != 'mla-dsa' || self.indexerLayers >= 1",
+                    "attention mla-dsa keeps a sparse-attention index key: set indexerLayers to the layers that "
+                    "run the DSA indexer (at least 1), or use attention: mla", "indexerLayers"),
+                cel("self.attention != 'mla-dsa' || self.indexBytesPerTokenLayer >= 1",
+                    "attention mla-dsa keeps a sparse-attention index key: set indexBytesPerTokenLayer to its bytes "
+                    "per token per indexer layer (at least 1), or use attention: mla", "indexBytesPerTokenLayer"),
+            ]
+        },
+    )
 
     hf_architecture: str = Field(
         description="The architecture class name of the model's config.json "
@@ -38,7 +58,9 @@ class ModelArchitecture(BaseModel):
         "a fixed recurrent state per request."
     )
     layers: int = Field(ge=1, le=1024, description="Transformer layers.")
-    mla_layers: int = Field(ge=0, le=1024, description="Layers that keep a per-token MLA latent.")
+    mla_layers: int = Field(
+        ge=1, le=1024, description="Layers that keep a per-token MLA latent (every attention kind has some)."
+    )
     kv_bytes_per_token_layer: int = Field(
         ge=1, le=1 << 20, description="Bytes of KV one token keeps in one MLA layer (FP8 cache)."
     )
@@ -71,6 +93,23 @@ class ModelArchitecture(BaseModel):
         description="Time to relaunch the engine (weights load, graph capture); a relaunch "
         "role switch pays it.",
     )
+
+    @model_validator(mode="after")
+    def _layers_fit(self) -> ModelArchitecture:
+        # Mirrors the CEL rules so that the CLI refuses what admission refuses.
+        if self.mla_layers > self.layers:
+            raise ValueError(f"mlaLayers ({self.mla_layers}) counts some of the model's layers: set it to at most "
+                             f"layers ({self.layers})")
+        if self.indexer_layers > self.layers:
+            raise ValueError(f"indexerLayers ({self.indexer_layers}) counts some of the model's layers: set it to "
+                             f"at most layers ({self.layers})")
+        if self.is_dsa and self.indexer_layers < 1:
+            raise ValueError("attention mla-dsa keeps a sparse-attention index key: set indexerLayers to the layers "
+                             "that run the DSA indexer (at least 1), or use attention: mla")
+        if self.is_dsa and self.index_bytes_per_token_layer < 1:
+            raise ValueError("attention mla-dsa keeps a sparse-attention index key: set indexBytesPerTokenLayer to "
+                             "its bytes per token per indexer layer (at least 1), or use attention: mla")
+        return self
 
     @property
     def kda_layers(self) -> int:

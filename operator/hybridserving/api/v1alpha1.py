@@ -7,14 +7,23 @@ apiserver rejects at admission what CEL can express and `core.layout` reports th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from hybridserving.api.base import ApiModel, cel
-from hybridserving.api.pods import EnvFromSource, EnvVarSource, GangSpec, PodTemplate
+from hybridserving.api.pods import (
+    QUANTITY_PATTERN,
+    EnvFromSource,
+    EnvVarSource,
+    GangSpec,
+    PodTemplate,
+    is_quantity,
+    quantity_error,
+)
 from hybridserving.api.weights import WeightsSpec
 from hybridserving.api.profiles import ModelArchitecture, resolve_profile
 
@@ -390,9 +399,20 @@ class NetworkSpec(ApiModel):
     spread_across_racks: bool = Field(default=False, description="Spread instances of a role across racks.")
 
 
+Quantity = Annotated[str, Field(max_length=64, json_schema_extra={"pattern": QUANTITY_PATTERN})]
+
+
 class Resources(ApiModel):
-    requests: dict[str, Annotated[str, Field(max_length=64)]] = Field(default_factory=dict)
-    limits: dict[str, Annotated[str, Field(max_length=64)]] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _quantities(cls, values: dict[str, str]) -> dict[str, str]:
+        for resource, value in values.items():
+            if not is_quantity(value):
+                raise ValueError(quantity_error(value, resource))
+        return values
 
 
 class RouterSpec(ApiModel):
@@ -749,30 +769,40 @@ class ObjectMeta(ApiModel):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
+# A fleet's name is the stem of its children's: Services need a DNS-1035 label (a letter first), and
+# "<name>-<index>-<rank>" and "<name>-prefill-config" must stay within 63 characters.
+FLEET_NAME_PATTERN = r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?"
+_FLEET_NAME_RULE = (
+    "must start with a lowercase letter and have at most 40 characters (lowercase letters, digits and '-', "
+    "a letter or digit last)"
+)
+_FLEET_NAME_REASON = (
+    "the fleet's Services are named after it and need a DNS-1035 label, and child object names "
+    "(<name>-<index>-<rank>, <name>-prefill-config) must stay within 63 characters"
+)
+
+
+class FleetMeta(ObjectMeta):
+    """A fleet's metadata: its name is checked where it is read, so errors point at metadata.name."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_1035_label(cls, name: str) -> str:
+        if not re.fullmatch(FLEET_NAME_PATTERN, name):
+            raise ValueError(f"{_FLEET_NAME_RULE}: {_FLEET_NAME_REASON}; rename the fleet, e.g. 'fleet-a' "
+                             "rather than '1a' or 'fleet.a'")
+        return name
+
+
 class HybridServing(ApiModel):
-    # The child-name rule below, at admission: the apiserver refuses a name the operator could not serve.
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "self.metadata.name.size() <= 40",
-        "message": "metadata.name must be at most 40 characters, so that child object names "
-                   "(<name>-<index>-<rank>, <name>-prefill-config) stay within 63",
-        "fieldPath": ".metadata.name",
-        "reason": "FieldValueInvalid",
-    }]})
+    # The name rule, at admission: the apiserver refuses a name the operator could not serve.
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel(f"self.metadata.name.matches('^{FLEET_NAME_PATTERN}$')",
+            f"metadata.name {_FLEET_NAME_RULE}: {_FLEET_NAME_REASON}", "metadata.name", "FieldValueInvalid"),
+    ]})
 
     api_version: Literal["hybridserving.io/v1alpha1"] = "hybridserving.io/v1alpha1"
     kind: Literal["HybridServing"] = "HybridServing"
-    metadata: ObjectMeta
+    metadata: FleetMeta
     spec: HybridServingSpec
     status: HybridServingStatus | None = None
-
-    @model_validator(mode="after")
-    def _name_is_dns_label(self) -> HybridServing:
-        # Child names are "<name>-<index>-<rank>" and "<name>-<role>-config"; keep them within 63 characters.
-        import re
-
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?", self.metadata.name):
-            raise ValueError(
-                "metadata.name must be a DNS label of at most 40 characters (lowercase letters, "
-                "digits, '-'), so that child object names stay within 63"
-            )
-        return self

@@ -148,12 +148,22 @@ def rank_footprint(
     dtype = kv_dtype_factor(kv_cache_dtype)
     dcp, pp = layout.dcp, layout.pp
     index_shards = dcp if index == "split" else 1
-    return RankFootprint(
+    footprint = RankFootprint(
         kv=arch.kv_bytes_per_token * dtype / (dcp * pp),
         index=arch.index_bytes_per_token / (index_shards * pp),
         draft=arch.draft_kv_bytes_per_token * dtype if speculative else 0.0,
         state=arch.recurrent_state_bytes_per_request / (width * pp),
     )
+    if footprint.per_token <= 0:
+        # Token counts and gains divide by it: an error the callers report, not a ZeroDivisionError that
+        # escapes them (the API refuses such an architecture; this covers one built without it).
+        raise CapacityError(
+            "model.architecture.mlaLayers",
+            "the model keeps no bytes per token of context (mlaLayers x kvBytesPerTokenLayer, the index key "
+            "and the draft add up to 0), so no KV capacity can be planned",
+            "set model.architecture.mlaLayers and kvBytesPerTokenLayer to the model's figures (each at least 1)",
+        )
+    return footprint
 
 
 def _weights_fix(arch: ModelArchitecture, layout: LayoutSpec, room: float, role_name: Role) -> str:
