@@ -59,8 +59,9 @@ def test_a_crash_looping_pod_turns_its_instance_to_crash_loop_with_the_last_exit
     assert degraded["status"] == "True" and degraded["reason"] == "CrashLoop"
     assert "fleet-1 is crash looping (exit code 3 (Error)" in degraded["message"]
     events = [o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]
-    assert len(events) == 1
-    assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == INSTANCE_KIND
+    assert sorted(e["involvedObject"]["kind"] for e in events) == [KIND, INSTANCE_KIND], "one on each"
+    events = [e for e in events if e["involvedObject"]["kind"] == INSTANCE_KIND]
+    assert events[0]["type"] == "Warning"
     assert events[0]["involvedObject"]["name"] == "fleet-1" and LAST_LINE in events[0]["message"]
     assert _sample("hybridserving_instance_crash_looping", ("namespace", "hybridserving", "hybridserving_instance"),
                    (NS, "fleet", "fleet-1")) == 1
@@ -73,7 +74,7 @@ def test_a_crash_looping_pod_turns_its_instance_to_crash_loop_with_the_last_exit
 
     # Still looping: no second Event. Running again: Ready, the restarts and the last exit stay.
     rec.reconcile(api, NS, "fleet")
-    assert len([o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]) == 1
+    assert len([o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]) == 2
     pod["status"]["containerStatuses"][0]["state"] = {"running": {}}
     pod["status"]["containerStatuses"][0]["ready"] = True
     pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
@@ -102,7 +103,7 @@ def test_a_crash_loop_stays_reported_while_the_engine_runs_between_two_exits() -
     degraded = api.condition("Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "CrashLoop", degraded
     assert api.condition("Ready")["status"] == "False"
-    assert len([o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]) == 1
+    assert len([o for (k, _), o in api.store.items() if k == "Event" and o["reason"] == "CrashLoop"]) == 2
 
     # Past the kubelet's back-off memory without another exit, it is a starting engine again.
     between_exits(pod, rfc3339(time.time() - CRASH_LOOP_MEMORY_SECONDS - 5))

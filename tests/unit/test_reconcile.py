@@ -19,6 +19,7 @@ import pytest
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
+from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.switching import SwitchState
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
@@ -61,7 +62,7 @@ def test_a_conflict_ends_the_pass_and_the_next_one_finishes_without_duplicates(a
     api.fail = lambda verb, kind, name: 409 if verb != "apply" and next(calls) == 4 else None
     outcome = rec.reconcile(api, NS, "fleet")
     assert outcome.conflict and outcome.requeue_after == 1.0
-    assert outcome.applied == 4
+    assert len(outcome.applied) == 4
     api.fail = lambda *a: None
     settle(api)
     kinds = Counter(k for k, _ in api.children())
@@ -331,7 +332,7 @@ def test_a_fleet_that_stops_progressing_says_so_naming_the_instances(api: Memory
         rec.reconcile(api, NS, "fleet")  # pods never run: a hung start
     progressing = api.condition("Progressing")
     assert progressing["status"] == "True"
-    progressing["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    api.status()["lastProgressTime"] = "2020-01-01T00:00:00Z"
     rec.reconcile(api, NS, "fleet", progress_deadline_seconds=600)
     progressing, degraded = api.condition("Progressing"), api.condition("Degraded")
     assert progressing["status"] == "False" and progressing["reason"] == "ProgressDeadlineExceeded"
@@ -401,3 +402,167 @@ def test_a_fleet_naming_no_engine_image_runs_the_operators_default_and_is_checke
     _, refused = validate(body, EnginePolicy(default_image="elsewhere.example/engine:1",
                                              allowed_images=("registry.example/", "lightseekorg/smg:")))
     assert [i.path for i in refused.errors] == ["spec.engine.image"]
+
+
+def ago(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds))
+
+
+def events(api: MemoryApi) -> list[dict[str, Any]]:
+    return [o for (k, _), o in sorted(api.store.items()) if k == "Event"]
+
+
+def test_events_name_the_writes_the_apiserver_took_and_a_refused_one_gets_one_warning(api: MemoryApi) -> None:
+    api.fail = lambda verb, kind, name: 403 if verb == "create" and name == "fleet-prefill-config" else None
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.applied and all(a.name != "fleet-prefill-config" for a in outcome.applied)
+    normal = " ".join(e["message"] for e in events(api) if e["type"] == "Normal")
+    assert "fleet-prefill-config" not in normal, "a refused create is not reported as made"
+    last = outcome.applied[-1]
+    assert f"{last.verb} {last.kind}" in normal and last.name in normal, "the last write taken is reported"
+    warnings = [e for e in events(api) if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["WriteForbidden"]
+    assert "fleet-prefill-config" in warnings[0]["message"]
+    rec.reconcile(api, NS, "fleet")
+    assert len([e for e in events(api) if e["type"] == "Warning"]) == 1, "once, when the reason starts"
+
+
+def test_a_refused_instance_status_write_leaves_the_fleet_degraded_not_ready(api: MemoryApi) -> None:
+    settle(api)
+    api.store[("Pod", "fleet-1-0")]["status"] = {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [{"name": "engine", "restartCount": 4,
+                               "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                               "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+    api.fail = lambda verb, kind, name: 403 if verb == "patch" and kind == INSTANCE_KIND else None
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.errors and outcome.requeue_after is not None
+    assert api.condition("Ready")["status"] == "False" and api.status()["ready"] == "False"
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "WriteForbidden"
+    assert f"status of {INSTANCE_KIND}/fleet-1 not written" in degraded["message"]
+    assert "fleet-1 is crash looping" in degraded["message"]
+    assert [e["reason"] for e in events(api) if e["type"] == "Warning"] == ["WriteForbidden"]
+
+
+def test_a_refused_fleet_status_write_is_told_in_an_event_and_the_pass_fails(api: MemoryApi) -> None:
+    settle(api)
+    api.store[("Pod", "fleet-1-0")]["status"] = {"phase": "Running",
+                                                 "conditions": [{"type": "Ready", "status": "False"}]}
+    api.fail = lambda verb, kind, name: 403 if verb == "patch" and kind == KIND else None
+    with pytest.raises(KubeError) as raised:
+        rec.reconcile(api, NS, "fleet")
+    assert raised.value.status == 403, "the work queue retries a failed pass with a growing back-off"
+    assert api.condition("Ready")["status"] == "True", "the stored status could not be changed"
+    warning = next(e for e in events(api) if e["reason"] == "StatusNotWritten")
+    assert warning["type"] == "Warning" and "Ready=False" in warning["message"]
+
+
+def test_a_child_that_lost_its_fleet_label_gets_it_back_and_the_rest_is_repaired(api: MemoryApi) -> None:
+    settle(api)
+    api.store[("ConfigMap", "fleet-prefill-config")]["metadata"]["labels"].pop(LABEL_NAME)
+    del api.store[("Pod", "fleet-3-0")]
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert not outcome.conflict and not outcome.errors
+    assert api.store[("ConfigMap", "fleet-prefill-config")]["metadata"]["labels"][LABEL_NAME] == "fleet"
+    assert ("Pod", "fleet-3-0") in api.store, "the writes after the hidden object's still ran"
+    settle(api)
+    assert api.condition("Ready")["status"] == "True" and api.condition("Degraded")["status"] == "False"
+
+
+def test_an_engine_that_stops_answering_and_a_container_that_cannot_start_are_named_in_degraded(
+    api: MemoryApi,
+) -> None:
+    settle(api)
+    started, turned = ago(3600), ago(120)
+    api.store[("Pod", "fleet-1-0")]["status"] = {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": turned}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                               "state": {"running": {"startedAt": started}}}]}
+    api.store[("Pod", "fleet-2-0")]["status"] = {
+        "phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False, "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": 'Back-off pulling image "sglang:typo"'}}}]}
+    rec.reconcile(api, NS, "fleet")
+    phases = {i["name"]: i["phase"] for i in api.status()["instances"]}
+    assert phases["fleet-1"] == "Unready" and phases["fleet-2"] == "Blocked", phases
+    blocked = api.store[(INSTANCE_KIND, "fleet-2")]["status"]["conditions"][0]
+    assert blocked["status"] == "False" and "ImagePullBackOff" in blocked["message"]
+    assert "sglang:typo" in blocked["message"]
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ContainerBlocked"
+    assert "fleet-2 cannot start: container engine: ImagePullBackOff" in degraded["message"]
+    assert "fleet-1 stopped answering the engine's readiness probe" in degraded["message"]
+    assert api.condition("Ready")["status"] == "False"
+    assert [e["reason"] for e in events(api) if e["type"] == "Warning"] == ["ContainerBlocked"]
+
+    api.store[("Pod", "fleet-2-0")]["status"] = {"phase": "Running",
+                                                 "conditions": [{"type": "Ready", "status": "True"}]}
+    rec.reconcile(api, NS, "fleet")
+    assert api.condition("Degraded")["reason"] == "EngineUnready"
+    assert [e["reason"] for e in events(api) if e["type"] == "Warning"] == ["ContainerBlocked", "EngineUnready"]
+
+
+def test_an_engine_loading_since_its_container_started_is_starting_not_unready(api: MemoryApi) -> None:
+    settle(api)
+    api.store[("Pod", "fleet-1-0")]["status"] = {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": ago(60)}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                               "state": {"running": {"startedAt": ago(55)}}}]}
+    rec.reconcile(api, NS, "fleet")
+    assert {i["name"]: i["phase"] for i in api.status()["instances"]}["fleet-1"] == "Starting"
+    assert api.condition("Degraded")["status"] == "False"
+
+
+def test_a_canary_held_for_hours_then_promoted_has_its_whole_progress_deadline(api: MemoryApi) -> None:
+    settle(api)
+    spec = copy.deepcopy(SPEC)
+    spec["engine"] = {"image": "registry.example/sglang:v2"}
+    spec["rollout"] = {"canary": 1}
+    api.user_apply(spec)
+    settle(api)
+    assert api.condition("Progressing")["reason"] == "RolloutHeldByCanary"
+    api.status()["lastProgressTime"] = "2020-01-01T00:00:00Z"  # the canary baked for years
+    api.condition("Progressing")["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    rec.reconcile(api, NS, "fleet", progress_deadline_seconds=600)
+    assert api.condition("Progressing")["reason"] == "RolloutHeldByCanary", "a hold is not stuck"
+    spec["rollout"] = {}
+    api.user_apply(spec)
+    rec.reconcile(api, NS, "fleet", progress_deadline_seconds=600)
+    progressing = api.condition("Progressing")
+    assert progressing["status"] == "True" and progressing["reason"] == "RollingOut", progressing
+    assert api.condition("Degraded")["status"] == "False"
+
+
+def test_a_rollout_that_keeps_bringing_instances_up_is_not_called_stuck(api: MemoryApi) -> None:
+    for _ in range(3):
+        rec.reconcile(api, NS, "fleet")
+    api.status()["lastProgressTime"] = "2020-01-01T00:00:00Z"
+    api.condition("Progressing")["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    pod = api.store[("Pod", "fleet-0-0")]
+    pod["spec"]["nodeName"] = "node-0"
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    rec.reconcile(api, NS, "fleet", progress_deadline_seconds=600)
+    assert api.condition("Progressing")["status"] == "True", "one more instance ready is progress"
+    assert rec.parse_time(api.status()["lastProgressTime"]) > time.time() - 60
+
+
+def test_an_engine_unready_for_less_than_three_probe_periods_is_not_reported_yet(api: MemoryApi) -> None:
+    settle(api)
+    api.store[("Pod", "fleet-1-0")]["status"] = {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": ago(10)}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                               "state": {"running": {"startedAt": ago(3600)}}}]}
+    rec.reconcile(api, NS, "fleet")
+    assert {i["name"]: i["phase"] for i in api.status()["instances"]}["fleet-1"] == "Starting"
+    assert api.condition("Degraded")["status"] == "False"
+
+
+def test_a_name_that_starts_with_a_digit_is_refused_before_anything_is_written() -> None:
+    api = MemoryApi()
+    api.user_apply(SPEC, name="1abc")
+    outcome = rec.reconcile(api, NS, "1abc")
+    assert not outcome.actions, "no Service named 1abc-router: Kubernetes refuses it (DNS-1035)"
+    layout = next(c for c in api.store[(KIND, "1abc")]["status"]["conditions"] if c["type"] == "LayoutValid")
+    assert layout["status"] == "False" and layout["message"].startswith("metadata.name: ")
+    assert "must start with a lowercase letter" in layout["message"]

@@ -16,7 +16,9 @@ from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 from hybridserving.api.base import ApiModel, cel
 from hybridserving.api.v1alpha1 import Condition, ObjectMeta, Role
 
-InstancePhase = Literal["Pending", "Starting", "Ready", "CrashLoop", "Draining", "Switching", "Relaunching", "Failed"]
+InstancePhase = Literal[
+    "Pending", "Starting", "Ready", "Unready", "Blocked", "CrashLoop", "Draining", "Switching", "Relaunching", "Failed",
+]
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 
@@ -99,7 +101,9 @@ class HybridServingInstanceStatus(ApiModel):
     phase: InstancePhase = Field(
         default="Pending",
         description="Pending (pods not scheduled), Starting (engine loading), Ready (serving), "
-        "CrashLoop (an engine container keeps exiting: it waits in CrashLoopBackOff, or restarted within "
+        "Unready (the engine was ready and stopped answering its readiness probe: hung or overloaded), "
+        "Blocked (a container cannot be created: image pull, missing Secret or ConfigMap; see the Ready "
+        "condition), CrashLoop (an engine container keeps exiting: it waits in CrashLoopBackOff, or restarted within "
         "the last 10 minutes and is not Ready yet; see lastExit), "
         "Draining (finishing requests before a switch or restart), Switching (in-place role "
         "switch), Relaunching (restart with the other role's flags), Failed.",

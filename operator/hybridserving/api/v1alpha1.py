@@ -749,6 +749,10 @@ class HybridServingStatus(ApiModel):
     switches: list[SwitchRecord] = Field(default_factory=list, max_length=20,
                                          description="Recent role switches, newest last (the last 20).")
     ready: str = Field(default="False", description="Ready condition status, for printer columns.")
+    last_progress_time: str | None = Field(
+        default=None, description="When the fleet last made progress (more instances ready or updated, a rollout "
+        "hold lifted, a spec change): the progress deadline counts from here.",
+    )
     replicas: int = Field(default=0, description="Instances that exist, both roles (the scale subresource's status).")
     selector: str = Field(default="", description="Label selector of the fleet's engine pods (the scale "
                           "subresource's, for HPA's pod metrics).")

@@ -18,6 +18,11 @@ Key = tuple[str, str]  # (namespace, name)
 
 log = logging.getLogger("hybridserving.controller")
 
+# A pass that raises is retried after this, doubling with each failure in a row up to the cap
+# (controller-runtime's per-item exponential rate limiter); a pass that returns resets it.
+FAILURE_BACKOFF_SECONDS = 5.0
+FAILURE_BACKOFF_MAX_SECONDS = 300.0
+
 
 class WorkQueue:
     def __init__(self, work: Callable[[Key], Awaitable[float | None]], workers: int = 4) -> None:
@@ -29,6 +34,7 @@ class WorkQueue:
         self._dirty: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._failures: dict[Key, int] = {}
         self.known: set[Key] = set()
 
     def add(self, key: Key) -> None:
@@ -57,9 +63,15 @@ class WorkQueue:
 
     def forget(self, key: Key) -> None:
         self.known.discard(key)
+        self._failures.pop(key, None)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+
+    @staticmethod
+    def failure_backoff(failures: int) -> float:
+        """Seconds before retrying a key whose last `failures` passes raised."""
+        return min(FAILURE_BACKOFF_MAX_SECONDS, FAILURE_BACKOFF_SECONDS * 2.0 ** (failures - 1))
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(), name=f"reconcile-{i}") for i in range(self._workers)]
@@ -80,11 +92,13 @@ class WorkQueue:
             delay: float | None = None
             try:
                 delay = await self._work(key)
+                self._failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - one fleet's failure must not stop the others
-                log.exception("reconcile of %s/%s failed", *key)
-                delay = 5.0
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                delay = self.failure_backoff(failures)
+                log.exception("reconcile of %s/%s failed (%d in a row); retrying in %.0fs", *key, failures, delay)
             finally:
                 self._running.discard(key)
             if key in self._dirty:

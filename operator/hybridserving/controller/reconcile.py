@@ -102,7 +102,8 @@ class Outcome:
     """
 
     actions: list[Action] = field(default_factory=list)
-    applied: int = 0
+    applied: list[Action] = field(default_factory=list)
+    """The actions the apiserver took, in order (a refused one is not among them)."""
     conflict: bool = False
     errors: list[str] = field(default_factory=list)
     error_reason: str = "ReconcileError"
@@ -172,14 +173,25 @@ def last_applied(observed: Observed, name: str) -> HybridServingSpec | None:
         return None
 
 
-def _name_taken(kube: Kube, namespace: str, action: Action, owners: set[str]) -> bool:
-    """Whether a create met an object of that name that is not the fleet's (not a race with itself)."""
+def _holder(kube: Kube, namespace: str, action: Action) -> dict[str, Any] | None:
+    """The object that holds a name a create was refused for (None: it is gone again)."""
     try:
-        existing = kube.get(action.kind, namespace, action.name)
+        return kube.get(action.kind, namespace, action.name)
     except KubeError:
-        return False
-    refs = {r.get("uid") for r in existing.get("metadata", {}).get("ownerReferences") or []}
-    return not refs & owners
+        return None
+
+
+def _owned(obj: Mapping[str, Any], owners: set[str]) -> bool:
+    return bool({r.get("uid") for r in obj.get("metadata", {}).get("ownerReferences") or []} & owners)
+
+
+def _hidden(obj: Mapping[str, Any], action: Action) -> str | None:
+    """The fleet-name label value the object lost (a `kubectl label ... hybridserving.io/name-`),
+    or None: the pass lists children by that label, so it cannot see the object and keeps
+    planning to create it."""
+    planned = (((action.body or {}).get("metadata") or {}).get("labels") or {}).get(LABEL_NAME)
+    held = (obj.get("metadata", {}).get("labels") or {}).get(LABEL_NAME)
+    return planned if planned and held != planned else None
 
 
 def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, owners: set[str] | None = None) -> None:
@@ -188,7 +200,8 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
     A create that finds its name held by an object the fleet does not own (an orphaned pod,
     a squatted ConfigMap) is no race: retrying cannot succeed, so it is reported, naming the
     object, and the pass goes on with the rest. So is a write the apiserver refuses (403,
-    422): the fleet keeps being repaired where it can, and the pass backs off.
+    422): the fleet keeps being repaired where it can, and the pass backs off. A create that
+    finds the fleet's own object, hidden from the pass by a removed label, labels it again.
     """
     for action in actions:
         try:
@@ -206,10 +219,23 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
             else:
                 kube.delete(action.kind, namespace, action.name, uid=action.uid)
         except KubeError as exc:
-            if exc.status == 409 and action.verb == "create" and _name_taken(kube, namespace, action, owners or set()):
+            held = _holder(kube, namespace, action) if exc.status == 409 and action.verb == "create" else None
+            if held is not None and not _owned(held, owners or set()):
                 outcome.fail("NameTaken", f"{action.kind}/{action.name} already exists and is not owned by this "
                              "fleet: delete or rename that object (the operator will not take it over)")
                 metrics.ACTION_ERRORS.labels(action.kind).inc()
+                continue
+            if held is not None and (label := _hidden(held, action)):
+                # The fleet's own object, hidden from the pass by a removed label: give it back,
+                # and the next pass sees (and repairs) it like any other child.
+                try:
+                    kube.patch(action.kind, namespace, action.name, {"metadata": {"labels": {LABEL_NAME: label}}},
+                               uid=held["metadata"].get("uid"))
+                    log.info("%s/%s: restored its label %s", namespace, action.name, LABEL_NAME)
+                except KubeError as again:
+                    outcome.fail("ReconcileError", f"{action.kind}/{action.name} lost its label {LABEL_NAME} and "
+                                 f"could not be relabelled ({again}): label it {LABEL_NAME}={label}")
+                    metrics.ACTION_ERRORS.labels(action.kind).inc()
                 continue
             if exc.conflict:
                 outcome.conflict = True
@@ -217,11 +243,10 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
                 log.info("%s/%s: %s (%s); retrying from a fresh read", namespace, action.name, exc.status,
                          exc.message)
                 return
-            reason = {403: "WriteForbidden", 422: "WriteInvalid"}.get(exc.status, "ReconcileError")
-            outcome.fail(reason, f"{action}: {exc}")
+            outcome.fail(_write_reason(exc), f"{action}: {exc}")
             metrics.ACTION_ERRORS.labels(action.kind).inc()
             continue
-        outcome.applied += 1
+        outcome.applied.append(action)
         metrics.ACTIONS.labels(action.verb, action.kind, action.cause.value).inc()
 
 
@@ -287,6 +312,18 @@ def post_instance_event(kube: Kube, namespace: str, name: str, type_: str, reaso
         log.debug("event not posted: %s", exc)
 
 
+def degraded_warning(previous: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A Warning when the fleet turns Degraded or is Degraded for another reason: once, when it
+    starts (on every pass while the status that would say it cannot be written)."""
+    def degraded(s: Mapping[str, Any]) -> Mapping[str, Any]:
+        return next((c for c in s.get("conditions") or [] if c.get("type") == "Degraded"), {})
+
+    was, now_ = degraded(previous), degraded(status)
+    if now_.get("status") != "True" or (was.get("status"), was.get("reason")) == ("True", now_.get("reason")):
+        return ()
+    return ((str(now_["reason"]), str(now_.get("message", ""))),)
+
+
 def weights_warnings(previous: dict[str, Any] | None, current: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
     """A Warning when more nodes fail to get the weights than before (running pods are not touched)."""
     if not current or current.get("nodesFailed", 0) <= (previous or {}).get("nodesFailed", 0):
@@ -342,12 +379,13 @@ def image_volume_refused(kube: Kube, namespace: str, spec: HybridServingSpec, to
     return not weights.volume_kept(stored)
 
 
-def report_instances(kube: Kube, namespace: str, views: dict[str, InstanceView]) -> None:
+def report_instances(kube: Kube, namespace: str, views: dict[str, InstanceView], outcome: Outcome) -> None:
     """Instance status, written only where it changed, and only on the instance as observed.
 
     The write is conditional on the instance's resourceVersion: the role-switch controller may
     have started a switch since (its record, then the phase it owns), and a status computed
-    before that must not land over it; the next pass computes it afresh.
+    before that must not land over it; the next pass computes it afresh. A write the apiserver
+    refuses is one of the pass's errors: the fleet's own status still says what is wrong.
     """
     for name, v in views.items():
         status = instance_status(v, v.observed.generation)
@@ -359,12 +397,18 @@ def report_instances(kube: Kube, namespace: str, views: dict[str, InstanceView])
                        resource_version=v.observed.resource_version or None)
         except KubeError as exc:
             if not exc.conflict:
-                raise
+                outcome.fail(_write_reason(exc), f"status of {INSTANCE_KIND}/{name} not written: {exc}")
+                metrics.ACTION_ERRORS.labels(INSTANCE_KIND).inc()
             continue
         if new.get("phase") == "CrashLoop" and v.observed.status.get("phase") != "CrashLoop":
             post_instance_event(kube, namespace, name, "Warning", "CrashLoop",
                                 f"engine container restarted {status.restarts} time(s) and keeps exiting; "
                                 f"last exit: {status.last_exit or 'not recorded'}")
+
+
+def _write_reason(exc: KubeError) -> str:
+    """The Degraded reason of a write the apiserver refused."""
+    return {403: "WriteForbidden", 422: "WriteInvalid"}.get(exc.status, "ReconcileError")
 
 
 def backoff_seconds(previous_status: dict[str, Any], at: float | None = None) -> float:
@@ -427,8 +471,7 @@ def write_engine_key(kube: Kube, namespace: str, meta: dict[str, Any], operator_
             outcome.fail("NameTaken", f"Secret/{secret_meta['name']} already exists and is not owned by this "
                          "HybridServing; delete or rename it (it holds the engines' API key)")
         else:
-            reason = {403: "WriteForbidden", 422: "WriteInvalid"}.get(exc.status, "ReconcileError")
-            outcome.fail(reason, f"Secret/{secret_meta['name']}: {exc}")
+            outcome.fail(_write_reason(exc), f"Secret/{secret_meta['name']}: {exc}")
         metrics.ACTION_ERRORS.labels("Secret").inc()
 
 
@@ -484,35 +527,37 @@ def reconcile(kube: Kube, namespace: str, name: str,
         owners = {meta["uid"]} | {i.uid for i in observed.instances.values()}
         act(kube, namespace, todo, outcome, owners)
     if outcome.applied:
-        count_switches(observed, outcome.actions[: outcome.applied])
+        count_switches(observed, outcome.applied)
         # The state after the writes: through the cache, their own responses (no request).
         observed = observe(kube, namespace, name, meta["uid"], extra)
     views = view(desired, observed) if desired is not None else {}
     if not outcome.conflict:
-        report_instances(kube, namespace, views)
+        report_instances(kube, namespace, views, outcome)
     warning = None
     was_valid = {c.get("type"): c.get("status") for c in previous.get("conditions") or []}.get("LayoutValid")
     if not validation.valid and was_valid != "False":
         warning = validation.message()
     status = fleet_status(desired, observed, views, validation, generation, previous,
-                          len(outcome.actions) - outcome.applied if outcome.actions else 0, outcome.errors,
+                          len(outcome.actions) - len(outcome.applied), outcome.errors,
                           error_reason=outcome.error_reason, progress_deadline_seconds=progress_deadline_seconds)
     gauges.record(namespace, name, status, views)
     if desired is not None and desired.spec.model.weights is not None:
         status["weights"] = weights_status(desired.spec.model.weights, observed, previous.get("weights"), fill_probe)
+    more = weights_warnings(previous.get("weights"), status.get("weights"))
+    refused: KubeError | None = None
     if changed(previous, status):
         try:
             kube.patch(KIND, namespace, name, {"status": status}, subresource="status")
         except KubeError as exc:
             if not exc.conflict:
-                raise
-    more = weights_warnings(previous.get("weights"), status.get("weights"))
-    if outcome.error_reason == WEIGHTS_VOLUME_DROPPED and outcome.errors:
-        was = {c.get("type"): c.get("reason") for c in previous.get("conditions") or []}.get("Degraded")
-        if was != WEIGHTS_VOLUME_DROPPED:  # once, when it starts
-            more += ((WEIGHTS_VOLUME_DROPPED, outcome.errors[0]),)
+                refused = exc
+                more += (("StatusNotWritten", f"status not written ({exc}); it would say: "
+                          + "; ".join(f"{c['type']}={c['status']} ({c['reason']})" for c in status["conditions"])),)
+    more += degraded_warning(previous, status)
     if outcome.applied or warning or more:
-        post_events(kube, body, outcome.actions[: outcome.applied], warning, more)
+        post_events(kube, body, outcome.applied, warning, more)
+    if refused is not None:
+        raise refused  # the work queue retries with a growing back-off
     if outcome.errors:
         outcome.requeue_after = backoff_seconds(status)
     elif outcome.conflict:

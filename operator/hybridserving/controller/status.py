@@ -98,8 +98,13 @@ def instance_phase(v: InstanceView) -> InstancePhase:
     """The operator's view of an instance; switch phases belong to the role-switch controller."""
     if v.observed.phase in SWITCH_PHASES:
         return cast(InstancePhase, v.observed.phase)
-    if any(p.crash_looping for p in v.pods if not p.deleting):
+    pods = [p for p in v.pods if not p.deleting]
+    if any(p.crash_looping for p in pods):
         return "CrashLoop"
+    if any(p.blocked for p in pods):
+        return "Blocked"
+    if not v.available and any(p.lost_readiness and not v.stale(p) for p in pods):
+        return "Unready"
     settled: dict[InstanceState, InstancePhase] = {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}
     return settled.get(v.state, "Starting" if v.pods else "Pending")
 
@@ -130,9 +135,11 @@ def instance_status(v: InstanceView, generation: int | None) -> HybridServingIns
         status.observed_generation = generation
     phase = (status.phase if "phase" in status.model_fields_set else v.observed.phase) or "Pending"
     total = max(len(v.plan.pods), 1)
+    blocked = next((p.blocked for p in pods if p.blocked), None)
     message = (f"serving as {status.role or v.plan.role}" if phase == "Ready" else
                f"{phase}: {status.ready_pods}/{total} pod(s) ready" + (f"; last exit: {last_exit[:200]}"
-                                                                        if phase == "CrashLoop" and last_exit else ""))
+                                                                        if phase == "CrashLoop" and last_exit else
+                                                                        f"; {blocked}" if phase == "Blocked" else ""))
     previous = {c.get("type", ""): c for c in v.observed.status.get("conditions") or []}
     # `kubectl wait --for=condition=Ready hybridservinginstance/NAME` works like it does for pods.
     status.conditions = [condition("Ready", phase == "Ready", phase, message, generation, previous)]
@@ -145,7 +152,8 @@ def capacity_status(spec: HybridServingSpec, decode_instances: int) -> CapacityS
         arch = spec.architecture()
         decode = capacity.instance_capacity(arch, spec.decode, spec.hardware, role_name="decode")
         prefill = capacity.instance_capacity(arch, spec.prefill, spec.hardware, role_name="prefill")
-    except (capacity.CapacityError, KeyError, ValueError) as exc:
+    except (capacity.CapacityError, KeyError, ValueError, ArithmeticError) as exc:
+        # Status must still be written: a layout that validation let through reads as no capacity.
         return CapacityStatus(summary=f"no capacity: {exc}")
     per_instance = decode.tokens
     return CapacityStatus(
@@ -251,8 +259,10 @@ def fleet_status(
     else:
         reason, message = "Complete", "every instance runs the current spec"
     not_ready = [v.plan.name for v in sorted(views.values(), key=lambda v: v.plan.index) if not v.available]
+    progressed_at = last_progress(previous_status or {}, previous.get("Progressing") or {}, generation, per_role,
+                                  held, progressing, clock)
     stuck = progressing and held is None and _past_deadline(
-        previous.get("Progressing") or {}, generation, clock, progress_deadline_seconds)
+        previous.get("Progressing") or {}, generation, clock, progressed_at, progress_deadline_seconds)
     if stuck:
         progressing, reason = False, "ProgressDeadlineExceeded"
         message = (f"no completion within {progress_deadline_seconds:.0f}s: "
@@ -261,9 +271,16 @@ def fleet_status(
 
     troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values() if v.state == "Failed"]
-    crash_looping = [v for v in views.values() if instance_phase(v) == "CrashLoop"]
+    phases = {name: instance_phase(v) for name, v in views.items()}
+    crash_looping = [v for name, v in views.items() if phases[name] == "CrashLoop"]
     troubles += [f"{v.plan.name} is crash looping ({instance_status(v, None).last_exit or 'no exit recorded'})"
                  for v in crash_looping]
+    blocked = [v for name, v in views.items() if phases[name] == "Blocked"]
+    troubles += [f"{v.plan.name} cannot start: {next(p.blocked for p in v.pods if p.blocked)}" for v in blocked]
+    unready = [v.plan.name for name, v in views.items() if phases[name] == "Unready"]
+    if unready:
+        troubles.append(f"{', '.join(unready)} stopped answering the engine's readiness probe (/ready) after "
+                        "serving: a hung or overloaded engine; its pod's events and the engine log say more")
     if stuck:
         troubles.append(message)
     troubles += list(errors)
@@ -273,6 +290,8 @@ def fleet_status(
          "Unschedulable" if any(v.state == "Pending" for v in views.values()) else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
          "CrashLoop" if crash_looping else
+         "ContainerBlocked" if blocked else
+         "EngineUnready" if unready else
          "ProgressDeadlineExceeded" if stuck else "AsExpected"),
         "; ".join(troubles) if troubles else "no instance is failing or unschedulable",
         generation, previous,
@@ -300,6 +319,7 @@ def fleet_status(
         ],
         capacity=capacity_status(desired.spec, per_role["decode"].desired),
         ready="True" if all_ready else "False",
+        last_progress_time=dt.datetime.fromtimestamp(progressed_at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         replicas=len(views),
         selector=engine_selector(desired.name),
         rollout=rollout,
@@ -349,18 +369,41 @@ def rollout_status(desired: DesiredState, views: Mapping[str, InstanceView], per
     return status
 
 
-def _past_deadline(progressing: Mapping[str, Any], generation: int | None, clock: float, deadline: float) -> bool:
-    """Whether the fleet has been progressing on this generation for longer than the deadline.
+def last_progress(previous_status: Mapping[str, Any], progressing: Mapping[str, Any], generation: int | None,
+                  per_role: Mapping[str, RoleStatus], held: str | None, progressing_now: bool,
+                  clock: float) -> float:
+    """When the fleet last moved forward (a Deployment's progress clock): more instances ready or
+    updated than the last status said, a rollout hold lifted, a new generation, or progress just
+    starting. A canary held for hours, then promoted, has its whole deadline again; a rollout that
+    keeps bringing instances up is never called stuck however long it takes in all. A fleet at
+    rest keeps the time it last moved (its status is not rewritten)."""
+    since = parse_time(previous_status.get("lastProgressTime"))
+    if not progressing_now:
+        return clock if since is None else since
+    before = {role: previous_status.get(role) or {} for role in ROLES}
+    moved = (
+        since is None
+        or (progressing.get("status") != "True" and progressing.get("reason") != "ProgressDeadlineExceeded")
+        or progressing.get("observedGeneration") != generation
+        or (bool((previous_status.get("rollout") or {}).get("held")) and held is None)
+        or any(per_role[r].ready > int(before[r].get("ready") or 0) for r in ROLES)
+        or any(per_role[r].updated > int(before[r].get("updated") or 0) for r in ROLES)
+    )
+    return clock if moved or since is None else since
 
-    Once exceeded it stays exceeded for the generation (as a Deployment's condition does),
-    so the condition does not flap between "progressing" and "stuck".
+
+def _past_deadline(progressing: Mapping[str, Any], generation: int | None, clock: float, progressed_at: float,
+                   deadline: float) -> bool:
+    """Whether the fleet has made no progress on this generation for longer than the deadline.
+
+    Once exceeded it stays exceeded until the fleet progresses again (as a Deployment's
+    condition does), so the condition does not flap between "progressing" and "stuck".
     """
+    if progressed_at == clock:
+        return False
     if progressing.get("reason") == "ProgressDeadlineExceeded":
         return progressing.get("observedGeneration") == generation
-    if progressing.get("status") != "True":
-        return False
-    since = parse_time(progressing.get("lastTransitionTime"))
-    return since is not None and clock - since > deadline
+    return progressing.get("status") == "True" and clock - progressed_at > deadline
 
 
 def changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

@@ -23,6 +23,19 @@ ObjectKey = tuple[str, str]  # (kind, name)
 CRASH_LOOP_MEMORY_SECONDS = 600.0
 
 
+# Waiting reasons that no wait resolves: the container cannot be created until someone fixes the
+# image, the registry credentials or a missing Secret/ConfigMap (the kubelet keeps retrying).
+BLOCKED_WAITING_REASONS = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+    "CreateContainerConfigError", "CreateContainerError",
+})
+
+
+# How long a pod that served stays not Ready before it counts as Unready: three readiness probe
+# periods (10 s each, `rendering.py`), the kubelet's own failureThreshold.
+UNREADY_GRACE_SECONDS = 30.0
+
+
 def parse_time(value: str | None) -> float | None:
     """Seconds since the epoch of an RFC 3339 time as the API writes it, or None."""
     if not value:
@@ -58,6 +71,30 @@ def _in_crash_loop(container: Mapping[str, Any], now: float | None) -> bool:
     return finished is not None and now - finished < CRASH_LOOP_MEMORY_SECONDS
 
 
+def _blocked(status: Mapping[str, Any]) -> str | None:
+    """The first container (init containers included) the kubelet cannot create, and why."""
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in BLOCKED_WAITING_REASONS:
+            message = (waiting.get("message") or "").strip().splitlines()
+            return f"container {cs.get('name')}: {waiting['reason']}" + (f": {message[-1][:300]}" if message else "")
+    return None
+
+
+def _lost_readiness(ready_condition: Mapping[str, Any], containers: list[Mapping[str, Any]], now: float | None) -> bool:
+    """Not ready for `UNREADY_GRACE_SECONDS`, and the Ready condition turned so after its
+    containers last started: the engine was ready in between (it is False from the pod's start
+    until the first success). The grace lets a pause (an in-place role switch holds `/ready` at
+    503 while it rebuilds) pass before the next probe without being reported."""
+    if ready_condition.get("status") != "False" or now is None:
+        return False
+    turned = parse_time(ready_condition.get("lastTransitionTime"))
+    started = [parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt")) for cs in containers]
+    if turned is None or not started or any(t is None for t in started):
+        return False
+    return turned > max(t for t in started if t is not None) and now - turned >= UNREADY_GRACE_SECONDS
+
+
 @dataclass(frozen=True)
 class ObservedPod:
     """What the planner reads of a pod."""
@@ -72,6 +109,8 @@ class ObservedPod:
     deleting: bool = False
     restarts: int = 0
     crash_looping: bool = False
+    blocked: str | None = None  # a container the kubelet cannot create (image, Secret), and why
+    lost_readiness: bool = False  # running, was ready since its containers started, is not now
     last_exit: str | None = None
     unschedulable: str | None = None
     host_ports: tuple[int, ...] = ()
@@ -119,6 +158,8 @@ class ObservedPod:
         containers = status.get("containerStatuses") or []
         restarts = sum(int(cs.get("restartCount") or 0) for cs in containers)
         crash_looping = not ready and any(_in_crash_loop(cs, now) for cs in containers)
+        lost_readiness = (status.get("phase") == "Running" and not crash_looping
+                          and _lost_readiness(conditions.get("Ready") or {}, containers, now))
         last_exit = next((describe_termination(t) for cs in containers
                           if (t := (cs.get("lastState") or {}).get("terminated"))), None)
         host_ports = tuple(
@@ -143,6 +184,8 @@ class ObservedPod:
             deleting=bool(meta.get("deletionTimestamp")),
             restarts=restarts,
             crash_looping=crash_looping,
+            blocked=_blocked(status),
+            lost_readiness=lost_readiness,
             last_exit=last_exit,
             unschedulable=unschedulable,
             host_ports=host_ports,

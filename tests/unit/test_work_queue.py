@@ -1,0 +1,37 @@
+"""The work queue's contract: one pass per key at a time, and a growing back-off for a key whose
+passes keep raising (so an apiserver that refuses the fleet's status is not hammered)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hybridserving.controller.queue import FAILURE_BACKOFF_MAX_SECONDS, FAILURE_BACKOFF_SECONDS, Key, WorkQueue
+
+
+def test_a_key_whose_passes_keep_failing_is_retried_ever_later_and_a_success_resets_it() -> None:
+    outcomes = iter(["fail", "fail", "fail", "ok", "fail"])
+    retries: list[float] = []
+
+    async def work(key: Key) -> float | None:
+        outcome = next(outcomes, "done")
+        if outcome == "done":
+            return None  # nothing more to retry
+        if outcome == "fail":
+            raise RuntimeError("the apiserver refused the status write")
+        return 1.0
+
+    async def scenario() -> None:
+        queue = WorkQueue(work, workers=1)
+        queue.add_after = lambda key, delay: (retries.append(delay), queue.add(key))  # type: ignore[method-assign]
+        queue.start()
+        queue.add(("ns", "fleet"))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(retries) == 5:
+                break
+        await queue.stop()
+
+    asyncio.run(scenario())
+    assert retries == [FAILURE_BACKOFF_SECONDS, 2 * FAILURE_BACKOFF_SECONDS, 4 * FAILURE_BACKOFF_SECONDS,
+                       1.0, FAILURE_BACKOFF_SECONDS], "doubling while failing; a pass that returns resets it"
+    assert WorkQueue.failure_backoff(30) == FAILURE_BACKOFF_MAX_SECONDS
