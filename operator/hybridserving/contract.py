@@ -106,14 +106,16 @@ def fill_placeholders(template: Sequence[str], values: Mapping[str, str | int]) 
 def inflight_requests(loads: Mapping[str, Any]) -> int:
     """Requests an engine still holds, from its `/v1/loads` answer (every queue, every DP rank).
 
-    SGLang omits zero fields (`managers/load_snapshot.py:196`, `omit_defaults=True`), so every
-    field defaults to 0.
+    Every core field is in each entry (`managers/load_snapshot.py:233`); the sections are there only
+    when asked for, so theirs default to 0. `num_waiting_reqs` already counts a prefill's bootstrap
+    queue and a decode's prealloc, transfer and retracted queues
+    (`managers/scheduler_components/load_inquirer.py:114-141`); a prefill's inflight queue (its KV
+    still being sent) and the paused requests are counted apart (lines 209-221).
     """
     total = 0
     for load in loads.get("loads") or []:
         total += int(load.get("num_running_reqs") or 0) + int(load.get("num_waiting_reqs") or 0)
-        disagg = load.get("disaggregation") or {}
-        total += sum(int(v or 0) for k, v in disagg.items() if k.endswith("_queue_reqs"))
+        total += int((load.get("disaggregation") or {}).get("prefill_inflight_queue_reqs") or 0)
         total += int((load.get("queues") or {}).get("paused") or 0)
     return total
 

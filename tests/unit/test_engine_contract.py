@@ -86,11 +86,25 @@ def test_server_info_is_the_start_up_configuration_and_model_info_the_live_role(
     assert httpx.get(engine + "/model_info", timeout=10).json()["disaggregation_mode"] == "prefill"
 
 
-def test_idle_loads_hold_no_request(engine):
-    # entrypoints/v1_loads.py:96-150 and managers/load_snapshot.py:196-215 (zero fields may be omitted).
+def test_idle_loads_hold_no_request_and_every_core_field_of_every_dp_rank(engine):
+    # entrypoints/v1_loads.py:96-150: one entry per DP rank (managers/load_snapshot.py:516), each
+    # with every core key, zero or not (to_dict, load_snapshot.py:233), and the sections asked for.
     loads = httpx.get(engine + "/v1/loads", params={"include": "core,disagg,queues"}, timeout=10).json()
     assert loads["loads"] and inflight_requests(loads) == 0
-    assert httpx.get(engine + "/v1/loads", params={"include": "bogus"}, timeout=10).status_code == 400
+    assert sorted(load["dp_rank"] for load in loads["loads"]) == list(range(len(loads["loads"])))
+    for load in loads["loads"]:
+        assert {"num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens", "num_used_tokens",
+                "max_total_num_tokens", "max_running_requests", "token_usage"} <= set(load)
+        assert load["num_running_reqs"] == load["num_waiting_reqs"] == load["num_waiting_uncached_tokens"] == 0
+        assert {"disaggregation", "queues"} <= set(load) and "memory" not in load
+
+
+def test_an_unknown_loads_section_is_a_server_error(engine):
+    # load_snapshot.py:237-243: to_dict raises ValueError for it, in v1_loads.py:141, outside the
+    # try that turns the reader's ValueError into a 400 (lines 120-126): FastAPI answers 500.
+    assert httpx.get(engine + "/v1/loads", params={"include": "bogus"}, timeout=10).status_code == 500
+    # "all" is checked first (load_snapshot.py:235), so it covers an unknown name.
+    assert httpx.get(engine + "/v1/loads", params={"include": "all,bogus"}, timeout=10).status_code == 200
 
 
 def test_default_metrics_have_no_forward_timer_and_no_prefill_utilization(engine):
@@ -123,9 +137,10 @@ def test_prefill_born_engine_needs_decode_graph_memory_to_become_decode_and_keep
         assert {s["disaggregation_mode"] for s in info["internal_states"]} == {"decode"}
         # metrics_reporter.py:1307-1315: off prefill, utilization is never set (stays 0).
         assert {s.value for s in samples(engine)["sglang:utilization"]} == {0.0}
-        # role_switch.py:66-72: switching to the role it has is a success with nothing done.
+        # role_switch.py:66-72: switching to the role it has is a success with nothing done; the
+        # tokenizer manager answers every success with "ok" (managers/tokenizer_control_mixin.py:946-953).
         status, body = switch(engine, "decode")
-        assert status == 200 and body["message"] == "already in target role"
+        assert status == 200 and body["success"] is True and body["message"] == "ok"
     finally:
         status, body = switch(engine, "prefill")
     assert status == 200 and body["success"] is True

@@ -16,7 +16,14 @@ from hybridserving_engine.simulator.process import free_port
 from hybridserving_engine.simulator import server as simulator_server
 from hybridserving_engine.simulator.server import SimulatorServer
 
+from hybridserving.controller.engines import Scrape, busy_fraction, instance_metrics
+from prometheus_client.parser import text_string_to_metric_families
+
 from support.scrape import metric_sum
+
+
+def samples(text: str, name: str) -> list:
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
 
 
 def options(time_scale: float = 0.01, faults: str = "") -> SimulatorOptions:
@@ -186,8 +193,10 @@ def test_info_endpoints_have_sglang_0_5_23_shapes_and_say_simulator():
         assert set(load["queues"]) == {"waiting", "grammar", "paused", "retracted", "prealloc_ready"}
         async with session.get(url + "/v1/loads", params={"include": "core"}) as r:
             assert "disaggregation" not in (await r.json())["loads"][0]
+        # An unknown section: ValueError in to_dict (managers/load_snapshot.py:237-243) outside the
+        # handler's try (entrypoints/v1_loads.py:141), a 500.
         async with session.get(url + "/v1/loads", params={"include": "bogus"}) as r:
-            assert r.status == 400
+            assert r.status == 500
         async with session.get(url + "/model_info") as r:
             assert (await r.json())["architectures"] == ["GlmMoeDsaForCausalLM"]
         for path in ("/health", "/health_generate", "/ready"):
@@ -298,7 +307,14 @@ def test_prefill_and_decode_instances_hand_over_kv_by_bootstrap_room():
         queued = 0
         while not (first.done() and second.done()):
             async with session.get(d_url + "/v1/loads") as r:
-                queued = max(queued, (await r.json())["loads"][0]["disaggregation"]["decode_prealloc_queue_reqs"])
+                load = (await r.json())["loads"][0]
+            disagg = load["disaggregation"]
+            queued = max(queued, disagg["decode_prealloc_queue_reqs"])
+            # A decode's waiting requests are its prealloc and transfer queues, none of them prompt
+            # tokens to compute (scheduler_components/load_inquirer.py:84-85, 121-141).
+            assert load["num_waiting_reqs"] == (disagg["decode_prealloc_queue_reqs"]
+                                                + disagg["decode_transfer_queue_reqs"])
+            assert load["num_waiting_uncached_tokens"] == 0
             await asyncio.sleep(0.005)
         for p_body, d_body in (first.result(), second.result()):
             assert p_body["meta_info"]["completion_tokens"] == 1
@@ -320,6 +336,115 @@ def test_prefill_and_decode_instances_hand_over_kv_by_bootstrap_room():
         assert layout["attn_tp_size"] == 8 and layout["follow_bootstrap_room"] is True
 
     run(check, prefill, decode)
+
+
+def test_a_prefill_request_waiting_for_its_decode_peer_is_waiting_without_prompt_tokens():
+    """The bootstrap queue counts in `num_waiting_reqs` (scheduler_components/load_inquirer.py:116-119,
+    141) but its prompts are not in `num_waiting_uncached_tokens` (lines 82-107) nor in
+    `queues.waiting` (line 219); a prefill's running batch stays empty (metrics_reporter.py:854-855).
+    The operator divides those tokens by the waiting queue's requests alone."""
+    server = make_server(*pd_flags("prefill", free_port()))
+
+    async def check(session, url):
+        stuck = asyncio.create_task(session.post(url + "/generate", json={
+            "text": "abcd" * 100, "bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": 5}))
+        await asyncio.sleep(0.1)
+        async with session.get(url + "/v1/loads", params={"include": "core,disagg,queues"}) as r:
+            loads = await r.json()
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+        return loads
+
+    loads = run(check, server)
+    (load,) = loads["loads"]
+    assert load["disaggregation"]["prefill_bootstrap_queue_reqs"] == 1 and load["num_waiting_reqs"] == 1
+    assert load["queues"]["waiting"] == 0 and load["num_waiting_uncached_tokens"] == 0
+    assert load["num_running_reqs"] == 0 and load["num_total_tokens"] == 100
+    observed = instance_metrics("prefill", loads, None, None)
+    assert (observed.prefill_queue_reqs, observed.prefill_queue_tokens, observed.running_reqs) == (0, 0, 0)
+
+
+def test_every_tp_rank_times_its_forward_passes_and_the_busy_fraction_is_per_gpu(monkeypatch):
+    """Each scheduler process has its own collector and device timer
+    (observability/metrics_collector.py:1374-1399, metrics_reporter.py:325-339), so a TP-8 leader
+    shows eight forward-timer series; the gauges come from the logging rank only (1361-1367)."""
+    monkeypatch.setenv("SGLANG_ENABLE_METRICS_DEVICE_TIMER", "1")
+    server = make_server("--enable-metrics", "--tp-size", "8")
+
+    async def check(session, url):
+        async with session.get(url + "/metrics") as r:
+            before = await r.text()
+        for _ in range(3):
+            async with session.post(url + "/generate", json={"text": "abcd" * 400,
+                                                             "sampling_params": {"max_new_tokens": 20}}) as r:
+                assert r.status == 200
+        async with session.get(url + "/metrics") as r:
+            return before, await r.text()
+
+    before, after = run(check, server)
+    forward = "sglang:forward_execution_seconds_total"
+    ranks = {s.labels["tp_rank"] for s in samples(after, forward)}
+    assert ranks == {str(r) for r in range(8)}
+    assert all("dp_rank" not in s.labels for s in samples(after, forward))
+    assert {s.labels["tp_rank"] for s in samples(after, "sglang:num_running_reqs")} == {"0"}
+    one_rank = sum(metric_sum(after, forward, tp_rank="0", category=c) - metric_sum(before, forward, tp_rank="0",
+                                                                                      category=c)
+                   for c in ("extend", "decode"))
+    assert one_rank > 0
+    busy = busy_fraction(Scrape.parse(after, 1000.0), Scrape.parse(before, 0.0))
+    assert busy == pytest.approx(one_rank / 1000.0)
+
+
+def test_attention_dp_ranks_each_report_their_own_load_and_time_idle_passes(monkeypatch):
+    """/v1/loads has an entry per DP rank (managers/load_snapshot.py:516; runtime_context.py:207),
+    `num_accelerators` counts one rank's (entrypoints/v1_loads.py:44-54), and a rank's pool and
+    running cap are its own (scheduler_components/load_inquirer.py:241-242,
+    model_executor/pool_configurator.py:956). DP-attention ranks without work run "idle" passes
+    (model_executor/runner/eager_runner.py:460); every series carries dp_rank
+    (observability/metrics_collector.py:1391-1392)."""
+    monkeypatch.setenv("SGLANG_ENABLE_METRICS_DEVICE_TIMER", "1")
+    server = make_server("--enable-metrics", "--tp-size", "8", "--attn-dp-size", "4", "--max-running-requests", "64",
+                         time_scale=0.1)
+
+    async def check(session, url):
+        # Round robin (the default off prefill) sends them to DP ranks 0, 1 and 2.
+        tasks = [asyncio.create_task(session.post(url + "/generate", json={
+            "text": "abcd" * 100, "sampling_params": {"max_new_tokens": 400}})) for _ in range(3)]
+        for _ in range(200):
+            async with session.get(url + "/v1/loads") as r:
+                loads = await r.json()
+            if sum(load["num_running_reqs"] for load in loads["loads"]) == 3:
+                break
+            await asyncio.sleep(0.01)
+        async with session.get(url + "/metrics") as r:
+            text = await r.text()
+        async with session.get(url + "/server_info") as r:
+            info = await r.json()
+        async with session.post(url + "/pause_generation", json={"mode": "abort"}) as r:
+            assert r.status == 200
+        for task in tasks:
+            (await task).release()
+        return loads, text, info
+
+    loads, text, info = run(check, server)
+    assert loads["num_accelerators"] == 2
+    entries = loads["loads"]
+    assert [e["dp_rank"] for e in entries] == [0, 1, 2, 3]
+    assert [e["num_running_reqs"] for e in entries] == [1, 1, 1, 0]
+    assert {e["max_running_requests"] for e in entries} == {16}
+    caps = {e["max_total_num_tokens"] for e in entries}
+    assert len(caps) == 1 and entries[3]["num_used_tokens"] == 0 < entries[0]["num_used_tokens"]
+    # /server_info gives one rank's pool (`managers/data_parallel_controller.py:821`), not the instance's.
+    assert info["max_total_num_tokens"] == entries[0]["max_total_num_tokens"]
+    assert entries[0]["token_usage"] == round(entries[0]["num_used_tokens"] / caps.pop(), 4)
+    running = {s.labels["dp_rank"]: s.value for s in samples(text, "sglang:num_running_reqs")}
+    assert running == {"0": 1, "1": 1, "2": 1, "3": 0}
+    idle = {s.labels["tp_rank"] for s in samples(text, "sglang:forward_execution_seconds_total")
+            if s.labels["category"] == "idle"}
+    assert idle == {"6", "7"}, "DP rank 3 (TP ranks 6 and 7) had no work"
+    observed = instance_metrics("decode", loads, Scrape.parse(text, 1.0), None)
+    assert observed.running_reqs == 3
+    assert observed.kv_usage == pytest.approx(sum(e["token_usage"] for e in entries) / 4)
 
 
 # ------------------------------------------------------------------ role switch

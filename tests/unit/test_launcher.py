@@ -91,13 +91,19 @@ def test_worker_ranks_reach_the_leader_for_loads():
 
 
 def test_inflight_requests_counts_every_queue_of_every_dp_rank():
-    loads = {"loads": [
-        {"num_running_reqs": 1, "num_waiting_reqs": 2, "queues": {"paused": 1},
+    # As SGLang reports them: a decode's num_waiting_reqs already holds its prealloc and transfer
+    # queues (2 waiting + 3 + 4), a prefill's its bootstrap queue; a prefill's inflight queue is apart.
+    decode = {"loads": [
+        {"num_running_reqs": 1, "num_waiting_reqs": 9, "queues": {"paused": 1},
          "disaggregation": {"mode": "decode", "decode_prealloc_queue_reqs": 3, "decode_transfer_queue_reqs": 4,
                             "kv_transfer_latency_ms": 9.0}},
         {"num_running_reqs": 5, "num_waiting_reqs": 0},
     ]}
-    assert inflight_requests(loads) == 16
+    assert inflight_requests(decode) == 16, "each request once"
+    prefill = {"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 2,
+                          "disaggregation": {"mode": "prefill", "prefill_bootstrap_queue_reqs": 1,
+                                             "prefill_inflight_queue_reqs": 3}}]}
+    assert inflight_requests(prefill) == 5
     assert inflight_requests({"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}) == 0
 
 

@@ -8,6 +8,11 @@ running request finishes. The queues are SGLang's PD queues (prefill: bootstrap 
 inflight; decode: prealloc → transfer → running), so `/v1/loads` and `/metrics` report them
 under SGLang's names.
 
+With several DP ranks (attention DP or replicas) each request goes to one rank as SGLang's
+DataParallelController sends it, and each rank admits against its own share of the KV pool and
+of the running-request cap and reports its own `/v1/loads` entry; one forward loop still runs
+the passes of all of them, as DP-attention ranks run in lockstep.
+
 Simplifications, all deliberate: no tokenizer (see `count_tokens`), no prefix cache, no chunked
 prefill, no retraction (a decode request reserves KV for its prompt and its whole output when it
 is admitted), every request generates exactly its maximum number of tokens.
@@ -21,6 +26,7 @@ import math
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +71,7 @@ class SimRequest:
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    dp_rank: int = 0
     arrival: float = field(default_factory=time.monotonic)
     events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
     generated: int = 0
@@ -98,6 +105,8 @@ class SimulatedEngine:
         max_prefill_tokens: int,
         bootstrap: BootstrapServer | None,
         receiver: KvReceiver,
+        dp_ranks: int = 1,
+        follow_bootstrap_room: bool = False,
     ) -> None:
         self.role = role
         self.perf = perf
@@ -109,11 +118,13 @@ class SimulatedEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.bootstrap = bootstrap
         self.receiver = receiver
+        self.dp_ranks = dp_ranks
+        self.follow_bootstrap_room = follow_bootstrap_room
         self.has_decode_graphs = role == "decode"
         self.healthy = True
         self.switch_in_progress = False
         self.paused = False
-        self.kv_used = 0
+        self.kv_used = [0] * dp_ranks
         self.active: dict[SimRequest, asyncio.Task[None]] = {}
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -121,11 +132,15 @@ class SimulatedEngine:
         self.bootstrap_queue: set[SimRequest] = set()
         self.inflight: set[SimRequest] = set()
         self.transfer: set[SimRequest] = set()
+        self.forward_batch: list[SimRequest] = []
         self.started_at = time.monotonic()
         self.generated_window: deque[tuple[float, int]] = deque()
-        self.last_transfer_ms = 0.0
+        """(time, DP rank) of each token generated in the last few seconds."""
+        self.last_transfer = [(0.0, 0.0)] * dp_ranks
+        """(latency ms, GB/s) of each DP rank's last KV transfer."""
         self._wake = asyncio.Event()
         self._clock = 0.0
+        self._round_robin = 0
         self._loop_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -158,9 +173,30 @@ class SimulatedEngine:
                 f"{req.prompt_tokens} tokens from the input messages and {req.max_new_tokens} tokens for the "
                 "completion.",
             )
-        if self._kv_need(req) > self.perf.kv_capacity_tokens:
-            raise RequestError(400, f"request needs more KV than the pool holds ({self.perf.kv_capacity_tokens})")
+        if self._kv_need(req) > self.rank_kv_capacity:
+            raise RequestError(400, f"request needs more KV than the pool holds ({self.rank_kv_capacity})")
+        req.dp_rank = self._dispatch(req)
         self.active[req] = asyncio.create_task(self._serve(req))
+
+    @property
+    def rank_kv_capacity(self) -> int:
+        """One DP rank's KV pool: an even share of the instance's (each rank has its own pool)."""
+        return self.perf.kv_capacity_tokens // self.dp_ranks
+
+    @property
+    def rank_max_running_requests(self) -> int:
+        """One DP rank's running-request cap (`model_executor/pool_configurator.py:956`)."""
+        return max(1, self.perf.max_running_requests // self.dp_ranks)
+
+    def _dispatch(self, req: SimRequest) -> int:
+        """The DP rank SGLang's DataParallelController sends `req` to: the bootstrap room's rank
+        under follow_bootstrap_room, the next rank otherwise
+        (`managers/data_parallel_controller.py:880-910`)."""
+        if self.follow_bootstrap_room and req.bootstrap_room is not None:
+            return req.bootstrap_room % self.dp_ranks
+        rank = self._round_robin
+        self._round_robin = (rank + 1) % self.dp_ranks
+        return rank
 
     def abort_all(self) -> int:
         tasks = list(self.active.values())
@@ -201,7 +237,7 @@ class SimulatedEngine:
             log.warning("simulator request %s failed its hand-over: %s", req.rid, e)
             counter = self.metrics.num_bootstrap_failed_reqs_total if self.role == "prefill" else (
                 self.metrics.num_transfer_failed_reqs_total)
-            self.metrics.s(counter).inc()
+            self.metrics.inc(counter, req.dp_rank)
             req.events.put_nowait(("error", 500, str(e)))
             req.finish_reason = "error"
         except asyncio.CancelledError:
@@ -225,7 +261,7 @@ class SimulatedEngine:
         seconds = self.perf.transfer_seconds(req.prompt_tokens) * self.faults.slow_factor
         await asyncio.sleep(seconds)
         self.inflight.discard(req)
-        self._record_transfer(req.prompt_tokens, seconds)
+        self._record_transfer(req, seconds)
         if req.peer_handoff and self.bootstrap is not None:
             assert req.bootstrap_room is not None, "a peer hand-off has a room"
             self.bootstrap.publish(req.bootstrap_room, {"room": req.bootstrap_room, "tokens": req.prompt_tokens,
@@ -245,7 +281,7 @@ class SimulatedEngine:
                 assert req.bootstrap_host is not None and req.bootstrap_room is not None, "a peer hand-off has both"
                 await self.receiver.receive(req.bootstrap_host, req.bootstrap_port or 8998, req.bootstrap_room,
                                             req.prompt_tokens)
-                self._record_transfer(req.prompt_tokens, time.monotonic() - started)
+                self._record_transfer(req, time.monotonic() - started)
         finally:
             self.transfer.discard(req)
         # The prefill's first token travels with the KV; decode emits it and continues.
@@ -258,25 +294,30 @@ class SimulatedEngine:
         await req.finished.wait()
 
     def _admit_prealloc(self) -> None:
-        """Reserve KV for queued decode requests, first come first served."""
-        cap = self.perf.kv_capacity_tokens
-        limit = self.perf.max_running_requests
-        while self.prealloc:
-            req = self.prealloc[0]
-            need = self._kv_need(req)
-            if self.kv_used + need > cap or len(self.transfer) + len(self.running) >= limit:
+        """Reserve KV for queued decode requests, first come first served on each DP rank."""
+        blocked: set[int] = set()
+        for req in list(self.prealloc):
+            rank = req.dp_rank
+            if len(blocked) == self.dp_ranks:
                 return
-            self.prealloc.popleft()
+            if rank in blocked:
+                continue
+            need = self._kv_need(req)
+            admitted = sum(1 for r in (*self.transfer, *self.running) if r.dp_rank == rank)
+            if self.kv_used[rank] + need > self.rank_kv_capacity or admitted >= self.rank_max_running_requests:
+                blocked.add(rank)
+                continue
+            self.prealloc.remove(req)
             self._reserve(req, need)
             req.admitted.set()
 
     def _reserve(self, req: SimRequest, tokens: int) -> None:
         req.kv_reserved = tokens
-        self.kv_used += tokens
+        self.kv_used[req.dp_rank] += tokens
 
     def _release(self, req: SimRequest) -> None:
         if req.kv_reserved:
-            self.kv_used -= req.kv_reserved
+            self.kv_used[req.dp_rank] -= req.kv_reserved
             req.kv_reserved = 0
             if self.prealloc:
                 self._admit_prealloc()
@@ -315,22 +356,28 @@ class SimulatedEngine:
                 busy = True
             else:
                 self._wake.clear()
+                self.forward_batch = []
                 busy = False
 
     def _take_prefill_batch(self) -> list[SimRequest]:
         batch: list[SimRequest] = []
         tokens = 0
-        cap = self.perf.kv_capacity_tokens
-        while self.waiting:
-            req = self.waiting[0]
-            need = self._kv_need(req)
+        blocked: set[int] = set()
+        for req in list(self.waiting):
             if batch and tokens + req.prompt_tokens > self.max_prefill_tokens:
                 break
-            if self.kv_used + need > cap:
+            rank = req.dp_rank
+            if len(blocked) == self.dp_ranks:
                 break
-            if self.role == "null" and len(self.running) + len(batch) >= self.perf.max_running_requests:
-                break
-            self.waiting.popleft()
+            if rank in blocked:
+                continue
+            need = self._kv_need(req)
+            if self.kv_used[rank] + need > self.rank_kv_capacity or (
+                    self.role == "null"
+                    and sum(1 for r in (*self.running, *batch) if r.dp_rank == rank) >= self.rank_max_running_requests):
+                blocked.add(rank)
+                continue
+            self.waiting.remove(req)
             self._reserve(req, need)
             batch.append(req)
             tokens += req.prompt_tokens
@@ -347,13 +394,14 @@ class SimulatedEngine:
     async def _run_prefill(self, batch: list[SimRequest], continuing: bool) -> None:
         seconds = self.perf.prefill_batch_seconds([(r.prompt_tokens, 0) for r in batch]) * self.faults.slow_factor
         now = time.monotonic()
-        for req in batch:
-            self.metrics.s(self.metrics.queue_time).observe(now - req.arrival)
-        await self._advance(seconds, continuing)
         m = self.metrics
-        m.record_forward("extend", seconds)
-        m.realtime_tokens_total.labels(**m.scheduler_labels, mode="prefill_compute").inc(
-            sum(r.prompt_tokens for r in batch))
+        for req in batch:
+            m.observe(m.queue_time, req.dp_rank, now - req.arrival)
+        self.forward_batch = batch
+        await self._advance(seconds, continuing)
+        m.record_forward("extend", seconds, {r.dp_rank for r in batch})
+        for req in batch:
+            m.inc(m.realtime_tokens_total, req.dp_rank, req.prompt_tokens, mode="prefill_compute")
         for req in batch:
             if req not in self.active:
                 continue
@@ -372,8 +420,9 @@ class SimulatedEngine:
         seconds = self.perf.decode_step_seconds(batch, resident) * self.faults.slow_factor
         await self._advance(seconds, continuing)
         m = self.metrics
-        m.record_forward("decode", seconds)
-        m.realtime_tokens_total.labels(**m.scheduler_labels, mode="decode").inc(len(self.running))
+        m.record_forward("decode", seconds, {r.dp_rank for r in self.running})
+        for req in self.running:
+            m.inc(m.realtime_tokens_total, req.dp_rank, mode="decode")
         for req in list(self.running):
             self._emit_token(req)
             if req.generated >= req.max_new_tokens:
@@ -393,7 +442,7 @@ class SimulatedEngine:
             m.t(m.inter_token_latency).observe(now - req.last_token_at)
         req.last_token_at = now
         req.generated += 1
-        self.generated_window.append((now, 1))
+        self.generated_window.append((now, req.dp_rank))
         req.events.put_nowait(("token", req.generated))
 
     def _finish(self, req: SimRequest, reason: str) -> None:
@@ -414,20 +463,22 @@ class SimulatedEngine:
         req.events.put_nowait(("finish", reason))
         req.finished.set()
 
-    def _record_transfer(self, tokens: int, seconds: float) -> None:
-        self.last_transfer_ms = seconds * 1000
+    def _record_transfer(self, req: SimRequest, seconds: float) -> None:
+        speed = req.prompt_tokens * self.perf.kv_wire_bytes_per_token / seconds / 1e9 if seconds > 0 else 0.0
+        self.last_transfer[req.dp_rank] = (seconds * 1000, speed)
         m = self.metrics
-        m.s(m.kv_transfer_latency_ms).set(self.last_transfer_ms)
+        m.set(m.kv_transfer_latency_ms, req.dp_rank, seconds * 1000)
         if seconds > 0:
-            m.s(m.kv_transfer_speed_gb_s).set(tokens * self.perf.kv_wire_bytes_per_token / seconds / 1e9)
+            m.set(m.kv_transfer_speed_gb_s, req.dp_rank, speed)
 
     # ------------------------------------------------------------------ load reporting
 
-    def gen_throughput(self) -> float:
+    def gen_throughput(self, dp_rank: int | None = None) -> float:
+        """Tokens per second over the last 5 s, of one DP rank or (None) of all."""
         now = time.monotonic()
         while self.generated_window and now - self.generated_window[0][0] > 5.0:
             self.generated_window.popleft()
-        return sum(n for _, n in self.generated_window) / 5.0
+        return sum(1 for _, rank in self.generated_window if dp_rank in (None, rank)) / 5.0
 
     def utilization(self) -> float:
         """`sglang:utilization` as 0.5.23 sets it: -1 on prefill; on other roles it would be running
@@ -435,25 +486,48 @@ class SimulatedEngine:
         (`managers/scheduler_components/metrics_reporter.py:1303-1315`). It is no measure of load."""
         return -1.0 if self.role == "prefill" else 0.0
 
-    def load(self) -> dict[str, Any]:
-        """One DP rank's entry of `/v1/loads` (SGLang's LoadSnapshot, all sections)."""
-        cap = self.perf.kv_capacity_tokens
-        num_total = sum(r.prompt_tokens + r.generated for r in self.running)
-        pending = sum(r.prompt_tokens for r in self.transfer)
+    def loads(self) -> list[dict[str, Any]]:
+        """`/v1/loads` entries, one per DP rank: each scheduler publishes its own LoadSnapshot
+        (`managers/load_snapshot.py:516`, `managers/scheduler_components/load_inquirer.py:109-255`)."""
+        return [self._load(rank) for rank in range(self.dp_ranks)]
+
+    def _load(self, rank: int) -> dict[str, Any]:
+        def mine(reqs: Iterable[SimRequest]) -> list[SimRequest]:
+            return [r for r in reqs if r.dp_rank == rank]
+
+        def seqlen(reqs: Iterable[SimRequest]) -> int:
+            return sum(r.prompt_tokens + r.generated for r in reqs)
+
+        waiting, prealloc, transfer = mine(self.waiting), mine(self.prealloc), mine(self.transfer)
+        bootstrap, inflight = mine(self.bootstrap_queue), mine(self.inflight)
+        # Which queues count as waiting, and whose tokens are pending or still to arrive, by role
+        # (load_inquirer.py:114-141): a prefill's bootstrap queue waits too; a decode's prealloc
+        # and transfer queues wait, and their KV has not arrived.
+        queued, pending, awaiting = waiting, waiting, []
+        if self.role == "prefill":
+            queued = pending = [*waiting, *bootstrap]
+        elif self.role == "decode":
+            queued, pending, awaiting = [*waiting, *prealloc, *transfer], prealloc, [*prealloc, *transfer]
+        cap = self.rank_kv_capacity
+        used = self.kv_used[rank]
+        total = used + seqlen(pending)
+        transfer_ms, transfer_speed = self.last_transfer[rank]
         return {
             "timestamp": time.time(),
-            "dp_rank": 0,
-            "num_running_reqs": len(self.running) + len(self.inflight),
-            "num_waiting_reqs": len(self.waiting),
-            "num_waiting_uncached_tokens": sum(r.prompt_tokens for r in self.waiting),
-            "num_used_tokens": self.kv_used,
-            "num_total_tokens": num_total + pending,
-            "num_active_tokens": num_total,
+            "dp_rank": rank,
+            # The running batch, which a prefill never fills (metrics_reporter.py:854-855).
+            "num_running_reqs": len(mine(self.running)),
+            "num_waiting_reqs": len(queued),
+            # The waiting queue's prompts only: not the bootstrap queue's, none on decode (load_inquirer.py:82-107).
+            "num_waiting_uncached_tokens": 0 if self.role == "decode" else seqlen(waiting),
+            "num_used_tokens": used,
+            "num_total_tokens": total,
+            "num_active_tokens": max(0, total - seqlen(awaiting)),
             "num_prealloc_ready_tokens": 0,
             "max_total_num_tokens": cap,
-            "max_running_requests": self.perf.max_running_requests,
-            "token_usage": round(self.kv_used / cap, 6),
-            "gen_throughput": self.gen_throughput(),
+            "max_running_requests": self.rank_max_running_requests,
+            "token_usage": round(used / cap, 4),
+            "gen_throughput": round(self.gen_throughput(rank), 2),
             "cache_hit_rate": 0.0,
             "utilization": self.utilization(),
             "total_prefill_uncached_tokens": 0,
@@ -462,42 +536,50 @@ class SimulatedEngine:
             "memory": {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0, "token_capacity": cap},
             "disaggregation": {
                 "mode": self.role,
-                "prefill_bootstrap_queue_reqs": len(self.bootstrap_queue),
-                "prefill_inflight_queue_reqs": len(self.inflight),
-                "decode_prealloc_queue_reqs": len(self.prealloc),
-                "decode_transfer_queue_reqs": len(self.transfer),
+                "prefill_bootstrap_queue_reqs": len(bootstrap),
+                "prefill_inflight_queue_reqs": len(inflight),
+                "decode_prealloc_queue_reqs": len(prealloc),
+                "decode_transfer_queue_reqs": len(transfer),
                 "decode_retracted_queue_reqs": 0,
-                "kv_transfer_speed_gb_s": 0.0,
-                "kv_transfer_latency_ms": self.last_transfer_ms,
+                "kv_transfer_speed_gb_s": transfer_speed,
+                "kv_transfer_latency_ms": transfer_ms,
             },
             "queues": {
-                "waiting": len(self.waiting),
+                "waiting": len(waiting),
                 "grammar": 0,
-                "paused": len(self.active) if self.paused else 0,
+                "paused": len(mine(self.active)) if self.paused else 0,
                 "retracted": 0,
                 "prealloc_ready": 0,
             },
         }
 
     def refresh_gauges(self) -> None:
-        """Bring the scheduler gauges up to date (SGLang updates them every log interval)."""
+        """Bring each DP rank's scheduler gauges up to date (SGLang updates them every log interval)."""
         m = self.metrics
-        cap = self.perf.kv_capacity_tokens
-        m.s(m.num_running_reqs).set(len(self.running) + len(self.inflight))
-        m.s(m.num_queue_reqs).set(len(self.waiting))
-        m.s(m.num_paused_reqs).set(len(self.active) if self.paused else 0)
-        m.s(m.gen_throughput).set(self.gen_throughput())
-        m.s(m.token_usage).set(self.kv_used / cap)
-        m.s(m.num_used_tokens).set(self.kv_used)
-        m.s(m.kv_used_tokens).set(self.kv_used)
-        m.s(m.kv_available_tokens).set(cap - self.kv_used)
-        m.s(m.max_total_num_tokens).set(cap)
-        m.s(m.utilization).set(self.utilization())
-        m.s(m.num_prefill_bootstrap_queue_reqs).set(len(self.bootstrap_queue))
-        m.s(m.num_prefill_inflight_queue_reqs).set(len(self.inflight))
-        m.s(m.num_decode_prealloc_queue_reqs).set(len(self.prealloc))
-        m.s(m.num_decode_transfer_queue_reqs).set(len(self.transfer))
-        m.s(m.pending_prealloc_token_usage).set(sum(self._kv_need(r) for r in self.prealloc) / cap)
+        cap = self.rank_kv_capacity
+        for load in self.loads():
+            rank = load["dp_rank"]
+            disagg, queues = load["disaggregation"], load["queues"]
+            used = load["num_used_tokens"]
+            # A prefill reports the batch in its forward pass, 0 once idle (metrics_reporter.py:850-858, 1485-1512).
+            running = len([r for r in self.forward_batch if r.dp_rank == rank]) if self.role == "prefill" else (
+                load["num_running_reqs"])
+            m.set(m.num_running_reqs, rank, running)
+            m.set(m.num_queue_reqs, rank, queues["waiting"])
+            m.set(m.num_paused_reqs, rank, queues["paused"])
+            m.set(m.gen_throughput, rank, load["gen_throughput"])
+            m.set(m.token_usage, rank, used / cap)
+            m.set(m.num_used_tokens, rank, used)
+            m.set(m.kv_used_tokens, rank, used)
+            m.set(m.kv_available_tokens, rank, cap - used)
+            m.set(m.max_total_num_tokens, rank, cap)
+            m.set(m.utilization, rank, self.utilization())
+            m.set(m.num_prefill_bootstrap_queue_reqs, rank, disagg["prefill_bootstrap_queue_reqs"])
+            m.set(m.num_prefill_inflight_queue_reqs, rank, disagg["prefill_inflight_queue_reqs"])
+            m.set(m.num_decode_prealloc_queue_reqs, rank, disagg["decode_prealloc_queue_reqs"])
+            m.set(m.num_decode_transfer_queue_reqs, rank, disagg["decode_transfer_queue_reqs"])
+            m.set(m.pending_prealloc_token_usage, rank,
+                  sum(self._kv_need(r) for r in self.prealloc if r.dp_rank == rank) / cap)
 
     # ------------------------------------------------------------------ role switch
 

@@ -8,7 +8,8 @@ registry so that several can share one process (tests, benchmarks).
 from __future__ import annotations
 
 import os
-
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
@@ -45,28 +46,80 @@ def device_timer_enabled(env: dict[str, str] | None = None) -> bool:
     return env_bool("SGLANG_ENABLE_METRICS_DEVICE_TIMER", False, env)
 
 
-class EngineMetrics:
-    """The scheduler gauges and the tokenizer counters/histograms of one engine.
+@dataclass(frozen=True)
+class SchedulerRank:
+    """One scheduler process of the leader node, as its metric labels place it."""
 
-    Scheduler series carry `model_name, engine_type, tp_rank, pp_rank, moe_ep_rank`; with
-    `--enable-pd-role-switch` their engine_type is `dynamic` so a role flip keeps one series.
-    Tokenizer series carry `model_name, engine_type` with the start-up role.
+    tp_rank: int
+    pp_rank: int = 0
+    moe_ep_rank: int = 0
+    dp_rank: int | None = None
+    """None without a DP controller (one DP rank), and then the series carry no dp_rank label."""
+    logs_stats: bool = True
+    """Attention-TP and attention-CP rank 0 of its DP group: the rank that sets the scheduler gauges."""
+
+    @property
+    def dp_group(self) -> int:
+        return self.dp_rank or 0
+
+
+def local_schedulers(*, tp: int, pp: int = 1, dp: int = 1, attn_dp: int = 1, attn_cp: int = 1, ep: int = 1,
+                     nnodes: int = 1) -> list[SchedulerRank]:
+    """The scheduler processes node 0 starts, each of which has a metrics collector.
+
+    Every scheduler process builds a collector labelled with its own ranks when metrics are on
+    (`observability/metrics_collector.py:1374-1399`), and the processes of a node share one
+    Prometheus multiprocess directory, so the leader's `/metrics` has one series per local
+    scheduler. Node 0 runs PP stages and TP ranks from 0 (`entrypoints/engine.py:2061-2075`, the
+    same split per DP replica in `managers/data_parallel_controller.py:426-442, 695-712`); a process's
+    attention and MoE ranks follow from its TP rank (`runtime_context.py:82-133`), its dp_rank
+    is the attention-DP group or the replica, set only when there is more than one
+    (`managers/data_parallel_controller.py:717-724`, `entrypoints/engine.py:910-955`).
+    """
+    nnodes_per_pp_rank = max(nnodes // pp, 1)
+    pp_per_node = max(pp // nnodes, 1)
+    tp_per_node = tp // nnodes_per_pp_rank
+    attn_tp = max(tp // (attn_dp * attn_cp), 1)
+    moe_ep_width = max(tp // ep, 1)
+    dp_ranks = dp * attn_dp
+    out = []
+    for replica in range(dp):
+        for pp_rank in range(pp_per_node):
+            for tp_rank in range(tp_per_node):
+                group = tp_rank // (attn_tp * attn_cp) if attn_dp > 1 else replica
+                out.append(SchedulerRank(
+                    tp_rank=tp_rank, pp_rank=pp_rank, moe_ep_rank=tp_rank // moe_ep_width,
+                    dp_rank=group if dp_ranks > 1 else None,
+                    logs_stats=tp_rank % attn_tp == 0 and (tp_rank // attn_tp) % attn_cp == 0,
+                ))
+    return out
+
+
+class EngineMetrics:
+    """The scheduler series and the tokenizer counters/histograms of one engine.
+
+    Scheduler series carry `model_name, engine_type, tp_rank, pp_rank, moe_ep_rank` (and
+    `dp_rank` with more than one DP rank); with `--enable-pd-role-switch` their engine_type is
+    `dynamic` so a role flip keeps one series. The forward-pass timer runs on every scheduler
+    (`managers/scheduler_components/metrics_reporter.py:325-339`), so its counter has a series
+    per local scheduler; everything else is set by the stats-logging rank of each DP group only
+    (`observability/metrics_collector.py:1361-1367`; with PP, the simulator's first stage), so a
+    DP group whose logging rank is on another node has no series here. Tokenizer series carry
+    `model_name, engine_type` with the start-up role.
     """
 
     def __init__(self, model_name: str, startup_role: str, role_switch: bool,
+                 schedulers: Sequence[SchedulerRank] = (SchedulerRank(0),), attention_dp: bool = False,
                  device_timer: bool | None = None) -> None:
         self.device_timer = device_timer_enabled() if device_timer is None else device_timer
         self.registry = CollectorRegistry(auto_describe=True)
         engine_type = {"prefill": "prefill", "decode": "decode"}.get(startup_role, "unified")
-        self.scheduler_labels = {
-            "model_name": model_name,
-            "engine_type": "dynamic" if role_switch else engine_type,
-            "tp_rank": "0",
-            "pp_rank": "0",
-            "moe_ep_rank": "0",
-        }
+        common = {"model_name": model_name, "engine_type": "dynamic" if role_switch else engine_type}
+        self.attention_dp = attention_dp
+        self.schedulers = [(s, self._labels(common, s)) for s in schedulers]
+        self.stats_labels = {s.dp_group: labels for s, labels in self.schedulers if s.logs_stats and s.pp_rank == 0}
         self.tokenizer_labels = {"model_name": model_name, "engine_type": engine_type}
-        s_names = list(self.scheduler_labels)
+        s_names = list(self.schedulers[0][1])
         t_names = list(self.tokenizer_labels)
         r = self.registry
 
@@ -107,8 +160,9 @@ class EngineMetrics:
             "num_bootstrap_failed_reqs", "Requests whose bootstrap with the peer failed.")
         self.num_transfer_failed_reqs_total = counter(
             "num_transfer_failed_reqs", "Requests whose KV transfer failed.")
-        for mode in ("prefill_compute", "prefill_cache", "decode"):
-            self.realtime_tokens_total.labels(**self.scheduler_labels, mode=mode)
+        for labels in self.stats_labels.values():
+            for mode in ("prefill_compute", "prefill_cache", "decode"):
+                self.realtime_tokens_total.labels(**labels, mode=mode)
 
         def t_counter(name: str, doc: str, extra: tuple[str, ...] = ("is_streaming",)) -> Counter:
             return Counter(f"sglang:{name}", doc, t_names + list(extra), registry=r)
@@ -135,19 +189,46 @@ class EngineMetrics:
 
     # ---- helpers that keep the label plumbing in one place
 
-    def s(self, metric: Metric) -> Metric:
-        """A labelled child of a scheduler metric."""
-        return metric.labels(**self.scheduler_labels)
+    @staticmethod
+    def _labels(common: dict[str, str], rank: SchedulerRank) -> dict[str, str]:
+        labels = {**common, "tp_rank": str(rank.tp_rank), "pp_rank": str(rank.pp_rank),
+                  "moe_ep_rank": str(rank.moe_ep_rank)}
+        if rank.dp_rank is not None:
+            labels["dp_rank"] = str(rank.dp_rank)
+        return labels
+
+    def inc(self, metric: Counter, dp_rank: int, amount: float = 1.0, **extra: str) -> None:
+        """Count on DP rank `dp_rank`'s logging scheduler (nothing here when it is on another node)."""
+        if (labels := self.stats_labels.get(dp_rank)) is not None:
+            metric.labels(**labels, **extra).inc(amount)
+
+    def set(self, metric: Gauge, dp_rank: int, value: float) -> None:
+        if (labels := self.stats_labels.get(dp_rank)) is not None:
+            metric.labels(**labels).set(value)
+
+    def observe(self, metric: Histogram, dp_rank: int, value: float) -> None:
+        if (labels := self.stats_labels.get(dp_rank)) is not None:
+            metric.labels(**labels).observe(value)
 
     def t(self, metric: Metric, streaming: bool | None = None) -> Metric:
         if streaming is None:
             return metric.labels(**self.tokenizer_labels)
         return metric.labels(**self.tokenizer_labels, is_streaming=str(streaming).lower())
 
-    def record_forward(self, category: str, seconds: float) -> None:
-        """One timed forward pass, recorded only when the device timer is on (as SGLang does)."""
-        if self.device_timer:
-            self.forward_execution_seconds_total.labels(**self.scheduler_labels, category=category).inc(seconds)
+    def record_forward(self, category: str, seconds: float, working: Collection[int]) -> None:
+        """One timed forward pass, on every local scheduler of the DP groups `working` had work in.
+
+        Recorded only when the device timer is on, as SGLang does. With attention DP the other
+        groups run the same pass without work, timed as "idle"
+        (`model_executor/runner/eager_runner.py:460`); DP replicas run nothing.
+        """
+        if not self.device_timer:
+            return
+        for rank, labels in self.schedulers:
+            if rank.dp_group in working:
+                self.forward_execution_seconds_total.labels(**labels, category=category).inc(seconds)
+            elif self.attention_dp:
+                self.forward_execution_seconds_total.labels(**labels, category="idle").inc(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -43,13 +43,14 @@ from hybridserving_engine.simulator.args import (
 from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
 from hybridserving_engine.simulator.engine import RequestError, SimRequest, SimulatedEngine, count_tokens
 from hybridserving_engine.simulator.faults import Faults
-from hybridserving_engine.simulator.metrics import EngineMetrics, env_bool
+from hybridserving_engine.simulator.metrics import EngineMetrics, env_bool, local_schedulers
 
 log = logging.getLogger("hybridserving.simulator")
 
 DEFAULT_GENERATE_MAX_NEW_TOKENS = 128
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 128
+LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 BOOTSTRAP_TIMEOUT_S = float(os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "300"))
 
 
@@ -89,7 +90,11 @@ class SimulatorServer:
         self.resolved = resolve_server_args(args, options)
         self.perf = self._performance_model()
         self.role = args.disaggregation_mode
-        self.metrics = EngineMetrics(args.served_model_name, self.role, args.enable_pd_role_switch)
+        self.metrics = EngineMetrics(
+            args.served_model_name, self.role, args.enable_pd_role_switch,
+            schedulers=local_schedulers(tp=args.tp_size, pp=args.pp_size, dp=args.dp_size, attn_dp=args.attn_dp_size,
+                                        attn_cp=args.attn_cp_size, ep=args.ep_size, nnodes=args.nnodes),
+            attention_dp=args.attn_dp_size > 1)
         runs_bootstrap = self.role == "prefill" or (args.enable_pd_role_switch and self.role != "null")
         self.bootstrap = (
             BootstrapServer(args.host, args.disaggregation_bootstrap_port, BOOTSTRAP_TIMEOUT_S)
@@ -108,6 +113,8 @@ class SimulatorServer:
             max_prefill_tokens=args.max_prefill_tokens,
             bootstrap=self.bootstrap,
             receiver=self.receiver,
+            dp_ranks=args.dp_size * args.attn_dp_size,
+            follow_bootstrap_room=self._load_balance_method() == "follow_bootstrap_room",
         )
         self.startup_time = time.time()
         self.shutting_down = False
@@ -282,7 +289,9 @@ class SimulatorServer:
         return {
             **resolved,
             "launch_command": shlex.join(["python3", "-m", "sglang.launch_server", *self.argv]),
-            "max_total_num_tokens": self.perf.kv_capacity_tokens,
+            # One DP rank's pool, as the data-parallel controller reports its first scheduler's
+            # (`managers/data_parallel_controller.py:821`).
+            "max_total_num_tokens": self.engine.rank_kv_capacity,
             "max_req_input_len": self.engine.context_length - 1,
             "kv_events": None,
             "startup_time": self.startup_time,
@@ -297,7 +306,7 @@ class SimulatorServer:
     def _internal_state(self) -> dict[str, Any]:
         return {
             "last_gen_throughput": self.engine.gen_throughput(),
-            "load": self.engine.load()["num_running_reqs"],
+            "load": sum(load["num_running_reqs"] for load in self.engine.loads()),
             "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": self.perf.kv_capacity_tokens,
                              "graph": 0.0},
             "disaggregation_mode": self.engine.role,
@@ -344,34 +353,43 @@ class SimulatorServer:
         return web.json_response(self._model_card(name))
 
     async def loads(self, request: web.Request) -> web.Response:
+        """`/v1/loads` as `entrypoints/v1_loads.py:96-150` answers it. Every core key is there,
+        zero or not (`managers/load_snapshot.py:233`); an unknown section raises ValueError in
+        `to_dict` unless "all" is among them (lines 235-243), outside the handler's try
+        (v1_loads.py:141), so it is a 500."""
         include = request.query.get("include")
         sections = {s.strip() for s in include.split(",")} if include else None
-        valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
-        if sections and not sections <= valid:
-            return _error(400, f"Invalid include sections: {sections - valid}. Valid options: {sorted(valid)}")
-        load = self.engine.load()
+        if sections is not None and "all" not in sections and not sections <= LOAD_SECTIONS:
+            return web.Response(status=500, text="Internal Server Error")
+        loads = self.engine.loads()
         if sections is not None and "all" not in sections:
-            for key, name in (("memory", "memory"), ("disaggregation", "disagg"), ("queues", "queues")):
-                if name not in sections:
-                    load.pop(key)
+            for load in loads:
+                for key, name in (("memory", "memory"), ("disaggregation", "disagg"), ("queues", "queues")):
+                    if name not in sections:
+                        load.pop(key)
         if request.query.get("format") == "prometheus":
-            lines = []
-            for key, value in load.items():
-                if isinstance(value, dict):
+            samples: dict[str, list[str]] = {}
+            for load in loads:
+                rank = load.pop("dp_rank")
+                for key, value in load.items():
                     prefix = {"disaggregation": "disagg"}.get(key, key)
-                    items = [(f"sglang_{prefix}_{k}", v) for k, v in value.items()]
-                else:
-                    items = [(f"sglang_{key}", value)]
-                for name, v in items:
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and key != "dp_rank":
-                        lines += [f"# TYPE {name} gauge", f'{name}{{dp_rank="0"}} {v}']
+                    items = [(f"sglang_{prefix}_{k}", v) for k, v in value.items()] if isinstance(value, dict) else (
+                        [(f"sglang_{key}", value)])
+                    for name, v in items:
+                        if isinstance(v, (int, float)):
+                            samples.setdefault(name, []).append(f'{name}{{dp_rank="{rank}"}} {v}')
+            lines = [line for name, rows in samples.items() for line in (f"# TYPE {name} gauge", *rows)]
             return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+        a = self.args
+        accelerators = a.tp_size * a.pp_size
+        if a.attn_dp_size > 1:
+            accelerators //= self.engine.dp_ranks  # v1_loads.py:44-54: the accelerators behind one DP rank
         return web.json_response({
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
             "version": SGLANG_VERSION,
             "accelerator": "simulator",
-            "num_accelerators": self.args.tp_size * self.args.pp_size,
-            "loads": [load],
+            "num_accelerators": accelerators,
+            "loads": loads,
         })
 
     async def prometheus(self, request: web.Request) -> web.Response:
@@ -585,6 +603,9 @@ class SimulatorServer:
     # ------------------------------------------------------------------ control
 
     async def pd_role_switch(self, request: web.Request) -> web.Response:
+        """The scheduler's answer as the tokenizer manager passes it on: a success's message is
+        always "ok", the scheduler's own ("already in target role") is dropped
+        (`managers/tokenizer_control_mixin.py:946-953`)."""
         try:
             body = await self._json_body(request)
         except RequestError as e:
@@ -593,7 +614,7 @@ class SimulatorServer:
         old_role = self.engine.role
         success, message, safe = await self.engine.switch_role(new_role, body.get("decode_cuda_graph_memory_gb"))
         return web.json_response(
-            {"success": success, "message": message, "old_role": old_role, "new_role": new_role,
+            {"success": success, "message": "ok" if success else message, "old_role": old_role, "new_role": new_role,
              "safe_to_restore": safe},
             status=200 if success else 400,
         )

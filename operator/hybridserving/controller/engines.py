@@ -13,8 +13,9 @@ The reconcile reads, on pods whose node-cache fill step runs, the step's progres
 launcher port (`contract.WEIGHTS_PROGRESS_PATH`; the launcher starts only once the step is done).
 
 Every call has a short timeout and returns None instead of raising: an engine that does not answer
-is an observation, not an error. `instance_metrics` turns two scrapes into the policy's
-`InstanceMetrics` (utilisation and latency percentiles from counter and histogram deltas).
+is an observation, not an error. `instance_metrics` turns two scrapes and the `/v1/loads` entries
+of every DP rank into the policy's `InstanceMetrics` (utilisation and latency percentiles from
+counter and histogram deltas).
 """
 
 from __future__ import annotations
@@ -43,15 +44,28 @@ LAUNCHER_PORT = 8080  # the launcher's default (HYBRIDSERVING_LAUNCHER_PORT)
 
 @dataclass
 class Scrape:
-    """One `/metrics` read: gauge and counter sums by name, histogram buckets by name."""
+    """One `/metrics` read: gauge and counter sums over their series by name (the forward timer's
+    by category), histogram buckets by name.
+
+    A leader's page has a series per local scheduler process of every scheduler metric, told
+    apart by `tp_rank`, `pp_rank` and, with several DP ranks, `dp_rank`
+    (`observability/metrics_collector.py:1374-1399`): the forward timer on every one of them
+    (`managers/scheduler_components/metrics_reporter.py:325-339`), the gauges on the first
+    attention-TP rank of each DP group (`observability/metrics_collector.py:1361-1367`).
+    """
 
     at: float
     values: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+    series: dict[str, int] = field(default_factory=dict)
+    """How many series each entry of `values` adds up."""
+    forward_ranks: int = 1
+    """Scheduler processes with a forward-timer series, whatever its categories."""
 
     @classmethod
     def parse(cls, text: str, at: float) -> Scrape:
         out = cls(at)
+        ranks: set[tuple[tuple[str, str], ...]] = set()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 name = sample.name
@@ -63,11 +77,18 @@ class Scrape:
                 key = name
                 if name == FORWARD_SECONDS:
                     key = f"{name}:{sample.labels.get('category', '')}"
+                    ranks.add(tuple(sorted((k, v) for k, v in sample.labels.items() if k != "category")))
                 out.values[key] = out.values.get(key, 0.0) + sample.value
+                out.series[key] = out.series.get(key, 0) + 1
+        out.forward_ranks = max(1, len(ranks))
         return out
 
     def get(self, name: str, default: float = 0.0) -> float:
         return self.values.get(name, default)
+
+    def mean(self, name: str) -> float:
+        """The mean over the series of a per-DP-rank ratio (0 without one)."""
+        return self.values.get(name, 0.0) / self.series.get(name, 1)
 
 
 def histogram_quantile(q: float, now: Mapping[float, float], before: Mapping[float, float] | None) -> float | None:
@@ -91,39 +112,85 @@ def histogram_quantile(q: float, now: Mapping[float, float], before: Mapping[flo
 
 def instance_metrics(role: str, loads: Mapping[str, Any] | None, scrape: Scrape | None,
                      previous: Scrape | None) -> InstanceMetrics:
-    """The policy's view of one engine from `/v1/loads` and two consecutive `/metrics` reads."""
-    load = ((loads or {}).get("loads") or [{}])[0]
+    """The policy's view of one engine from `/v1/loads` and two consecutive `/metrics` reads.
+
+    `/v1/loads` has an entry per DP rank (`managers/load_snapshot.py:516`), each rank with its own
+    queues and KV pool (`managers/scheduler_components/load_inquirer.py:109-255`): the counts add
+    up; the KV usage is the pool-weighted mean, so that usage times the instance's capacity stays
+    the tokens all ranks hold (a rank that fills first shows as its prealloc queue, which is
+    counted). Without an answer from `/v1/loads`, the scheduler gauges stand in, one series per
+    DP group.
+    """
+    entries: list[Mapping[str, Any]] = list((loads or {}).get("loads") or [])
     m = scrape or Scrape(time.time())
-    utilization = busy_fraction(scrape, previous)
 
     def p90(name: str) -> float | None:
         if scrape is None or name not in scrape.buckets:
             return None
         return histogram_quantile(0.9, scrape.buckets[name], previous.buckets.get(name) if previous else None)
 
-    disagg = load.get("disaggregation") or {}
+    def total(key: str, section: str | None = None) -> int:
+        return sum(int(((e.get(section) or {}) if section else e).get(key) or 0) for e in entries)
+
+    if entries:
+        weights = [float(e.get("max_total_num_tokens") or 0) for e in entries]
+        if not all(weights):
+            weights = [1.0] * len(entries)
+        usage = [float(e.get("token_usage") or 0) for e in entries]
+        kv_usage = sum(w * u for w, u in zip(weights, usage, strict=True)) / sum(weights)
+        queue_reqs = sum(waiting_queue_reqs(e) for e in entries)
+        queue_tokens = total("num_waiting_uncached_tokens")
+        prealloc = total("decode_prealloc_queue_reqs", "disaggregation")
+        running = total("num_running_reqs")
+    else:
+        kv_usage = m.mean("sglang:token_usage")
+        queue_reqs = int(m.get("sglang:num_queue_reqs"))
+        queue_tokens = 0
+        prealloc = int(m.get("sglang:num_decode_prealloc_queue_reqs"))
+        running = int(m.get("sglang:num_running_reqs"))
     return InstanceMetrics(
         role=role,  # type: ignore[arg-type]
-        prefill_queue_reqs=int(load.get("num_waiting_reqs", m.get("sglang:num_queue_reqs")) or 0),
-        prefill_queue_tokens=int(load.get("num_waiting_uncached_tokens") or 0),
-        utilization=utilization,
-        kv_usage=float(load.get("token_usage", m.get("sglang:token_usage")) or 0.0),
-        prealloc_queue_reqs=int(disagg.get("decode_prealloc_queue_reqs",
-                                           m.get("sglang:num_decode_prealloc_queue_reqs")) or 0),
-        running_reqs=int(load.get("num_running_reqs", m.get("sglang:num_running_reqs")) or 0),
+        prefill_queue_reqs=queue_reqs,
+        prefill_queue_tokens=queue_tokens,
+        utilization=busy_fraction(scrape, previous),
+        kv_usage=kv_usage,
+        prealloc_queue_reqs=prealloc,
+        running_reqs=running,
         ttft_p90_s=p90("sglang:time_to_first_token_seconds"),
         tpot_p90_s=p90("sglang:request_time_per_output_token_seconds"),
     )
 
 
+def waiting_queue_reqs(load: Mapping[str, Any]) -> int:
+    """Requests in one DP rank's waiting queue: the queue whose prompts `num_waiting_uncached_tokens`
+    counts (`managers/scheduler_components/load_inquirer.py:82-107`), so that tokens over requests
+    is a mean prompt. `queues.waiting` is that queue (line 219); `num_waiting_reqs` also counts a
+    prefill's bootstrap queue and a decode's prealloc, transfer and retracted queues (lines 114-141),
+    which hold no tokens of it, so without the queues section those come off it."""
+    queues = load.get("queues") or {}
+    if "waiting" in queues:
+        return int(queues["waiting"] or 0)
+    disagg = load.get("disaggregation") or {}
+    other = sum(int(disagg.get(k) or 0) for k in ("prefill_bootstrap_queue_reqs", "decode_prealloc_queue_reqs",
+                                                  "decode_transfer_queue_reqs", "decode_retracted_queue_reqs"))
+    return max(0, int(load.get("num_waiting_reqs") or 0) - other)
+
+
 def busy_fraction(scrape: Scrape | None, previous: Scrape | None) -> float:
-    """The share of the interval between two scrapes that the GPU spent in forward passes.
+    """The share of the interval between two scrapes that the GPUs spent in forward passes: the mean
+    over the scheduler processes on the leader's page.
 
     Read from `sglang:forward_execution_seconds_total`, summed over every category that does
     work (extend, decode, and with speculative decoding target_verify and the draft passes:
     `model_executor/runner/eager_runner.py:344-350`, `speculative/eagle_draft_cuda_graph_runner.py:748`).
-    SGLang records it only with `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`, which the operator sets on
-    engine pods; `sglang:utilization` is no substitute (-1 on prefill, 0 elsewhere:
+    Every scheduler process (TP rank, PP stage, DP group) times its own passes into its own series
+    (`managers/scheduler_components/metrics_reporter.py:325-339`, labels
+    `observability/metrics_collector.py:1374-1399`), so the sum counts each pass once per rank:
+    it is divided by the ranks, which are the GPUs the instance computes on. A DP-attention rank
+    without work runs the pass as "idle", so it counts as a rank that was not busy; a DP replica
+    that has never run a pass has no series yet and is not counted. SGLang records the timer
+    only with `SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`, which the operator sets on engine pods;
+    `sglang:utilization` is no substitute (-1 on prefill, 0 elsewhere:
     `managers/scheduler_components/metrics_reporter.py:1303-1315`). 0 when either scrape lacks it.
     """
     if scrape is None or previous is None or scrape.at <= previous.at:
@@ -137,7 +204,8 @@ def busy_fraction(scrape: Scrape | None, previous: Scrape | None) -> float:
     now, before = busy(scrape), busy(previous)
     if now is None:
         return 0.0
-    return max(0.0, min(1.0, (now - (before or 0.0)) / (scrape.at - previous.at)))
+    seconds = (now - (before or 0.0)) / scrape.forward_ranks
+    return max(0.0, min(1.0, seconds / (scrape.at - previous.at)))
 
 
 @dataclass

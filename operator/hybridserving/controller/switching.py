@@ -548,7 +548,7 @@ class SwitchController:
                 observed[inst.name] = instance_metrics(inst.role, s.loads, s.scrape, mem.scrapes.get(inst.name))
                 if s.scrape is not None:
                     mem.scrapes[inst.name] = s.scrape
-        model = self._model(spec, instances)
+        model = policy_model(spec, instances)
         config = PolicyConfig.from_spec(spec.role_switch, paused=spec.rollout.paused,
                                         declared_prefill_share=prefill_share(spec), **self.policy_tuning)
         policy = RoleSwitchPolicy(config, model)
@@ -602,23 +602,6 @@ class SwitchController:
         verb = "ScaledUp" if want > current else "ScaledDown"
         self._post(namespace, hs_body, "Normal", verb, f"fleet resized from {current} to {want} instances: "
                    f"{actions[0].reason}")
-
-    def _model(self, spec: HybridServingSpec, instances: Mapping[str, Instance]) -> PerformanceModel:
-        """The performance model the policy projects with: the decode layout, at the engines' time scale."""
-        info: dict[str, Any] = {}
-        for inst in instances.values():
-            si = (inst.sample.server_info if inst.sample else None) or {}
-            if si and (not info or inst.role == "decode"):
-                info = si
-        kwargs: dict[str, Any] = {}
-        if info.get("max_running_requests"):
-            kwargs["max_running_requests"] = int(info["max_running_requests"])
-        layout = spec.decode.layout
-        return PerformanceModel.for_role(
-            spec.architecture(), tp=layout.tp, dcp=layout.dcp,
-            kv_tokens=int(info["max_total_num_tokens"]) if info.get("max_total_num_tokens") else None,
-            time_scale=float(info.get("simulator_time_scale") or 1.0), **kwargs,
-        )
 
     # ------------------------------------------------------------------ events
 
@@ -775,3 +758,26 @@ async def _tick_fleet(controller: SwitchController, key: tuple[str, str], interv
             # A fleet with switching off and nothing in flight is looked at less often.
             delay = interval * (IDLE_FLEET_EVERY if report.skipped else 1) - (time.monotonic() - started)
         await asyncio.sleep(max(0.1 * interval, delay))
+
+
+def policy_model(spec: HybridServingSpec, instances: Mapping[str, Instance]) -> PerformanceModel:
+    """The performance model the policy projects with: the decode layout, at the engines' time scale.
+
+    `/server_info`'s `max_total_num_tokens` is one DP rank's pool (the data-parallel controller
+    reports its first scheduler's: `managers/data_parallel_controller.py:821`), and each
+    attention-DP rank has its own: the instance holds `attnDp` of them.
+    """
+    info: dict[str, Any] = {}
+    for inst in instances.values():
+        si = (inst.sample.server_info if inst.sample else None) or {}
+        if si and (not info or inst.role == "decode"):
+            info = si
+    kwargs: dict[str, Any] = {}
+    if info.get("max_running_requests"):
+        kwargs["max_running_requests"] = int(info["max_running_requests"])
+    layout = spec.decode.layout
+    return PerformanceModel.for_role(
+        spec.architecture(), tp=layout.tp, dcp=layout.dcp,
+        kv_tokens=int(info["max_total_num_tokens"]) * layout.attn_dp if info.get("max_total_num_tokens") else None,
+        time_scale=float(info.get("simulator_time_scale") or 1.0), **kwargs,
+    )

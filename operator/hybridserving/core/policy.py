@@ -44,24 +44,34 @@ def other_role(role: Role) -> Role:
 
 @dataclass(frozen=True)
 class InstanceMetrics:
-    """What one engine reports (SGLang `/metrics` and `/v1/loads`), reduced to what the policy reads."""
+    """What one engine reports (SGLang `/metrics` and `/v1/loads`, every DP rank), reduced to what
+    the policy reads (`controller/engines.instance_metrics`)."""
 
     role: Role
     prefill_queue_reqs: int = 0
+    """Requests in the waiting queues (`queues.waiting`), the queue whose prompts
+    `prefill_queue_tokens` counts: not a prefill's bootstrap queue, whose requests have no tokens there."""
     prefill_queue_tokens: int = 0
+    """Uncached prompt tokens waiting for prefill (`num_waiting_uncached_tokens`; 0 on decode)."""
     utilization: float = 0.0
-    """Fraction of the recent interval the scheduler was running a forward pass (`sglang:utilization`)."""
+    """Fraction of the recent interval the GPUs spent in forward passes that do work: the rate of
+    `sglang:forward_execution_seconds_total` (without its "idle" category) over the interval,
+    averaged over the engine's scheduler processes. Not `sglang:utilization`, which 0.5.23 leaves
+    at -1 on prefill and 0 elsewhere (`managers/scheduler_components/metrics_reporter.py:1303-1315`)."""
     kv_usage: float = 0.0
-    """Decode KV pool in use, 0..1 (`sglang:token_usage`)."""
+    """KV pool in use, 0..1 (`token_usage`, weighted by each DP rank's pool)."""
     prealloc_queue_reqs: int = 0
-    """Requests waiting for decode KV slots (`num_decode_prealloc_queue_reqs`): the latency cliff."""
+    """Requests waiting for decode KV slots (`decode_prealloc_queue_reqs`): the latency cliff."""
     running_reqs: int = 0
+    """Requests in the running batches (`num_running_reqs`); a prefill's stays empty
+    (`managers/scheduler_components/metrics_reporter.py:854-855`)."""
     ttft_p90_s: float | None = None
     tpot_p90_s: float | None = None
     output_tokens_per_request: float | None = None
     """Mean output length of recently finished requests: the rate of SGLang's
     `sglang:generation_tokens_total` over that of `sglang:num_requests_total` (both counters
-    real SGLang exports by default, `srt/metrics/collector.py`); None until a request finished."""
+    real SGLang exports by default, `observability/metrics_collector.py:1860-1943`); None until a
+    request finished."""
 
 
 @dataclass(frozen=True)

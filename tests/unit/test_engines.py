@@ -1,0 +1,130 @@
+"""How the controller reads an engine's `/metrics` and `/v1/loads` into the policy's InstanceMetrics.
+
+The inputs are shaped as SGLang 0.5.23 serves them (paths relative to `sglang/srt/`): a leader's
+`/metrics` holds one series per local scheduler process, and `/v1/loads` one entry per DP rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridserving.controller.engines import EngineSample, Scrape, busy_fraction, instance_metrics, waiting_queue_reqs
+from hybridserving.controller.switching import Instance, policy_model
+from support.fleets import fleet
+
+FORWARD = "sglang:forward_execution_seconds_total"
+
+
+def forward_page(busy: dict[tuple[int, int | None], dict[str, float]]) -> str:
+    """A `/metrics` page with the forward timer of each (tp_rank, dp_rank) scheduler, by category."""
+    lines = [f"# TYPE {FORWARD} counter"]
+    for (tp, dp), categories in busy.items():
+        for category, seconds in categories.items():
+            dp_label = "" if dp is None else f',dp_rank="{dp}"'
+            lines.append(f'{FORWARD}{{category="{category}"{dp_label},engine_type="decode",model_name="m",'
+                         f'moe_ep_rank="0",pp_rank="0",tp_rank="{tp}"}} {seconds}')
+    return "\n".join(lines) + "\n"
+
+
+def test_a_tp8_engine_is_as_busy_as_one_of_its_gpus():
+    # Every TP rank times the same pass into its own series (managers/scheduler_components/
+    # metrics_reporter.py:325-339, labels observability/metrics_collector.py:1374-1399): summing
+    # them read a TP-8 engine eight times too busy.
+    before = Scrape.parse(forward_page({(tp, None): {"decode": 10.0} for tp in range(8)}), 0.0)
+    after = Scrape.parse(forward_page({(tp, None): {"decode": 10.5} for tp in range(8)}), 1.0)
+    assert after.forward_ranks == 8
+    assert busy_fraction(after, before) == pytest.approx(0.5)
+
+
+def test_attention_dp_ranks_without_work_count_as_idle_gpus():
+    # A DP-attention rank without requests runs the pass as "idle" (model_executor/runner/
+    # eager_runner.py:460): its GPU did no work, so the instance is half busy.
+    before = Scrape.parse(forward_page({(tp, tp // 2): {"extend": 0.0, "idle": 0.0} for tp in range(4)}), 0.0)
+    after = Scrape.parse(forward_page({
+        (0, 0): {"extend": 0.8, "idle": 0.0}, (1, 0): {"extend": 0.8, "idle": 0.0},
+        (2, 1): {"extend": 0.0, "idle": 0.8}, (3, 1): {"extend": 0.0, "idle": 0.8},
+    }), 1.0)
+    assert busy_fraction(after, before) == pytest.approx(0.4)
+
+
+def test_a_rank_whose_first_pass_falls_between_two_scrapes_counts_from_zero():
+    before = Scrape.parse(forward_page({(0, None): {"decode": 1.0}}), 0.0)
+    after = Scrape.parse(forward_page({(0, None): {"decode": 1.2}, (1, None): {"decode": 0.2}}), 1.0)
+    assert busy_fraction(after, before) == pytest.approx(0.2)
+
+
+def entry(rank: int, **fields: object) -> dict:
+    disagg = fields.pop("disaggregation", {})
+    queues = fields.pop("queues", {})
+    return {"dp_rank": rank, "num_running_reqs": 0, "num_waiting_reqs": 0, "num_waiting_uncached_tokens": 0,
+            "max_total_num_tokens": 1000, "token_usage": 0.0, **fields,
+            "disaggregation": {"mode": "decode", "decode_prealloc_queue_reqs": 0, **disagg},
+            "queues": {"waiting": 0, "paused": 0, **queues}}
+
+
+def test_every_dp_rank_of_v1_loads_counts():
+    # One entry per DP rank (managers/load_snapshot.py:516), each with its own queues and pool
+    # (managers/scheduler_components/load_inquirer.py:109-255).
+    loads = {"loads": [
+        entry(0, num_running_reqs=5, token_usage=0.9, disaggregation={"decode_prealloc_queue_reqs": 2}),
+        entry(1, num_running_reqs=3, token_usage=0.1, num_waiting_reqs=1, disaggregation={
+            "decode_prealloc_queue_reqs": 1}),
+    ]}
+    m = instance_metrics("decode", loads, None, None)
+    assert (m.running_reqs, m.prealloc_queue_reqs) == (8, 3)
+    assert m.kv_usage == pytest.approx(0.5)
+
+
+def test_kv_usage_weights_each_rank_by_its_pool():
+    loads = {"loads": [entry(0, token_usage=1.0, max_total_num_tokens=3000), entry(1, token_usage=0.0)]}
+    assert instance_metrics("decode", loads, None, None).kv_usage == pytest.approx(0.75)
+
+
+def test_prefill_queue_requests_are_those_of_the_queue_whose_tokens_are_counted():
+    # num_waiting_reqs counts the bootstrap queue too (load_inquirer.py:116-119, 141), whose prompts
+    # num_waiting_uncached_tokens leaves out (lines 82-107): two requests of 4000 tokens waiting
+    # behind three still bootstrapping are two prompts of 4000, not five of 1600.
+    loads = {"loads": [
+        entry(0, num_waiting_reqs=3, num_waiting_uncached_tokens=4000, queues={"waiting": 1},
+              disaggregation={"mode": "prefill", "prefill_bootstrap_queue_reqs": 2}),
+        entry(1, num_waiting_reqs=2, num_waiting_uncached_tokens=4000, queues={"waiting": 1},
+              disaggregation={"mode": "prefill", "prefill_bootstrap_queue_reqs": 1}),
+    ]}
+    m = instance_metrics("prefill", loads, None, None)
+    assert (m.prefill_queue_reqs, m.prefill_queue_tokens) == (2, 8000)
+
+
+def test_without_the_queues_section_the_pd_queues_come_off_the_waiting_count():
+    load = {"num_waiting_reqs": 7, "disaggregation": {"prefill_bootstrap_queue_reqs": 3}}
+    assert waiting_queue_reqs(load) == 4
+    decode = {"num_waiting_reqs": 6, "disaggregation": {"decode_prealloc_queue_reqs": 2,
+                                                        "decode_transfer_queue_reqs": 3,
+                                                        "decode_retracted_queue_reqs": 1}}
+    assert waiting_queue_reqs(decode) == 0
+
+
+def test_without_v1_loads_the_gauges_of_every_dp_group_stand_in():
+    # The gauges come from the first attention-TP rank of each DP group
+    # (observability/metrics_collector.py:1361-1367): counts add up, usages average.
+    labels = 'engine_type="decode",model_name="m",moe_ep_rank="0",pp_rank="0"'
+    page = "\n".join([
+        "# TYPE sglang:token_usage gauge",
+        f'sglang:token_usage{{dp_rank="0",{labels},tp_rank="0"}} 0.8',
+        f'sglang:token_usage{{dp_rank="1",{labels},tp_rank="4"}} 0.4',
+        "# TYPE sglang:num_running_reqs gauge",
+        f'sglang:num_running_reqs{{dp_rank="0",{labels},tp_rank="0"}} 6',
+        f'sglang:num_running_reqs{{dp_rank="1",{labels},tp_rank="4"}} 2',
+    ]) + "\n"
+    m = instance_metrics("decode", None, Scrape.parse(page, 0.0), None)
+    assert m.running_reqs == 8 and m.kv_usage == pytest.approx(0.6)
+
+
+def test_the_policys_kv_capacity_is_every_attention_dp_ranks_pool():
+    # /server_info's max_total_num_tokens is one DP rank's pool (managers/data_parallel_controller.py:821);
+    # with attention DP every rank has its own.
+    hs = fleet(decode={"replicas": 2, "layout": {"tp": 8, "attnDp": 8}})
+    decode = Instance(obj={"metadata": {"name": "fleet-2"}, "spec": {"role": "decode"}}, pods=[],
+                      sample=EngineSample(server_info={"max_total_num_tokens": 100_000}))
+    assert policy_model(hs.spec, {"fleet-2": decode}).kv_capacity_tokens == 800_000
+    single = fleet(decode={"replicas": 2, "layout": {"tp": 8}})
+    assert policy_model(single.spec, {"fleet-2": decode}).kv_capacity_tokens == 100_000
