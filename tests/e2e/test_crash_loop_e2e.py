@@ -127,8 +127,10 @@ def test_a_crashing_engine_shows_crash_loop_and_fires_the_alert_expression(
             first = values.index("True" if column == 2 else "CrashLoop")
             assert set(values[first:]) == {values[first]}, (label, values)
         events = kubectl_json(cluster, "events")["items"]
-        crash_events = {e["involvedObject"]["name"] for e in events if e["reason"] == "CrashLoop"}
-        assert crash_events == {"crashy-0", "crashy-1"}, crash_events
+        crash_events = sorted((e["involvedObject"]["kind"], e["involvedObject"]["name"])
+                              for e in events if e["reason"] == "CrashLoop")
+        assert crash_events == [("HybridServing", "crashy"), ("HybridServingInstance", "crashy-0"),
+                                ("HybridServingInstance", "crashy-1")], "one on each instance, one on the fleet"
         for i in (0, 1):
             assert "CrashLoop" not in seen_phases[f"steady-{i}"]
             assert kubectl_json(cluster, "pod", f"steady-{i}-0")["status"]["containerStatuses"][0]["restartCount"] == 0
