@@ -408,14 +408,6 @@ def ago(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds))
 
 
-def not_ready(api: MemoryApi, turned: str, started: str) -> None:
-    """fleet-1's engine container running since `started`, its pod not Ready since `turned`."""
-    api.store[("Pod", "fleet-1-0")]["status"] = {
-        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": turned}],
-        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
-                               "state": {"running": {"startedAt": started}}}]}
-
-
 def events(api: MemoryApi) -> list[dict[str, Any]]:
     return [o for (k, _), o in sorted(api.store.items()) if k == "Event"]
 
@@ -482,7 +474,11 @@ def test_an_engine_that_stops_answering_and_a_container_that_cannot_start_are_na
     api: MemoryApi,
 ) -> None:
     settle(api)
-    not_ready(api, turned=ago(120), started=ago(3600))
+    started, turned = ago(3600), ago(120)
+    api.store[("Pod", "fleet-1-0")]["status"] = {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": turned}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                               "state": {"running": {"startedAt": started}}}]}
     api.store[("Pod", "fleet-2-0")]["status"] = {
         "phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
         "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False, "state": {"waiting": {
@@ -509,7 +505,10 @@ def test_an_engine_that_stops_answering_and_a_container_that_cannot_start_are_na
 
 def test_an_engine_loading_since_its_container_started_is_starting_not_unready(api: MemoryApi) -> None:
     settle(api)
-    not_ready(api, turned=ago(60), started=ago(55))
+    api.store[("Pod", "fleet-1-0")]["status"] = {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": ago(60)}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                               "state": {"running": {"startedAt": ago(55)}}}]}
     rec.reconcile(api, NS, "fleet")
     assert {i["name"]: i["phase"] for i in api.status()["instances"]}["fleet-1"] == "Starting"
     assert api.condition("Degraded")["status"] == "False"
@@ -550,7 +549,10 @@ def test_a_rollout_that_keeps_bringing_instances_up_is_not_called_stuck(api: Mem
 
 def test_an_engine_unready_for_less_than_three_probe_periods_is_not_reported_yet(api: MemoryApi) -> None:
     settle(api)
-    not_ready(api, turned=ago(10), started=ago(3600))
+    api.store[("Pod", "fleet-1-0")]["status"] = {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": ago(10)}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                               "state": {"running": {"startedAt": ago(3600)}}}]}
     rec.reconcile(api, NS, "fleet")
     assert {i["name"]: i["phase"] for i in api.status()["instances"]}["fleet-1"] == "Starting"
     assert api.condition("Degraded")["status"] == "False"
