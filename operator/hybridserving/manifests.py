@@ -6,6 +6,7 @@ type or a hostile name must come back as "field path: problem; fix", never a tra
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from hybridserving.api.base import field_errors
 from hybridserving.api.v1alpha1 import HybridServing
 
 
@@ -40,6 +42,8 @@ _FIXES = {
     "int_type": "write a whole number without quotes",
     "float_parsing": "write a number without quotes",
     "bool_parsing": "write true or false",
+    "bool_type": "write true or false without quotes",
+    "string_type": "quote the value: this field is a string",
     "literal_error": "use one of the allowed values",
     "extra_forbidden": "remove the field or check its spelling (fields are camelCase)",
     "missing": "add the field",
@@ -52,29 +56,26 @@ _FIXES = {
 }
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
-        else:
-            parts.append(str(item))
-    return ".".join(parts) or "(document)"
-
-
 def errors_from_validation(exc: ValidationError) -> list[ManifestError]:
-    """Translate pydantic's errors into field paths as they appear in the YAML."""
+    """Pydantic's errors as field paths in the YAML, each with the fix for its kind of error."""
     out = []
-    for err in exc.errors():
-        # Model-level validators report at the model's location; the message names the field.
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        message = err["msg"].removeprefix("Value error, ")
-        path = _field_path(loc)
-        fix = _FIXES.get(err["type"], "see `kubectl explain hybridserving." + path + "`")
-        if err["type"] == "value_error":
+    for err in field_errors(exc):
+        fix = _FIXES.get(err.kind, "see `kubectl explain hybridserving." + err.path + "`")
+        if err.kind == "value_error":
             fix = "see the message"
-        out.append(ManifestError(path, message, fix))
+        out.append(ManifestError(err.path, err.message, fix))
     return out
+
+
+def _as_kubectl_sends(value: Any) -> Any:
+    """The document as kubectl's YAML-to-JSON step writes it: a whole float (`8.0`) becomes `8`."""
+    if isinstance(value, dict):
+        return {k: _as_kubectl_sends(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_kubectl_sends(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def parse_document(doc: Any, source: str = "<input>") -> HybridServing:
@@ -88,7 +89,9 @@ def parse_document(doc: Any, source: str = "<input>") -> HybridServing:
             source, [ManifestError("kind", f"expected HybridServing, got {kind!r}", "set kind: HybridServing")]
         )
     try:
-        return HybridServing.model_validate(doc)
+        # As the apiserver reads it: JSON types checked as they are, so a quoted "8" or "true"
+        # fails here as it fails `kubectl apply`, rather than passing `validate` first.
+        return HybridServing.model_validate_json(json.dumps(_as_kubectl_sends(doc), default=str), strict=True)
     except ValidationError as exc:
         raise ManifestInvalid(source, errors_from_validation(exc)) from None
 

@@ -22,6 +22,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from hybridserving import manifests
 from hybridserving.api import crd as crdgen
 from hybridserving.api.instance import HybridServingInstanceStatus
 from hybridserving.api.v1alpha1 import (
@@ -35,6 +36,7 @@ from hybridserving.api.v1alpha1 import (
     RoleStatus,
 )
 from hybridserving.api.profiles import PROFILES
+from hybridserving.core.fleet import assess
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD_FILES = sorted((REPO / "crds").glob("*.yaml"))
@@ -197,6 +199,8 @@ BAD_FLEETS = {
         "exactly one of model.profile",
     ),
     "wrong type": (_set("spec.prefill.layout.tp", "eight"), "spec.prefill.layout.tp", "integer"),
+    "a number in quotes": (_set("spec.decode.layout.tp", "8"), "spec.decode.layout.tp", "integer"),
+    "a boolean in quotes": (_set("spec.prefill.prefixCaching", "true"), "spec.prefill.prefixCaching", "boolean"),
     "dcp on prefill": (_set("spec.prefill.layout.dcp", 2), "spec.prefill.layout.dcp", "prefill.layout.dcp must be 1"),
     "attnCp on decode": (
         _both(_set("spec.decode.layout.attnCp", 2), _set("spec.decode.layout.cpStrategy", "zigzag")),
@@ -293,6 +297,19 @@ def test_bad_fleets_are_rejected_naming_the_field(objects, namespace, case):
     message, fields = rejection(lambda: create(objects, namespace, with_changes(FLEET, change)))
     assert text in message
     assert field in fields, (fields, message)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FLEETS))
+def test_the_cli_refuses_what_the_apiserver_refuses_naming_the_same_field(case):
+    """`hybridserving validate` in a GitOps pipeline passes nothing that `kubectl apply` then refuses."""
+    change, field, _ = BAD_FLEETS[case]
+    try:
+        hs = manifests.parse_document(with_changes(FLEET, change))
+    except manifests.ManifestInvalid as refused:
+        fields = [e.path for e in refused.errors]
+    else:
+        fields = [i.path for i in assess(hs.spec).issues if i.severity == "error"]
+    assert field in fields, fields
 
 
 def test_unknown_fields_are_refused_not_silently_dropped(objects, namespace):

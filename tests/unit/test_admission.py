@@ -73,11 +73,11 @@ def test_a_custom_architecture_without_mla_layers_is_refused_before_it_is_planne
         "kvBytesPerTokenLayer": 576, "weightBytes": 700 * 10**9, "attentionHeads": 128}}
     assert "spec.model.architecture.mlaLayers" in refusal(doc)
     doc["spec"]["model"]["architecture"]["mlaLayers"] = 62
-    assert "mlaLayers (62) counts some of the model's layers" in refusal(doc)
+    assert "spec.model.architecture.mlaLayers: mlaLayers (62) counts some of the model's layers" in refusal(doc)
 
 
 @pytest.mark.parametrize("template, field, text", [
-    ({"metadata": {"labels": {"team": "ml infra"}}}, "spec.podTemplate.metadata.labels", "value 'ml infra'"),
+    ({"metadata": {"labels": {"team": "ml infra"}}}, "spec.podTemplate.metadata.labels.team", "value 'ml infra'"),
     ({"metadata": {"labels": {"bad key!": "x"}}}, "spec.podTemplate.metadata.labels", "label key 'bad key!'"),
     ({"metadata": {"annotations": {"bad key!": "x"}}}, "spec.podTemplate.metadata.annotations",
      "annotation key 'bad key!'"),
@@ -107,7 +107,7 @@ def test_kubernetes_labels_annotations_and_quantities_pass() -> None:
     doc["spec"]["router"] = {"resources": {"requests": {"cpu": "500m"}}}
     admission.review(doc, None, "CREATE", [])
     doc["spec"]["router"] = {"resources": {"requests": {"cpu": "lots"}}}
-    assert refusal(doc).startswith("spec.router.resources.requests: ")
+    assert refusal(doc).startswith("spec.router.resources.requests.cpu: 'lots' is not a Kubernetes quantity")
 
 
 def test_updates_that_keep_the_spec_and_objects_being_deleted_always_pass() -> None:

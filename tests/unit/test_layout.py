@@ -199,6 +199,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "multi-node-needs-rdma": ({"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}},
                               overlaid(RDMA, {"prefill": {"nodesPerInstance": 2, "layout": {"tp": 16}}}),
                               "spec.transfer.rdmaResourceCount"),
+    "rdma-resource-named": ({"transfer": {"rdmaResourceCount": 8, "rdmaResourceName": ""}}, RDMA,
+                            "spec.transfer.rdmaResourceName"),
     "ib-devices-per-gpu": ({"transfer": {"ibDevices": [f"mlx5_{i}" for i in range(8)], "ibDevicesPerGpu": 2}},
                            {"transfer": {"ibDevices": [f"mlx5_{i}" for i in range(16)], "ibDevicesPerGpu": 2}},
                            "spec.transfer.ibDevices"),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.config import JsonDict
 from pydantic.alias_generators import to_camel
 
@@ -29,3 +30,47 @@ class ApiModel(BaseModel):
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class FieldInvalid(ValueError):
+    """A rule across fields, raised by a model validator, that names the field to change.
+
+    Pydantic places a model validator's error at the model; `field` (the wire path below it, e.g.
+    "maxUnavailable" or "labels.team") lets the error name the field as the CEL rule's fieldPath
+    does, so the CLI, the webhook and the apiserver point at the same line of YAML.
+    """
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One refused value: where it is in the object as written, what is wrong, pydantic's error type."""
+
+    path: str
+    message: str
+    kind: str
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        elif not str(item).startswith("function-"):
+            parts.append(str(item))
+    return ".".join(parts) or "(document)"
+
+
+def field_errors(exc: ValidationError) -> list[FieldError]:
+    """Pydantic's errors as wire field paths (`spec.prefill.layout.tp`, `...containers[0]`)."""
+    out = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldInvalid):
+            loc += tuple(cause.field.split("."))
+        out.append(FieldError(_field_path(loc), err["msg"].removeprefix("Value error, "), err["type"]))
+    return out

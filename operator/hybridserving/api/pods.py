@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from hybridserving.api.base import ApiModel, cel
+from hybridserving.api.base import ApiModel, FieldInvalid, cel
 
 # Pod spec fields the operator renders from other parts of the spec: a template setting one
 # would silently fight the planner. Each maps to the field that owns it, for the error.
@@ -100,8 +100,8 @@ def is_quantity(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-def quantity_error(value: object, where: str) -> str:
-    return f"{where}: {value!r} is not a Kubernetes quantity; write {_QUANTITY_RULE}"
+def quantity_error(value: object, where: str | None = None) -> str:
+    return f"{where + ': ' if where else ''}{value!r} is not a Kubernetes quantity; write {_QUANTITY_RULE}"
 
 
 class PodTemplateMetadata(ApiModel):
@@ -126,7 +126,7 @@ class PodTemplateMetadata(ApiModel):
         for key, value in labels.items():
             _check_key(key, "label", LABEL_KEY_PATTERN)
             if not re.fullmatch(LABEL_VALUE_PATTERN, value):
-                raise ValueError(f"label {key}: value {value!r} is not valid: use {_LABEL_VALUE_RULE}")
+                raise FieldInvalid(key, f"value {value!r} is not valid: use {_LABEL_VALUE_RULE}")
         return labels
 
     @field_validator("annotations")

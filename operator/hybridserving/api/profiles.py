@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from hybridserving.api.base import cel
+from hybridserving.api.base import FieldInvalid, cel
 
 AttentionKind = Literal["mla", "mla-dsa", "hybrid-kda-mla"]
 
@@ -98,17 +98,19 @@ class ModelArchitecture(BaseModel):
     def _layers_fit(self) -> ModelArchitecture:
         # Mirrors the CEL rules so that the CLI refuses what admission refuses.
         if self.mla_layers > self.layers:
-            raise ValueError(f"mlaLayers ({self.mla_layers}) counts some of the model's layers: set it to at most "
-                             f"layers ({self.layers})")
+            raise FieldInvalid("mlaLayers", f"mlaLayers ({self.mla_layers}) counts some of the model's layers: "
+                               f"set it to at most layers ({self.layers})")
         if self.indexer_layers > self.layers:
-            raise ValueError(f"indexerLayers ({self.indexer_layers}) counts some of the model's layers: set it to "
-                             f"at most layers ({self.layers})")
+            raise FieldInvalid("indexerLayers", f"indexerLayers ({self.indexer_layers}) counts some of the model's "
+                               f"layers: set it to at most layers ({self.layers})")
         if self.is_dsa and self.indexer_layers < 1:
-            raise ValueError("attention mla-dsa keeps a sparse-attention index key: set indexerLayers to the layers "
-                             "that run the DSA indexer (at least 1), or use attention: mla")
+            raise FieldInvalid("indexerLayers", "attention mla-dsa keeps a sparse-attention index key: set "
+                               "indexerLayers to the layers that run the DSA indexer (at least 1), or use "
+                               "attention: mla")
         if self.is_dsa and self.index_bytes_per_token_layer < 1:
-            raise ValueError("attention mla-dsa keeps a sparse-attention index key: set indexBytesPerTokenLayer to "
-                             "its bytes per token per indexer layer (at least 1), or use attention: mla")
+            raise FieldInvalid("indexBytesPerTokenLayer", "attention mla-dsa keeps a sparse-attention index key: "
+                               "set indexBytesPerTokenLayer to its bytes per token per indexer layer (at least 1), "
+                               "or use attention: mla")
         return self
 
     @property

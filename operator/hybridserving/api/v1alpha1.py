@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from hybridserving.api.base import ApiModel, cel
+from hybridserving.api.base import ApiModel, FieldInvalid, cel
 from hybridserving.api.pods import (
     QUANTITY_PATTERN,
     EnvFromSource,
@@ -411,7 +411,7 @@ class Resources(ApiModel):
     def _quantities(cls, values: dict[str, str]) -> dict[str, str]:
         for resource, value in values.items():
             if not is_quantity(value):
-                raise ValueError(quantity_error(value, resource))
+                raise FieldInvalid(resource, quantity_error(value))
         return values
 
 
@@ -526,9 +526,10 @@ class RolloutSpec(ApiModel):
     @model_validator(mode="after")
     def _can_roll(self) -> RolloutSpec:
         if self.max_unavailable + self.max_surge < 1:
-            raise ValueError(
-                "rollout.maxUnavailable and rollout.maxSurge are both 0, so no instance could ever roll: set "
-                "maxUnavailable: 1 (roll one instance of a role at a time) or maxSurge: 1 (start one extra first)")
+            raise FieldInvalid(
+                "maxUnavailable", "rollout.maxUnavailable and rollout.maxSurge are both 0, so no instance could "
+                "ever roll: set maxUnavailable: 1 (roll one instance of a role at a time) or maxSurge: 1 (start one "
+                "extra first)")
         return self
 
 

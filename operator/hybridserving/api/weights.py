@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from hybridserving.api.base import ApiModel, cel
+from hybridserving.api.base import ApiModel, FieldInvalid, cel
 
 URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|oci://[^\s]+)$"
 
@@ -80,9 +80,9 @@ class WeightsSpec(ApiModel):
     @model_validator(mode="after")
     def _source_fits(self) -> WeightsSpec:
         if self.cache != "None" and self.scheme != "hf":
-            raise ValueError("weights.cache: Node applies to hf:// sources only")
+            raise FieldInvalid("cache", "cache: Node applies to hf:// sources only")
         if self.token_secret_ref is not None and self.scheme != "hf":
-            raise ValueError("weights.tokenSecretRef applies to hf:// sources only")
+            raise FieldInvalid("tokenSecretRef", "tokenSecretRef applies to hf:// sources only")
         return self
 
     @property

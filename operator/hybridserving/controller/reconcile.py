@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hybridserving.api.base import field_errors
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec, WeightsStatus
 from hybridserving.api.weights import WeightsSpec
 from hybridserving.controller import gauges, metrics
@@ -151,11 +152,7 @@ def validate(
             {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
         )
     except ValidationError as exc:
-        errors = "; ".join(
-            f"spec.{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" if e["loc"][:1] == ("spec",)
-            else f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in exc.errors()
-        )
+        errors = "; ".join(f"{e.path}: {e.message}" for e in field_errors(exc))
         return None, Validation(issues=(), parse_error=errors)
     hs = privileges.with_default_image(hs, engine_policy)
     issues = [*layout.validate(hs.spec), *surface.check(hs.spec), *privileges.check(hs.spec, engine_policy)]

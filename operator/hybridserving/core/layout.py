@@ -164,6 +164,8 @@ _RULES: tuple[Rule, ...] = (
     Rule("role-switch-in-place", "warning", "with role switch on, instances switch in place",
          "rejects --enable-pd-role-switch with EP, PP, DCP, speculative decoding; every switch relaunches",
          _FROM_VERIFIED),
+    Rule("rdma-resource-named", "error", "rdmaResourceCount > 0 names the extended resource in rdmaResourceName",
+         "n/a: without a name the pods would request no RDMA devices"),
     Rule("ib-devices-per-gpu", "error", "with ibDevicesPerGpu, ibDevices hold that many devices for every GPU "
          "of a pod", "late: the transfer engine raises for a GPU the map leaves out"),
     Rule("role-switch-floors-fit", "error", "roleSwitch.minPrefill + minDecode fit in the fleet",
@@ -722,6 +724,12 @@ def _check_transfer(spec: HybridServingSpec) -> Issues:
                      f"set spec.transfer.bootstrapPort between {lowest[0]} and {lowest[1]}"
                      + (f" or between {highest[0]} and {highest[1]}" if highest else "")
                      + " (the default 8998 is clear)")
+    if transfer.rdma_resource_count > 0 and not transfer.rdma_resource_name:
+        yield _issue("rdma-resource-named", "spec.transfer.rdmaResourceName",
+                     f"rdmaResourceCount is {transfer.rdma_resource_count} but rdmaResourceName is empty, so the "
+                     "pods would request no RDMA devices",
+                     "set spec.transfer.rdmaResourceName to the device plugin's resource (e.g. rdma/ib), or "
+                     "rdmaResourceCount: 0 for no RDMA devices")
     per_gpu = transfer.ib_devices_per_gpu
     if per_gpu is None or not transfer.ib_devices:
         return
