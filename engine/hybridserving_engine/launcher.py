@@ -225,14 +225,21 @@ def engine_command(backend: str, argv: list[str]) -> list[str]:
 
 
 def engine_url(argv: list[str], node_rank: int) -> str:
-    """Where the instance's HTTP API answers. Worker ranks serve none, so they reach the leader
-    (the host of `--dist-init-addr`) on the same port."""
-    port = flag_value(argv, "--port", "30000")
+    """Where the instance's HTTP API answers. A worker rank's own server is only a health check
+    (`local_url`), so worker ranks reach the leader (the host of `--dist-init-addr`) on the same port."""
     host = flag_value(argv, "--host", "127.0.0.1")
-    if node_rank > 0:
-        addr = flag_value(argv, "--dist-init-addr")
-        if addr:
-            host = addr.rsplit(":", 1)[0]
+    if node_rank > 0 and (addr := flag_value(argv, "--dist-init-addr")):
+        host = addr.rsplit(":", 1)[0]
+    return _http_url(host, flag_value(argv, "--port", "30000"))
+
+
+def local_url(argv: list[str]) -> str:
+    """This rank's own engine server: the whole API on rank 0; on a worker rank the dummy health check
+    it serves once its schedulers are up (`entrypoints/engine.py:1234-1284`)."""
+    return _http_url(flag_value(argv, "--host", "127.0.0.1"), flag_value(argv, "--port", "30000"))
+
+
+def _http_url(host: str, port: str) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     return f"http://{host}:{port}"
@@ -442,13 +449,13 @@ class Launcher:
     async def probe_engine(self) -> bool:
         """Whether the engine serves: `/ready` on the leader (200 once warmed up, while healthy and
         not paused: `managers/tokenizer_manager.py:728-734`; `/health` would run a generation and
-        answer after a second at the earliest); a live process on worker ranks."""
+        answer after a second at the earliest); on a worker rank its dummy `/health`, which answers
+        only once the rank's schedulers have loaded the model (`utils/common.py:3624-3664`)."""
         if self.proc is None or self.proc.returncode is not None:
             return False
-        if self.settings.node_rank > 0:
-            return True
+        path = "/health" if self.settings.node_rank > 0 else "/ready"
         try:
-            async with self._client().get(engine_url(self.argv, 0) + "/ready") as resp:
+            async with self._client().get(local_url(self.argv) + path) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
@@ -480,6 +487,8 @@ class Launcher:
             loads = await self.engine_loads()
             if loads is None and (self.proc is None or self.proc.returncode is not None):
                 return True  # nothing left that could hold a request
+            if loads is None and self.settings.node_rank > 0 and not await self._leader_answers():
+                return True  # a worker rank drains with its leader, which has stopped
             if loads is not None:
                 busy = inflight_requests(loads)
                 now = time.monotonic()

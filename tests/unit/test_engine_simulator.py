@@ -36,6 +36,17 @@ def make_server(*flags: str, time_scale: float = 0.01, faults: str = "") -> Simu
     return SimulatorServer(parse_server_args(argv), options(time_scale, faults), argv)
 
 
+def http_status(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def pd_flags(role: str, bootstrap_port: int, *extra: str) -> list[str]:
     return ["--disaggregation-mode", role, "--disaggregation-bootstrap-port", str(bootstrap_port), "--enable-metrics",
             *extra]
@@ -532,8 +543,40 @@ def test_fault_endpoint_slows_forward_passes_and_refuses_switches():
 
 
 @pytest.mark.slow
-def test_worker_rank_ignores_sigterm_until_rank_0_stops():
-    # entrypoints/engine.py:1261-1272: non-zero ranks log SIGTERM and wait for rank 0's shutdown.
+def test_sigterm_turns_health_503_and_serves_every_request_in_flight_before_stopping():
+    # managers/tokenizer_manager.py:3508-3545, 4066-4070: SIGTERM sets gracefully_exit (/health,
+    # /ping and /ready answer 503: entrypoints/http_server.py:717, 731-733, 2198), the watchdog
+    # waits while rid_to_state holds requests, and generate_request refuses nothing meanwhile.
+    server = make_server(time_scale=0.5)
+
+    async def generate(session, url, tokens):
+        async with session.post(url + "/generate", json={"text": "abcd" * 40,
+                                                         "sampling_params": {"max_new_tokens": tokens}}) as r:
+            return r.status, (await r.json())["meta_info"]["completion_tokens"]
+
+    async def check(session, url):
+        first = asyncio.create_task(generate(session, url, 60))
+        while server.engine.is_idle():
+            await asyncio.sleep(0.01)
+        shutting = asyncio.create_task(server.shut_down())
+        await asyncio.sleep(0.05)
+        for path in ("/health", "/ping", "/ready"):
+            async with session.get(url + path) as r:
+                assert r.status == 503, path
+        late = await generate(session, url, 2)
+        assert not shutting.done(), "the server stopped with a request in flight"
+        assert await first == (200, 60) and late == (200, 2)
+        await shutting
+        with pytest.raises(aiohttp.ClientError):
+            await generate(session, url, 1)
+
+    run(check, server)
+
+
+def test_worker_rank_serves_the_dummy_health_check_and_ignores_sigterm_until_rank_0_stops():
+    # entrypoints/engine.py:1234-1284: once its schedulers are up a non-zero rank serves
+    # launch_dummy_health_check_server (utils/common.py:3624-3664: /ping, /health, /health_generate,
+    # no key) on its own --host:--port, logs SIGTERM and waits for rank 0's shutdown.
     import signal
     import subprocess
     import time
@@ -541,14 +584,21 @@ def test_worker_rank_ignores_sigterm_until_rank_0_stops():
     from hybridserving_engine.simulator.process import SimulatorProcess, simulator_env
 
     port = free_port()
-    common = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(port), "--tp-size", "16", "--nnodes", "2",
-              "--dist-init-addr", f"127.0.0.1:{free_port()}"]
-    leader = SimulatorProcess([*common, "--node-rank", "0"], env=simulator_env(time_scale=0.01)).wait_ready()
-    worker = subprocess.Popen([*leader.proc.args[:3], *common, "--node-rank", "1"], env=simulator_env(),
+    common = ["--model-path", "m", "--port", str(port), "--tp-size", "16", "--nnodes", "2",
+              "--dist-init-addr", f"127.0.0.1:{free_port()}", "--api-key", "k"]
+    leader = SimulatorProcess([*common, "--host", "127.0.0.1", "--node-rank", "0"],
+                              env=simulator_env(time_scale=0.01)).wait_ready()
+    worker = subprocess.Popen([*leader.proc.args[:3], *common, "--host", "127.0.0.2", "--node-rank", "1"],
+                              env=simulator_env(startup_seconds=0.5),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        while "no HTTP server on worker ranks" not in worker.stderr.readline():  # joined the instance
+        while "serving its health check" not in worker.stderr.readline():  # its schedulers are up
             assert worker.poll() is None
+        worker_url = f"http://127.0.0.2:{port}"
+        for path in ("/ping", "/health", "/health_generate"):
+            assert http_status(worker_url + path) == 200, path
+        for path in ("/ready", "/metrics", "/v1/loads"):
+            assert http_status(worker_url + path) == 404, path
         worker.send_signal(signal.SIGTERM)
         time.sleep(1.5)
         assert worker.poll() is None, "the worker rank stopped before rank 0"

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hybridserving.contract import ENV_NODE_RANK
 from hybridserving_engine import preflight
 from hybridserving_engine.launcher import (
     ConfigError,
@@ -220,17 +221,22 @@ class Pod:
 
     def __init__(self, tmp_path: Path, role: str, switch_flag: bool = True, faults: str = "",
                  extra: list[str] | None = None, time_scale: float = 0.01, idle_window_s: float = 1.0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, node_rank: int = 0, startup_seconds: float = 0.0) -> None:
         self.port, self.bootstrap, self.launcher_port = free_port(), free_port(), free_port()
+        # A worker rank of a two-node instance runs on a host of its own; its leader is not started.
+        host = "127.0.0.2" if node_rank else "127.0.0.1"
+        multi_node = ["--tp-size", "16", "--dist-init-addr", f"127.0.0.1:{free_port()}"] if node_rank else []
         for r in ("prefill", "decode"):
             # Like the operator's ConfigMap: per-pod values are placeholders the launcher fills from env.
-            argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", "{port}",
+            argv = ["--model-path", "m", "--host", host, "--port", "{port}",
                     "--disaggregation-mode", r, "--disaggregation-bootstrap-port", str(self.bootstrap),
-                    *(["--enable-pd-role-switch"] if switch_flag else []), *(extra or [])]
-            write_config(tmp_path / "cfg", r, {"argv": argv, "decode_cuda_graph_memory_gb": 1.0})
+                    *(["--enable-pd-role-switch"] if switch_flag else []), *multi_node, *(extra or [])]
+            write_config(tmp_path / "cfg", r, {"argv": argv, "decode_cuda_graph_memory_gb": 1.0,
+                                               "nnodes": 2 if node_rank else 1})
         self.role_file = tmp_path / "role"
         self.role_file.write_text(role)
-        env = simulator_env(time_scale=time_scale, faults=faults)
+        env = simulator_env(time_scale=time_scale, faults=faults, startup_seconds=startup_seconds)
+        env[ENV_NODE_RANK] = str(node_rank)
         env.update(HYBRIDSERVING_CONFIG_DIR=str(tmp_path / "cfg"), HYBRIDSERVING_ROLE_FILE=str(self.role_file),
                    HYBRIDSERVING_LAUNCHER_HOST="127.0.0.1", HYBRIDSERVING_LAUNCHER_PORT=str(self.launcher_port),
                    HYBRIDSERVING_POLL_INTERVAL_S="0.1", HYBRIDSERVING_DRAIN_TIMEOUT_S="30",
@@ -243,7 +249,7 @@ class Pod:
                                           "simulator"], env=env, stdout=out, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.launcher_port}"
         self.engine = f"http://127.0.0.1:{self.port}"
-        wait_http(self.url + "/readyz", timeout=30)
+        wait_http(self.url + ("/healthz" if startup_seconds else "/readyz"), timeout=30)
 
     def status(self) -> dict:
         with urllib.request.urlopen(self.url + "/status", timeout=5) as resp:
@@ -303,6 +309,24 @@ def test_sigterm_drains_in_flight_requests_before_stopping_the_engine(pod):
     assert p.proc.wait(30) == 0
     log = p.log.read_text()
     assert log.index("phase Draining: pod is terminating") < log.index("simulator shutting down")
+
+
+@pytest.mark.slow
+def test_a_worker_rank_is_ready_only_once_its_engine_serves_its_health_check(pod):
+    # A live process is not a loaded one: a worker rank's dummy health check answers only after its
+    # schedulers are up (entrypoints/engine.py:1234-1284), so its pod is not Ready while it loads.
+    p = pod("decode", node_rank=1, startup_seconds=3.0)
+    assert p.status()["phase"] == "Starting"
+    deadline = time.monotonic() + 30
+    while p.status()["phase"] != "Ready":
+        assert time.monotonic() < deadline, p.log.read_text()
+        time.sleep(0.1)
+    assert "serving its health check" in p.log.read_text()
+    # Its leader is gone (never started here): there is nothing to drain, so it stops at once rather
+    # than after the drain timeout (30 s).
+    stopping = time.monotonic()
+    p.stop()
+    assert time.monotonic() - stopping < 10, p.log.read_text()
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """The watch loop and one worker per pod it runs: the kubelet's job for engine leaders and routers
 on fake nodes.
 
-A simulated multi-node instance runs whole on its leader (the simulator's worker ranks only
-wait for SIGTERM, and SGLang's serve no HTTP), so worker pods get no process: they keep the
-Running, Ready status kwok gives them, which is what the operator reads for gang health.
+A simulated multi-node instance runs whole on its leader (the simulator's worker ranks run no
+batches: they serve SGLang's dummy health check and wait for rank 0 to stop), so worker pods get
+no process: they keep the Running, Ready status kwok gives them, which is what the operator reads
+for gang health.
 
 Each leader's worker thread materialises the pod's volumes, starts the container's command
 (the launcher) at the pod IP, probes it, writes the readiness and the restart count into the

@@ -160,6 +160,16 @@ class SimulatorServer:
         if self.faults.crash_after_s is not None:
             asyncio.get_running_loop().call_later(self.faults.crash_after_s, self._crash, "crash_after")
 
+    async def shut_down(self) -> None:
+        """SIGTERM as 0.5.23 takes it (`managers/tokenizer_manager.py:3508-3545, 4066-4070`): `/health`,
+        `/ping` and `/ready` answer 503 at once, requests in flight, and any still sent, are served to
+        the end, then the server stops; an unhealthy engine or `SGL_FORCE_SHUTDOWN` stops at once.
+        SGLang looks every 5 s; the simulator every 0.2 s, so that a stop costs tests no waiting."""
+        self.shutting_down = True
+        while self.engine.healthy and not self.engine.is_idle() and not env_bool("SGL_FORCE_SHUTDOWN", False):
+            await asyncio.sleep(0.2)
+        await self.stop()
+
     async def stop(self) -> None:
         self.shutting_down = True
         await self.engine.stop()
@@ -221,6 +231,7 @@ class SimulatorServer:
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health)
         r.add_get("/ready", self.ready)
+        r.add_get("/ping", self.ping)
         r.add_get("/server_info", self.server_info)
         r.add_get("/get_server_info", self.server_info)
         r.add_get("/model_info", self.model_info)
@@ -259,6 +270,10 @@ class SimulatorServer:
             if self.engine.healthy and not self.shutting_down:
                 return web.Response(status=200)
         return web.Response(status=503)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        """200 while healthy, also while paused (`entrypoints/http_server.py:2190-2199`)."""
+        return web.Response(status=200 if not self.shutting_down and self.engine.healthy else 503)
 
     async def ready(self, request: web.Request) -> web.Response:
         ok = not self.shutting_down and self.engine.healthy and not self.engine.paused
@@ -650,6 +665,38 @@ class SimulatorServer:
         return web.json_response({**self.faults.to_dict(), "simulator": True})
 
 
+async def _answer_ok(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _serve_worker_rank(args: argparse.Namespace, options: SimulatorOptions, argv: list[str],
+                             stop: asyncio.Event) -> None:
+    """A worker rank (`entrypoints/engine.py:1234-1284`): once its schedulers are up it serves
+    `launch_dummy_health_check_server` (`utils/common.py:3624-3664`) on `--host:--port`, whose
+    `/ping`, `/health` and `/health_generate` answer 200 with no key, whatever the instance does. It
+    runs no batches here, so it serves no `/metrics` (SGLang's would, with `--enable-metrics`)."""
+    log.info("simulator node rank %d of %d: loading, then serving the dummy health check server",
+             args.node_rank, args.nnodes)
+    loading = asyncio.create_task(asyncio.sleep(SimulatorServer(args, options, argv).startup_seconds()))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    runner: web.AppRunner | None = None
+    if loading.done():
+        app = web.Application()
+        for path in ("/ping", "/health", "/health_generate"):
+            app.router.add_get(path, _answer_ok)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, args.host, args.port).start()
+        log.info("simulator node rank %d serving its health check on %s:%d", args.node_rank, args.host, args.port)
+    else:
+        loading.cancel()
+    await stopping
+    await _follow_leader_shutdown(args)
+    if runner is not None:
+        await runner.cleanup()
+
+
 async def _follow_leader_shutdown(args: argparse.Namespace) -> None:
     """A worker rank ignores SIGTERM and stops with rank 0's shutdown broadcast
     (`entrypoints/engine.py:1261-1272`): here, once the leader's HTTP server is gone."""
@@ -673,10 +720,7 @@ async def _serve(args: argparse.Namespace, options: SimulatorOptions, argv: list
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if args.node_rank > 0:
-        # SGLang's worker ranks serve no HTTP; they only join the leader's process group.
-        log.info("simulator node rank %d of %d: no HTTP server on worker ranks", args.node_rank, args.nnodes)
-        await stop.wait()
-        await _follow_leader_shutdown(args)
+        await _serve_worker_rank(args, options, argv, stop)
         return 0
     server = SimulatorServer(args, options, argv)
     starting = asyncio.create_task(server.start())
@@ -688,7 +732,7 @@ async def _serve(args: argparse.Namespace, options: SimulatorOptions, argv: list
     else:
         starting.cancel()
     log.info("simulator shutting down")
-    await server.stop()
+    await (server.shut_down() if starting in done else server.stop())
     return 0
 
 
