@@ -1,24 +1,33 @@
 """The work queue's contract: one pass per key at a time, and a growing back-off for a key whose
-passes keep raising (so an apiserver that refuses the fleet's status is not hammered)."""
+passes keep failing, by raising or by ending with errors (so an apiserver that refuses the fleet's
+writes is not hammered, and a fleet degraded for another reason is not slowed)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from hybridserving.controller.queue import FAILURE_BACKOFF_MAX_SECONDS, FAILURE_BACKOFF_SECONDS, Key, WorkQueue
+from hybridserving.controller.queue import (
+    FAILURE_BACKOFF_MAX_SECONDS,
+    FAILURE_BACKOFF_SECONDS,
+    Key,
+    Pass,
+    WorkQueue,
+)
 
 
 def test_a_key_whose_passes_keep_failing_is_retried_ever_later_and_a_success_resets_it() -> None:
-    outcomes = iter(["fail", "fail", "fail", "ok", "fail"])
+    # A pass that raises (its status write refused) and one that ends with errors in status (a
+    # create refused) are failures alike; the requeue a failed pass asks for does not shorten it.
+    outcomes = iter(["raise", "errors", "raise", "ok", "errors"])
     retries: list[float] = []
 
-    async def work(key: Key) -> float | None:
+    async def work(key: Key) -> Pass:
         outcome = next(outcomes, "done")
         if outcome == "done":
-            return None  # nothing more to retry
-        if outcome == "fail":
+            return Pass(None)  # nothing more to retry
+        if outcome == "raise":
             raise RuntimeError("the apiserver refused the status write")
-        return 1.0
+        return Pass(1.0, failed=outcome == "errors")
 
     async def scenario() -> None:
         queue = WorkQueue(work, workers=1)

@@ -24,7 +24,7 @@ from hybridserving.controller import switching as role_switching
 from hybridserving.controller.cache import CachedKube, ObjectCache
 from hybridserving.controller.engines import Engines
 from hybridserving.controller.kube import OWNED_KINDS, RESOURCES, Kube
-from hybridserving.controller.queue import Key, WorkQueue
+from hybridserving.controller.queue import Key, Pass, WorkQueue
 from hybridserving.controller.reconcile import reconcile
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
 from hybridserving.core.naming import LABEL_NAME
@@ -97,7 +97,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     # The reconcile's own reads of engine pods: the progress of running weights downloads.
     engines = Engines()
 
-    async def work(key: Key) -> float | None:
+    async def work(key: Key) -> Pass:
         namespace, name = key
         try:
             outcome = await asyncio.to_thread(reconcile, kube, namespace, name, None, OPTIONS.engine_policy,
@@ -109,12 +109,13 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         if outcome.gone:
             queue.forget(key)
             metrics.RECONCILES.labels("gone").inc()
-            return None
+            return Pass(None)
         result = "conflict" if outcome.conflict else "error" if outcome.errors else "ok"
         metrics.RECONCILES.labels(result).inc()
         for error in outcome.errors:
             log.warning("%s/%s: %s", namespace, name, error)
-        return outcome.requeue_after if outcome.requeue_after is not None else OPTIONS.resync_seconds
+        return Pass(outcome.requeue_after if outcome.requeue_after is not None else OPTIONS.resync_seconds,
+                    failed=bool(outcome.errors))
 
     queue = WorkQueue(work, workers=OPTIONS.workers)
     queue.start()

@@ -4,6 +4,9 @@ Events on a HybridServing and on every child funnel into one key per HybridServi
 that is queued twice runs once; a key triggered while it runs runs again right after, so no
 change is missed and no two passes over one fleet ever overlap (the controller-runtime
 work-queue contract). Different fleets reconcile in parallel on a few workers.
+
+A pass that fails, by raising or by ending with errors it reported in status, is retried on one
+growing back-off per key; a pass that succeeds resets it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from hybridserving.controller import metrics
 
@@ -18,14 +22,23 @@ Key = tuple[str, str]  # (namespace, name)
 
 log = logging.getLogger("hybridserving.controller")
 
-# A pass that raises is retried after this, doubling with each failure in a row up to the cap
-# (controller-runtime's per-item exponential rate limiter); a pass that returns resets it.
+# A failed pass is retried after this, doubling with each failure in a row up to the cap
+# (controller-runtime's per-item exponential rate limiter); a pass that succeeds resets it.
 FAILURE_BACKOFF_SECONDS = 5.0
 FAILURE_BACKOFF_MAX_SECONDS = 300.0
 
 
+@dataclass(frozen=True)
+class Pass:
+    """How a pass over one key ended: when to look again (None: only on the next event), and whether
+    it failed (an action or a status write refused), which puts the key on the failure back-off."""
+
+    requeue_after: float | None
+    failed: bool = False
+
+
 class WorkQueue:
-    def __init__(self, work: Callable[[Key], Awaitable[float | None]], workers: int = 4) -> None:
+    def __init__(self, work: Callable[[Key], Awaitable[Pass]], workers: int = 4) -> None:
         self._work = work
         self._workers = workers
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
@@ -68,6 +81,11 @@ class WorkQueue:
         if timer is not None:
             timer.cancel()
 
+    def _failed(self, key: Key) -> int:
+        """Count one more failed pass of `key` in a row; the count."""
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        return failures
+
     @staticmethod
     def failure_backoff(failures: int) -> float:
         """Seconds before retrying a key whose last `failures` passes raised."""
@@ -91,12 +109,16 @@ class WorkQueue:
             self._running.add(key)
             delay: float | None = None
             try:
-                delay = await self._work(key)
-                self._failures.pop(key, None)
+                done = await self._work(key)
+                if done.failed:
+                    delay = self.failure_backoff(self._failed(key))
+                else:
+                    self._failures.pop(key, None)
+                    delay = done.requeue_after
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - one fleet's failure must not stop the others
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                failures = self._failed(key)
                 delay = self.failure_backoff(failures)
                 log.exception("reconcile of %s/%s failed (%d in a row); retrying in %.0fs", *key, failures, delay)
             finally:

@@ -61,7 +61,7 @@ from hybridserving.core.naming import (
     selectable,
     standard_labels,
 )
-from hybridserving.core.observed import Observed, parse_time
+from hybridserving.core.observed import Observed
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.rendering import EngineAccess
 
@@ -85,12 +85,6 @@ FillProbe = Callable[[Mapping[str, tuple[str, int]]], Mapping[str, weights.FillP
 
 # Frozen, so one shared instance is safe as a default: it grants nothing.
 DEFAULT_ENGINE_POLICY = EnginePolicy()
-
-
-# Failing passes retry after half the time they have been failing, within these bounds:
-# quickly after a transient error, rarely for a name someone else holds.
-BACKOFF_MIN_SECONDS = 1.0
-BACKOFF_MAX_SECONDS = 300.0
 
 
 @dataclass
@@ -408,16 +402,6 @@ def _write_reason(exc: KubeError) -> str:
     return {403: "WriteForbidden", 422: "WriteInvalid"}.get(exc.status, "ReconcileError")
 
 
-def backoff_seconds(previous_status: dict[str, Any], at: float | None = None) -> float:
-    """How long to wait after a failing pass: half the time the fleet has been Degraded, bounded."""
-    degraded = next((c for c in previous_status.get("conditions") or [] if c.get("type") == "Degraded"), None)
-    since = parse_time((degraded or {}).get("lastTransitionTime")) if (degraded or {}).get("status") == "True" else None
-    if since is None:
-        return BACKOFF_MIN_SECONDS
-    age = (time.time() if at is None else at) - since
-    return min(BACKOFF_MAX_SECONDS, max(BACKOFF_MIN_SECONDS, age / 2))
-
-
 def plan_safely(effective: HybridServing, meta: dict[str, Any], fallback: HybridServingSpec | None,
                 observed: Observed, access: EngineAccess, outcome: Outcome,
                 last_good_revision: str = "") -> DesiredState | None:
@@ -555,9 +539,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
         post_events(kube, body, outcome.applied, warning, more)
     if refused is not None:
         raise refused  # the work queue retries with a growing back-off
-    if outcome.errors:
-        outcome.requeue_after = backoff_seconds(status)
-    elif outcome.conflict:
+    # A pass with errors is retried on the work queue's failure back-off, whatever is set here.
+    if outcome.conflict:
         outcome.requeue_after = 1.0
     elif outcome.actions:
         outcome.requeue_after = FOLLOW_UP_SECONDS
