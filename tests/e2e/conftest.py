@@ -172,7 +172,8 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):
     except MissingBinaries as exc:
         pytest.fail(str(exc), pytrace=False)
     reap_orphans(E2E_CLUSTER_PREFIX)  # left by a session killed before its teardown
-    cluster = Cluster(f"{E2E_CLUSTER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}", FleetSpec(nodes=8))
+    cluster = Cluster(f"{E2E_CLUSTER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}", FleetSpec(nodes=8),
+                      probed_readiness=True)
     try:
         cluster.up(timeout=120)
     except DevClusterError as exc:

@@ -135,9 +135,11 @@ def make_cluster():
     """Factory for extra clusters (unique names); all are stopped at session end."""
     started: list[Cluster] = []
 
-    def make(fleet: FleetSpec | None = None, prefix: str = "itx", feature_gates: str = "") -> Cluster:
+    def make(fleet: FleetSpec | None = None, prefix: str = "itx", feature_gates: str = "",
+             probed_readiness: bool = False) -> Cluster:
         require_binaries()
-        c = Cluster(unique_name(prefix), fleet or FleetSpec(nodes=1), feature_gates=feature_gates)
+        c = Cluster(unique_name(prefix), fleet or FleetSpec(nodes=1), feature_gates=feature_gates,
+                    probed_readiness=probed_readiness)
         started.append(c)
         return c
 

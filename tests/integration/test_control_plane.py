@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import ipaddress
 import json
+import time
 import uuid
 
 import pytest
@@ -300,3 +301,35 @@ def test_two_clusters_side_by_side(cluster: Cluster, core_v1, make_cluster):
     assert not second.dir.exists()
     assert cluster.is_running(), cluster.crash_report()
     assert len(core_v1.list_node(label_selector=KWOK_SELECTOR).items) == cluster.fleet.nodes
+
+
+def test_a_cluster_for_the_pod_runner_leaves_a_probed_pod_unready_until_its_probe_says_so(make_cluster):
+    # As a kubelet does: a pod with a readiness probe is not Ready before the probe ran (the pod
+    # runner's, in the e2e tests and the demo); one without is Ready once it runs.
+    probed = make_cluster(FleetSpec(nodes=1, gpus_per_node=2), prefix="probed", probed_readiness=True)
+    try:
+        probed.up()
+        api = probed.api_client()
+        try:
+            core = client.CoreV1Api(api)
+            probe = {"httpGet": {"path": "/ready", "port": 8080}}
+            for name, container in (("plain", gpu_container("c", 0)),
+                                     ("probed", {**gpu_container("c", 0), "readinessProbe": probe})):
+                core.create_namespaced_pod("default", {"metadata": {"name": name, "labels": {"t": "probed"}},
+                                                       "spec": {"containers": [container]}})
+            deadline = time.monotonic() + 60
+            while True:
+                pods = {p.metadata.name: p
+                        for p in core.list_namespaced_pod("default", label_selector="t=probed").items}
+                if len(pods) == 2 and all(p.status.phase == "Running" and p.status.pod_ip for p in pods.values()):
+                    break
+                assert time.monotonic() < deadline, {n: p.status.phase for n, p in pods.items()}
+                time.sleep(0.5)
+            ready = {n: {c.type: c.status for c in p.status.conditions} for n, p in pods.items()}
+            assert ready["plain"]["Ready"] == "True" and ready["plain"]["ContainersReady"] == "True"
+            assert ready["probed"]["Ready"] == "False" and ready["probed"]["ContainersReady"] == "False"
+            assert [c.ready for c in pods["probed"].status.container_statuses] == [False]
+        finally:
+            api.close()
+    finally:
+        probed.down()

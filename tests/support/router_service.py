@@ -84,8 +84,8 @@ class RouterService:
             return {e.key for e in self.ready}
 
     def serving(self) -> bool:
-        """Whether every ready endpoint's router says it is ready itself: on the local cluster a
-        router pod is Ready for a moment before its probe ran (kwok's pod-ready stage)."""
+        """Whether every ready endpoint's router says it is ready itself now (its pod's Ready
+        condition is the pod runner's last probe, up to a probe period old)."""
         with self.lock:
             ready = list(self.ready)
         try:

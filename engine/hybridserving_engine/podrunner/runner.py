@@ -213,7 +213,7 @@ class PodWorker:
             time.sleep(1 + attempt)
 
     def _serve(self) -> None:
-        self._report()  # kwok marked the pod Ready; it is not until the probe says so
+        self._report()  # not Ready until the probe says so, whatever kwok's stage wrote
         next_probe = next_refresh = 0.0
         restart_at: float | None = 0.0
         while self._terminate is None and not self.runner.stopping.is_set():

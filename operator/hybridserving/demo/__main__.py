@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = yaml.safe_load(resources.files("hybridserving.demo").joinpath("fleet.yaml").read_text())
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="hybridserving-demo-"))
-    cluster = Cluster(args.cluster, FleetSpec(nodes=args.nodes), progress=say)
+    cluster = Cluster(args.cluster, FleetSpec(nodes=args.nodes), progress=say, probed_readiness=True)
     stack = Stack(cluster, workdir)
     results: list[PhaseResult] = []
     # SIGTERM tears down like Ctrl-C does; a cluster left by an earlier demo starts afresh.

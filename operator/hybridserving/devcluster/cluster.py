@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import signal
@@ -131,6 +132,27 @@ def find_binaries() -> dict[str, pathlib.Path]:
             "(a cold build takes a while; results are cached outside the repository)"
         )
     return found
+
+
+def probed_pod_ready(stage: str) -> str:
+    """kwok's pod-ready stage with the kubelet's rule for readiness: a pod whose containers have a
+    readiness probe starts Ready=False, and only the pod runner's probe turns it Ready.
+
+    kwok's own stage marks every scheduled pod Ready at once, so a router Service, or a client
+    reading endpoints as kube-proxy does, could send to a pod whose process had not yet started or
+    had no workers yet, something a kubelet never allows. Only clusters whose pods the pod runner
+    runs want this; without one, nothing would ever make those pods Ready.
+    """
+    out, n = re.subn(r'status: "True"(\n\s+)type: (Ready|ContainersReady)\b',
+                     r"status: {{ $ready | Quote }}\1type: \2", stage)
+    out, m = re.subn(r"(containerStatuses:\n\s+\{\{ range \.spec\.containers \}\}(?:\n.*?){2}\n\s+)ready: true",
+                     r"\1ready: {{ if .readinessProbe }}false{{ else }}true{{ end }}", out)
+    head = "{{ $now := Now }}"
+    if n != 2 or m != 1 or out.count(head) != 1:
+        raise DevClusterError("kwok's pod-ready stage is not in the shape the pod runner's readiness expects")
+    probed = ('{{ $ready := "True" }}{{ range .spec.containers }}{{ if .readinessProbe }}{{ $ready = "False" }}'
+              "{{ end }}{{ end }}")
+    return out.replace(head, head + "\n      " + probed)
 
 
 def kwok_stage_files(kwok: pathlib.Path) -> list[pathlib.Path]:
@@ -279,9 +301,11 @@ class Cluster:
         root: pathlib.Path | None = None,
         progress: Progress | None = None,
         feature_gates: str = "",
+        probed_readiness: bool = False,
     ) -> None:
         """`feature_gates` are set on top of `FEATURE_GATES` (`Name=false,...`): a cluster configured
-        like one a fleet may meet, such as one without a beta feature."""
+        like one a fleet may meet, such as one without a beta feature. `probed_readiness`: pods with a
+        readiness probe start not Ready (`probed_pod_ready`), for a cluster whose pods the pod runner runs."""
         if not name or not all(c.isalnum() or c in "-_." for c in name):
             raise ValueError(f"invalid cluster name {name!r}")
         self.name = name
@@ -289,6 +313,7 @@ class Cluster:
         self.dir = (root or clusters_dir()) / name
         self.progress: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.feature_gates = ",".join(g for g in (FEATURE_GATES, feature_gates) if g)
+        self.probed_readiness = probed_readiness
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._t0 = time.monotonic()
 
@@ -648,7 +673,8 @@ class Cluster:
         kwok_cfg = d / "kwok.yaml"
         # only Stage objects: options come from flags (a KwokConfiguration
         # document here would bypass kwok's defaulting of its options)
-        docs = [f.read_text() for f in kwok_stage_files(bins["kwok"])]
+        docs = [probed_pod_ready(f.read_text()) if self.probed_readiness and f.name == "pod-ready.yaml"
+                else f.read_text() for f in kwok_stage_files(bins["kwok"])]
         kwok_cfg.write_text("---\n".join(doc if doc.endswith("\n") else doc + "\n" for doc in docs))
         self._spawn(state, "kwok", [
             str(bins["kwok"]),
