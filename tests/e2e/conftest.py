@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from hybridserving.core.router import OVERLOAD_FLAGS
 from hybridserving_engine.simulator.process import free_ports, simulator_env, wait_http
 
 @dataclass
@@ -101,21 +102,22 @@ def engine_pod(tmp_path: pathlib.Path):
 
 @pytest.fixture
 def smg_router(tmp_path: pathlib.Path):
-    """Start `smg launch --pd-disaggregation` over the given prefill and decode pods; returns its URL."""
+    """Start `smg launch --pd-disaggregation` over a prefill pod and decode pods; returns its URL."""
     binary = shutil.which("smg", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("smg")
     if binary is None:
         pytest.fail("the router binary `smg` is missing: run `.venv/bin/pip install smg==1.13.0`")
     procs: list[subprocess.Popen] = []
 
-    def start(prefill: EnginePod, decode: EnginePod) -> str:
+    def start(prefill: EnginePod, *decodes: EnginePod) -> str:
         port, metrics_port = free_ports(2)
         cmd = [
             binary, "launch", "--pd-disaggregation",
             "--prefill", prefill.engine_url, str(prefill.bootstrap_port),
-            "--decode", decode.engine_url,
+            *(arg for decode in decodes for arg in ("--decode", decode.engine_url)),
             "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--prefill-policy", "round_robin", "--decode-policy", "round_robin",
+            *OVERLOAD_FLAGS,  # as the operator renders the router
         ]
         log = open(tmp_path / f"smg{len(procs)}.log", "wb")  # noqa: SIM115 - lives as long as the router
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
@@ -125,12 +127,12 @@ def smg_router(tmp_path: pathlib.Path):
             try:
                 with urllib.request.urlopen(url + "/workers", timeout=2) as resp:
                     workers = json.load(resp).get("workers", [])
-                if sum(1 for w in workers if w.get("is_healthy")) == 2:
+                if sum(1 for w in workers if w.get("is_healthy")) == 1 + len(decodes):
                     return url
             except OSError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"smg did not register both workers within 60 s; see {log.name}")
+        raise TimeoutError(f"smg did not register every worker within 60 s; see {log.name}")
 
     yield start
     for proc in procs:

@@ -9,6 +9,8 @@ shorter than the performance model's (how much longer depends on the machine: a 
 from __future__ import annotations
 
 import functools
+import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -16,6 +18,7 @@ import httpx
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import PROFILES
 from support.completions import stream_completion
+from support.polling import wait_for
 from support.scrape import metric_sum
 
 TIME_SCALE = 1.0
@@ -94,3 +97,66 @@ def test_requests_through_smg_split_prefill_and_decode_work_at_no_less_than_mode
     assert metric_sum(d_metrics, "sglang:kv_transfer_latency_ms") > 0
     assert metric_sum(p_metrics, "sglang:num_bootstrap_failed_reqs_total") == 0
     assert metric_sum(d_metrics, "sglang:num_transfer_failed_reqs_total") == 0
+
+
+def test_a_decode_leaving_while_the_other_waits_on_its_prefill_fails_no_request(engine_pod, smg_router):
+    """Removing a worker (scale-down, role switch, roll) while the role's other worker has a queue.
+
+    SGLang counts a decode's requests still waiting for their prefill's KV as waiting
+    (`load_inquirer.py:114-141`). With smg's overload veto on (its default: 8 waiting), smg leaves
+    such a decode out of routing while another decode is under the threshold, and it counts the
+    one it is draining for removal (5 s) as that other decode: every request got 503 "No available
+    decode workers" until the drain ended. The operator renders the router without the veto
+    (`core.router.OVERLOAD_FLAGS`, which the `smg_router` fixture passes as the operator does).
+    """
+    prefill = engine_pod("prefill", time_scale=TIME_SCALE)
+    staying, leaving = engine_pod("decode", time_scale=TIME_SCALE), engine_pod("decode", time_scale=TIME_SCALE)
+    router = smg_router(prefill, staying, leaving)
+
+    def stranded() -> None:
+        """A decode half whose prefill never runs: it waits on `staying` for KV, as behind a backlog."""
+        body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 4}, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": prefill.bootstrap_port, "bootstrap_room": random.randrange(1 << 62)}
+        try:
+            httpx.post(staying.engine_url + "/generate", json=body, timeout=120)
+        except httpx.HTTPError:
+            pass  # aborted at the end of the test
+
+    waiters = [threading.Thread(target=stranded, daemon=True) for _ in range(10)]
+    for t in waiters:
+        t.start()
+
+    def smg_sees_the_queue() -> bool:
+        """smg's load poll (every 10 s) has read the waiting requests of `staying`."""
+        workers = httpx.get(router + "/workers", timeout=5).json()["workers"]
+        load = next(w for w in workers if w["url"] == staying.engine_url).get("engine_load") or {}
+        return sum(rank["num_waiting_reqs"] for rank in load.get("loads", [])) >= 8
+
+    wait_for(smg_sees_the_queue, 30, "smg to read 8 or more waiting requests on the staying decode")
+    stop, failures, served = threading.Event(), [], []
+    request = {"model": "glm-5.2", "prompt": PROMPT, "max_tokens": 4}
+
+    def client() -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                resp = http.post(router + "/v1/completions", json=request)
+                (served if resp.status_code == 200 else failures).append(resp.text[:200])
+
+    sender = threading.Thread(target=client)
+    sender.start()
+    try:
+        wait_for(lambda: len(served) >= 3, 30, "requests served before the removal")
+        worker = next(w for w in httpx.get(router + "/workers", timeout=5).json()["workers"]
+                      if w["url"] == leaving.engine_url)
+        assert httpx.delete(f"{router}/workers/{worker['id']}", timeout=5).status_code == 202
+        wait_for(lambda: all(w["url"] != leaving.engine_url
+                             for w in httpx.get(router + "/workers", timeout=5).json()["workers"]),
+                 30, "smg to drain and remove the leaving decode")
+        removed = len(served)
+        wait_for(lambda: len(served) >= removed + 3, 30, "requests served after the removal")
+    finally:
+        stop.set()
+        sender.join(60)
+        httpx.post(staying.engine_url + "/pause_generation", json={"mode": "abort"}, timeout=5)
+    print(f"{len(served)} served, {len(failures)} failed, across the removal")
+    assert not failures, failures[:3]

@@ -368,6 +368,8 @@ def test_the_router_has_probes_resources_and_scraped_metrics() -> None:
     template = objs[("Deployment", router_deployment(fleet()))]["spec"]["template"]["spec"]
     grace = template["terminationGracePeriodSeconds"]
     assert prestop > 0 and grace > prestop + drain
+    # No overload veto: with it, a draining worker left its peer vetoed and the role without one.
+    assert "--disable-worker-overload-protection" in container["args"]
     ports = {p["name"]: p["port"] for p in objs[("Service", "hs-router")]["spec"]["ports"]}
     assert ports == {"http": 8000, "metrics": ROUTER_METRICS_PORT}
     assert ("PodDisruptionBudget", "hs-router") not in objs, "one replica: nothing to protect"

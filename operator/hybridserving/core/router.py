@@ -12,6 +12,15 @@ sleeps in its preStop hook while the Service stops sending it requests (endpoint
 SIGTERM happen at once, and the removal takes a moment to reach every proxy), then gets
 SIGTERM, on which smg stops being ready and drains what it has in flight for up to
 `--shutdown-grace-period-secs`, inside the pod's termination grace period.
+
+smg's worker overload veto is switched off (`--disable-worker-overload-protection`). smg 1.13
+leaves a worker out of routing once its waiting requests reach 8 (or its KV usage 0.8) while
+"another worker is under the thresholds", and it counts a worker it is draining before removal
+(5 s, on every scale-down, role switch, roll or deleted pod) as that other worker. With the veto
+on the only worker left, every request of the role gets 503 "No available decode workers" until
+the drain ends. SGLang's decode counts the requests still waiting for their prefill's KV as
+waiting (`managers/scheduler_components/load_inquirer.py:114-141`), so a decode behind a busy
+prefill reaches 8 without being loaded at all. The routing policies still balance by load.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from hybridserving.api.v1alpha1 import RouterSpec
 METRICS_PORT_NAME = "metrics"
 PRESTOP_SECONDS = 5
 DRAIN_SECONDS = 110  # smg's --shutdown-grace-period-secs
+OVERLOAD_FLAGS = ("--disable-worker-overload-protection",)
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + DRAIN_SECONDS + 5
 
 
