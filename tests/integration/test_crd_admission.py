@@ -288,6 +288,16 @@ BAD_FLEETS = {
         "spec.router.resources.requests.cpu",
         "should match",
     ),
+    "a negative router quantity": (
+        _set("spec.router.resources", {"limits": {"memory": -1}}),
+        "spec.router.resources.limits.memory",
+        "should be greater than or equal to 0",
+    ),
+    "a router quantity as a fraction, not a string": (
+        _set("spec.router.resources", {"requests": {"cpu": 0.5}}),
+        "spec.router.resources.requests.cpu",
+        "must be of type integer,string",
+    ),
 }
 
 
@@ -310,6 +320,13 @@ def test_the_cli_refuses_what_the_apiserver_refuses_naming_the_same_field(case):
     else:
         fields = [i.path for i in assess(hs.spec).issues if i.severity == "error"]
     assert field in fields, fields
+
+
+def test_router_quantities_may_be_whole_numbers_as_in_a_pod(objects, namespace):
+    resources = {"requests": {"cpu": 4, "memory": "2Gi"}, "limits": {"cpu": "4"}}
+    body = with_changes(FLEET, _set("spec.router.resources", resources))
+    assert create(objects, namespace, body)["spec"]["router"]["resources"] == resources
+    assert manifests.parse_document(body).spec.router.resources.to_wire() == resources
 
 
 def test_unknown_fields_are_refused_not_silently_dropped(objects, namespace):

@@ -84,6 +84,13 @@ def apply_defaults(node: dict[str, Any], value: Any) -> Any:
 def violations(node: dict[str, Any], value: Any, path: str = "") -> list[str]:
     """OpenAPI validation of `value` against a structural node, unknown fields included
     (the apiserver would prune them silently: for the operator's own writes that is data loss)."""
+    if node.get("x-kubernetes-int-or-string"):
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            return [f"{path}: {value!r} is not integer or string"]
+        # Each bound applies to its own JSON type, as in OpenAPI: minimum to numbers, pattern to strings.
+        kind = "integer" if isinstance(value, int) else "string"
+        drop = {"anyOf", "x-kubernetes-int-or-string", *(("minimum", "maximum") if kind == "string" else ())}
+        return violations({**{k: v for k, v in node.items() if k not in drop}, "type": kind}, value, path)
     kind = node["type"]
     expected = {
         "object": dict,
@@ -288,7 +295,10 @@ def test_architecture_rules_sit_on_the_custom_architecture():
 @pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
 def test_schema_is_structural(name):
     for path, node in walk(schema_of(name)):
-        assert node.get("type") in TYPES, f"{path}: every node needs a type"
+        if node.get("x-kubernetes-int-or-string"):  # the one typeless node the apiserver allows
+            assert "type" not in node and node["anyOf"] == crdgen.INT_OR_STRING, path
+            continue
+        assert node.get("type") in TYPES and "anyOf" not in node, f"{path}: every node needs a type"
         assert set(node) <= set(crdgen.SCHEMA_KEYWORDS), f"{path}: {set(node) - set(crdgen.SCHEMA_KEYWORDS)}"
         assert not ("properties" in node and "additionalProperties" in node), path
         for bound in ("exclusiveMinimum", "exclusiveMaximum"):
@@ -311,11 +321,20 @@ def test_generator_refuses_what_has_no_structural_form():
     class Unions(BaseModel):
         api_version: str = "hybridserving.io/v1alpha1"
         kind: str = "Unions"
-        spec: int | str
+        spec: dict[str, int | list[str]]
         status: None = None
 
-    with pytest.raises(ValueError, match=r"\.spec: JSON Schema keyword 'anyOf'"):
+    with pytest.raises(ValueError, match=r"\.spec\.\*: anyOf .* has no structural form"):
         crdgen.render_schema(Unions)
+
+
+def test_router_quantities_are_int_or_string_as_in_a_pod():
+    node = resolve(schema_of(HS_FILE), ".spec.router.resources.requests")["additionalProperties"]
+    assert node["x-kubernetes-int-or-string"] is True
+    assert violations(node, 4) == [] and violations(node, "500m") == []
+    assert violations(node, 0.5) == [": 0.5 is not integer or string"]
+    assert violations(node, -1) == [": -1 below minimum"]
+    assert violations(node, "lots") != []
 
 
 def test_every_user_string_and_list_is_bounded():
@@ -323,9 +342,9 @@ def test_every_user_string_and_list_is_bounded():
     # might touch; unbounded ones make a later rule fail at CRD creation.
     for name in (HS_FILE, HSI_FILE):
         for path, node in walk(schema_of(name)["properties"]["spec"], ".spec"):
-            if node["type"] == "string":
+            if node.get("type") == "string" or node.get("x-kubernetes-int-or-string"):
                 assert "maxLength" in node or "enum" in node, f"{name} {path}: string without maxLength"
-            if node["type"] == "array":
+            if node.get("type") == "array":
                 assert "maxItems" in node, f"{name} {path}: list without maxItems"
 
 

@@ -4,8 +4,9 @@ The pydantic models are the API; this module turns them into the CRDs under `crd
 chart's `crds/`, so that admission (OpenAPI schema, defaults, CEL) and the operator's own
 parsing can never disagree. Pydantic emits JSON Schema 2020-12; the apiserver wants a
 *structural* OpenAPI v3 schema, which differs in ways the apiserver enforces when the CRD is
-created: no `$ref`, a `type` on every node, no `anyOf` carrying types, boolean
-`exclusiveMinimum`, no `additionalProperties: false` beside `properties`. Anything the
+created: no `$ref`, a `type` on every node, no `anyOf` carrying types (but for int-or-string,
+a Kubernetes quantity's form), boolean `exclusiveMinimum`, no `additionalProperties: false`
+beside `properties`. Anything the
 converter does not know raises rather than slipping through to a CRD the apiserver refuses.
 
 `python -m hybridserving.api.crd` rewrites the files; `--check` lists the ones that drifted.
@@ -54,11 +55,16 @@ SCHEMA_KEYWORDS = (
     "properties",
     "required",
     "additionalProperties",
+    "anyOf",
+    "x-kubernetes-int-or-string",
     "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys",
     "x-kubernetes-preserve-unknown-fields",
     "x-kubernetes-validations",
 )
+
+# The one union a structural schema allows: a value the apiserver reads as integer or string.
+INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 
 # Fields of one CEL rule, in the order they are written.
 RULE_KEYWORDS = ("rule", "message", "messageExpression", "fieldPath", "reason")
@@ -173,6 +179,11 @@ def _structural(node: Mapping[str, Any], defs: Mapping[str, Any], path: str, ref
             if not isinstance(value, Mapping):
                 raise ValueError(f"{path}: {key}: {value!r} has no structural form")
             out[key] = _structural(value, defs, f"{path}[]" if key == "items" else f"{path}.*", refs)
+        elif key == "anyOf":
+            if value != INT_OR_STRING:
+                raise ValueError(f"{path}: anyOf {value!r} has no structural form (only integer-or-string has)")
+            out[key] = copy.deepcopy(value)
+            out["x-kubernetes-int-or-string"] = True
         elif key == "x-kubernetes-validations":
             out[key] = [_rule(rule, path) for rule in value]
         elif key in SCHEMA_KEYWORDS:
@@ -180,7 +191,7 @@ def _structural(node: Mapping[str, Any], defs: Mapping[str, Any], path: str, ref
             out[key] = copy.deepcopy(value)
         else:
             raise ValueError(f"{path}: JSON Schema keyword {key!r} has no structural form in a CRD")
-    if "type" not in out:
+    if "type" not in out and "x-kubernetes-int-or-string" not in out:
         raise ValueError(f"{path}: a structural schema needs a type on every node")
     return {key: out[key] for key in SCHEMA_KEYWORDS if key in out}
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from hybridserving.api.base import ApiModel, FieldInvalid, cel
@@ -399,7 +399,22 @@ class NetworkSpec(ApiModel):
     spread_across_racks: bool = Field(default=False, description="Spread instances of a role across racks.")
 
 
-Quantity = Annotated[str, Field(max_length=64, json_schema_extra={"pattern": QUANTITY_PATTERN})]
+def _int_or_string(value: object) -> int | str:
+    """What the apiserver admits where a Pod takes a quantity: a whole number or a string; one
+    error naming the field, where a plain `int | str` would give one per member of the union."""
+    if isinstance(value, str) and len(value) <= 64 or isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"{value!r} is not a whole number or a string of at most 64 characters; "
+                     'write a fraction as a string, e.g. "500m" or "0.5"')
+
+
+# A whole number or a string, as in a Pod's resources (`cpu: 4` or `cpu: "500m"`).
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_int_or_string),
+    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}], "minimum": 0, "maxLength": 64,
+                    "pattern": QUANTITY_PATTERN}),
+]
 
 
 class Resources(ApiModel):
@@ -408,7 +423,7 @@ class Resources(ApiModel):
 
     @field_validator("requests", "limits")
     @classmethod
-    def _quantities(cls, values: dict[str, str]) -> dict[str, str]:
+    def _quantities(cls, values: dict[str, int | str]) -> dict[str, int | str]:
         for resource, value in values.items():
             if not is_quantity(value):
                 raise FieldInvalid(resource, quantity_error(value))
