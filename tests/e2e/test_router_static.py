@@ -113,6 +113,10 @@ def test_a_decode_leaving_while_the_other_waits_on_its_prefill_fails_no_request(
     staying, leaving = engine_pod("decode", time_scale=TIME_SCALE), engine_pod("decode", time_scale=TIME_SCALE)
     router = smg_router(prefill, staying, leaving)
 
+    def workers() -> dict[str, dict]:
+        """smg's workers by URL."""
+        return {w["url"]: w for w in httpx.get(router + "/workers", timeout=5).json()["workers"]}
+
     def stranded() -> None:
         """A decode half whose prefill never runs: it waits on `staying` for KV, as behind a backlog."""
         body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 4}, "bootstrap_host": "127.0.0.1",
@@ -128,8 +132,7 @@ def test_a_decode_leaving_while_the_other_waits_on_its_prefill_fails_no_request(
 
     def smg_sees_the_queue() -> bool:
         """smg's load poll (every 10 s) has read the waiting requests of `staying`."""
-        workers = httpx.get(router + "/workers", timeout=5).json()["workers"]
-        load = next(w for w in workers if w["url"] == staying.engine_url).get("engine_load") or {}
+        load = workers()[staying.engine_url].get("engine_load") or {}
         return sum(rank["num_waiting_reqs"] for rank in load.get("loads", [])) >= 8
 
     wait_for(smg_sees_the_queue, 30, "smg to read 8 or more waiting requests on the staying decode")
@@ -146,12 +149,9 @@ def test_a_decode_leaving_while_the_other_waits_on_its_prefill_fails_no_request(
     sender.start()
     try:
         wait_for(lambda: len(served) >= 3, 30, "requests served before the removal")
-        worker = next(w for w in httpx.get(router + "/workers", timeout=5).json()["workers"]
-                      if w["url"] == leaving.engine_url)
-        assert httpx.delete(f"{router}/workers/{worker['id']}", timeout=5).status_code == 202
-        wait_for(lambda: all(w["url"] != leaving.engine_url
-                             for w in httpx.get(router + "/workers", timeout=5).json()["workers"]),
-                 30, "smg to drain and remove the leaving decode")
+        worker_id = workers()[leaving.engine_url]["id"]
+        assert httpx.delete(f"{router}/workers/{worker_id}", timeout=5).status_code == 202
+        wait_for(lambda: leaving.engine_url not in workers(), 30, "smg to drain and remove the leaving decode")
         removed = len(served)
         wait_for(lambda: len(served) >= removed + 3, 30, "requests served after the removal")
     finally:

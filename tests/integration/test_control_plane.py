@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import ipaddress
 import json
-import time
 import uuid
 
 import pytest
@@ -23,6 +22,7 @@ from hybridserving.devcluster.nodes import (
     LABEL_ZONE,
     RDMA_RESOURCE,
 )
+from support.polling import wait_for
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 FAKE_IMAGE = "registry.invalid/hybridserving/fake:0"
@@ -317,14 +317,14 @@ def test_a_cluster_for_the_pod_runner_leaves_a_probed_pod_unready_until_its_prob
                                      ("probed", {**gpu_container("c", 0), "readinessProbe": probe})):
                 core.create_namespaced_pod("default", {"metadata": {"name": name, "labels": {"t": "probed"}},
                                                        "spec": {"containers": [container]}})
-            deadline = time.monotonic() + 60
-            while True:
+
+            def running() -> dict[str, client.V1Pod] | None:
                 pods = {p.metadata.name: p
                         for p in core.list_namespaced_pod("default", label_selector="t=probed").items}
-                if len(pods) == 2 and all(p.status.phase == "Running" and p.status.pod_ip for p in pods.values()):
-                    break
-                assert time.monotonic() < deadline, {n: p.status.phase for n, p in pods.items()}
-                time.sleep(0.5)
+                return pods if len(pods) == 2 and all(p.status.phase == "Running" and p.status.pod_ip
+                                                      for p in pods.values()) else None
+
+            pods = wait_for(running, 60, "both pods running with an IP")
             ready = {n: {c.type: c.status for c in p.status.conditions} for n, p in pods.items()}
             assert ready["plain"]["Ready"] == "True" and ready["plain"]["ContainersReady"] == "True"
             assert ready["probed"]["Ready"] == "False" and ready["probed"]["ContainersReady"] == "False"

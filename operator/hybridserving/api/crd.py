@@ -6,8 +6,8 @@ parsing can never disagree. Pydantic emits JSON Schema 2020-12; the apiserver wa
 *structural* OpenAPI v3 schema, which differs in ways the apiserver enforces when the CRD is
 created: no `$ref`, a `type` on every node, no `anyOf` carrying types (but for int-or-string,
 a Kubernetes quantity's form), boolean `exclusiveMinimum`, no `additionalProperties: false`
-beside `properties`. Anything the
-converter does not know raises rather than slipping through to a CRD the apiserver refuses.
+beside `properties`. Anything the converter does not know raises rather than slipping through
+to a CRD the apiserver refuses.
 
 `python -m hybridserving.api.crd` rewrites the files; `--check` lists the ones that drifted.
 """
