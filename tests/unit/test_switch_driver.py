@@ -278,6 +278,36 @@ def test_drain_timeout_aborts(h: Harness) -> None:
     assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "prefill"
 
 
+def routed_pods(h: Harness, role: str) -> list[str]:
+    return sorted(n for (k, n), o in h.api.store.items()
+                  if k == "Pod" and o["metadata"]["labels"].get(LABEL_ROLE) == role
+                  and not o["metadata"].get("deletionTimestamp"))
+
+
+def test_a_rollout_does_not_take_the_last_routed_instance_of_a_role_that_another_leaves_for_a_switch() -> None:
+    """A draining instance keeps its pods ready but is out of the router: the rollout's budget
+    (maxUnavailable 1) is spent on it, so the role's other instance keeps serving until the
+    switch ends."""
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["roleSwitch"]["drainTimeoutSeconds"] = 600
+    h = Harness(spec)
+    leaving, staying = sorted(n for (k, n), o in h.api.store.items()
+                              if k == INSTANCE_KIND and o["spec"]["role"] == "decode")
+    h.engine(leaving).inflight = 10_000
+    h.engine(leaving).stuck = True  # its drain outlasts the test
+    h.annotate(leaving, ANNOTATION_SWITCH_TO, "prefill")
+    h.tick(3)
+    assert h.instance(leaving)["status"]["phase"] == "Draining"
+    assert routed_pods(h, "decode") == [f"{staying}-0"]
+    h.api.user_apply({**copy.deepcopy(spec), "engine": {"env": [{"name": "X", "value": "1"}]}})  # a change that rolls
+    for _ in range(30):
+        h.tick()
+        assert routed_pods(h, "decode") == [f"{staying}-0"], h.events()
+    assert h.instance(leaving)["status"]["phase"] == "Draining"
+    assert any(o["spec"]["role"] == "prefill" and o["spec"]["configHash"] != h.instance(staying)["spec"]["configHash"]
+               for (k, _), o in h.api.store.items() if k == INSTANCE_KIND)  # the other role did roll meanwhile
+
+
 def test_operator_restarted_mid_switch_resumes_to_the_same_end(h: Harness) -> None:
     name = prefill_instances(h)[0]
     h.engine(name).inflight = 2

@@ -16,6 +16,7 @@ from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, split_config_hash
 from hybridserving.core.observed import Observed, ObservedInstance, ObservedPod
+from hybridserving.core.switching import SWITCH_PHASES
 
 InstanceState = Literal["Ready", "Starting", "Pending", "Failed", "Missing"]
 
@@ -80,10 +81,17 @@ class InstanceView:
         )
 
     @property
+    def out_for_switch(self) -> bool:
+        """Out of the router for a role switch (draining, switching, relaunching). Its pods may
+        stay ready through the drain, but it serves neither role: the rollout must not count on it."""
+        return self.observed.phase in SWITCH_PHASES
+
+    @property
     def settles_in(self) -> float | None:
         """Seconds until the rollout counts this available instance as serving (0: it does),
-        None while it is not available. A pod with no Ready time counts as ready long since."""
-        if not self.available:
+        None while it is not available or is out for a role switch. A pod with no Ready time
+        counts as ready long since."""
+        if not self.available or self.out_for_switch:
             return None
         since = [p.ready_since for p in self.pods if not p.deleting and p.ready_since is not None]
         if self.now is None or not since:

@@ -251,7 +251,8 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
     renders only the new configuration's pods, so it could not come back on the old one. A
     serving one is rolled only within its role's budget (maxUnavailable plus the role's surge
     instances that serve, minus its instances not serving; an instance serves once it has been
-    ready for minReadySeconds), only while its role has fewer than `canary` instances rolled, only
+    ready for minReadySeconds, and not while a role switch has it out of the router, when it is
+    not rolled either: its switch ends first), only while its role has fewer than `canary` instances rolled, only
     in the first role (prefill, then decode) that still has instances it may roll, and only while
     the other role has no instance coming back from its own roll. When the roll changes the pairing key, an
     instance is rolled only if a compatible prefill and decode keep serving without it, and the
@@ -273,7 +274,7 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
     paired_before = any(set(r) == set(ROLES) for r in before.values())
     blocked: list[tuple[Role, InstanceView, int]] = []
     for role in ROLES:
-        serving = [v for v in pending[role] if v.available]
+        serving = [v for v in pending[role] if v.available and not v.out_for_switch]  # a switch finishes first
         room = len(serving)
         if desired.canary is not None:
             rolled = updated(views, role) + sum(1 for v in pending[role] if v.plan.name in selected)
