@@ -432,6 +432,31 @@ def test_pinned_instances_are_never_moved_by_the_policy(h: Harness) -> None:
     assert not h.history()
 
 
+@pytest.mark.parametrize("edit", [
+    {"engine": {"extraArgs": ["--tp-size", "4"]}},  # a flag the operator owns: LayoutValid False
+    {"model": {"profile": "deepseek-v9"}},  # no such profile: the model cannot even be resolved
+])
+def test_an_invalid_edit_that_turns_switching_on_moves_nothing(edit: dict[str, Any]) -> None:
+    """The fleet stays on its last valid spec (switching off) until the spec is fixed: the switch
+    controller follows the spec the reconcile plans from, not the invalid edit."""
+    off = copy.deepcopy(FLEET_SPEC)
+    off["roleSwitch"]["enabled"] = False
+    h = Harness(off)
+    before = {n: (o["metadata"]["uid"], o["spec"]["role"]) for (k, n), o in h.api.store.items() if k == INSTANCE_KIND}
+    bad = copy.deepcopy(FLEET_SPEC)
+    bad["model"] = {**bad["model"], **edit.get("model", {})}
+    bad["engine"] = {**bad.get("engine", {}), **edit.get("engine", {})}
+    h.api.user_apply(bad)
+    overload_prefill(h)  # what would move an instance, were switching on
+    h.tick(40)
+    assert h.api.condition("LayoutValid")["status"] == "False"
+    assert h.history() == [] and h.reasons() == []
+    after = {n: (o["metadata"]["uid"], o["spec"]["role"]) for (k, n), o in h.api.store.items() if k == INSTANCE_KIND}
+    assert after == before
+    h.api.user_apply(FLEET_SPEC)  # fixed: switching on, valid
+    h.run_until(lambda: h.history() and h.history()[-1]["outcome"] == "Succeeded", limit=80)
+
+
 def test_disabled_switching_starts_nothing_and_writes_nothing() -> None:
     spec = copy.deepcopy(FLEET_SPEC)
     spec["roleSwitch"]["enabled"] = False

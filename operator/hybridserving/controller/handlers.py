@@ -131,6 +131,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Role switches: every fleet the queue knows, ticked every few seconds.
     _runtime.switcher = asyncio.create_task(
         role_switching.run(kube.sibling("switch"), lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds,
+                           engine_policy=OPTIONS.engine_policy,
                            operator_key=OPTIONS.operator_key),
         name="role-switch")
 

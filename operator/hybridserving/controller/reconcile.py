@@ -156,8 +156,11 @@ def validate(
 def last_applied(observed: Observed, name: str) -> HybridServingSpec | None:
     """The spec the fleet was last planned from, if one was ever valid."""
     obj = observed.objects.get(("ConfigMap", applied_spec_name(name)))
-    if obj is None:
-        return None
+    return None if obj is None else spec_of_applied(obj)
+
+
+def spec_of_applied(obj: Mapping[str, Any]) -> HybridServingSpec | None:
+    """The spec an `<name>-applied` ConfigMap holds (None: unreadable, as if never written)."""
     try:
         return HybridServingSpec.model_validate(json.loads((obj.get("data") or {})["spec.json"]))
     except (KeyError, ValueError, ValidationError):

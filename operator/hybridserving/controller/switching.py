@@ -32,18 +32,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
-from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing, HybridServingSpec
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServingSpec
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.controller import metrics
 from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engines, Scrape, instance_metrics
 from hybridserving.controller.kube import KubeError
+from hybridserving.controller.reconcile import DEFAULT_ENGINE_POLICY, spec_of_applied, validate
 from hybridserving.core import enginekey, flags, switching
 from hybridserving.core.assignment import prefill_share
 from hybridserving.core.observed import parse_time
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK, LABEL_SURGE
+from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK, LABEL_SURGE, applied_spec_name
+from hybridserving.core.privileges import EnginePolicy
 from hybridserving.api.v1alpha1 import Role
 from hybridserving.core.policy import (
     Decision,
@@ -206,8 +206,10 @@ class SwitchController:
 
     def __init__(self, kube: KubeLike, engines: EnginesLike, clock: Callable[[], float] = time.time,
                  step_bounds: Mapping[str, float] | None = None,
-                 policy_tuning: Mapping[str, Any] | None = None, *, operator_key: bytes = b"") -> None:
+                 policy_tuning: Mapping[str, Any] | None = None, *, operator_key: bytes = b"",
+                 engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY) -> None:
         self.kube = kube
+        self.engine_policy = engine_policy  # what the reconcile validates with (`--engine-*` flags)
         self.operator_key = operator_key  # engines answer only with their fleet's key (core/enginekey.py)
         self.engines = engines
         self.clock = clock
@@ -236,14 +238,10 @@ class SwitchController:
         if meta.get("deletionTimestamp"):
             report.skipped = True
             return report
-        try:
-            hs = HybridServing.model_validate(
-                {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-            )
-        except ValidationError:
-            report.skipped = True  # the reconcile reports it; an invalid spec starts nothing
+        spec = self._effective_spec(namespace, name, body)
+        if spec is None:
+            report.skipped = True  # never valid: the reconcile reports it, and nothing runs to switch
             return report
-        spec = hs.spec
         enabled = spec.role_switch.enabled
         instances_raw = [
             i for i in self.kube.list(INSTANCE_KIND, namespace, {LABEL_NAME: name})
@@ -308,6 +306,25 @@ class SwitchController:
             except KubeError as exc:
                 log.info("%s/%s: switch history not written (%s); next tick", namespace, name, exc)
         return report
+
+    def _effective_spec(self, namespace: str, name: str, body: dict[str, Any]) -> HybridServingSpec | None:
+        """The spec the reconcile plans from: the live one when it is valid, else the last applied.
+
+        An invalid edit leaves the fleet on its last valid spec (`reconcile.validate`,
+        `reconcile.last_applied`); switching by the edit instead (say one that turns switching on
+        beside a bad flag) would move instances the reconcile then plans back or deletes, and a
+        spec whose model cannot be resolved would fail every tick of the switches in flight.
+        """
+        hs, validation = validate(body, self.engine_policy)
+        if hs is not None and validation.valid:
+            return hs.spec
+        try:
+            applied = self.kube.get("ConfigMap", namespace, applied_spec_name(name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return spec_of_applied(applied)
 
     # ------------------------------------------------------------------ driving one switch
 
@@ -705,7 +722,7 @@ def _upsert(history: list[dict[str, Any]], entry: dict[str, Any]) -> None:
 async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *,
               interval: float = TICK_SECONDS, engines: EnginesLike | None = None,
               controller: SwitchController | None = None, threads: int = TICK_THREADS,
-              operator_key: bytes = b"") -> None:
+              operator_key: bytes = b"", engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY) -> None:
     """Tick every known fleet every `interval` seconds until cancelled, each fleet on its own.
 
     One asyncio task per fleet, its ticks in a thread pool of `threads`: a fleet whose API calls
@@ -716,7 +733,8 @@ async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *
     own = None
     if controller is None:
         own = Engines() if engines is None else None
-        controller = SwitchController(kube, engines or own, operator_key=operator_key)  # type: ignore[arg-type]
+        controller = SwitchController(kube, engines or own, operator_key=operator_key,  # type: ignore[arg-type]
+                                      engine_policy=engine_policy)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="role-switch")
     tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
     try:
