@@ -457,6 +457,38 @@ def test_an_invalid_edit_that_turns_switching_on_moves_nothing(edit: dict[str, A
     h.run_until(lambda: h.history() and h.history()[-1]["outcome"] == "Succeeded", limit=80)
 
 
+def test_a_switch_whose_history_write_fails_as_it_ends_is_recorded_once_the_write_lands(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: '"step":"Route"' in h.instance(name)["metadata"]["annotations"].get(ANNOTATION_SWITCH, ""))
+    failed = []
+
+    def fail(verb: str, kind: str, obj: str) -> int | None:
+        if kind == KIND and verb == "patch" and not failed:
+            failed.append(obj)
+            return 503  # the history write of the tick the switch ends
+        return None
+
+    h.api.fail = fail
+    h.run_until(lambda: ANNOTATION_SWITCH not in h.instance(name)["metadata"]["annotations"])
+    assert failed and h.instance(name)["spec"]["role"] == "decode"
+    assert [e["outcome"] for e in h.history()] == ["Succeeded"]
+
+
+def test_a_switch_whose_instance_is_deleted_ends_aborted_in_the_history(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).inflight = 10_000
+    h.engine(name).stuck = True
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.tick(3)
+    assert [e["outcome"] for e in h.history()] == ["InProgress"]
+    h.instance(name)["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # a scale-down took it
+    h.now += 2
+    h.ctl.tick(NS, "fleet")
+    [entry] = h.history()
+    assert entry["outcome"] == "Aborted" and "the instance was deleted" in entry["phase"] and entry["finished"]
+
+
 def test_disabled_switching_starts_nothing_and_writes_nothing() -> None:
     spec = copy.deepcopy(FLEET_SPEC)
     spec["roleSwitch"]["enabled"] = False

@@ -281,8 +281,8 @@ class SwitchController:
 
         now = self.clock()
         config = SwitchConfig.from_spec(spec.role_switch, **self.step_bounds)
-        history = list((body.get("status") or {}).get("switches") or [])
-        original_history = list(history)
+        history = SwitchHistory.read(body)
+        history.close_orphans(instances, now)
 
         for inst in instances.values():
             if inst.record is not None:
@@ -299,13 +299,21 @@ class SwitchController:
         elif enabled:
             mem.scrapes.clear()
 
-        if history != original_history:
-            history = history[-HISTORY_LIMIT:]
-            try:
-                self.kube.patch(KIND, namespace, name, {"status": {"switches": history}}, subresource="status")
-            except KubeError as exc:
-                log.info("%s/%s: switch history not written (%s); next tick", namespace, name, exc)
+        self._write_history(namespace, name, history)
         return report
+
+    def _write_history(self, namespace: str, name: str, history: SwitchHistory) -> bool:
+        """`status.switches`, if it changed since read or last written (only that field is patched)."""
+        if not history.changed:
+            return True
+        entries = history.entries[-HISTORY_LIMIT:]
+        try:
+            self.kube.patch(KIND, namespace, name, {"status": {"switches": entries}}, subresource="status")
+        except KubeError as exc:
+            log.info("%s/%s: switch history not written (%s); next tick", namespace, name, exc)
+            return False
+        history.entries, history.written = list(entries), list(entries)
+        return True
 
     def _effective_spec(self, namespace: str, name: str, body: dict[str, Any]) -> HybridServingSpec | None:
         """The spec the reconcile plans from: the live one when it is valid, else the last applied.
@@ -329,7 +337,7 @@ class SwitchController:
     # ------------------------------------------------------------------ driving one switch
 
     def _drive(self, namespace: str, hs_body: dict[str, Any], inst: Instance, config: SwitchConfig, now: float,
-               history: list[dict[str, Any]], report: TickReport) -> None:
+               history: SwitchHistory, report: TickReport) -> None:
         state = inst.record
         assert state is not None
         if self._fleet_memory(namespace, hs_body).announced.get(inst.name) != (state.started, state.step):
@@ -348,12 +356,12 @@ class SwitchController:
                 break
         assert want is not None
         if new.finished:
-            if not self._finish(namespace, inst, new, now, history, report):
+            if not self._finish(namespace, hs_body, inst, new, now, history, report):
                 return
         elif not self._write(namespace, inst, new, want):
             return  # nothing landed: the same transitions are found again next tick
         elif moves:
-            _upsert(history, _history_entry(inst.name, new))
+            history.upsert(_history_entry(inst.name, new))
         for before, after in moves:  # reported once the writes landed
             report.transitions.append((inst.name, before.step, after.step))
             metrics.ROLE_SWITCH_PHASE_SECONDS.labels(before.step, before.mode).observe(
@@ -402,10 +410,16 @@ class SwitchController:
             return False
         return True
 
-    def _finish(self, namespace: str, inst: Instance, state: SwitchState, now: float,
-                history: list[dict[str, Any]], report: TickReport) -> bool:
-        """History first, then the instance's lastSwitch, then the record goes: each step repeatable."""
-        _upsert(history, _history_entry(inst.name, state, finished=now))
+    def _finish(self, namespace: str, hs_body: dict[str, Any], inst: Instance, state: SwitchState, now: float,
+                history: SwitchHistory, report: TickReport) -> bool:
+        """History first, then the instance's lastSwitch, then the record goes: each step repeatable.
+
+        The history is written before the record goes: once the record is gone nothing could
+        say how this switch ended, and `status.switches` would show it in progress for good.
+        """
+        history.upsert(_history_entry(inst.name, state, finished=now))
+        if not self._write_history(namespace, hs_body["metadata"]["name"], history):
+            return False
         if not self._patch_status(namespace, inst, {"lastSwitch": rfc3339(now)}):
             return False
         if not self._write(namespace, inst, None, None):
@@ -420,7 +434,7 @@ class SwitchController:
         return True
 
     def _start(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec, inst: Instance, to_role: str,
-               reason: str, now: float, history: list[dict[str, Any]], report: TickReport,
+               reason: str, now: float, history: SwitchHistory, report: TickReport,
                extra_annotations: Mapping[str, str | None] | None = None) -> bool:
         mode = "in-place" if flags.in_place_role_switch(spec) else "relaunch"
         state = SwitchState.start(inst.role, to_role, mode, reason, now)  # type: ignore[arg-type]
@@ -428,7 +442,7 @@ class SwitchController:
         if not self._write(namespace, inst, state, want, extra_annotations):
             return False
         report.started.append(inst.name)
-        _upsert(history, _history_entry(inst.name, state))
+        history.upsert(_history_entry(inst.name, state))
         metrics.ROLE_SWITCHES_STARTED.labels(_reason_kind(reason), mode).inc()
         self._event(namespace, hs_body, inst.name, state)
         return True
@@ -503,7 +517,7 @@ class SwitchController:
     # ------------------------------------------------------------------ starting switches
 
     def _on_call(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec,
-                 instances: Mapping[str, Instance], now: float, history: list[dict[str, Any]],
+                 instances: Mapping[str, Instance], now: float, history: SwitchHistory,
                  report: TickReport) -> None:
         """`hybridserving.io/switch-to: prefill|decode` on an instance: the same safe sequence, on demand.
 
@@ -541,7 +555,7 @@ class SwitchController:
 
     def _policy(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec,
                 instances: Mapping[str, Instance], mem: FleetMemory, now: float,
-                history: list[dict[str, Any]], report: TickReport) -> None:
+                history: SwitchHistory, report: TickReport) -> None:
         in_place = flags.in_place_role_switch(spec)
         states: list[InstanceState] = []
         observed: dict[str, InstanceMetrics] = {}
@@ -706,14 +720,49 @@ def _history_entry(instance: str, state: SwitchState, finished: float | None = N
     return entry
 
 
-def _upsert(history: list[dict[str, Any]], entry: dict[str, Any]) -> None:
-    """Replace the entry of the same switch (instance and start), or append: repeatable."""
-    for i, old in enumerate(history):
-        if old.get("instance") == entry["instance"] and old.get("started") == entry["started"]:
-            if old != entry:
-                history[i] = entry
-            return
-    history.append(entry)
+@dataclass
+class SwitchHistory:
+    """A fleet's `status.switches` as this tick sees it, and as last read or written."""
+
+    entries: list[dict[str, Any]]
+    written: list[dict[str, Any]]
+
+    @classmethod
+    def read(cls, body: Mapping[str, Any]) -> SwitchHistory:
+        entries = list((body.get("status") or {}).get("switches") or [])
+        return cls(entries, list(entries))
+
+    @property
+    def changed(self) -> bool:
+        return self.entries != self.written
+
+    def upsert(self, entry: dict[str, Any]) -> None:
+        """Replace the entry of the same switch (instance and start), or append: repeatable."""
+        for i, old in enumerate(self.entries):
+            if old.get("instance") == entry["instance"] and old.get("started") == entry["started"]:
+                if old != entry:
+                    self.entries[i] = entry
+                return
+        self.entries.append(entry)
+
+    def close_orphans(self, instances: Mapping[str, Instance], now: float) -> None:
+        """End the entries in progress that no switch record carries any more.
+
+        A record lives on its instance until the switch has ended; an entry still in progress
+        without one lost its instance (deleted: a scale-down, or its fleet shrank) or was left by
+        an older operator that removed the record first. Left open, the entry would say the
+        switch runs for good.
+        """
+        for i, entry in enumerate(self.entries):
+            if entry.get("outcome") != "InProgress":
+                continue
+            inst = instances.get(entry.get("instance", ""))
+            record = inst.record if inst is not None else None
+            if record is not None and rfc3339(record.started) == entry.get("started"):
+                continue
+            why = "the instance was deleted" if inst is None else "its switch record is gone"
+            self.entries[i] = {**entry, "outcome": "Aborted", "finished": rfc3339(now),
+                               "phase": f"Aborted: {why} (last seen in {entry.get('phase')})"}
 
 
 # ---------------------------------------------------------------------- the loop
