@@ -35,8 +35,12 @@ from hybridserving.api.v1alpha1 import (
     HybridServingStatus,
     RoleStatus,
 )
+from hybridserving.api.pods import canonical_quantity
 from hybridserving.api.profiles import PROFILES
 from hybridserving.core.fleet import assess
+from hybridserving.core import planner
+from hybridserving.core.drift import contains
+from hybridserving.core.observed import Observed
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD_FILES = sorted((REPO / "crds").glob("*.yaml"))
@@ -327,6 +331,38 @@ def test_router_quantities_may_be_whole_numbers_as_in_a_pod(objects, namespace):
     body = with_changes(FLEET, _set("spec.router.resources", resources))
     assert create(objects, namespace, body)["spec"]["router"]["resources"] == resources
     assert manifests.parse_document(body).spec.router.resources.to_wire() == resources
+
+
+QUANTITIES = ["0.5", "4", "1000", "1500", "2000m", "1024Mi", "1.5Gi", "0.5Gi", "1023Ki", "0.1Ki", "1e3", "1.5e3",
+              "12e-1", "1E3", "3E", ".5", "1.", "+1", "0", "0.0000000001", "1000000", "100m", "1.25", "01", "+1000",
+              "100u", "5Ki", "01Ki", "1.Ki", "2048Ki", "0Ki", "7e2", "1.5k", "0.1", "123456789", "1.000"]
+
+
+def test_router_quantities_are_rendered_as_the_apiserver_stores_them(api, namespace):
+    """A Deployment comes back with its quantities canonical; the router is rendered so, or every
+    pass would read its own Deployment as drifted."""
+    labels = {"app": "quantities"}
+    containers = [{"name": f"c{i}", "image": "registry.example/router:1", "resources": {"requests": {"cpu": q}}}
+                  for i, q in enumerate(QUANTITIES)]
+    apps = client.AppsV1Api(api)
+    created = apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": "quantities"},
+        "spec": {"selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": containers}}},
+    }, dry_run="All")
+    stored = [c.resources.requests["cpu"] for c in created.spec.template.spec.containers]
+    assert stored == [canonical_quantity(q) for q in QUANTITIES]
+    # The planned router Deployment, stored, is what the plan says: no drift, no patch each pass.
+    body = with_changes(FLEET, _set("spec.router.resources", {"requests": {"cpu": "0.5", "memory": "1024Mi"},
+                                                              "limits": {"cpu": 4}}))
+    hs = manifests.parse_document(with_changes(body, _set("metadata.namespace", namespace)))
+    [deployment] = [o for (kind, _), o in planner.plan(hs, Observed()).objects.items() if kind == "Deployment"]
+    deployment["metadata"].pop("ownerReferences", None)  # its owner exists only in a cluster
+    created = apps.create_namespaced_deployment(namespace, deployment, dry_run="All")
+    stored = client.ApiClient().sanitize_for_serialization(created)
+    assert stored["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "4"}}
+    assert contains(stored, deployment)
 
 
 def test_unknown_fields_are_refused_not_silently_dropped(objects, namespace):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import ROUND_CEILING, Decimal
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -98,6 +99,75 @@ def is_quantity(value: object) -> bool:
     if isinstance(value, str):
         return re.fullmatch(QUANTITY_PATTERN, value) is not None
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+_DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_SUFFIX_OF_EXPONENT = {e: s for s, e in _DECIMAL_SUFFIXES.items()}
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def canonical_quantity(value: int | str) -> str:
+    """A quantity as the apiserver stores it in a built-in object (apimachinery's
+    `Quantity.String`): `0.5` as `500m`, `1000` as `1k`, `1024Mi` as `1Gi`.
+
+    A Deployment's resources come back in this form, whatever was written; rendering them
+    as the user wrote them would read as drift on every pass. Precision below a milli rounds
+    up, as the apiserver's defaulting of every resource list does (`SetDefaults_ResourceList`).
+    Only quantities `is_quantity` admits are expected.
+    """
+    text = str(value)
+    match = re.fullmatch(QUANTITY_PATTERN, text)
+    if match is None:
+        raise ValueError(quantity_error(value))
+    if _kept_as_written(text):
+        return text
+    number = Decimal(match.group(1))
+    suffix = match.group(3) or ""
+    if suffix.endswith("i"):
+        amount, base = number * 1024 ** _BINARY_SUFFIXES.index(suffix), "binary"
+    elif len(suffix) > 1:  # e3, E-2 (a lone E is exa)
+        amount, base = number.scaleb(int(suffix[1:])), "exponent"
+    else:
+        amount, base = number.scaleb(_DECIMAL_SUFFIXES[suffix]), "decimal"
+    amount = amount.quantize(Decimal("1e-3"), rounding=ROUND_CEILING) if amount.as_tuple().exponent < -3 else amount
+    if amount == 0:
+        return "0"
+    if base == "binary" and (amount < 1024 or amount != amount.to_integral_value()):
+        base = "decimal"  # small or fractional binary amounts read better (and exactly) in decimal
+    if base == "binary":
+        whole, power = int(amount), 0
+        while whole % 1024 == 0 and power < len(_BINARY_SUFFIXES) - 1:
+            whole, power = whole // 1024, power + 1
+        return f"{whole}{_BINARY_SUFFIXES[power]}"
+    # An integer mantissa and the exponent, lowered to a multiple of 3 (int64Amount.AsCanonicalBytes).
+    sign, digits, exponent = amount.normalize().as_tuple()
+    assert isinstance(exponent, int)
+    mantissa = int("".join(map(str, digits)))
+    shift = exponent % 3
+    mantissa, exponent = mantissa * 10 ** shift, exponent - shift
+    if base == "decimal" and exponent in _SUFFIX_OF_EXPONENT:
+        return f"{mantissa}{_SUFFIX_OF_EXPONENT[exponent]}"
+    return f"{mantissa}e{exponent}" if exponent else str(mantissa)
+
+
+def _kept_as_written(text: str) -> bool:
+    """Whether the apiserver keeps the string it parsed (`ParseQuantity`'s fast path: a value
+    it deems canonical already, `1E3` and `+1` included), rather than writing it anew."""
+    match = re.fullmatch(r"\+?([0-9]*)(?:\.([0-9]*))?([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?", text)
+    assert match is not None
+    num, denom, suffix = match.group(1).lstrip("0"), match.group(2) or "", match.group(3) or ""
+    shifted = num + denom
+    if not shifted:
+        return False
+    if suffix.endswith("i"):
+        exponent = 10 * _BINARY_SUFFIXES.index(suffix)
+        precision = 15 - len(num) - int(exponent * 3 / 10) - 1
+        return not denom and precision >= 0 and int(num) & 7 != 0
+    exponent = int(suffix[1:]) if len(suffix) > 1 else _DECIMAL_SUFFIXES[suffix]
+    scale = exponent - len(denom)
+    # The resource-list defaulting keeps the string only where rounding to milli changes nothing.
+    return (18 - len(shifted) >= 0 and scale >= -3 and scale % 3 == 0
+            and not shifted.endswith("000") and shifted[0] != "0")
 
 
 def quantity_error(value: object, where: str | None = None) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridserving.api.pods import canonical_quantity
 from hybridserving.api.v1alpha1 import RouterSpec
 
 METRICS_PORT_NAME = "metrics"
@@ -43,7 +44,9 @@ def container_fields(router: RouterSpec) -> dict[str, Any]:
                            "failureThreshold": 2, "timeoutSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "initialDelaySeconds": 10,
                           "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 2},
-        "resources": router.resources.to_wire(),
+        # As the apiserver stores them (canonical, no empty map): anything else reads as drift.
+        "resources": {kind: {name: canonical_quantity(q) for name, q in amounts.items()}
+                      for kind, amounts in router.resources.to_wire().items() if amounts},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
     }
 
