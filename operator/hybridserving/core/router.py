@@ -64,12 +64,18 @@ def pod_fields(router: RouterSpec, selector: dict[str, str]) -> dict[str, Any]:
 
 
 def disruption_budget(router: RouterSpec, meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any] | None:
-    """With two or more replicas, node drains take one router at a time (none to protect with one)."""
+    """With two or more replicas, node drains take one router at a time (none to protect with one).
+
+    A router that is not ready may always be evicted (`AlwaysAllow`): smg is unready whenever it
+    has no healthy worker of a role, which is when GPU nodes are being drained, and the default
+    policy would then refuse every eviction and hang the drain of the router's node.
+    """
     if router.replicas < 2:
         return None
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": meta,
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+        "spec": {"maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                 "selector": {"matchLabels": selector}},
     }
