@@ -275,6 +275,16 @@ def test_operator_key_is_generated_once_and_reaches_the_operator_by_reference() 
         "name": secret["metadata"]["name"], "key": "operator-key"}
 
 
+def test_an_existing_operator_key_secret_is_referenced_and_none_is_rendered() -> None:
+    """Rendered without a cluster (`helm template`, as Argo CD does), the generated key would be
+    new on every render; a Secret created once is named instead."""
+    docs = render("operatorKey.existingSecret=operator-key-from-vault")
+    assert not [d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-operator-key")]
+    env = {e["name"]: e for e in operator_container(docs)["env"]}
+    assert env["HYBRIDSERVING_OPERATOR_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "operator-key-from-vault", "key": "operator-key"}
+
+
 def operator_cluster_roles(docs: list[dict]) -> list[dict]:
     """The operator's own ClusterRoles (the roles for people are checked in test_user_roles.py)."""
     people = ("-view", "-edit", "-oncall")

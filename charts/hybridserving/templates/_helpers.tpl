@@ -64,3 +64,8 @@ app.kubernetes.io/part-of: hybridserving
 {{- $namespaces := .Values.watchNamespaces | default (list .Release.Namespace) | uniq }}
 {{- toJson $namespaces }}
 {{- end }}
+
+{{/* The Secret holding the operator key: the one named in operatorKey.existingSecret, or the chart's. */}}
+{{- define "hybridserving.operatorKeySecret" -}}
+{{- .Values.operatorKey.existingSecret | default (printf "%s-operator-key" (include "hybridserving.fullname" .)) -}}
+{{- end }}
