@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import pathlib
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -221,15 +224,55 @@ def operator_process(args: list[str], kubeconfig: pathlib.Path, namespace: str, 
                 proc.wait()
 
 
+def webhook_cert_dir(core_v1, container: dict, namespace: str, deployment: dict, path: pathlib.Path) -> list[str]:
+    """The chart's arguments with --webhook-cert-dir at a local copy of the mounted Secret, as the
+    kubelet would hand it over."""
+    args = list(container["args"])
+    (i,) = [i for i, a in enumerate(args) if a.startswith("--webhook-cert-dir=")]
+    mount_path = args[i].split("=", 1)[1]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == mount_path]
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    data = core_v1.read_namespaced_secret(volume["secret"]["secretName"], namespace).data
+    path.mkdir()
+    for item in volume["secret"]["items"]:
+        (path / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
+    args[i] = f"--webhook-cert-dir={path}"
+    return args
+
+
+def admission_review(port: int, ca: bytes, body: dict) -> dict:
+    """What the operator answers the apiserver for a CREATE of `body` (trusting the chart's CA)."""
+    context = ssl.create_default_context(cadata=ca.decode())
+    context.check_hostname = False  # called at 127.0.0.1; the certificate names the Service
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u", "kind": {"group": GROUP, "version": VERSION, "kind": "HybridServing"},
+        "resource": {"group": GROUP, "version": VERSION, "resource": "hybridservings"},
+        "operation": "CREATE", "object": body, "userInfo": {}}}
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/create", data=json.dumps(review).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=context, timeout=10) as response:
+        return dict(json.load(response))
+
+
+@pytest.mark.parametrize("webhook", [False, True], ids=["plain", "webhook"])
 def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, wait_for, delete_namespaces,
-                                                     tmp_path: pathlib.Path) -> None:
+                                                     tmp_path: pathlib.Path, webhook: bool) -> None:
+    """With the webhook too: the operator serves it with the chart's certificate and no permission
+    on webhook configurations (kopf's managed mode would create them, be refused and exit)."""
     release_ns = make_namespace(core_v1)
     fleet_ns = make_namespace(core_v1)
     other_ns = make_namespace(core_v1)
     delete_namespaces += [release_ns, fleet_ns, other_ns]
-    helm(cluster, "install", "hs", str(CHART), "-n", release_ns,
-         "--set", f"watchNamespaces={{{fleet_ns}}}",
-         "--set", f"metrics.port={free_port()}", "--set", f"healthPort={free_port()}")
+    webhook_port = free_port()
+    values = ["--set", f"watchNamespaces={{{fleet_ns}}}",
+              "--set", f"metrics.port={free_port()}", "--set", f"healthPort={free_port()}"]
+    if webhook:
+        values += ["--set", "webhook.enabled=true", "--set", f"webhook.port={webhook_port}"]
+        # The chart's configuration calls a Service this apiserver cannot reach, and creates fail
+        # closed: the fleet exists before the release.
+        apply_crds_server_side(cluster, CHART / "crds")
+        cluster.kubectl("apply", "-n", fleet_ns, "-f", str(EXAMPLE))
+    helm(cluster, "install", "hs", str(CHART), "-n", release_ns, *values)
     apply_crds_server_side(cluster, CHART / "crds")  # a no-op unless a CRD predates the chart
     try:
         docs = manifest(cluster, "hs", release_ns)
@@ -240,6 +283,7 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
         kubeconfig = token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
         api = config.new_client_from_config(config_file=str(kubeconfig))
         core = client.CoreV1Api(api)
+        admission = client.AdmissionregistrationV1Api(api)
 
         # what must be refused, with 403
         node = core_v1.list_node().items[0].metadata.name
@@ -251,6 +295,10 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
             "create a pod outside the watched namespaces": lambda: core.create_namespaced_pod(other_ns, {
                 "metadata": {"name": "x"}, "spec": {"containers": [{"name": "x", "image": "x"}]}}, dry_run="All"),
             "list pods outside the watched namespaces": lambda: core.list_namespaced_pod(other_ns),
+            "create a validating webhook configuration": lambda: admission.create_validating_webhook_configuration(
+                {"metadata": {"name": "x"}}, dry_run="All"),
+            "create a mutating webhook configuration": lambda: admission.create_mutating_webhook_configuration(
+                {"metadata": {"name": "x"}}, dry_run="All"),
         }
         for what, call in refused.items():
             with pytest.raises(ApiException) as denied:
@@ -261,14 +309,18 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
         core.list_namespaced_pod(fleet_ns)
 
         # The operator with exactly the chart's arguments and only that token.
-        cluster.kubectl("apply", "-n", fleet_ns, "-f", str(EXAMPLE))
+        args = container["args"]
+        if webhook:
+            args = webhook_cert_dir(core_v1, container, release_ns, deployment, tmp_path / "webhook")
+        else:
+            cluster.kubectl("apply", "-n", fleet_ns, "-f", str(EXAMPLE))
         custom = client.CustomObjectsApi(api)
         log = tmp_path / "operator.log"
         # The operator's key, as the kubelet hands it over from the chart's Secret (secretKeyRef).
         key_ref = {e["name"]: e for e in container["env"]}["HYBRIDSERVING_OPERATOR_KEY"]["valueFrom"]["secretKeyRef"]
         operator_key = base64.b64decode(core_v1.read_namespaced_secret(key_ref["name"], release_ns)
                                         .data[key_ref["key"]]).decode()
-        with operator_process(container["args"], kubeconfig, release_ns, log, operator_key) as operator:
+        with operator_process(args, kubeconfig, release_ns, log, operator_key) as operator:
             def running_and(check):
                 def probe():
                     if operator.poll() is not None:
@@ -288,6 +340,11 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
                             what=f"engine pods in {fleet_ns}; operator log: {log}")
             assert len(instances) >= 4
             assert pods
+            if webhook:
+                ca = base64.b64decode([d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"][0]
+                                      ["webhooks"][0]["clientConfig"]["caBundle"])
+                answer = admission_review(webhook_port, ca, yaml.safe_load(EXAMPLE.read_text()))
+                assert answer["response"]["allowed"] is True, answer
             # The fleet's engine key was written with the chart's RBAC, which cannot read it back.
             assert core_v1.read_namespaced_secret("dsv3-flex-engine-key", fleet_ns).data["api-key"]
             with pytest.raises(ApiException) as denied:
@@ -296,6 +353,17 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
             cluster.kubectl("delete", FLEETS, "dsv3-flex", "-n", fleet_ns, "--timeout=60s")
         text = log.read_text()
         assert "Forbidden" not in text, text[-4000:]
+        if webhook:
+            # The configuration and its certificate are the release's: an upgrade keeps the
+            # certificate, an uninstall removes both (no configuration left refusing creates).
+            secret = "hs-hybridserving-webhook-tls"
+            before = core_v1.read_namespaced_secret(secret, release_ns).data
+            helm(cluster, "upgrade", "hs", str(CHART), "-n", release_ns, "--reuse-values")
+            assert core_v1.read_namespaced_secret(secret, release_ns).data == before
+            (configuration,) = [d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+            helm(cluster, "uninstall", "hs", "-n", release_ns, "--wait", "--timeout", "60s")
+            assert cluster.kubectl("get", "validatingwebhookconfiguration", configuration, check=False).returncode != 0
+            assert cluster.kubectl("get", "secret", secret, "-n", release_ns, check=False).returncode != 0
     finally:
         cluster.kubectl("delete", FLEETS, "--all", "-n", fleet_ns, "--wait=false", check=False)
         helm(cluster, "uninstall", "hs", "-n", release_ns, check=False)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import base64
 
+import kopf
 import pytest
 import yaml
+from cryptography import x509
 
 from support.chart import (
     CHART,
@@ -303,8 +305,10 @@ def test_no_role_of_the_release_is_aggregated() -> None:
             assert role["rules"], role["metadata"]["name"]
 
 
-def test_cluster_role_is_read_only() -> None:
-    docs = render()
+@pytest.mark.parametrize("sets", [(), ("webhook.enabled=true",)])
+def test_cluster_role_is_read_only(sets: tuple[str, ...]) -> None:
+    """Also with the webhook: its configuration is the chart's, so the operator writes none."""
+    docs = render(*sets)
     (cluster_role,) = operator_cluster_roles(docs)
     granted = permissions(cluster_role["rules"])
     assert granted and {v for _, _, v in granted} <= READ_VERBS
@@ -313,14 +317,17 @@ def test_cluster_role_is_read_only() -> None:
     assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
 
 
-def test_rules_are_the_operators_own() -> None:
+@pytest.mark.parametrize("sets", [(), ("webhook.enabled=true",)])
+def test_rules_are_the_operators_own(sets: tuple[str, ...]) -> None:
     """The chart grants exactly the operator's rule list (hybridserving.controller.rbac), split by
-    scope: cluster-scoped resources in the ClusterRole, the rest in each namespace's Role."""
+    scope: cluster-scoped resources in the ClusterRole, the rest in each namespace's Role. The
+    webhook adds nothing: kopf's managed mode, which would create and patch validating and
+    mutating webhook configurations, stays off."""
     from hybridserving.controller import rbac
 
     wanted = permissions([r.to_wire() for r in rbac.RULES])
     wanted_cluster = {p for p in wanted if p[:2] in CLUSTER_SCOPED}
-    docs = render()
+    docs = render(*sets)
     (cluster_role,) = operator_cluster_roles(docs)
     assert permissions(cluster_role["rules"]) == wanted_cluster
     assert permissions(the(docs, "Role")["rules"]) == wanted - wanted_cluster
@@ -406,16 +413,67 @@ def test_every_value_is_in_the_schema() -> None:
 def test_the_admission_webhook_is_off_by_default_and_wired_when_enabled() -> None:
     docs = render()
     assert not any("webhook" in a for a in operator_container(docs)["args"])
-    assert ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch") not in permissions(
-        [r for d in of_kind(docs, "ClusterRole") for r in d["rules"]])
+    assert not of_kind(docs, "ValidatingWebhookConfiguration")
+    assert not [d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
     docs = render("webhook.enabled=true")
-    args = operator_container(docs)["args"]
-    assert "--webhook-port=9443" in args
+    assert "--webhook-port=9443" in operator_container(docs)["args"]
     service = next(s for s in of_kind(docs, "Service") if s["metadata"]["name"].endswith("-webhook"))
-    assert f"--webhook-host={service['metadata']['name']}.{service['metadata']['namespace']}.svc" in args
     assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": "webhook", "protocol": "TCP"}]
+    # Only Ready pods (with several replicas, the leader) receive reviews.
+    assert "publishNotReadyAddresses" not in service["spec"]
     pod_labels = the(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    rules = permissions([r for d in of_kind(docs, "ClusterRole") for r in d["rules"]])
-    assert {("admissionregistration.k8s.io", "validatingwebhookconfigurations", v)
-            for v in ("get", "list", "watch", "create", "patch")} <= rules
+    # The apiserver calls the Service, never a URL it may not resolve (cluster DNS).
+    config = the(docs, "ValidatingWebhookConfiguration")
+    assert RELEASE_NS in config["metadata"]["name"], "cluster-scoped: releases in two namespaces must not share it"
+    for hook in config["webhooks"]:
+        assert "url" not in hook["clientConfig"]
+        called = {k: v for k, v in hook["clientConfig"]["service"].items() if k != "path"}
+        assert called == {"name": service["metadata"]["name"], "namespace": RELEASE_NS, "port": 9443}
+    policies = {(h["rules"][0]["operations"][0], h["failurePolicy"]) for h in config["webhooks"]}
+    assert policies == {("CREATE", "Fail"), ("UPDATE", "Ignore")}
+    assert all(h["rules"][0]["resources"] == ["hybridservings"] for h in config["webhooks"])
+
+
+def test_the_webhook_paths_are_those_kopf_serves_the_handlers_at() -> None:
+    """kopf's server routes /<handler id> to that handler alone."""
+    from hybridserving.controller import admission
+
+    registered = {h.id: list(h.operations or []) for h in kopf.get_default_registry()._webhooks.get_all_handlers()
+                  if h.fn in (admission.check_create, admission.check_update)}
+    config = the(render("webhook.enabled=true"), "ValidatingWebhookConfiguration")
+    served = {h["clientConfig"]["service"]["path"].removeprefix("/"): h["rules"][0]["operations"]
+              for h in config["webhooks"]}
+    assert served == registered
+
+
+def test_the_webhook_certificate_is_the_one_the_pods_serve_and_the_apiserver_trusts() -> None:
+    docs = render("webhook.enabled=true")
+    (secret,) = [d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    serving = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    serving.verify_directly_issued_by(ca)
+    service = next(s for s in of_kind(docs, "Service") if s["metadata"]["name"].endswith("-webhook"))
+    names = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"{service['metadata']['name']}.{RELEASE_NS}.svc" in names.get_values_for_type(x509.DNSName)
+    config = the(docs, "ValidatingWebhookConfiguration")
+    assert {h["clientConfig"]["caBundle"] for h in config["webhooks"]} == {secret["data"]["ca.crt"]}
+    container = operator_container(docs)
+    (cert_dir,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--webhook-cert-dir=")]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == cert_dir]
+    assert mount["readOnly"] is True
+    volumes = the(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert {i["path"] for i in volume["secret"]["items"]} == {"tls.crt", "tls.key"}
+
+
+def test_the_webhook_covers_only_the_namespaces_the_release_reconciles() -> None:
+    def selectors(*sets: str) -> list[dict | None]:
+        config = the(render("webhook.enabled=true", *sets), "ValidatingWebhookConfiguration")
+        return [h.get("namespaceSelector") for h in config["webhooks"]]
+
+    only = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}]}
+    assert selectors("watchNamespaces={a,b}") == [only, only]
+    assert selectors() == [{"matchExpressions": [{**only["matchExpressions"][0], "values": [RELEASE_NS]}]}] * 2
+    assert selectors("watchAllNamespaces=true") == [None, None]

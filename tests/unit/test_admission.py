@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import ssl
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +124,14 @@ def test_updates_that_keep_the_spec_and_objects_being_deleted_always_pass() -> N
         admission.review(changed, bad, "UPDATE", [])
 
 
-def test_the_self_signed_certificate_serves_its_host(tmp_path: Path) -> None:
-    certfile, keyfile = admission.self_signed("127.0.0.1", tmp_path)
-    context = ssl.create_default_context(cafile=str(certfile))
-    context.load_cert_chain(str(certfile), str(keyfile))
-    assert oct(keyfile.stat().st_mode)[-3:] == "600"
+def test_the_operator_only_serves_and_writes_no_webhook_configuration() -> None:
+    # kopf's managed mode would create and patch a ValidatingWebhookConfiguration and a
+    # MutatingWebhookConfiguration, with permissions the chart does not grant: the chart owns the
+    # configuration (templates/webhook.yaml).
+    settings = kopf.OperatorSettings()
+    admission.configure(settings, addr="0.0.0.0", port=9443, certfile="/certs/tls.crt", keyfile="/certs/tls.key")
+    assert settings.admission.managed is None
+    server = settings.admission.server
+    assert isinstance(server, kopf.WebhookServer)
+    assert (server.addr, server.port, server.certfile, server.pkeyfile) == (
+        "0.0.0.0", 9443, "/certs/tls.crt", "/certs/tls.key")

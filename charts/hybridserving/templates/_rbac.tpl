@@ -3,10 +3,11 @@ The operator's permissions, split by scope. They are the rules of
 operator/hybridserving/controller/rbac.py (tests/tooling/test_chart_static.py renders the chart and
 fails when the two differ); change both together. Namespaced resources are granted per watched
 namespace (a Role), or cluster-wide only with watchAllNamespaces; the ClusterRole holds only
-what exists at cluster scope, read-only. No wildcard, and no Secret reads: the operator never reads
-them, and get/list/watch on Secrets would reveal their contents. It writes one Secret per fleet
-(create and patch, by server-side apply): the engines' API key, which it derives from its own
-key and the fleet's uid instead of storing (docs/security.md).
+what exists at cluster scope, read-only (the admission webhook's configuration is the chart's
+own, templates/webhook.yaml, so the operator needs no rule for it). No wildcard, and no Secret
+reads: the operator never reads them, and get/list/watch on Secrets would reveal their contents.
+It writes one Secret per fleet (create and patch, by server-side apply): the engines' API key,
+which it derives from its own key and the fleet's uid instead of storing (docs/security.md).
 */}}
 
 {{/* Rules granted in each watched namespace (a Role), or cluster-wide with watchAllNamespaces. */}}
@@ -89,10 +90,4 @@ key and the fleet's uid instead of storing (docs/security.md).
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-{{- if .Values.webhook.enabled }}
-# The admission webhook: the operator keeps its configuration (webhooks, CA bundle) current.
-- apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-{{- end }}
 {{- end }}

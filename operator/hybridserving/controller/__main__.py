@@ -65,10 +65,8 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--webhook-port", type=int, default=0,
                     help="serve the validating admission webhook on this port (0: off)")
     ap.add_argument("--webhook-addr", default="0.0.0.0", help="address the webhook server binds")
-    ap.add_argument("--webhook-host", default=None,
-                    help="name the apiserver reaches the webhook by (in a cluster: <service>.<namespace>.svc)")
     ap.add_argument("--webhook-cert-dir", default=None,
-                    help="tls.crt and tls.key (e.g. from cert-manager); default: a self-signed pair made at start")
+                    help="tls.crt and tls.key the webhook serves (the chart's Secret); needed with --webhook-port")
     ap.add_argument("--verbose", "-v", action="store_true")
     return ap
 
@@ -122,18 +120,17 @@ def main(argv: list[str] | None = None) -> int:
             name=args.leader_elect_lease, lease_seconds=seconds,
             renew_deadline_seconds=seconds * 0.75, retry_seconds=min(2.0, seconds / 4))
     if args.webhook_port:
+        if not args.webhook_cert_dir:
+            # The apiserver trusts only the CA in the webhook configuration, which the operator does not write.
+            arguments().error("--webhook-port needs --webhook-cert-dir")
         from hybridserving.controller import admission  # registers the webhook handlers
 
         cert_dir = args.webhook_cert_dir
 
         @kopf.on.startup()
         def serve_webhook(settings: kopf.OperatorSettings, **_: object) -> None:
-            admission.configure(
-                settings, addr=args.webhook_addr, port=args.webhook_port,
-                host=args.webhook_host or args.webhook_addr,
-                certfile=f"{cert_dir}/tls.crt" if cert_dir else None,
-                keyfile=f"{cert_dir}/tls.key" if cert_dir else None,
-            )
+            admission.configure(settings, addr=args.webhook_addr, port=args.webhook_port,
+                                certfile=f"{cert_dir}/tls.crt", keyfile=f"{cert_dir}/tls.key")
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     asyncio.run(kopf.operator(

@@ -6,7 +6,7 @@ the checks of `hybridserving validate` (`core.fleet.assess`: layout rules, pod s
 capacity) and the chart's engine privileges, so a bad spec is refused at `kubectl apply` with
 the same field paths and fixes, and warnings come back as admission warnings.
 
-Failure policy, per operation:
+Failure policy, per operation (set in the chart's configuration):
 
 * CREATE fails closed: while the webhook is down no new fleet is admitted unchecked.
 * UPDATE fails open: an outage never blocks an edit (scale-down in an incident, a rollback),
@@ -15,24 +15,23 @@ Failure policy, per operation:
 * DELETE is never sent to the webhook, and updates that do not change the spec (labels,
   finalizers during deletion) or that belong to an object being deleted are always allowed.
 * Only the main resource is matched: status writes never depend on the webhook.
-* Both webhooks are persistent: an operator that stops (an upgrade, a drain) leaves them in
-  the configuration, so creates stay refused rather than admitted unchecked until it is back.
+
+The ValidatingWebhookConfiguration and the serving certificate belong to the Helm release
+(charts/hybridserving/templates/webhook.yaml), not to the operator: they stay while the operator
+is stopped (an upgrade, a drain), so creates stay refused rather than admitted unchecked until it
+is back, and they go with `helm uninstall` or `webhook.enabled=false`, so no configuration is left
+refusing creates with nothing behind it. The configuration reaches the operator through its
+Service (never a URL: the apiserver often cannot resolve cluster DNS). The operator only serves:
+kopf's managed mode stays off, because it would write a configuration of its own (and an empty
+MutatingWebhookConfiguration besides) and need cluster-wide write access to both kinds.
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import logging
-import pathlib
-import tempfile
 from typing import Any
 
 import kopf
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION
 from hybridserving.controller import handlers
@@ -41,49 +40,14 @@ from hybridserving.core import fleet, privileges
 
 log = logging.getLogger("hybridserving.admission")
 
-# The ValidatingWebhookConfiguration kopf keeps up to date (its webhooks and caBundle).
-CONFIGURATION_NAME = "hybridserving.io"
 
+def configure(settings: kopf.OperatorSettings, *, addr: str, port: int, certfile: str, keyfile: str) -> None:
+    """Serve the webhook with the release's certificate; kopf reloads it when the files change.
 
-def self_signed(host: str, directory: pathlib.Path, days: int = 365) -> tuple[pathlib.Path, pathlib.Path]:
-    """A serving certificate for `host` (DNS name or IP) that is its own CA: (certfile, keyfile)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    try:
-        san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        san = x509.DNSName(host)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([san]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    certfile, keyfile = directory / "tls.crt", directory / "tls.key"
-    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    keyfile.chmod(0o600)
-    return certfile, keyfile
-
-
-def configure(settings: kopf.OperatorSettings, *, addr: str, port: int, host: str,
-              certfile: str | None = None, keyfile: str | None = None) -> None:
-    """Serve the webhook and keep the cluster's configuration pointing at it.
-
-    Without a certificate (cert-manager or the platform's), one is made for `host` at start;
-    kopf writes it into the configuration's caBundle.
+    The configuration calls each handler at the path of its id (`/create`, `/update`), which is
+    where kopf's server routes it.
     """
-    if certfile is None or keyfile is None:
-        made = self_signed(host, pathlib.Path(tempfile.mkdtemp(prefix="hybridserving-webhook-")))
-        certfile, keyfile = str(made[0]), str(made[1])
-    settings.admission.server = kopf.WebhookServer(addr=addr, port=port, host=host, certfile=certfile,
-                                                   pkeyfile=keyfile, cafile=certfile)
-    settings.admission.managed = CONFIGURATION_NAME
+    settings.admission.server = kopf.WebhookServer(addr=addr, port=port, certfile=certfile, pkeyfile=keyfile)
 
 
 def review(body: dict[str, Any], old: dict[str, Any] | None, operation: str, warnings: list[str]) -> None:
@@ -105,13 +69,11 @@ def review(body: dict[str, Any], old: dict[str, Any] | None, operation: str, war
             "; ".join(f"{i.path}: {i.message}. Fix: {i.fix}" for i in errors)[:8000], code=422)
 
 
-@kopf.on.validate(GROUP, VERSION, PLURAL, id="create", operations=["CREATE"], ignore_failures=False,
-                  persistent=True)
+@kopf.on.validate(GROUP, VERSION, PLURAL, id="create", operations=["CREATE"])
 def check_create(body: kopf.Body, warnings: list[str], **_: Any) -> None:
     review(dict(body), None, "CREATE", warnings)
 
 
-@kopf.on.validate(GROUP, VERSION, PLURAL, id="update", operations=["UPDATE"], ignore_failures=True,
-                  persistent=True)
+@kopf.on.validate(GROUP, VERSION, PLURAL, id="update", operations=["UPDATE"])
 def check_update(body: kopf.Body, warnings: list[str], old: kopf.BodyEssence | None = None, **_: Any) -> None:
     review(dict(body), dict(old) if old else None, "UPDATE", warnings)
