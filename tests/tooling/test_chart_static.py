@@ -109,7 +109,8 @@ def test_app_version_is_the_package_version() -> None:
 
 
 @pytest.mark.parametrize("sets", [(), ("watchAllNamespaces=true",), ("enginePolicy.allowHostNetwork=true",
-                                                                    "enginePolicy.allowIpcLock=true")])
+                                                                    "enginePolicy.allowIpcLock=true"),
+                                  ("webhook.enabled=true",)])
 def test_operator_pod_meets_restricted(sets: tuple[str, ...]) -> None:
     pod = the(render(*sets), "Deployment")["spec"]["template"]["spec"]
     assert restricted_violations(pod) == []
@@ -141,6 +142,9 @@ def test_tmp_is_the_only_writable_mount() -> None:
     assert [(m["name"], m["mountPath"]) for m in mounts] == [("tmp", "/tmp")]
     (volume,) = pod["volumes"]
     assert volume["name"] == "tmp" and "emptyDir" in volume
+    # The webhook's certificate is mounted read-only.
+    mounts = operator_container(render("webhook.enabled=true"))["volumeMounts"]
+    assert [(m["name"], m["mountPath"]) for m in mounts if not m.get("readOnly")] == [("tmp", "/tmp")]
 
 
 def test_one_replica_recreated_not_rolled() -> None:
