@@ -25,8 +25,10 @@ OPERATOR = f"system:serviceaccount:{RELEASE_NS}:hs-hybridserving"
 
 
 def rendered_user_roles() -> list[dict]:
+    # Every namespace: the tests use fresh ones (a release binds its guard to the ones it reconciles).
     proc = subprocess.run([str(bin_dir() / "helm"), "template", RELEASE, str(CHART), "-n", RELEASE_NS,
-                           "--show-only", "templates/userroles.yaml"], capture_output=True, text=True, timeout=60)
+                           "--set", "watchAllNamespaces=true", "--show-only", "templates/userroles.yaml"],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 

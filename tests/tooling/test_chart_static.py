@@ -337,6 +337,24 @@ def test_rules_are_the_operators_own(sets: tuple[str, ...]) -> None:
     assert permissions(the(docs, "Role")["rules"]) == wanted - wanted_cluster
 
 
+@pytest.mark.parametrize(("sets", "namespaces"), [
+    ((), ["hs-system"]),
+    (("watchNamespaces={team-a,team-b}",), ["team-a", "team-b"]),
+    (("watchAllNamespaces=true",), None),
+])
+def test_the_instance_guard_binds_only_where_the_release_reconciles(sets: tuple[str, ...],
+                                                                   namespaces: list[str] | None) -> None:
+    """The guard lets only this release's operator write instance specs: bound in another release's
+    namespaces it would refuse that release's operator every switch and roll."""
+    binding = the(render(*sets), "ValidatingAdmissionPolicyBinding")
+    selector = (binding["spec"].get("matchResources") or {}).get("namespaceSelector")
+    if namespaces is None:
+        assert selector is None
+    else:
+        assert selector == {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}
+
+
 def test_rbac_can_be_left_to_the_cluster_admin() -> None:
     docs = render("rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=preexisting")
     assert not {d["kind"] for d in docs} & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
