@@ -26,8 +26,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,8 +55,10 @@ from hybridserving.contract import (
 )
 from hybridserving_engine import preflight
 from hybridserving_engine.argv import flag_value, has_flag
+from hybridserving_engine.children import Forwarder, reap_orphans
 
 log = logging.getLogger("hybridserving.launcher")
+T = TypeVar("T")
 
 PHASES = (
     "WaitingForRole", "PreflightFailed", "Starting", "Ready", "Restarting", "CrashLoop",
@@ -311,10 +313,13 @@ class Launcher:
         settings: Settings,
         probes: preflight.Probes | None = None,
         command: Callable[[str, list[str]], list[str]] = engine_command,
+        reaps_orphans: bool | None = None,
     ) -> None:
         self.settings = settings
         self.probes = probes or preflight.Probes()
         self.command = command
+        # Orphans are re-parented to PID 1 (or a subreaper); elsewhere they are not the launcher's.
+        self.reaps_orphans = os.getpid() == 1 if reaps_orphans is None else reaps_orphans
         self.metrics = LauncherMetrics()
         self.role: str | None = None
         self.desired_role: str | None = None
@@ -325,6 +330,11 @@ class Launcher:
         self.argv: list[str] = []
         self.nnodes = 1
         self.engine_healthy = False
+        # Whether the engine may hold requests: set once the pod turns Ready (only then do the router
+        # and Services send to it), cleared when it starts and when a drain ends idle. A drain with
+        # nothing to wait for ends at once, not after polling a loading engine for the drain timeout.
+        self.may_hold_requests = False
+        self._output: list[Forwarder] = []
         self.restarts = 0
         self.consecutive_failures = 0
         self.last_exit_code: int | None = None
@@ -344,6 +354,8 @@ class Launcher:
         if phase != self.phase or message != self.message:
             log.info("launcher phase %s%s", phase, f": {message}" if message else "")
         self.phase, self.message = phase, message
+        if phase == "Ready":
+            self.may_hold_requests = True
         self.metrics.show(phase, self.role)
 
     def status(self) -> dict[str, Any]:
@@ -417,34 +429,76 @@ class Launcher:
         cmd = self.command(self.settings.backend, self.argv)
         log.info("starting engine as %s (node rank %d): %s", role, self.settings.node_rank, " ".join(cmd))
         if self.settings.api_key:
-            # Appended here, after the log line, so the key is in no ConfigMap, log or status: SGLang
-            # then asks it of every caller but probes and scrapers (utils/auth.py:98-151).
+            # Appended here, after the log line, so the key is in no ConfigMap, launcher log line or
+            # status: SGLang then asks it of every caller but probes and scrapers (utils/auth.py:98-151).
+            # SGLang logs it among its server_args; the Forwarders blank it out of the engine's output.
             cmd += ["--api-key", self.settings.api_key]
-        self.proc = await asyncio.create_subprocess_exec(*cmd, start_new_session=True)
+        # Pipes of the launcher's own, not asyncio's: Process.wait() then ends with the engine, not
+        # with the last process that holds its output open (asyncio wakes it once its pipes close).
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            # A session of its own: the pod's signals reach only the launcher, the engine's processes
+            # can be killed as one group, and children.reap_orphans knows it for the launcher's.
+            self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=out_w, stderr=err_w,
+                                                             start_new_session=True)
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w):
+                os.close(fd)
+        self._output = [Forwarder(out_r, sys.stdout.fileno(), self.settings.api_key),
+                        Forwarder(err_r, sys.stderr.fileno(), self.settings.api_key)]
         self.role = role
         self.engine_healthy = False
+        self.may_hold_requests = False
         self.started_at = time.time()
         self.set_phase("Starting")
 
     async def stop_engine(self) -> None:
+        """SIGTERM to the engine's main process only, SIGKILL to its whole process group after the
+        stop grace or once the main process is gone.
+
+        Only SGLang's main process handles SIGTERM (`managers/tokenizer_manager.py:2451-2455`): it
+        asks its schedulers to exit and waits for them (lines 3508-3560). Its schedulers have no
+        handler of their own; SIGTERM would kill them at once, its SubprocessWatchdog would take
+        that for a crash and SIGQUIT the main process (`utils/watchdog.py:210-222`), which then
+        kills its tree (`tokenizer_manager.py:4072-4081`) without releasing anything. The default
+        grace (30 s) covers SGLang's own sequence: up to 5 s until it notices the signal, up to
+        15 s for its schedulers to release (`_SCHEDULER_EXIT_TIMEOUT_SECS`, line 456), the rest
+        for reaping them and stopping the HTTP server.
+        """
         proc, self.proc = self.proc, None
         self.engine_healthy = False
-        if proc is None or proc.returncode is not None:
+        if proc is None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            await asyncio.wait_for(proc.wait(), self.settings.stop_grace_s)
-        except asyncio.TimeoutError:
-            log.warning("engine did not stop within %.0f s; killing it", self.settings.stop_grace_s)
+        if proc.returncode is None:
+            os.kill(proc.pid, signal.SIGTERM)
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            await proc.wait()
-        self.last_exit_code = proc.returncode
+                await asyncio.wait_for(proc.wait(), self.settings.stop_grace_s)
+            except asyncio.TimeoutError:
+                log.warning("engine did not stop within %.0f s; killing it", self.settings.stop_grace_s)
+        self._kill_group(proc)
+        self.last_exit_code = await proc.wait()
+        await self._finish_output()
+
+    @staticmethod
+    def _kill_group(proc: asyncio.subprocess.Process) -> None:
+        """SIGKILL what is left of the engine's process group (its main process leads it): after a
+        clean exit nothing, after a crash or a missed grace the processes that would hold the GPUs."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing is left of the group
+
+    async def _finish_output(self) -> None:
+        """Let the engine's last lines reach the log before the launcher writes its own."""
+        output, self._output = self._output, []
+        for forwarder in output:
+            if not await asyncio.to_thread(forwarder.join, 5.0):
+                log.warning("the engine's output pipe is still held open by a process outside its group")
 
     async def probe_engine(self) -> bool:
         """Whether the engine serves: `/ready` on the leader (200 once warmed up, while healthy and
@@ -473,17 +527,20 @@ class Launcher:
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
             return None
 
-    async def drain(self) -> bool:
+    async def drain(self, until_terminate: bool = False) -> bool:
         """Wait until the engine has held no request for `idle_window_s` without a break.
 
         The caller has already stopped new traffic at its source (the controller unroutes the
         leader before a switch; on SIGTERM the pod is terminating, which the router watches), but
         the router learns that a moment later and requests already on their way still land. A
-        window of idleness, not two polls, is what shows nothing more is coming. False on timeout.
+        window of idleness, not two polls, is what shows nothing more is coming. False on timeout,
+        and with `until_terminate` on SIGTERM: a switch then gives way to the pod's own drain.
         """
+        if not self.may_hold_requests:
+            return True
         deadline = time.monotonic() + self.settings.drain_timeout_s
         idle_since: float | None = None
-        while True:
+        while not (until_terminate and self._terminate.is_set()):
             loads = await self.engine_loads()
             if loads is None and (self.proc is None or self.proc.returncode is not None):
                 return True  # nothing left that could hold a request
@@ -498,11 +555,16 @@ class Launcher:
                 else:
                     idle_since = now if idle_since is None else idle_since
                     if now - idle_since >= self.settings.idle_window_s:
+                        self.may_hold_requests = False
                         return True
                     self.message = f"idle for {now - idle_since:.1f} s of {self.settings.idle_window_s:.1f} s"
             if time.monotonic() > deadline:
                 return False
-            await asyncio.sleep(min(self.settings.poll_interval_s, 0.5))
+            if until_terminate:
+                await self._sleep(min(self.settings.poll_interval_s, 0.5))
+            else:
+                await asyncio.sleep(min(self.settings.poll_interval_s, 0.5))
+        return False
 
     # ---- main loop
 
@@ -511,6 +573,7 @@ class Launcher:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._terminate.set)
         await self.start_http()
+        reaper = asyncio.create_task(self._reap_orphans()) if self.reaps_orphans else None
         try:
             if not await self._wait_for_role():
                 return 0
@@ -529,10 +592,18 @@ class Launcher:
             await self._shutdown()
             return 0
         finally:
+            if reaper is not None:
+                reaper.cancel()
             if self._session is not None:
                 await self._session.close()
             if self._runner is not None:
                 await self._runner.cleanup()
+
+    async def _reap_orphans(self) -> None:
+        while True:
+            for pid in reap_orphans():
+                log.info("reaped orphaned process %d", pid)
+            await asyncio.sleep(self.settings.poll_interval_s)
 
     async def _wait_for_role(self) -> bool:
         while not self._terminate.is_set():
@@ -609,7 +680,9 @@ class Launcher:
         assert self.role is not None, "an engine ran, so its role is known"
         code = self.proc.returncode
         self.last_exit_code = code
+        self._kill_group(self.proc)
         self.proc = None
+        await self._finish_output()
         self.engine_healthy = False
         self.restarts += 1
         self.consecutive_failures += 1
@@ -655,8 +728,12 @@ class Launcher:
         record.advance("Draining")
         self.set_phase("Draining", f"switching {from_role} -> {to_role}")
         try:
-            if not await self.drain():
-                record.finish("Aborted", f"engine not idle after {self.settings.drain_timeout_s:.0f} s of draining")
+            if not await self.drain(until_terminate=True):
+                if self._terminate.is_set():
+                    record.finish("Aborted", "pod is terminating")
+                else:
+                    record.finish("Aborted",
+                                  f"engine not idle after {self.settings.drain_timeout_s:.0f} s of draining")
                 self.set_phase("Ready" if self.engine_healthy else "Starting", record.message)
                 return record
             if record.mode == "in-place":
@@ -683,12 +760,12 @@ class Launcher:
         graph_gb = self._config(to_role).decode_cuda_graph_memory_gb
         if to_role == "decode" and graph_gb is not None:
             body["decode_cuda_graph_memory_gb"] = graph_gb
-        url = engine_url(self.argv, 0) + "/pd_role_switch"
-        try:
-            async with self._client().post(url, json=body, timeout=aiohttp.ClientTimeout(total=None)) as resp:
-                answer = await resp.json()
-        except (aiohttp.ClientError, json.JSONDecodeError) as e:
-            answer = {"success": False, "message": f"engine did not answer: {e}", "safe_to_restore": False}
+        answer = await self._until_terminate(self._post_role_switch(body))
+        if answer is None:
+            # The engine was drained and the pod has been unready since: the pod's own drain has
+            # nothing to wait for, whatever state the switch left the engine in.
+            record.finish("Aborted", f"pod is terminating; the engine was switching to {to_role}")
+            return
         if answer.get("success"):
             record.advance("Verifying")
             mode = await self._engine_role()
@@ -708,6 +785,27 @@ class Launcher:
             record.advance("Relaunching", f"switch failed, engine needs a restart: {answer.get('message', '')}")
             await self._relaunch(record, to_role)
 
+    async def _post_role_switch(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The engine's answer; no time limit, as rebuilding its pools and graphs takes as long as it takes."""
+        url = engine_url(self.argv, 0) + "/pd_role_switch"
+        try:
+            async with self._client().post(url, json=body, timeout=aiohttp.ClientTimeout(total=None)) as resp:
+                answer: dict[str, Any] = await resp.json()
+                return answer
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
+            return {"success": False, "message": f"engine did not answer: {e}", "safe_to_restore": False}
+
+    async def _until_terminate(self, work: Coroutine[Any, Any, T]) -> T | None:
+        """`work`'s result, or None once SIGTERM arrives first (`work` is then cancelled)."""
+        task = asyncio.create_task(work)
+        terminated = asyncio.create_task(self._terminate.wait())
+        await asyncio.wait([task, terminated], return_when=asyncio.FIRST_COMPLETED)
+        terminated.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        return None
+
     async def _engine_role(self) -> str | None:
         """The live role: `/model_info` (`entrypoints/http_server.py:834-836`). `/server_info`'s top
         level is the start-up configuration and keeps the old role after a switch (lines 863-892)."""
@@ -716,13 +814,17 @@ class Launcher:
                 info: dict[str, Any] = await resp.json()
                 mode: str | None = info.get("disaggregation_mode")
                 return mode
-        except (aiohttp.ClientError, json.JSONDecodeError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
             return None
 
     async def _relaunch(self, record: SwitchRecord, to_role: str) -> None:
         self.set_phase("Relaunching", f"restarting the engine as {to_role}")
         record.advance("Stopping")
         await self.stop_engine()
+        if self._terminate.is_set():
+            # A new engine would only be stopped again, after taking the GPUs for its start-up.
+            record.finish("Aborted", f"pod is terminating; the engine was stopped before starting as {to_role}")
+            return
         record.advance("Starting")
         await self.start_engine(to_role)
         self.set_phase("Relaunching", f"waiting for the engine to serve as {to_role}")

@@ -1,0 +1,294 @@
+"""The launcher and the engine's processes: its output without the fleet's key, its stop, SIGTERM in
+the middle of a start or a role switch, and the orphans it leaves to PID 1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from hybridserving_engine import children
+from hybridserving_engine.children import Redactor
+from hybridserving_engine.launcher import Launcher, Settings
+from hybridserving_engine.simulator.process import free_port
+
+KEY = "fleet-key-0123456789abcdef"
+
+
+def settings(tmp_path: Path, role: str = "prefill", argv: list[str] | None = None, **overrides) -> Settings:
+    cfg = tmp_path / "cfg"
+    cfg.mkdir(exist_ok=True)
+    for r in ("prefill", "decode"):
+        (cfg / f"{r}.json").write_text(json.dumps({"argv": argv or []}))
+    (tmp_path / "role").write_text(role)
+    values = dict(config_dir=cfg, role_file=tmp_path / "role", backend="simulator", host="127.0.0.1",
+                  port=free_port(), poll_interval_s=0.01, drain_timeout_s=30, idle_window_s=0.05)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def python(script: str):
+    """An engine command: `script` run by Python with the engine's argv."""
+    return lambda backend, argv: [sys.executable, "-c", textwrap.dedent(script), *argv]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+# ------------------------------------------------------------------ output
+
+
+def test_the_key_is_blanked_however_the_output_is_cut(monkeypatch):
+    r = Redactor(KEY)
+    line = f"server_args={{'api_key': '{KEY}', 'port': 1}}\n".encode()
+    out = b"".join(r.feed(line[i:i + 7]) for i in range(0, len(line), 7)) + r.close()
+    assert out == b"server_args={'api_key': '<redacted>', 'port': 1}\n"
+    # A line with no end in sight is passed on in pieces, never with a piece of the key at a cut.
+    monkeypatch.setattr(children, "MAX_LINE", 64)
+    r = Redactor(KEY)
+    long = b"x" * 60 + KEY.encode() + b"y" * 100
+    pieces = [r.feed(long[:70]), r.feed(long[70:150]), r.feed(long[150:]), r.close()]
+    assert pieces[0] == b"x" * 60 and b"".join(pieces) == b"x" * 60 + b"<redacted>" + b"y" * 100
+    assert Redactor(None).feed(b"no key\rprogress") == b"no key\r"
+
+
+def test_the_engines_output_reaches_the_log_whole_and_without_the_key(tmp_path, capfd):
+    # SGLang logs its server_args, api_key included (entrypoints/engine.py:1185): here a stand-in
+    # prints its argv on both streams, then more than a pipe holds, then a last line without an end.
+    engine = python("""
+        import sys
+        print("server_args=", sys.argv[1:], flush=True)
+        print("server_args=", sys.argv[1:], file=sys.stderr, flush=True)
+        for i in range(40000):
+            print(f"line {i} " + "x" * 80)
+        sys.stdout.write("last words")
+        raise SystemExit(3)
+    """)
+    launcher = Launcher(settings(tmp_path, api_key=KEY, crash_loop_restarts=1, restart_backoff_s=0.01),
+                        command=engine)
+    assert asyncio.run(asyncio.wait_for(launcher.run(), 60)) == 3
+    out, err = capfd.readouterr()
+    assert KEY not in out and KEY not in err
+    assert "'--api-key', '<redacted>'" in out and "'--api-key', '<redacted>'" in err
+    assert out.count("x" * 80) == 40000 and out.endswith("last words")
+
+
+# ------------------------------------------------------------------ stopping
+
+
+def test_stop_signals_the_engines_main_process_and_kills_its_group_after_the_grace(tmp_path):
+    # SGLang's schedulers have no SIGTERM handler; one that got the signal would die at once and take
+    # the main process's graceful exit with it. Only the main process may get it.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    engine = python(f"""
+        import signal, subprocess, sys, time
+        from pathlib import Path
+        marks = Path({str(marks)!r})
+        child = subprocess.Popen([sys.executable, "-c", '''
+        import signal, time
+        from pathlib import Path
+        signal.signal(signal.SIGTERM, lambda *_: Path({str(marks)!r}, "child").touch())
+        Path({str(marks)!r}, "child-up").touch()
+        time.sleep(60)
+        '''])
+        signal.signal(signal.SIGTERM, lambda *_: (marks / "parent").touch())
+        while not (marks / "child-up").exists():
+            time.sleep(0.01)
+        (marks / "pid").write_text(str(child.pid))
+        time.sleep(60)
+    """)
+    launcher = Launcher(settings(tmp_path, stop_grace_s=1.0), command=engine)
+
+    async def scenario() -> float:
+        await launcher.start_engine("prefill")
+        await until(lambda: (marks / "pid").exists())
+        started = time.monotonic()
+        await launcher.stop_engine()
+        return time.monotonic() - started
+
+    took = asyncio.run(scenario())
+    child = int((marks / "pid").read_text())
+    assert (marks / "parent").exists() and not (marks / "child").exists()
+    assert 1.0 <= took < 10 and not alive(child)
+    assert launcher.last_exit_code == -9
+
+
+def test_sigterm_while_the_engine_starts_stops_it_without_draining(tmp_path):
+    # An engine that has not served yet holds no request: no waiting out the drain timeout (30 s).
+    launcher = Launcher(settings(tmp_path), command=python("import time; time.sleep(60)"))
+
+    async def scenario() -> float:
+        task = asyncio.create_task(launcher.run())
+        await until(lambda: launcher.proc is not None and launcher.phase == "Starting")
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        launcher._terminate.set()
+        assert await asyncio.wait_for(task, 20) == 0
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 5
+    assert launcher.phase == "Stopped" and launcher.proc is None
+
+
+def test_sigterm_during_a_relaunch_switch_starts_no_new_engine(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    starts: list[list[str]] = []
+
+    def engine(backend: str, argv: list[str]) -> list[str]:
+        starts.append(argv)
+        # Takes a second to stop, as an engine that releases its GPUs does.
+        return python(f"""
+            import signal, sys, time
+            from pathlib import Path
+            signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))
+            Path({str(marks)!r}, "up").touch()
+            time.sleep(60)
+        """)(backend, argv)
+
+    launcher = Launcher(settings(tmp_path, stop_grace_s=10), command=engine)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(launcher.run())
+        await until(lambda: (marks / "up").exists())
+        (tmp_path / "role").write_text("decode")
+        await until(lambda: launcher.last_switch is not None and launcher.last_switch.step == "Stopping")
+        launcher._terminate.set()
+        assert await asyncio.wait_for(task, 20) == 0
+
+    asyncio.run(scenario())
+    assert len(starts) == 1
+    assert launcher.last_switch is not None
+    assert (launcher.last_switch.mode, launcher.last_switch.outcome) == ("relaunch", "Aborted")
+    assert "Starting" not in [s["step"] for s in launcher.last_switch.steps]
+
+
+# ------------------------------------------------------------------ an engine's HTTP API, stood in for
+
+
+class FakeEngine:
+    """The routes the launcher calls, on a port of its own; /pd_role_switch and /model_info answer
+    only when told to."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.answer = asyncio.Event()
+        self.switch_posted = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/ready", self._ok)
+        app.router.add_get("/v1/loads", self._loads)
+        app.router.add_post("/pd_role_switch", self._switch)
+        app.router.add_get("/model_info", self._model_info)
+        self.runner = web.AppRunner(app)
+
+    async def __aenter__(self) -> FakeEngine:
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.answer.set()
+        await self.runner.cleanup()
+
+    async def _ok(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def _loads(self, request: web.Request) -> web.Response:
+        return web.json_response({"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]})
+
+    async def _switch(self, request: web.Request) -> web.Response:
+        self.switch_posted.set()
+        await self.answer.wait()
+        return web.json_response({"success": True})
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        await self.answer.wait()
+        return web.json_response({"disaggregation_mode": "decode"})
+
+
+def test_sigterm_ends_an_in_place_switch_the_engine_has_not_answered(tmp_path):
+    async def scenario() -> Launcher:
+        async with FakeEngine() as fake:
+            argv = ["--host", "127.0.0.1", "--port", str(fake.port), "--enable-pd-role-switch"]
+            launcher = Launcher(settings(tmp_path, argv=argv), command=python("import time; time.sleep(60)"))
+            task = asyncio.create_task(launcher.run())
+            await until(lambda: launcher.phase == "Ready")
+            (tmp_path / "role").write_text("decode")
+            await asyncio.wait_for(fake.switch_posted.wait(), 10)
+            launcher._terminate.set()
+            assert await asyncio.wait_for(task, 10) == 0
+            return launcher
+
+    launcher = asyncio.run(scenario())
+    assert launcher.last_switch is not None
+    assert (launcher.last_switch.mode, launcher.last_switch.outcome) == ("in-place", "Aborted")
+    assert launcher.role == "prefill" and launcher.phase == "Stopped"
+
+
+def test_an_engine_that_times_out_reporting_its_role_reports_none(tmp_path):
+    # aiohttp's total timeout raises TimeoutError, not a ClientError.
+    async def scenario() -> str | None:
+        async with FakeEngine() as fake:
+            launcher = Launcher(settings(tmp_path))
+            launcher.argv = ["--port", str(fake.port)]
+            launcher._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2))
+            try:
+                return await launcher._engine_role()
+            finally:
+                await launcher._session.close()
+
+    assert asyncio.run(scenario()) is None
+
+
+# ------------------------------------------------------------------ orphans
+
+
+def test_orphans_of_the_engine_are_reaped_and_the_engine_itself_is_left_to_asyncio():
+    # As a subreaper the script inherits orphans as PID 1 does: the engine (a session leader) leaves
+    # a child behind; the orphan is reaped, the engine's own exit status is not taken.
+    script = textwrap.dedent("""
+        import ctypes, json, subprocess, time
+        from hybridserving_engine.children import reap_orphans
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+        engine = subprocess.Popen(["sh", "-c", "sleep 0.2 & echo $!; exit 7"], stdout=subprocess.PIPE,
+                                  start_new_session=True)
+        orphan = int(engine.stdout.readline())
+        time.sleep(0.6)
+        reaped = reap_orphans()
+        print(json.dumps({"engine": engine.pid, "orphan": orphan, "reaped": reaped, "status": engine.wait()}))
+    """)
+    result = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
+                                       timeout=30).stdout)
+    assert result["reaped"] == [result["orphan"]] and result["status"] == 7
+
+
+def test_a_launcher_that_reaps_orphans_still_sees_its_engines_exit_status(tmp_path):
+    stray = subprocess.Popen([sys.executable, "-c", "pass"])  # a zombie child that leads no session
+    launcher = Launcher(settings(tmp_path, crash_loop_restarts=1),
+                        command=python("import time; time.sleep(0.5); raise SystemExit(3)"), reaps_orphans=True)
+    assert asyncio.run(asyncio.wait_for(launcher.run(), 30)) == 3
+    assert launcher.last_exit_code == 3
+    with pytest.raises(ChildProcessError):
+        os.waitpid(stray.pid, os.WNOHANG)
+    stray.returncode = 0  # reaped above; keeps Popen from looking again
