@@ -71,9 +71,14 @@ class Forwarder:
             os.close(self.read_fd)
 
     def _write(self, data: bytes) -> None:
+        """Pass `data` on; if the launcher's own output is gone, drop it, but keep reading: an engine
+        whose pipe fills up stops at its next log line."""
         view = memoryview(data)
-        while view:
-            view = view[os.write(self.write_fd, view):]
+        try:
+            while view:
+                view = view[os.write(self.write_fd, view):]
+        except OSError:
+            pass
 
     def join(self, timeout: float) -> bool:
         """Wait for the end of the output; False if a process outside the engine's process group

@@ -72,6 +72,20 @@ def test_the_key_is_blanked_however_the_output_is_cut(monkeypatch):
     assert Redactor(None).feed(b"no key\rprogress") == b"no key\r"
 
 
+def test_output_that_cannot_be_passed_on_is_still_read_to_its_end():
+    engine_r, engine_w = os.pipe()
+    log_r, log_w = os.pipe()
+    os.close(log_r)  # writes to log_w now fail (EPIPE)
+    forwarder = children.Forwarder(engine_r, log_w, KEY)
+    try:
+        for _ in range(64):  # four times what a pipe holds
+            os.write(engine_w, b"x" * 4095 + b"\n")
+    finally:
+        os.close(engine_w)
+    assert forwarder.join(10)
+    os.close(log_w)
+
+
 def test_the_engines_output_reaches_the_log_whole_and_without_the_key(tmp_path, capfd):
     # SGLang logs its server_args, api_key included (entrypoints/engine.py:1185): here a stand-in
     # prints its argv on both streams, then more than a pipe holds, then a last line without an end.
