@@ -239,6 +239,17 @@ def test_a_slice_is_served_only_once_listed_and_while_young(clock: Clock) -> Non
     assert cache.list("Pod", NS, SELECTOR) is None
 
 
+def test_what_the_cache_remembers_of_fleets_long_gone_is_bounded(clock: Clock) -> None:
+    """A cluster that keeps creating and deleting fleets (CI) must not grow the operator for good."""
+    cache = ObjectCache(["Pod"], max_age=60, clock=clock)
+    for i in range(1000):
+        cache.prime("Pod", NS, {LABEL_NAME: f"fleet-{i}"}, [], "1")
+        cache.prime_object("Pod", obj(f"fleet-{i}-0", 1))
+        clock.t += 1
+    assert len(cache._primed) + len(cache._named) <= 2 * (2 * 60 + 1)
+    assert cache.list("Pod", NS, {LABEL_NAME: "fleet-999"}) == []  # what is young is still served
+
+
 def test_a_deleted_object_is_held_as_deleting_until_the_watch_says_it_is_gone(clock: Clock) -> None:
     cache = ObjectCache(["Pod"], max_age=60, clock=clock)
     cache.prime("Pod", NS, SELECTOR, [obj("p", 1)], "1")

@@ -132,8 +132,7 @@ class ObjectCache:
                     del self._objects[key]  # gone before the LIST: a deletion the watch missed
             for key, obj in listed.items():
                 self._put(key, obj)
-            for key in [k for k, (_, seen) in self._gone.items() if stamp - seen > 2 * self.max_age]:
-                del self._gone[key]
+            self._forget_stale(stamp)
             self._primed[(kind, namespace, selector)] = stamp
 
     def prime_object(self, kind: str, obj: dict[str, Any]) -> None:
@@ -142,7 +141,18 @@ class ObjectCache:
             key = self._key(kind, obj)
             with self._lock:
                 self._put(key, obj)
+                self._forget_stale(self.clock())
                 self._named[key] = self.clock()
+
+    def _forget_stale(self, now: float) -> None:
+        """Drop bookkeeping long past use: a slice or object not primed for two ages would be read
+        again anyway, and a deleted fleet's slices would otherwise stay for the life of the process."""
+        for s in [s for s, at in self._primed.items() if now - at > 2 * self.max_age]:
+            del self._primed[s]
+        for key in [k for k, at in self._named.items() if now - at > 2 * self.max_age]:
+            del self._named[key]
+        for gone in [k for k, (_, seen) in self._gone.items() if now - seen > 2 * self.max_age]:
+            del self._gone[gone]
 
     def invalidate(self, kind: str, namespace: str) -> None:
         """The cache was behind on `kind` in `namespace` (a write met 409/404): LIST it again."""
