@@ -150,6 +150,8 @@ def test_unknown_sglang_flags_are_ignored_with_a_note(caplog):
         (["--disaggregation-mode", "decode", "--enable-pd-role-switch", "--tp-size", "8", "--dcp-size", "2"],
          "--dcp-size > 1"),
         (["--tp-size", "8", "--dcp-size", "3"], "must divide"),
+        # entrypoints/http_server.py:258-261: each tokenizer worker asserts there is no API key.
+        (["--tokenizer-worker-num", "2", "--api-key", "k"], "multi-tokenizer mode"),
     ],
 )
 def test_layouts_sglang_refuses_at_start_up_are_refused(argv, message):

@@ -426,6 +426,25 @@ def test_ambiguous_or_unknown_flags_are_rejected(token: str) -> None:
     assert found and found[0].path == "spec.engine.extraArgs[0]"
 
 
+@pytest.mark.parametrize("extra, refused", [
+    (["--tokenizer-worker-num", "4"], True),
+    (["--tokenizer-worker-num=2"], True),
+    (["--tokenizer-worker", "8"], True),
+    (["--tokenizer-worker-num", "1"], False),
+    (["--detokenizer-worker-num", "4"], False),
+])
+def test_several_tokenizer_workers_are_refused_since_every_engine_has_an_api_key(extra: list[str],
+                                                                                 refused: bool) -> None:
+    """In multi-tokenizer mode each tokenizer worker asserts that no API key is set
+    (entrypoints/http_server.py:258-261), and the launcher always passes the fleet's key."""
+    found = _with_rule(validate(make({"engine": {"extraArgs": ["--trust-remote-code", *extra]}})),
+                       "extra-args-rejected-flag")
+    assert bool(found) == refused
+    if refused:
+        assert found[0].path == "spec.engine.extraArgs[1]"
+        assert "--api-key" in found[0].message and found[0].fix.startswith("remove it, or set it to 1")
+
+
 def test_values_and_negative_numbers_are_not_flags() -> None:
     extra = ["--json-model-override-args", '{"x": -1}', "--chunked-prefill-size", "-1"]
     assert _with_rule(validate(make({"engine": {"extraArgs": extra}})), "extra-args-rejected-flag") == []

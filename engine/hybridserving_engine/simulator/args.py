@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disable-radix-cache", action="store_true")
     a("--trust-remote-code", action="store_true")
     a("--api-key", default=None)
+    a("--tokenizer-worker-num", type=int, default=1)
     a("--admin-api-key", default=None)
     a("--log-level", default="info")
     known = set(p._option_string_actions)
@@ -161,6 +162,9 @@ def check_server_args(args: argparse.Namespace) -> None:
         raise FlagError(f"--dcp-size {args.dcp_size} must divide --tp-size {args.tp_size}")
     if (args.tp_size * args.pp_size) % args.nnodes:
         raise FlagError("tp_size * pp_size must be divisible by nnodes")
+    if args.tokenizer_worker_num > 1 and args.api_key is not None:
+        # Each tokenizer worker asserts it as it starts (entrypoints/http_server.py:258-261).
+        raise FlagError("API key is not supported in multi-tokenizer mode")
     if args.enable_pd_role_switch:
         if mode == "null":
             raise FlagError("--enable-pd-role-switch requires --disaggregation-mode prefill or decode")
