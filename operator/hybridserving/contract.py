@@ -104,19 +104,38 @@ def fill_placeholders(template: Sequence[str], values: Mapping[str, str | int]) 
 
 
 def inflight_requests(loads: Mapping[str, Any]) -> int:
-    """Requests an engine still holds, from its `/v1/loads` answer (every queue, every DP rank).
+    """Requests an engine still holds, from its `/v1/loads` answer (every queue, every DP rank):
+    0 only when the engine is idle as SGLang's own `is_fully_idle` sees it
+    (`managers/scheduler.py:5344-5374`: no running batch, no chunked request, empty waiting,
+    grammar and PD queues).
 
     Every core field is in each entry (`managers/load_snapshot.py:233`); the sections are there only
     when asked for, so theirs default to 0. `num_waiting_reqs` already counts a prefill's bootstrap
     queue and a decode's prealloc, transfer and retracted queues
     (`managers/scheduler_components/load_inquirer.py:114-141`); a prefill's inflight queue (its KV
-    still being sent) and the paused requests are counted apart (lines 209-221).
+    still being sent), the paused requests and those waiting for their grammar to compile (held
+    outside the waiting queue until it is ready: `constrained/grammar_manager.py:206-207`,
+    `managers/scheduler.py:3327-3329`) are counted apart (`load_inquirer.py:209-221`). The grammar
+    count is the scheduler's metrics snapshot, taken at each batch's stats and at the latest every
+    30 s while idle (`managers/scheduler_components/metrics_reporter.py:864, 1494-1519`; engine pods
+    run `--enable-metrics`, without which it stays 0).
+
+    A prompt in the middle of a chunked prefill is in none of them: the scheduler takes it out of
+    the waiting queue and holds it as `chunked_req` until its last chunk (`managers/scheduler.py:
+    4319-4327`), and the running batch gets it only after that. Its uncomputed tokens are the one
+    trace of it, in `num_waiting_uncached_tokens` (`load_inquirer.py:104-106`), so a rank with such
+    tokens holds at least one request even when every count is 0; without this a drain ends in the
+    middle of a long prefill.
     """
     total = 0
     for load in loads.get("loads") or []:
-        total += int(load.get("num_running_reqs") or 0) + int(load.get("num_waiting_reqs") or 0)
-        total += int((load.get("disaggregation") or {}).get("prefill_inflight_queue_reqs") or 0)
-        total += int((load.get("queues") or {}).get("paused") or 0)
+        queues = load.get("queues") or {}
+        held = int(load.get("num_running_reqs") or 0) + int(load.get("num_waiting_reqs") or 0)
+        held += int((load.get("disaggregation") or {}).get("prefill_inflight_queue_reqs") or 0)
+        held += int(queues.get("paused") or 0) + int(queues.get("grammar") or 0)
+        if int(load.get("num_waiting_uncached_tokens") or 0) > 0:
+            held = max(held, 1)
+        total += held
     return total
 
 

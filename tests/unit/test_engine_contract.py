@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -97,6 +98,61 @@ def test_idle_loads_hold_no_request_and_every_core_field_of_every_dp_rank(engine
                 "max_total_num_tokens", "max_running_requests", "token_usage"} <= set(load)
         assert load["num_running_reqs"] == load["num_waiting_reqs"] == load["num_waiting_uncached_tokens"] == 0
         assert {"disaggregation", "queues"} <= set(load) and "memory" not in load
+
+
+def test_server_info_has_the_flag_and_v1_loads_the_running_cap_each_rank_sized(engine):
+    # The top level of /server_info is the resolved server args (utils/common.py:3584-3593): the
+    # engine was started without --max-running-requests, so it is null. Each DP rank's scheduler
+    # sizes its cap from its KV pool (mem_cache/kv_cache_configurator.py:3119-3131: 2048 to 4096
+    # when unset, at most half the pool; a hybrid model's recurrent-state pool may lower it, lines
+    # 3133-3160) and /v1/loads reports it (load_inquirer.py:242).
+    assert httpx.get(engine + "/server_info", timeout=10).json()["max_running_requests"] is None
+    loads = httpx.get(engine + "/v1/loads", timeout=10).json()["loads"]
+    for load in loads:
+        assert 1 <= load["max_running_requests"] <= min(4096, load["max_total_num_tokens"] // 2)
+
+
+def test_a_prompt_between_its_prefill_chunks_is_in_no_queue_but_still_in_flight(engine):
+    # A prompt longer than chunked_prefill_size is cut; the scheduler takes it out of the waiting
+    # queue and holds it as chunked_req until its last chunk (managers/scheduler.py:4319-4327), so
+    # no count of /v1/loads has it (load_inquirer.py:114, 141, 216-219; a PD prefill's running
+    # batch stays empty) and only num_waiting_uncached_tokens shows its rest (lines 104-106).
+    # SGLang's own idleness counts it (managers/scheduler.py:5346), and so does inflight_requests.
+    info = httpx.get(engine + "/server_info", timeout=10).json()
+    prompt = min(12 * info["chunked_prefill_size"], info["max_req_input_len"] - 1)
+    assert prompt > 2 * info["chunked_prefill_size"], "the model's context holds too few chunks for this test"
+    body = {"input_ids": [1] * prompt, "sampling_params": {"max_new_tokens": 1}, "bootstrap_host": "2.2.2.2",
+            "bootstrap_room": 0}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(httpx.post, engine + "/generate", json=body, timeout=600)
+        mid_chunk = None
+        while not answer.done() and mid_chunk is None:
+            loads = httpx.get(engine + "/v1/loads", params={"include": "core,disagg,queues"}, timeout=10).json()
+            for load in loads["loads"]:
+                if load["num_waiting_uncached_tokens"] > 0 and load["queues"]["waiting"] == 0:
+                    mid_chunk = loads
+        assert answer.result().status_code == 200
+    assert mid_chunk is not None, "never saw the prompt between its chunks"
+    counts = [(load["num_running_reqs"], load["num_waiting_reqs"], load["queues"]["grammar"]) for load in
+              mid_chunk["loads"]]
+    assert set(counts) == {(0, 0, 0)}, "it is in no queue"
+    assert inflight_requests(mid_chunk) >= 1
+
+
+def test_in_flight_requests_are_counted_in_every_place_sglang_holds_them():
+    # The shapes /v1/loads has (load_inquirer.py:109-255) with a request only in: the running batch,
+    # the waiting or a PD queue (num_waiting_reqs, lines 114-141), a prefill's inflight queue, the
+    # paused set, the grammar queue (constrained/grammar_manager.py:206-207, counted at line 220),
+    # or the middle of a chunked prefill (its rest in num_waiting_uncached_tokens, lines 104-106).
+    idle = {"num_running_reqs": 0, "num_waiting_reqs": 0, "num_waiting_uncached_tokens": 0,
+            "disaggregation": {"prefill_inflight_queue_reqs": 0}, "queues": {"paused": 0, "grammar": 0}}
+    assert inflight_requests({"loads": [idle, idle]}) == 0
+    for held in ({"num_running_reqs": 1}, {"num_waiting_reqs": 1},
+                 {"disaggregation": {"prefill_inflight_queue_reqs": 1}}, {"queues": {"paused": 1, "grammar": 0}},
+                 {"queues": {"paused": 0, "grammar": 1}}, {"num_waiting_uncached_tokens": 30000}):
+        assert inflight_requests({"loads": [idle, {**idle, **held}]}) == 1, held
+    # The waiting queue's own prompts are in num_waiting_uncached_tokens too: no request is counted twice.
+    assert inflight_requests({"loads": [{**idle, "num_waiting_reqs": 2, "num_waiting_uncached_tokens": 900}]}) == 2
 
 
 def test_an_unknown_loads_section_is_a_server_error(engine):

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from hybridserving_engine.simulator.args import FlagError, SimulatorOptions, parse_server_args
-from hybridserving_engine.simulator.engine import count_tokens
+from hybridserving_engine.simulator.engine import SimRequest, count_tokens
 from hybridserving_engine.simulator.faults import Faults
 from hybridserving_engine.simulator.process import free_port
 from hybridserving_engine.simulator import server as simulator_server
@@ -102,6 +102,44 @@ def test_simulator_serves_sglangs_resolved_values():
                        profile="kimi-k3")
     assert (k3["decode_attention_backend"], k3["prefill_attention_backend"], k3["page_size"]) == (
         "cutedsl_mla", "trtllm_mla", 64)
+
+
+def test_each_rank_sizes_its_running_cap_from_its_pool_and_server_info_keeps_the_flag():
+    # mem_cache/kv_cache_configurator.py:3119-3131: unset, 512 per context length (131072) of the
+    # rank's pool, held to 2048..4096; set, the flag split over attention-DP ranks; at most half the
+    # pool either way. /v1/loads reports it (load_inquirer.py:242); /server_info's top level is the
+    # resolved flag (utils/common.py:3584-3593).
+    def sized(*flags: str) -> tuple[list[int], int | None]:
+        argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), *flags]
+        server = SimulatorServer(parse_server_args(argv), options(), argv)
+        return [load["max_running_requests"] for load in server.engine.loads()], server.server_info_dict()[
+            "max_running_requests"]
+
+    assert sized("--max-total-tokens", "1000000") == ([3906], None)
+    assert sized("--max-total-tokens", "200000") == ([2048], None)
+    assert sized("--max-total-tokens", "3000") == ([1500], None)
+    assert sized("--tp-size", "8", "--attn-dp-size", "4", "--max-running-requests", "64",
+                 "--max-total-tokens", "400") == ([16] * 4, 64)
+    assert sized("--tp-size", "8", "--attn-dp-size", "4", "--max-running-requests", "64",
+                 "--max-total-tokens", "80") == ([10] * 4, 64)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_out_of_the_waiting_queue_and_continues_first():
+    # managers/schedule_policy.py:1140-1222 and 1352-1381, managers/scheduler.py:4176-4184, 4324-4327:
+    # each pass extends at most chunked_prefill_size tokens; the cut prompt leaves the waiting queue
+    # and goes first in the next passes; /v1/loads shows it only by its rest (load_inquirer.py:104-106).
+    engine = make_server("--chunked-prefill-size", "1000").engine
+    long, short = SimRequest(prompt_tokens=3500, max_new_tokens=1, streaming=False), SimRequest(
+        prompt_tokens=300, max_new_tokens=1, streaming=False)
+    engine.waiting.extend([long, short])
+    passes, rests = [], []
+    while engine.waiting or engine.chunked[0] is not None:
+        passes.append([(r.prompt_tokens, r.prefix_len, r.extend_end) for r in engine._take_prefill_batch()])
+        load = engine.loads()[0]
+        rests.append((load["num_waiting_reqs"], load["num_waiting_uncached_tokens"]))
+    assert passes == [[(3500, 0, 1000)], [(3500, 1000, 2000)], [(3500, 2000, 3000)],
+                      [(3500, 3000, 3500), (300, 0, 300)]]
+    assert rests == [(1, 300 + 3500), (1, 300 + 2500), (1, 300 + 1500), (0, 0)]
 
 
 def test_simulator_refuses_blackwell_backends_on_hopper():

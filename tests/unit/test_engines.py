@@ -128,3 +128,34 @@ def test_the_policys_kv_capacity_is_every_attention_dp_ranks_pool():
     assert policy_model(hs.spec, {"fleet-2": decode}).kv_capacity_tokens == 800_000
     single = fleet(decode={"replicas": 2, "layout": {"tp": 8}})
     assert policy_model(single.spec, {"fleet-2": decode}).kv_capacity_tokens == 100_000
+
+
+def _instance(name: str, role: str, sample: EngineSample) -> Instance:
+    return Instance(obj={"metadata": {"name": name}, "spec": {"role": role}}, pods=[], sample=sample)
+
+
+def test_the_policys_running_cap_is_what_the_decode_schedulers_sized_not_the_flag():
+    # /server_info's top level is the resolved server args (utils/common.py:3589): the flag, None when
+    # unset. Each DP rank's scheduler sizes its own cap from its KV pool
+    # (mem_cache/kv_cache_configurator.py:3119-3131) and reports it on /v1/loads (load_inquirer.py:242).
+    hs = fleet(decode={"replicas": 2, "layout": {"tp": 8, "attnDp": 2}})
+    info = {"max_running_requests": None, "max_total_num_tokens": 100_000}
+    decode = _instance("fleet-2", "decode", EngineSample(server_info=info, loads={"loads": [
+        {"dp_rank": 0, "max_running_requests": 2048}, {"dp_rank": 1, "max_running_requests": 2048}]}))
+    prefill = _instance("fleet-1", "prefill", EngineSample(server_info=info, loads={"loads": [
+        {"dp_rank": 0, "max_running_requests": 512}]}))
+    assert policy_model(hs.spec, {"fleet-2": decode, "fleet-1": prefill}).max_running_requests == 4096
+    assert policy_model(hs.spec, {"fleet-1": prefill}).max_running_requests == 512
+    # Until an engine answers /v1/loads, the flag stands in; without one the model's default.
+    flagged = _instance("fleet-2", "decode", EngineSample(server_info={**info, "max_running_requests": 64}))
+    assert policy_model(hs.spec, {"fleet-2": flagged}).max_running_requests == 64
+    bare = _instance("fleet-2", "decode", EngineSample(server_info=info))
+    default = policy_model(hs.spec, {}).max_running_requests
+    assert policy_model(hs.spec, {"fleet-2": bare}).max_running_requests == default
+
+
+def test_a_sample_without_every_ranks_cap_has_none():
+    assert EngineSample().max_running_requests is None
+    assert EngineSample(loads={"loads": [{"max_running_requests": 8}, {}]}).max_running_requests is None
+    assert EngineSample(loads={"loads": [{"max_running_requests": 8}, {"max_running_requests": 8}]}
+                        ).max_running_requests == 16

@@ -10,12 +10,17 @@ under SGLang's names.
 
 With several DP ranks (attention DP or replicas) each request goes to one rank as SGLang's
 DataParallelController sends it, and each rank admits against its own share of the KV pool and
-of the running-request cap and reports its own `/v1/loads` entry; one forward loop still runs
+its own running-request cap and reports its own `/v1/loads` entry; one forward loop still runs
 the passes of all of them, as DP-attention ranks run in lockstep.
 
-Simplifications, all deliberate: no tokenizer (see `count_tokens`), no prefix cache, no chunked
-prefill, no retraction (a decode request reserves KV for its prompt and its whole output when it
-is admitted), every request generates exactly its maximum number of tokens.
+Prefill is chunked as SGLang chunks it: each rank's pass extends at most `chunked_prefill_size`
+tokens, and a prompt longer than what is left of that is cut; its remainder continues first in
+the rank's next passes, held as the rank's chunked request, out of the waiting queue and not yet
+running, so `/v1/loads` shows it only by its uncomputed tokens, as SGLang's does.
+
+Simplifications, all deliberate: no tokenizer (see `count_tokens`), no prefix cache, no
+retraction (a request reserves KV for its prompt, and on decode its whole output, when it is
+admitted, not chunk by chunk), every request generates exactly its maximum number of tokens.
 """
 
 from __future__ import annotations
@@ -76,6 +81,11 @@ class SimRequest:
     events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
     generated: int = 0
     kv_reserved: int = 0
+    prefix_len: int = 0
+    """Prompt tokens computed before the chunk in flight (SGLang's `prefix_len`, which
+    `num_waiting_uncached_tokens` subtracts: `load_inquirer.py:104-106`)."""
+    extend_end: int = 0
+    """Prompt tokens computed once the chunk in flight is done."""
     first_token_at: float | None = None
     last_token_at: float | None = None
     finish_reason: str | None = None
@@ -107,6 +117,9 @@ class SimulatedEngine:
         receiver: KvReceiver,
         dp_ranks: int = 1,
         follow_bootstrap_room: bool = False,
+        max_running_requests: int | None = None,
+        attn_dp_size: int = 1,
+        chunked_prefill_size: int | None = None,
     ) -> None:
         self.role = role
         self.perf = perf
@@ -120,6 +133,14 @@ class SimulatedEngine:
         self.receiver = receiver
         self.dp_ranks = dp_ranks
         self.follow_bootstrap_room = follow_bootstrap_room
+        self.max_running_requests = max_running_requests
+        """`--max-running-requests` as resolved at start-up (None: unset), for the whole instance."""
+        self.attn_dp_size = attn_dp_size
+        # Chunking is off for a size of 0 or less (managers/scheduler.py:1372-1373).
+        self.chunked_prefill_size = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
+        """Prompt tokens one rank extends per prefill pass (per attention-DP rank once resolved)."""
+        self.chunked: list[SimRequest | None] = [None] * dp_ranks
+        """Each rank's request in the middle of a chunked prefill (SGLang's `chunked_req`)."""
         self.has_decode_graphs = role == "decode"
         self.healthy = True
         self.switch_in_progress = False
@@ -185,8 +206,19 @@ class SimulatedEngine:
 
     @property
     def rank_max_running_requests(self) -> int:
-        """One DP rank's running-request cap (`model_executor/pool_configurator.py:956`)."""
-        return max(1, self.perf.max_running_requests // self.dp_ranks)
+        """One DP rank's running-request cap, as SGLang sizes it from the rank's finished KV pool
+        (`mem_cache/kv_cache_configurator.py:3119-3131`): the requested cap split over the
+        attention-DP ranks (DP replicas each take it whole), else 512 per context length of pool
+        held between 2048 and 4096; at most half the pool's tokens either way. This, not
+        `/server_info`'s `max_running_requests` (the flag, None when unset), is what the
+        scheduler admits against and what `/v1/loads` reports (`load_inquirer.py:242`). The cap a
+        hybrid model's recurrent-state pool sets (lines 3133-3160) is not modelled."""
+        pool = self.rank_kv_capacity
+        if self.max_running_requests is not None:
+            wanted = max(1, self.max_running_requests // self.attn_dp_size)
+        else:
+            wanted = max(min(int(pool / self.context_length * 512), 4096), 2048)
+        return min(wanted, pool // 2)
 
     def _dispatch(self, req: SimRequest) -> int:
         """The DP rank SGLang's DataParallelController sends `req` to: the bootstrap room's rank
@@ -329,6 +361,8 @@ class SimulatedEngine:
                 queue.remove(req)
         if req in self.running:
             self.running.remove(req)
+        if self.chunked[req.dp_rank] is req:
+            self.chunked[req.dp_rank] = None
         for group in (self.bootstrap_queue, self.inflight, self.transfer):
             group.discard(req)
         if self.role == "prefill" and req.peer_handoff and self.bootstrap is not None:
@@ -360,17 +394,42 @@ class SimulatedEngine:
                 busy = False
 
     def _take_prefill_batch(self) -> list[SimRequest]:
+        """The next prefill pass; each request's chunk runs from its `prefix_len` to its `extend_end`.
+
+        On each rank, as SGLang's PrefillAdder fills it: the rank's chunked request first, for
+        as much of its rest as the chunk budget takes, no longer chunked once that is all of it
+        (`managers/scheduler.py:4176-4184`, `managers/schedule_policy.py:1140-1222`); then waiting
+        requests while budget is left (lines 1353-1354), the one that does not fit whole cut to
+        what is left and held as the rank's chunked request (lines 1352-1381,
+        `managers/scheduler.py:4324-4327`).
+        """
         batch: list[SimRequest] = []
         tokens = 0
+        budget: list[int | None] = [self.chunked_prefill_size] * self.dp_ranks
+        for rank, chunked in enumerate(self.chunked):
+            if chunked is None:
+                continue
+            chunked.prefix_len = chunked.extend_end
+            chunk = self._chunk(chunked.prompt_tokens - chunked.prefix_len, budget, rank)
+            chunked.extend_end = chunked.prefix_len + chunk
+            if chunked.extend_end == chunked.prompt_tokens:
+                self.chunked[rank] = None
+            batch.append(chunked)
+            tokens += chunk
         blocked: set[int] = set()
         for req in list(self.waiting):
-            if batch and tokens + req.prompt_tokens > self.max_prefill_tokens:
-                break
             rank = req.dp_rank
             if len(blocked) == self.dp_ranks:
                 break
             if rank in blocked:
                 continue
+            left = budget[rank]
+            if left is not None and left <= 0:
+                blocked.add(rank)
+                continue
+            if batch and tokens + (req.prompt_tokens if left is None else min(req.prompt_tokens, left)) > (
+                    self.max_prefill_tokens):
+                break
             need = self._kv_need(req)
             if self.kv_used[rank] + need > self.rank_kv_capacity or (
                     self.role == "null"
@@ -379,9 +438,23 @@ class SimulatedEngine:
                 continue
             self.waiting.remove(req)
             self._reserve(req, need)
+            chunk = self._chunk(req.prompt_tokens, budget, rank)
+            req.prefix_len, req.extend_end = 0, chunk
+            if chunk < req.prompt_tokens:
+                self.chunked[rank] = req
             batch.append(req)
-            tokens += req.prompt_tokens
+            tokens += chunk
         return batch
+
+    @staticmethod
+    def _chunk(tokens: int, budget: list[int | None], rank: int) -> int:
+        """The part of `tokens` rank `rank`'s chunk budget takes (all without chunking); spends it."""
+        left = budget[rank]
+        if left is None:
+            return tokens
+        chunk = min(tokens, left)
+        budget[rank] = left - chunk
+        return chunk
 
     async def _advance(self, seconds: float, continuing: bool) -> None:
         """Sleep one forward pass on a schedule that does not accumulate the event loop's lateness."""
@@ -392,18 +465,20 @@ class SimulatedEngine:
         await asyncio.sleep(max(0.0, self._clock - loop.time()))
 
     async def _run_prefill(self, batch: list[SimRequest], continuing: bool) -> None:
-        seconds = self.perf.prefill_batch_seconds([(r.prompt_tokens, 0) for r in batch]) * self.faults.slow_factor
+        seconds = self.perf.prefill_batch_seconds(
+            [(r.extend_end - r.prefix_len, r.prefix_len) for r in batch]) * self.faults.slow_factor
         now = time.monotonic()
         m = self.metrics
         for req in batch:
-            m.observe(m.queue_time, req.dp_rank, now - req.arrival)
+            if req.prefix_len == 0:
+                m.observe(m.queue_time, req.dp_rank, now - req.arrival)
         self.forward_batch = batch
         await self._advance(seconds, continuing)
         m.record_forward("extend", seconds, {r.dp_rank for r in batch})
         for req in batch:
-            m.inc(m.realtime_tokens_total, req.dp_rank, req.prompt_tokens, mode="prefill_compute")
+            m.inc(m.realtime_tokens_total, req.dp_rank, req.extend_end - req.prefix_len, mode="prefill_compute")
         for req in batch:
-            if req not in self.active:
+            if req not in self.active or self.chunked[req.dp_rank] is req:
                 continue
             if self.role == "prefill":
                 req.prefilled.set()
@@ -499,6 +574,7 @@ class SimulatedEngine:
             return sum(r.prompt_tokens + r.generated for r in reqs)
 
         waiting, prealloc, transfer = mine(self.waiting), mine(self.prealloc), mine(self.transfer)
+        chunked = self.chunked[rank]
         bootstrap, inflight = mine(self.bootstrap_queue), mine(self.inflight)
         # Which queues count as waiting, and whose tokens are pending or still to arrive, by role
         # (load_inquirer.py:114-141): a prefill's bootstrap queue waits too; a decode's prealloc
@@ -518,8 +594,10 @@ class SimulatedEngine:
             # The running batch, which a prefill never fills (metrics_reporter.py:854-855).
             "num_running_reqs": len(mine(self.running)),
             "num_waiting_reqs": len(queued),
-            # The waiting queue's prompts only: not the bootstrap queue's, none on decode (load_inquirer.py:82-107).
-            "num_waiting_uncached_tokens": 0 if self.role == "decode" else seqlen(waiting),
+            # The waiting queue's prompts and the rest of the chunked request's: not the bootstrap
+            # queue's, none on decode (load_inquirer.py:82-107).
+            "num_waiting_uncached_tokens": 0 if self.role == "decode" else (
+                seqlen(waiting) + (chunked.prompt_tokens - chunked.prefix_len if chunked else 0)),
             "num_used_tokens": used,
             "num_total_tokens": total,
             "num_active_tokens": max(0, total - seqlen(awaiting)),

@@ -115,6 +115,9 @@ class SimulatorServer:
             receiver=self.receiver,
             dp_ranks=args.dp_size * args.attn_dp_size,
             follow_bootstrap_room=self._load_balance_method() == "follow_bootstrap_room",
+            max_running_requests=self.resolved.max_running_requests,
+            attn_dp_size=args.attn_dp_size,
+            chunked_prefill_size=self.resolved.chunked_prefill_size,
         )
         self.startup_time = time.time()
         self.shutting_down = False
@@ -122,16 +125,14 @@ class SimulatorServer:
         self._runner: web.AppRunner | None = None
 
     def _performance_model(self) -> PerformanceModel:
-        kwargs: dict[str, Any] = {}
-        if self.resolved.max_running_requests:
-            kwargs["max_running_requests"] = self.resolved.max_running_requests
+        """Timings and the KV pool; the running-request cap is the scheduler's own
+        (`SimulatedEngine.rank_max_running_requests`), sized from that pool as SGLang sizes it."""
         return PerformanceModel.for_role(
             self.arch,
             tp=self.args.tp_size,
             dcp=self.args.dcp_size,
             kv_tokens=self.args.max_total_tokens,
             time_scale=self.options.time_scale,
-            **kwargs,
         )
 
     def startup_seconds(self) -> float:
@@ -283,12 +284,14 @@ class SimulatorServer:
         a = self.args
         resolved = {k: v for k, v in vars(a).items()}
         # The top level is the start-up configuration (`build_server_info` over the resolved
-        # server args, `entrypoints/http_server.py:863-892`): a role switch does not change it.
-        # The live role is in `internal_states[i]` and in `/model_info` (line 834).
+        # server args, `entrypoints/http_server.py:863-892`, `utils/common.py:3584-3593`): a role
+        # switch does not change it. The live role is in `internal_states[i]` and in `/model_info`
+        # (line 834). `max_running_requests` is the flag as resolved (None when unset); the cap
+        # the scheduler sizes from its pool is on `/v1/loads` only.
         resolved.update(
             disaggregation_mode=a.disaggregation_mode,
             load_balance_method=self._load_balance_method(),
-            max_running_requests=self.perf.max_running_requests,
+            max_running_requests=self.resolved.max_running_requests,
             max_total_tokens=self.perf.kv_capacity_tokens,
             context_length=self.engine.context_length,
             chunked_prefill_size=self.resolved.chunked_prefill_size,

@@ -5,8 +5,8 @@ The role-switch controller reads, on each instance's leader pod:
 * the engine (SGLang or its simulator, `http://<podIP>:<spec.ports.http>`): `/v1/loads` (is it
   drained?), `/ready` (serving; `/health` would run a generation and take a second or more),
   `/model_info` (the live `disaggregation_mode`: `/server_info`'s top level keeps the start-up
-  role after a switch), `/server_info` (the resolved running-request cap and KV pool, and the
-  simulator's time scale), `/metrics` (the `sglang:` series the policy reads);
+  role after a switch), `/server_info` (one DP rank's KV pool, and the simulator's time scale),
+  `/metrics` (the `sglang:` series the policy reads);
 * the launcher (`http://<podIP>:<launcher port>`): `/status` (the step and outcome of a switch).
 
 The reconcile reads, on pods whose node-cache fill step runs, the step's progress on the same
@@ -222,6 +222,16 @@ class EngineSample:
     @property
     def inflight(self) -> int | None:
         return None if self.loads is None else inflight_requests(self.loads)
+
+    @property
+    def max_running_requests(self) -> int | None:
+        """The requests the engine runs at once, from `/v1/loads`: its DP ranks' caps summed, each
+        the one its scheduler sized from its KV pool (`mem_cache/kv_cache_configurator.py:3119-3131`,
+        reported at `managers/scheduler_components/load_inquirer.py:242`). `/server_info`'s
+        `max_running_requests` is only the flag as resolved (`utils/common.py:3589`), None when
+        unset, while the sized cap is 2048 to 4096 per rank then. None without an answer."""
+        caps = [int(e.get("max_running_requests") or 0) for e in (self.loads or {}).get("loads") or []]
+        return sum(caps) if caps and all(caps) else None
 
     @property
     def role(self) -> str | None:

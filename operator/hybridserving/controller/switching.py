@@ -832,16 +832,22 @@ def policy_model(spec: HybridServingSpec, instances: Mapping[str, Instance]) -> 
 
     `/server_info`'s `max_total_num_tokens` is one DP rank's pool (the data-parallel controller
     reports its first scheduler's: `managers/data_parallel_controller.py:821`), and each
-    attention-DP rank has its own: the instance holds `attnDp` of them.
+    attention-DP rank has its own: the instance holds `attnDp` of them. The running-request cap is
+    the one the engine's schedulers sized, from `/v1/loads` (`EngineSample.max_running_requests`);
+    `/server_info`'s is the flag, which stands in (or else the model's default) only while no
+    engine answered that.
     """
     info: dict[str, Any] = {}
+    cap: int | None = None
     for inst in instances.values():
         si = (inst.sample.server_info if inst.sample else None) or {}
         if si and (not info or inst.role == "decode"):
             info = si
-    kwargs: dict[str, Any] = {}
-    if info.get("max_running_requests"):
-        kwargs["max_running_requests"] = int(info["max_running_requests"])
+        sized = inst.sample.max_running_requests if inst.sample else None
+        if sized and (cap is None or inst.role == "decode"):
+            cap = sized
+    cap = cap or (int(info["max_running_requests"]) if info.get("max_running_requests") else None)
+    kwargs: dict[str, Any] = {"max_running_requests": cap} if cap else {}
     layout = spec.decode.layout
     return PerformanceModel.for_role(
         spec.architecture(), tp=layout.tp, dcp=layout.dcp,
