@@ -109,3 +109,32 @@ def test_a_released_lease_is_taken_at_once() -> None:
 def test_the_timing_must_leave_room_to_renew() -> None:
     with pytest.raises(ValueError, match="retry < renew deadline < lease duration"):
         Election(namespace="ops", identity="a", lease_seconds=5, renew_deadline_seconds=6)
+
+
+def test_a_leader_whose_renewal_hangs_gives_up_before_a_standby_could_take_over() -> None:
+    """A renewal call that never answers (no timeout reached yet) must not postpone the deadline."""
+    api = MemoryApi()
+    timing = dict(lease_seconds=0.8, renew_deadline_seconds=0.6, retry_seconds=0.05)
+    lost = threading.Event()
+    a = Leadership(api, Election(namespace="ops", identity="a", **timing), on_lost=lost.set)
+    b = Leadership(api, Election(namespace="ops", identity="b", **timing))
+    a.acquire()
+    hang, real_get = threading.Event(), api.get
+
+    def get(kind: str, namespace: str, name: str) -> dict:
+        if threading.current_thread().name == "lease-renew":
+            hang.wait(30)
+        return real_get(kind, namespace, name)
+
+    api.get = get  # type: ignore[method-assign]
+    threading.Thread(target=a.hold, daemon=True).start()
+    standby = threading.Thread(target=b.acquire, daemon=True)
+    standby.start()
+    try:
+        assert lost.wait(5), "the leader kept acting while its renewal hung"
+        assert not a.leading and not b.leading  # a stopped first: b takes the Lease only after it ran out
+        standby.join(5)
+        assert b.leading
+    finally:
+        hang.set()
+        b.stopped.set()

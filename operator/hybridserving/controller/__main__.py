@@ -9,6 +9,7 @@ import os
 import socket
 
 import kopf
+from kubernetes.config import kube_config
 from prometheus_client import start_http_server
 
 from hybridserving.controller import handlers
@@ -104,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     handlers.OPTIONS.operator_key = operator_key(os.environ)
     handlers.OPTIONS.kubeconfig = args.kubeconfig
     if args.kubeconfig:
-        # kopf logs in through its own credential hooks, which read KUBECONFIG.
+        # kopf logs in through the Kubernetes client's default kubeconfig, which the client took from
+        # $KUBECONFIG when it was imported (before these flags were read).
         os.environ["KUBECONFIG"] = args.kubeconfig
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = args.kubeconfig
     handlers.OPTIONS.workers = args.workers
     handlers.OPTIONS.resync_seconds = args.resync_seconds
     handlers.OPTIONS.relist_seconds = args.relist_seconds

@@ -5,6 +5,10 @@ annotations and finalizers onto the HybridServing. Only `on.event` handlers: eve
 HybridServing and on its children (found by the `hybridserving.io/name` label) feed the read
 cache (cache.py) and one coalescing queue, a resync adds every known HybridServing every
 `resync_seconds`, and kopf's initial listing on start-up is the resume.
+
+With --leader-elect a standby runs the same watches, so its cache and queue are current when it
+takes the Lease, but it takes nothing from the queue and ticks no role switch until then (`act`).
+It does serve the admission webhook, whose checks read and write nothing.
 """
 
 from __future__ import annotations
@@ -52,15 +56,58 @@ class Options:
 OPTIONS = Options()
 
 
+STOP_GRACE_SECONDS = 20.0
+"""How long a graceful stop waits for the passes and ticks under way (within the pod's 30 s grace)."""
+
+
+class InFlight:
+    """Counts the blocking passes and ticks running on threads: cancelling the asyncio task that
+    awaits one leaves the thread running and writing, so a graceful stop waits for this to empty
+    before it hands the Lease over."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self._idle:
+            self._count += 1
+
+    def __exit__(self, *_: object) -> None:
+        with self._idle:
+            self._count -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once nothing runs; False when some pass or tick still runs after `timeout` seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._count == 0, timeout)
+
+
+class CountedSwitches(role_switching.SwitchController):
+    """The role-switch controller, its ticks counted in `inflight`."""
+
+    def __init__(self, kube: Kube, engines: Engines, inflight: InFlight, *, operator_key: bytes,
+                 engine_policy: EnginePolicy) -> None:
+        super().__init__(kube, engines, operator_key=operator_key, engine_policy=engine_policy)
+        self.inflight = inflight
+
+    def tick(self, namespace: str, name: str) -> role_switching.TickReport:
+        with self.inflight:
+            return super().tick(namespace, name)
+
+
 @dataclass
 class Runtime:
     kube: Kube
     queue: WorkQueue
-    resync: asyncio.Task[None]
     cache: ObjectCache
-    switcher: asyncio.Task[None] | None = None  # the role-switch controller (controller/switching.py)
+    engines: Engines  # the reconcile's engine reads (controller/engines.py)
+    inflight: InFlight
+    leading: asyncio.Event  # set once this replica acts: at once alone, on taking the Lease with --leader-elect
     leadership: Leadership | None = None
-    engines: Engines | None = None  # the reconcile's engine reads (controller/engines.py)
+    switch_engines: Engines | None = None  # the role switches' engine reads, from when this replica acts
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # the resync, role switches, the election
 
 
 _runtime: Runtime | None = None
@@ -73,6 +120,10 @@ def runtime() -> Runtime:
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Build the runtime and return at once: kopf serves /healthz and the webhook only after the
+    startup handlers end, so a standby that waited here for the Lease would fail its liveness probe.
+    A standby's watches feed the cache and the queue, but nothing takes work from the queue and no
+    role switch runs until it leads (`act`)."""
     global _runtime
     # Silent watches are the classic kopf failure (kopf #698, #204): time them out.
     settings.watching.server_timeout = 120
@@ -85,24 +136,21 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Reads of what the handlers below watch come from the cache they feed; writes feed it too.
     cache = ObjectCache(CACHED_KINDS, max_age=OPTIONS.relist_seconds)
     kube = CachedKube(direct.api, cache)
-    leadership = None
-    if OPTIONS.election is not None:
-        # Standby until this replica leads: kopf starts no watch before the startup handlers end,
-        # so a standby neither reconciles nor switches anything.
-        leadership = Leadership(direct.sibling("lease"), OPTIONS.election)
-        await asyncio.to_thread(leadership.acquire)
-        threading.Thread(target=leadership.hold, name="lease", daemon=True).start()
-    metrics.LEADER.set(1)
-
     # The reconcile's own reads of engine pods: the progress of running weights downloads.
     engines = Engines()
+    inflight = InFlight()
 
     async def work(key: Key) -> Pass:
         namespace, name = key
+
+        def one_pass() -> Any:
+            with inflight:
+                return reconcile(kube, namespace, name, None, OPTIONS.engine_policy,
+                                 OPTIONS.progress_deadline_seconds, operator_key=OPTIONS.operator_key,
+                                 fill_probe=engines.fill_progress_many)
+
         try:
-            outcome = await asyncio.to_thread(reconcile, kube, namespace, name, None, OPTIONS.engine_policy,
-                                              OPTIONS.progress_deadline_seconds, operator_key=OPTIONS.operator_key,
-                                              fill_probe=engines.fill_progress_many)
+            outcome = await asyncio.to_thread(one_pass)
         except Exception:
             metrics.RECONCILES.labels("error").inc()
             raise
@@ -118,38 +166,78 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
                     failed=bool(outcome.errors))
 
     queue = WorkQueue(work, workers=OPTIONS.workers)
-    queue.start()
+    _runtime = Runtime(kube=kube, queue=queue, cache=cache, engines=engines, inflight=inflight,
+                       leading=asyncio.Event())
+    if OPTIONS.election is None:
+        act(_runtime)
+        return
+    _runtime.leadership = Leadership(
+        Kube(direct.api, "lease", request_timeout=OPTIONS.election.request_timeout_seconds), OPTIONS.election)
+    _runtime.tasks.append(asyncio.create_task(elect(_runtime, _runtime.leadership), name="leader-election"))
+
+
+async def elect(rt: Runtime, leadership: Leadership) -> None:
+    """Stand by until this replica takes the Lease, then keep renewing it and act."""
+    await asyncio.to_thread(leadership.acquire)
+    if not leadership.leading:
+        return  # stopped while standing by
+    threading.Thread(target=leadership.hold, name="lease", daemon=True).start()
+    act(rt)
+
+
+def act(rt: Runtime) -> None:
+    """Start acting: the reconcile workers take every fleet queued meanwhile (each known fleet is
+    queued once, by its watch events), the resync and the role switches start."""
+    rt.queue.start()
 
     async def resync() -> None:
         while True:
             await asyncio.sleep(OPTIONS.resync_seconds)
-            for key in list(queue.known):
-                queue.add(key)
+            for key in list(rt.queue.known):
+                rt.queue.add(key)
 
-    _runtime = Runtime(kube=kube, queue=queue, resync=asyncio.create_task(resync(), name="resync"),
-                       cache=cache, leadership=leadership, engines=engines)
+    rt.tasks.append(asyncio.create_task(resync(), name="resync"))
     # Role switches: every fleet the queue knows, ticked every few seconds.
-    _runtime.switcher = asyncio.create_task(
-        role_switching.run(kube.sibling("switch"), lambda: list(queue.known), interval=OPTIONS.switch_interval_seconds,
-                           engine_policy=OPTIONS.engine_policy,
-                           operator_key=OPTIONS.operator_key),
-        name="role-switch")
+    kube = rt.kube.sibling("switch")
+    rt.switch_engines = Engines()
+    switches = CountedSwitches(kube, rt.switch_engines, rt.inflight, operator_key=OPTIONS.operator_key,
+                               engine_policy=OPTIONS.engine_policy)
+    rt.tasks.append(asyncio.create_task(
+        role_switching.run(kube, lambda: list(rt.queue.known),
+                           interval=OPTIONS.switch_interval_seconds, controller=switches),
+        name="role-switch"))
+    rt.leading.set()
+    metrics.LEADER.set(1)
+
 
 
 @kopf.on.cleanup()
 async def stop(**_: Any) -> None:
+    """Stop acting, wait (at most STOP_GRACE_SECONDS) for the passes and ticks already on threads,
+    and only then hand the Lease over: a standby must not start while this replica still writes.
+    Work still running past the grace keeps the Lease held (renewed until the process ends) and
+    it runs out the usual way."""
     global _runtime
-    if _runtime is not None:
-        _runtime.resync.cancel()
-        if _runtime.switcher is not None:
-            _runtime.switcher.cancel()
-        await _runtime.queue.stop()
-        if _runtime.engines is not None:
-            _runtime.engines.close()
-        if _runtime.leadership is not None:
-            await asyncio.to_thread(_runtime.leadership.release)
-        metrics.LEADER.set(0)
-        _runtime = None
+    if _runtime is None:
+        return
+    rt = _runtime
+    rt.leading.clear()
+    for task in rt.tasks:
+        task.cancel()
+    await asyncio.gather(*rt.tasks, return_exceptions=True)
+    await rt.queue.stop()
+    idle = await asyncio.to_thread(rt.inflight.wait_idle, STOP_GRACE_SECONDS)
+    rt.engines.close()
+    if rt.switch_engines is not None:
+        rt.switch_engines.close()
+    if rt.leadership is not None:
+        if idle:
+            await asyncio.to_thread(rt.leadership.release)
+        else:
+            log.warning("passes or role-switch ticks still run after %.0fs; the lease is left to run out",
+                        STOP_GRACE_SECONDS)
+    metrics.LEADER.set(0)
+    _runtime = None
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -25,6 +25,8 @@ from hybridserving.controller import metrics
 FIELD_MANAGER = "hybridserving-operator"
 Objects = list[dict[str, Any]]  # as read: JSON objects of one kind
 REQUEST_TIMEOUT = 30.0
+"""Seconds one API call may wait on the connection and on each read; the Lease's calls wait less
+(leadership.Election.request_timeout_seconds)."""
 
 
 @dataclass(frozen=True)
@@ -86,19 +88,21 @@ class Kube:
 
     `component` names the part of the operator that reads through this instance (the
     `hybridserving_api_reads_total` label); `sibling` gives another part its own count over
-    the same connection pool.
+    the same connection pool. `request_timeout` bounds each call's connect and each read.
     """
 
-    def __init__(self, api_client: client.ApiClient, component: str = "reconcile") -> None:
+    def __init__(self, api_client: client.ApiClient, component: str = "reconcile", *,
+                 request_timeout: float = REQUEST_TIMEOUT) -> None:
         self.api = api_client
         self.component = component
+        self.request_timeout = request_timeout
         self.writes: Counter[tuple[str, str]] = Counter()
         self.reads: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
 
     def sibling(self, component: str) -> Kube:
         """The same API access, counted as `component`'s."""
-        return Kube(self.api, component)
+        return Kube(self.api, component, request_timeout=self.request_timeout)
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None, pool_size: int = 16) -> Kube:
@@ -129,7 +133,7 @@ class Kube:
                 method=method, resource_path=url_path, header_params=headers, body=body,
                 auth_settings=["BearerToken"],
             )
-            response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
+            response = self.api.call_api(*params, _request_timeout=self.request_timeout)
             data = response.read()
         except ApiException as exc:
             raise KubeError(exc.status or 0, str(exc.reason)) from exc

@@ -6,10 +6,14 @@ The semantics are client-go's `leaderelection`: the leader renews `spec.renewTim
 matter), and only with the resourceVersion it read (a 409 means another replica won). A leader
 that could not renew for `renew_deadline_seconds` (< `lease_seconds`) stops at once: acting after
 a standby may have taken over is the one thing it must not do, and the restarted process comes
-back as a standby. Every write the operator makes is also preconditioned (kube.py), so even two
-replicas that both believed they lead could not apply a stale decision twice.
+back as a standby. The deadline is watched on its own thread, so a renewal call that hangs does
+not postpone it, and the Lease's calls time out well within it (`request_timeout_seconds`), so
+the renewals that follow a stuck one still get their chance. Every write the operator makes is
+also preconditioned (kube.py), so even two replicas that both believed they lead could not apply
+a stale decision twice.
 
-A graceful stop releases the Lease (empty holder), so a rolling update hands over at once.
+A graceful stop releases the Lease (empty holder), so a rolling update hands over at once
+(handlers.stop first waits for the work under way).
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ class Election:
         if not self.retry_seconds < self.renew_deadline_seconds < self.lease_seconds:
             raise ValueError("leader election needs retry < renew deadline < lease duration")
 
+    @property
+    def request_timeout_seconds(self) -> float:
+        """Each Lease call's timeout: a renewal (a GET and a PATCH) that starts on its retry tick
+        ends, answered or not, before the renew deadline."""
+        return (self.renew_deadline_seconds - self.retry_seconds) / 2
+
+    @property
+    def watch_seconds(self) -> float:
+        """How often the leader compares its last renewal with the renew deadline."""
+        return min(self.retry_seconds, self.lease_seconds - self.renew_deadline_seconds) / 4
+
 
 def micro_time(at: float) -> str:
     """A MicroTime, as Lease times are written."""
@@ -73,6 +88,7 @@ class Leadership:
         self._observed_at = 0.0
         self._renewed_at = 0.0
         self.stopped = threading.Event()
+        self._deciding = threading.Lock()
 
     # ---- one attempt
 
@@ -140,13 +156,17 @@ class Leadership:
     # ---- the loops
 
     def acquire(self) -> None:
-        """Block until this replica leads (standby until then)."""
+        """Block until this replica leads (standby until then) or is stopped (`leading` tells which)."""
         waiting_logged = False
         while not self.stopped.is_set():
-            if self._attempt():
-                self.leading = True
-                self._renewed_at = self.clock()
-                return
+            with self._deciding:  # release() waits for an attempt under way, so it sees what it won
+                if self.stopped.is_set():
+                    return
+                started = self.clock()
+                if self._attempt():
+                    self.leading = True
+                    self._renewed_at = started
+                    return
             if not waiting_logged:
                 log.info("standing by: the lease %s/%s is held by %s", self.election.namespace,
                          self.election.name, (self._observed or ("?",))[0])
@@ -154,28 +174,37 @@ class Leadership:
             self.stopped.wait(self.election.retry_seconds)
 
     def hold(self) -> None:
-        """Renew until stopped; on a renewal gap past the deadline, give up leadership (on_lost)."""
-        while not self.stopped.wait(self.election.retry_seconds):
-            if self._attempt():
-                self._renewed_at = self.clock()
-            elif self.clock() - self._renewed_at > self.election.renew_deadline_seconds:
+        """Renew until stopped; once the last renewal is older than the renew deadline, give up
+        leadership (on_lost), even while a renewal call still hangs."""
+        threading.Thread(target=self._renew, name="lease-renew", daemon=True).start()
+        while not self.stopped.wait(self.election.watch_seconds):
+            if self.clock() - self._renewed_at > self.election.renew_deadline_seconds:
                 self.leading = False
+                self.stopped.set()
                 self.on_lost()
                 return
+
+    def _renew(self) -> None:
+        """Renew every retry period; a renewal counts from when it started, as its renewTime does."""
+        while not self.stopped.wait(self.election.retry_seconds):
+            started = self.clock()
+            if self._attempt() and not self.stopped.is_set():
+                self._renewed_at = started
 
     def release(self) -> None:
         """Hand the Lease back on a graceful stop, so that a standby takes it at once."""
         self.stopped.set()
-        if not self.leading:
-            return
-        e = self.election
-        try:
-            lease = self.kube.get(LEASE_KIND, e.namespace, e.name)
-            if (lease.get("spec") or {}).get("holderIdentity") == e.identity:
-                self.kube.patch(LEASE_KIND, e.namespace, e.name,
-                                {"spec": {"holderIdentity": "", "leaseDurationSeconds": 1}},
-                                resource_version=lease["metadata"]["resourceVersion"])
-                log.info("%s released the lease %s/%s", e.identity, e.namespace, e.name)
-        except KubeError as exc:
-            log.warning("lease not released: %s", exc)
-        self.leading = False
+        with self._deciding:
+            if not self.leading:
+                return
+            e = self.election
+            try:
+                lease = self.kube.get(LEASE_KIND, e.namespace, e.name)
+                if (lease.get("spec") or {}).get("holderIdentity") == e.identity:
+                    self.kube.patch(LEASE_KIND, e.namespace, e.name,
+                                    {"spec": {"holderIdentity": "", "leaseDurationSeconds": 1}},
+                                    resource_version=lease["metadata"]["resourceVersion"])
+                    log.info("%s released the lease %s/%s", e.identity, e.namespace, e.name)
+            except KubeError as exc:
+                log.warning("lease not released: %s", exc)
+            self.leading = False

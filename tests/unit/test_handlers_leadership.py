@@ -1,0 +1,183 @@
+"""The kopf wiring with --leader-elect, against the in-memory apiserver and real (short) lease
+timing: a standby's startup returns at once (kopf serves /healthz only after it), the standby
+takes no work from the queue, ticks no fleet and writes nothing until it takes the Lease, and a
+graceful stop hands the Lease over only after the pass under way has ended."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import kopf
+import pytest
+
+from hybridserving.controller import __main__ as operator_main
+from hybridserving.controller import handlers, switching
+from hybridserving.controller.kube import Kube
+from hybridserving.controller.leadership import Election, Leadership
+from support.apiserver import MemoryApi
+
+LEASE = ("Lease", "hybridserving-operator")
+ELECTION = Election(namespace="ops", identity="b", lease_seconds=0.8, renew_deadline_seconds=0.6,
+                    retry_seconds=0.05)
+FLEET = {"apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
+         "metadata": {"name": "f", "namespace": "ns", "resourceVersion": "1"}, "spec": {}}
+
+
+class Operator:
+    """What the replica did, in order: reconcile passes, role-switch ticks, lease handovers."""
+
+    def __init__(self, api: MemoryApi) -> None:
+        self.api = api
+        self.log: list[str] = []
+        self.lease_kube: Kube | None = None
+        self.pass_may_end = threading.Event()
+        self.pass_may_end.set()
+
+    def holder(self) -> str:
+        return self.api.store[LEASE]["spec"]["holderIdentity"]
+
+
+@pytest.fixture
+def operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[Operator]:
+    api = MemoryApi()
+    api.create("Lease", "ops", {"metadata": {"name": LEASE[1]},
+                                "spec": {"holderIdentity": "a", "leaseDurationSeconds": 1,
+                                         "renewTime": "2026-01-01T00:00:00.000000Z"}})
+    api.writes.clear()
+    op = Operator(api)
+
+    def leadership(kube: Kube, election: Election) -> Leadership:
+        op.lease_kube = kube
+        return Leadership(api, election)  # type: ignore[arg-type]
+
+    def reconcile(kube: Any, namespace: str, name: str, *_: Any, **__: Any) -> SimpleNamespace:
+        op.log.append(f"pass {namespace}/{name} by {op.holder()}")
+        op.pass_may_end.wait(10)
+        op.log.append("pass ended")
+        return SimpleNamespace(gone=False, conflict=False, errors=[], requeue_after=None)
+
+    def tick(self: switching.SwitchController, namespace: str, name: str) -> switching.TickReport:
+        op.log.append(f"tick {namespace}/{name} by {op.holder()}")
+        return switching.TickReport()
+
+    real_release = Leadership.release
+
+    def release(self: Leadership) -> None:
+        op.log.append("release")
+        real_release(self)
+
+    monkeypatch.setattr(handlers, "Leadership", leadership)
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+    monkeypatch.setattr(switching.SwitchController, "tick", tick)
+    monkeypatch.setattr(Leadership, "release", release)
+    monkeypatch.setattr(handlers, "OPTIONS", handlers.Options(
+        kube=Kube(None), election=ELECTION, switch_interval_seconds=0.05))  # type: ignore[arg-type]
+    yield op
+    assert handlers._runtime is None, "the test stops the operator"
+
+
+def event(obj: dict[str, Any]) -> Any:
+    return {"type": "ADDED", "object": obj}
+
+
+async def wait_until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def acting() -> bool:
+    return handlers.runtime().leading.is_set()
+
+
+def test_a_standby_starts_at_once_and_acts_only_once_it_holds_the_lease(operator: Operator) -> None:
+    async def scenario() -> None:
+        # The Lease is a's and fresh: b must wait its full duration (1 s on b's clock), yet kopf's
+        # startup goes on at once.
+        await asyncio.wait_for(handlers.start(settings=kopf.OperatorSettings()), 0.5)
+        handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+        assert not acting() and operator.holder() == "a"
+        await wait_until(lambda: "pass ns/f by b" in operator.log and "tick ns/f by b" in operator.log)
+        assert acting()
+        assert all(entry.endswith("by b") for entry in operator.log if entry.startswith(("pass ns", "tick")))
+        await handlers.stop()
+        assert operator.holder() == ""
+
+    asyncio.run(scenario())
+
+
+def test_a_standby_acts_on_nothing_and_writes_nothing_while_the_leader_renews(operator: Operator) -> None:
+    renewing = threading.Event()
+
+    def leader_a() -> None:
+        a = Leadership(operator.api, Election(namespace="ops", identity="a", lease_seconds=0.8,  # type: ignore[arg-type]
+                                              renew_deadline_seconds=0.6, retry_seconds=0.05))
+        while not renewing.wait(0.05):
+            a.try_acquire_or_renew()
+
+    async def scenario() -> None:
+        threading.Thread(target=leader_a, daemon=True).start()
+        await asyncio.wait_for(handlers.start(settings=kopf.OperatorSettings()), 2)
+        handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+        await asyncio.sleep(1.5)  # longer than the Lease: a's renewals alone keep b standing by
+        assert operator.log == [] and not acting()
+        renewing.set()
+        await handlers.stop()  # a standby stops without having acted; it had nothing to release
+        # Every write was a's renewal: b never took the Lease (a could not have taken it back).
+        assert operator.holder() == "a" and operator.api.writes
+        assert all(kind == "Lease" for _, kind in operator.api.writes)
+
+    asyncio.run(scenario())
+
+
+def test_the_lease_calls_time_out_within_the_renew_deadline(operator: Operator) -> None:
+    async def scenario() -> None:
+        await handlers.start(settings=kopf.OperatorSettings())
+        await handlers.stop()
+
+    asyncio.run(scenario())
+    assert operator.lease_kube is not None
+    assert operator.lease_kube.request_timeout == ELECTION.request_timeout_seconds
+    assert 2 * ELECTION.request_timeout_seconds + ELECTION.retry_seconds <= ELECTION.renew_deadline_seconds
+
+
+def test_a_graceful_stop_hands_the_lease_over_only_after_the_pass_under_way(operator: Operator) -> None:
+    operator.api.store[LEASE]["spec"]["holderIdentity"] = ""  # free: b leads at once
+
+    async def scenario() -> None:
+        await handlers.start(settings=kopf.OperatorSettings())
+        await wait_until(acting)
+        operator.pass_may_end.clear()
+        handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+        await wait_until(lambda: "pass ns/f by b" in operator.log)
+        stopping = asyncio.create_task(handlers.stop())
+        await asyncio.sleep(0.5)
+        assert not stopping.done() and operator.holder() == "b" and "release" not in operator.log
+        operator.pass_may_end.set()
+        await asyncio.wait_for(stopping, 5)
+        assert operator.log.index("pass ended") < operator.log.index("release")
+        assert operator.holder() == ""
+
+    asyncio.run(scenario())
+
+
+def test_the_kubeconfig_flag_reaches_kopfs_login(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from kubernetes.config import kube_config
+
+    async def operator(**_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", "~/.kube/config")
+    monkeypatch.setattr(kopf, "operator", operator)
+    monkeypatch.setattr(handlers, "OPTIONS", handlers.Options())
+    monkeypatch.setenv(operator_main.OPERATOR_KEY_ENV, "k" * 32)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    path = str(tmp_path / "config")
+    assert operator_main.main(["--kubeconfig", path, "--metrics-port", "0"]) == 0
+    assert kube_config.KUBE_CONFIG_DEFAULT_LOCATION == path
