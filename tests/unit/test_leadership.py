@@ -138,3 +138,20 @@ def test_a_leader_whose_renewal_hangs_gives_up_before_a_standby_could_take_over(
     finally:
         hang.set()
         b.stopped.set()
+
+
+def test_a_malformed_lease_keeps_a_standby_trying_rather_than_ending_its_election() -> None:
+    api, clock = MemoryApi(), Clock()
+    b = replica(api, "b", clock)
+    b.election = Election(namespace="ops", identity="b", retry_seconds=0.001)
+    api.create("Lease", "ops", {"metadata": {"name": LEASE[1]}, "spec": {"holderIdentity": "a"}})
+    version = api.store[LEASE]["metadata"].pop("resourceVersion")  # nothing to precondition a takeover on
+    standby = threading.Thread(target=b.acquire, daemon=True)
+    standby.start()
+    clock.now += 10  # a's Lease ran out on b's clock
+    standby.join(0.2)
+    assert standby.is_alive() and not b.leading
+    api.store[LEASE]["metadata"]["resourceVersion"] = version
+    clock.now += 10  # ran out however late b first read it
+    standby.join(5)
+    assert b.leading and holder(api) == "b"

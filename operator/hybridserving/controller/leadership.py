@@ -147,10 +147,16 @@ class Leadership:
         return True
 
     def _attempt(self) -> bool:
+        """One attempt; any failure counts as not holding the Lease, so that a surprise (a malformed
+        Lease, say) neither leaves a standby waiting for good nor ends a leader's renewals: both
+        retry, and a leader still stops at its renew deadline."""
         try:
             return self.try_acquire_or_renew()
         except KubeError as exc:
             log.warning("lease %s/%s: %s", self.election.namespace, self.election.name, exc)
+            return False
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.exception("lease %s/%s", self.election.namespace, self.election.name)
             return False
 
     # ---- the loops
