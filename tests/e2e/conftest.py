@@ -194,6 +194,7 @@ class OperatorReplica:
     proc: subprocess.Popen
     log: pathlib.Path
     metrics_url: str
+    health_url: str  # kopf's liveness endpoint (--health-port)
 
 
 class OperatorReplicas:
@@ -210,7 +211,7 @@ class OperatorReplicas:
         from hybridserving.devcluster import stack
 
         identity = f"operator-{len(self.replicas)}"
-        (port,) = free_ports(1)
+        port, health = free_ports(2)
         log = self.directory / f"{identity}.log"
         proc = stack.start_operator(
             self.cluster,
@@ -219,13 +220,16 @@ class OperatorReplicas:
             str(port),
             "--metrics-host",
             "127.0.0.1",
+            "--health-port",
+            str(health),
             "--leader-elect",
             "--leader-elect-namespace",
             self.LEASE_NAMESPACE,
             "--leader-elect-identity",
             identity,
         )
-        self.replicas.append(OperatorReplica(identity, proc, log, f"http://127.0.0.1:{port}"))
+        self.replicas.append(OperatorReplica(identity, proc, log, f"http://127.0.0.1:{port}",
+                                             f"http://127.0.0.1:{health}"))
         return self.replicas[-1]
 
     def holder(self) -> str:

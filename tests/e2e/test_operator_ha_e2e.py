@@ -6,8 +6,10 @@ The shared operator (conftest `fleet_operator`) runs with `--leader-elect`; this
 second replica, which stands by. An on-call switch relaunches a decode instance as prefill (nixl:
 no in-place switch; the relaunch takes the model's restart time x 0.01, about 8 s), the leader is
 SIGKILLed while the instance is draining or relaunching, and the standby must take the Lease after
-it runs out (8 s) and finish the switch. "No duplicate action" is counted three ways: one
-RoleSwitchStarted Event, one entry in status.switches, and one switch in the engine's launcher.
+it runs out (8 s) and finish the switch. Both replicas answer their liveness probe throughout
+(kopf's /healthz, served once the startup handler returns, which a standby's does at once).
+"No duplicate action" is counted three ways: one RoleSwitchStarted Event, one entry in
+status.switches, and one switch in the engine's launcher.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from support.served_fleet import SHORT_PROMPT, Load, bring_up, manifest, report,
 HANDOVER_WITHIN_S = 15  # lease 8 s + a retry period, on a shared 2-core machine
 
 
+def probe(replica, path: str) -> int:
+    """The status of an operator replica's health endpoint (conftest.OperatorReplica)."""
+    return httpx.get(replica.health_url + path, timeout=5, trust_env=False).status_code
+
+
 def test_killing_the_leader_mid_switch_hands_over_and_the_switch_completes_once(
         local_cluster, fleet_operator, pod_runner, discovering_router) -> None:
     namespace = "operator-ha"
@@ -31,6 +38,8 @@ def test_killing_the_leader_mid_switch_hands_over_and_the_switch_completes_once(
     second = fleet_operator.start()
     wait_for(lambda: "standing by" in second.log.read_text(), 60, "the second replica to stand by")
     assert fleet_operator.holder() == first.identity
+    # The standby is alive: a liveness probe must not restart it while it waits for the Lease.
+    assert probe(second, "/healthz") == 200 and probe(first, "/healthz") == 200
     f = bring_up(local_cluster, discovering_router, namespace,
                  manifest("ha", backend="nixl", time_scale=0.01, startup_seconds=None))
     try:
@@ -73,5 +82,6 @@ def test_killing_the_leader_mid_switch_hands_over_and_the_switch_completes_once(
         assert not steady.failures, steady.failures[:5]
         assert steady.ok > 10
         assert "took the lease" in second.log.read_text()
+        assert probe(second, "/healthz") == 200
     finally:
         tear_down(local_cluster, namespace)

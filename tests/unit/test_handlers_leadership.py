@@ -116,8 +116,9 @@ def test_a_standby_acts_on_nothing_and_writes_nothing_while_the_leader_renews(op
     renewing = threading.Event()
 
     def leader_a() -> None:
-        a = Leadership(operator.api, Election(namespace="ops", identity="a", lease_seconds=0.8,  # type: ignore[arg-type]
-                                              renew_deadline_seconds=0.6, retry_seconds=0.05))
+        # a's Lease lasts 5 s (on b's clock, from each renewal it sees), so only b taking it could end it.
+        a = Leadership(operator.api, Election(namespace="ops", identity="a", lease_seconds=5,  # type: ignore[arg-type]
+                                              renew_deadline_seconds=4, retry_seconds=0.05))
         while not renewing.wait(0.05):
             a.try_acquire_or_renew()
 
@@ -125,7 +126,7 @@ def test_a_standby_acts_on_nothing_and_writes_nothing_while_the_leader_renews(op
         threading.Thread(target=leader_a, daemon=True).start()
         await asyncio.wait_for(handlers.start(settings=kopf.OperatorSettings()), 2)
         handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
-        await asyncio.sleep(1.5)  # longer than the Lease: a's renewals alone keep b standing by
+        await asyncio.sleep(1.5)  # past the first record's 1 s: only a's renewals keep b standing by
         assert operator.log == [] and not acting()
         renewing.set()
         await handlers.stop()  # a standby stops without having acted; it had nothing to release
