@@ -15,26 +15,16 @@ from typing import TextIO
 from hybridserving.api.profiles import PROFILES
 from hybridserving.api.v1alpha1 import HardwareSpec
 from hybridserving.commands import render, rollback, simulate, status
-from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, load_manifests, write_json, write_table
+from hybridserving.commands.output import (
+    EXIT_INVALID,
+    EXIT_OK,
+    load_manifests,
+    whole_number,
+    write_json,
+    write_table,
+)
 from hybridserving.core import capacity, transfer
 from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
-
-
-def _whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse type: a whole number within bounds (the API's, where the flag feeds a spec field), so a
-    flag out of range is a usage error that names it, not a traceback from the model or the arithmetic."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low or (high is not None and value > high):
-            span = f"from {low} to {high}" if high is not None else f"of at least {low}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range: use a whole number {span}")
-        return value
-
-    return parse
 
 
 def _gib(text: str) -> float:
@@ -219,18 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True)
     p = add("capacity", cmd_capacity, "per-rank bytes per token and the gain of decode context parallelism")
     p.add_argument("--model", required=True, choices=sorted(PROFILES))
-    p.add_argument("--dcp", type=_whole_number(1, 1024), default=1)
+    p.add_argument("--dcp", type=whole_number(1, 1024), default=1)
     p.add_argument("--index", choices=["copied", "split"], default="copied")
-    p.add_argument("--tp", type=_whole_number(1, 1024), default=8, help="TP of the instance (with --gpu-memory-gib)")
+    p.add_argument("--tp", type=whole_number(1, 1024), default=8, help="TP of the instance (with --gpu-memory-gib)")
     p.add_argument("--gpu-memory-gib", type=_gib, default=None, help="give the hardware to get tokens per instance")
-    p.add_argument("--context", type=_whole_number(1), default=None,
+    p.add_argument("--context", type=whole_number(1), default=None,
                    help="context length for the gain and the request frontier")
     p = add("transfer-plan", cmd_transfer_plan, "the 2D reshard plan from prefill CP layer-split to decode DCP")
     p.add_argument("--model", required=True, choices=sorted(PROFILES))
-    p.add_argument("--prefill-cp", type=_whole_number(1), required=True)
-    p.add_argument("--decode-dcp", type=_whole_number(1), required=True)
-    p.add_argument("--tokens", type=_whole_number(1), required=True)
-    p.add_argument("--page-size", type=_whole_number(1), default=transfer.DEFAULT_PAGE_SIZE)
+    p.add_argument("--prefill-cp", type=whole_number(1), required=True)
+    p.add_argument("--decode-dcp", type=whole_number(1), required=True)
+    p.add_argument("--tokens", type=whole_number(1), required=True)
+    p.add_argument("--page-size", type=whole_number(1), default=transfer.DEFAULT_PAGE_SIZE)
     simulate.register(sub)
     status.register(sub)
     rollback.register(sub)

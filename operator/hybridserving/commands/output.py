@@ -3,13 +3,45 @@ and the errors of a manifest that does not load."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from hybridserving.manifests import ManifestInvalid, load_file
 
 # 0 success, 1 the input is invalid (2, a usage error, is argparse's).
 EXIT_OK, EXIT_INVALID = 0, 1
+
+
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number within bounds (the API's, where the flag feeds a spec field), so a
+    flag out of range is a usage error that names it, not a traceback from the model or the arithmetic."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: use a whole number {span}")
+        return value
+
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0. `float()` takes "nan" and "inf", which no scale or
+    size can be: refused here, they would fail deep in the arithmetic or print a meaningless result."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: use a finite number above 0")
+    return value
 
 
 def write_table(rows: list[list[str]], out: TextIO, indent: str = "") -> None:

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import TextIO
 
-from hybridserving.commands.output import write_json
+from hybridserving.commands.output import EXIT_INVALID, positive_number, whole_number, write_json
 from hybridserving.fleetsim import traces
 from hybridserving.fleetsim.experiment import (
     DEFAULT_SLO,
@@ -24,7 +24,12 @@ from hybridserving.fleetsim.experiment import (
     fleet_model,
     load_workload,
     policy_sweeps,
+    traces_dir,
 )
+
+WORKLOADS = ("mix-shift", "diurnal", "agentic", "mooncake")
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+MOONCAKE_KEYS = "timestamp (ms), input_length, output_length and optionally hash_ids"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,25 +38,66 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--trace", required=True, help="mix-shift | diurnal | agentic | mooncake | path to .csv/.jsonl")
     p.add_argument("--policy", required=True, choices=POLICIES)
-    p.add_argument("--instances", type=int, default=8, help="instances of 8 GPUs (default 8)")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    # At least one instance per role; at most spec.scaling.maxReplicas allows.
+    p.add_argument("--instances", type=whole_number(2, 1024), default=8, help="instances of 8 GPUs (default 8)")
+    p.add_argument("--rate-scale", type=positive_number, default=1.0, help="multiply the trace's request rate")
     p.add_argument("--goodput", action="store_true", help="also search the highest rate with ≥90%% SLO attainment")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     p.add_argument("--plot", type=Path, help="write a PNG of load, split and SLO attainment over time")
     p.set_defaults(func=run)
 
 
+class TraceError(Exception):
+    """A trace that cannot be replayed: what is wrong with it and what to do."""
+
+    def __init__(self, message: str, fix: str):
+        super().__init__(message)
+        self.message, self.fix = message, fix
+
+
 def _workload(spec: str) -> Workload:
+    """The workload `--trace` names, or TraceError: a file that is not there or not in the format its
+    suffix says would otherwise surface as whichever exception the reader happened to hit first."""
     path = Path(spec)
-    if path.suffix == ".csv":
-        return Workload(path.stem, path.name, traces.read_azure_csv(path), DEFAULT_SLO)
-    if path.suffix == ".jsonl":
-        return Workload(path.stem, path.name, traces.read_mooncake_jsonl(path), DEFAULT_SLO)
-    return load_workload(spec)
+    if path.suffix in (".csv", ".jsonl"):
+        csv = path.suffix == ".csv"
+        fix = (f"give a CSV whose header is {AZURE_HEADER}, with wall-clock times" if csv
+               else f"give one JSON object per line with {MOONCAKE_KEYS}")
+        try:
+            trace = traces.read_azure_csv(path) if csv else traces.read_mooncake_jsonl(path)
+        except OSError as exc:
+            raise TraceError(f"{spec}: {exc.strerror or exc}", "check the path") from None
+        except KeyError as exc:
+            raise TraceError(f"{spec}: a record has no {exc.args[0]!r}", fix) from None
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # bad numbers, times, JSON
+            raise TraceError(f"{spec}: not {'an Azure CSV' if csv else 'a Mooncake JSONL'} trace: {exc}", fix) from None
+        workload = Workload(path.stem, path.name, trace, DEFAULT_SLO)
+    elif spec in WORKLOADS:
+        try:
+            workload = load_workload(spec)
+        except OSError as exc:
+            raise TraceError(
+                f"{spec} reads {exc.filename}, which is missing ({exc.strerror})",
+                f"set HYBRIDSERVING_TRACES to the directory that holds the traces (now {traces_dir()})",
+            ) from None
+    else:
+        raise TraceError(
+            f"{spec!r} is neither a workload nor a .csv or .jsonl file",
+            f"use one of {', '.join(WORKLOADS)}, or the path of an Azure .csv or a Mooncake .jsonl trace",
+        )
+    if workload.trace.rate <= 0:
+        # No rate to scale and no span to simulate: every figure would be zero, reported as a success.
+        raise TraceError(f"{spec}: {len(workload.trace)} request(s) over 0 s, no request rate",
+                         "give a trace with at least two requests at different times")
+    return workload
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    w = _workload(args.trace)
+    try:
+        w = _workload(args.trace)
+    except TraceError as err:
+        out.write(f"error: --trace: {err.message}\n  fix: {err.fix}\n")
+        return EXIT_INVALID
     model = fleet_model()
     runner = Runner(w, args.instances, model, iterations=7)
     slo = w.slo

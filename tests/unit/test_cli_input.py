@@ -1,0 +1,89 @@
+"""Bad input to the offline CLI: a clear error naming the flag or field and the fix, a nonzero exit,
+never a traceback; and the CLI reads a manifest as the apiserver does."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from hybridserving.cli import main
+
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return main(list(argv), out), out.getvalue()
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exited:
+        run(*argv)
+    assert exited.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("rows, expected, fix", [
+    ("a,b\n1,2\n", "a record has no 'TIMESTAMP'", "fix: give a CSV whose header is " + AZURE.strip()),
+    (AZURE + "yesterday,1,1\n", "not an Azure CSV trace: Invalid isoformat string", "fix: give a CSV whose header"),
+    (AZURE, "0 request(s) over 0 s, no request rate", "fix: give a trace with at least two requests"),
+    (AZURE + "2023-11-16 18:15:46.68,374,44\n", "1 request(s) over 0 s", "fix: give a trace with at least two"),
+])
+def test_a_csv_trace_that_does_not_replay_is_an_error_naming_the_flag(
+    tmp_path: Path, rows: str, expected: str, fix: str
+) -> None:
+    code, out = run("simulate", "--policy", "static", "--trace", write(tmp_path, "t.csv", rows))
+    assert code == 1
+    assert out.startswith("error: --trace: ") and expected in out and fix in out
+
+
+@pytest.mark.parametrize("line", ['{"timestamp": "x", "input_length": 1, "output_length": 1}', "not json", "[1]",
+                                  '{"input_length": 1}'])
+def test_a_jsonl_trace_that_does_not_replay_is_an_error_naming_the_flag(tmp_path: Path, line: str) -> None:
+    code, out = run("simulate", "--policy", "static", "--trace", write(tmp_path, "t.jsonl", line + "\n"))
+    assert code == 1
+    assert out.startswith("error: --trace: ") and "fix: give one JSON object per line with timestamp" in out
+
+
+def test_a_missing_trace_file_or_unknown_name_is_an_error_with_the_fix(tmp_path: Path) -> None:
+    code, out = run("simulate", "--policy", "static", "--trace", str(tmp_path / "none.csv"))
+    assert code == 1 and "No such file or directory" in out and "fix: check the path" in out
+    code, out = run("simulate", "--policy", "static", "--trace", "mix-shfit")
+    assert code == 1 and "'mix-shfit' is neither a workload" in out
+    assert "fix: use one of mix-shift, diurnal, agentic, mooncake" in out
+
+
+def test_a_named_workload_without_its_trace_files_says_where_they_are_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYBRIDSERVING_TRACES", str(tmp_path))
+    code, out = run("simulate", "--policy", "static", "--trace", "mooncake")
+    assert code == 1
+    assert f"{tmp_path}/conversation_trace.jsonl, which is missing" in out
+    assert f"fix: set HYBRIDSERVING_TRACES to the directory that holds the traces (now {tmp_path})" in out
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--instances", "0"), ("--instances", "1"), ("--instances", "-1"), ("--instances", "1025"),
+    ("--rate-scale", "0"), ("--rate-scale", "-1"), ("--rate-scale", "nan"), ("--rate-scale", "inf"),
+])
+def test_simulate_flags_out_of_range_are_usage_errors_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    trace = write(tmp_path, "t.csv", AZURE + "2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:50.99,396,109\n")
+    error = usage_error(capsys, "simulate", "--policy", "static", "--trace", trace, flag, value)
+    assert error.startswith(f"hybridserving simulate: error: argument {flag}: {value} is out of range: use ")
+
+
+def test_a_two_request_trace_simulates(tmp_path: Path) -> None:
+    trace = write(tmp_path, "t.csv", AZURE + "2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:50.99,396,109\n")
+    code, out = run("simulate", "--policy", "static", "--trace", trace, "--instances", "2")
+    assert code == 0 and "attainment: " in out
