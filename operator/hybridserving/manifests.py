@@ -67,12 +67,40 @@ def errors_from_validation(exc: ValidationError) -> list[ManifestError]:
     return out
 
 
-def _as_kubectl_sends(value: Any) -> Any:
-    """The document as kubectl's YAML-to-JSON step writes it: a whole float (`8.0`) becomes `8`."""
+# Values one document may hold. YAML aliases repeat their anchor's value, so a few hundred bytes
+# can name billions of values (the "billion laughs"); kubectl refuses such "excessive aliasing". A
+# fleet, with every list at its schema bound, is a few thousand values; this is far above any.
+MAX_VALUES = 100_000
+# Levels of nesting: a fleet is about a dozen deep; the JSON reader behind the schema stops at 255.
+MAX_DEPTH = 100
+
+_TOO_DEEP = ManifestError("(document)", "the YAML nests too deeply to read",
+                          "remove the extra nesting: a HybridServing is about a dozen levels deep")
+
+
+class _TooLarge(Exception):
+    def __init__(self, error: ManifestError):
+        super().__init__(error.message)
+        self.error = error
+
+
+def _as_kubectl_sends(value: Any, budget: list[int] | None = None, depth: int = 0) -> Any:
+    """The document as kubectl's YAML-to-JSON step writes it: a whole float (`8.0`) becomes `8`.
+    Raises _TooLarge past MAX_VALUES values, counted as expanded, before the expansion costs the
+    memory and time an alias bomb asks for, or past MAX_DEPTH levels."""
+    budget = [MAX_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooLarge(ManifestError(
+            "(document)", f"more than {MAX_VALUES:,} values, counting each alias (*name) as the values it repeats",
+            "remove the excess: a HybridServing has a few thousand values at most, and write values out "
+            "instead of nesting aliases"))
+    if depth > MAX_DEPTH:
+        raise _TooLarge(_TOO_DEEP)
     if isinstance(value, dict):
-        return {k: _as_kubectl_sends(v) for k, v in value.items()}
+        return {k: _as_kubectl_sends(v, budget, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [_as_kubectl_sends(v) for v in value]
+        return [_as_kubectl_sends(v, budget, depth + 1) for v in value]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -89,9 +117,13 @@ def parse_document(doc: Any, source: str = "<input>") -> HybridServing:
             source, [ManifestError("kind", f"expected HybridServing, got {kind!r}", "set kind: HybridServing")]
         )
     try:
+        sent = _as_kubectl_sends(doc)
+    except _TooLarge as exc:
+        raise ManifestInvalid(source, [exc.error]) from None
+    try:
         # As the apiserver reads it: JSON types checked as they are, so a quoted "8" or "true"
         # fails here as it fails `kubectl apply`, rather than passing `validate` first.
-        return HybridServing.model_validate_json(json.dumps(_as_kubectl_sends(doc), default=str), strict=True)
+        return HybridServing.model_validate_json(json.dumps(sent, default=str), strict=True)
     except ValidationError as exc:
         raise ManifestInvalid(source, errors_from_validation(exc)) from None
 
@@ -109,12 +141,10 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
         ) from None
     except RecursionError:
         # The YAML reader recurses once per level; a manifest needs a dozen.
-        raise ManifestInvalid(
-            source,
-            [ManifestError("(document)", "the YAML nests too deeply to read",
-                           "remove the extra nesting: a HybridServing is about a dozen levels deep")],
-        ) from None
-    found = [parse_document(d, source) for d in docs if isinstance(d, dict) and d.get("kind") == "HybridServing"]
+        raise ManifestInvalid(source, [_TOO_DEEP]) from None
+    # Each document's number in the stream, when there are several, so an error says which to fix.
+    found = [parse_document(d, f"{source} (document {n})" if len(docs) > 1 else source)
+             for n, d in enumerate(docs, 1) if isinstance(d, dict) and d.get("kind") == "HybridServing"]
     if not found:
         raise ManifestInvalid(
             source, [ManifestError("(document)", "no HybridServing object found", "check kind and apiVersion")]

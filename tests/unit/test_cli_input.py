@@ -87,3 +87,37 @@ def test_a_two_request_trace_simulates(tmp_path: Path) -> None:
     trace = write(tmp_path, "t.csv", AZURE + "2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:50.99,396,109\n")
     code, out = run("simulate", "--policy", "static", "--trace", trace, "--instances", "2")
     assert code == 0 and "attainment: " in out
+
+
+FLEET = """apiVersion: hybridserving.io/v1alpha1
+kind: HybridServing
+metadata: {name: t}
+spec:
+  model: {path: deepseek-ai/DeepSeek-V3, profile: deepseek-v3}
+  prefill: {replicas: 1, layout: {tp: 8}}
+  decode: {replicas: 1, layout: {tp: 8}}
+"""
+
+
+def test_aliases_that_expand_without_bound_are_refused_before_expanding(tmp_path: Path) -> None:
+    bomb = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
+        f"{b}: &{b} [{','.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    path = write(tmp_path, "f.yaml", bomb + FLEET + "  engine: {extraArgs: *i}\n")
+    code, out = run("validate", "-f", path)
+    assert code == 1
+    assert "error: (document): more than 100,000 values, counting each alias (*name) as the values it repeats" in out
+    assert "fix: remove the excess" in out
+
+
+def test_a_document_nested_past_what_the_schema_reader_takes_is_refused_as_too_deep(tmp_path: Path) -> None:
+    path = write(tmp_path, "f.yaml", FLEET + "  podTemplate: {metadata: {annotations: {a: " + "[" * 300
+                 + "]" * 300 + "}}}\n")
+    code, out = run("validate", "-f", path)
+    assert code == 1 and "error: (document): the YAML nests too deeply to read" in out
+
+
+def test_an_error_in_a_file_of_several_documents_names_the_document(tmp_path: Path) -> None:
+    path = write(tmp_path, "f.yaml", FLEET + "---\n" + FLEET.replace("tp: 8}}\n", "tp: x}}\n", 1))
+    code, out = run("validate", "-f", path)
+    assert code == 1 and out.startswith(f"{path} (document 2): invalid\n")
