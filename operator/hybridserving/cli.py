@@ -158,12 +158,29 @@ def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+# The plan lists every page and filters them once per decode rank; past this many pages a request
+# takes seconds per rank and gigabytes. 10 M tokens of 64-token pages is 156,250 pages.
+MAX_TRANSFER_PAGES = 200_000
+
+
 def cmd_transfer_plan(args: argparse.Namespace, out: TextIO) -> int:
     arch = PROFILES[args.model]
+    if args.prefill_cp > arch.layers:
+        # Layer-split gives each CP rank a contiguous range of layers: past one layer each, the rest hold none.
+        out.write(f"error: --prefill-cp: {args.prefill_cp} ranks split {args.model}'s {arch.layers} layers, "
+                  f"leaving ranks with none\n  fix: use at most {arch.layers}\n")
+        return EXIT_INVALID
+    pages = -(-args.tokens // args.page_size)
+    if pages > MAX_TRANSFER_PAGES:
+        out.write(f"error: --tokens: {args.tokens:,} tokens are {pages:,} pages of {args.page_size}, more than the "
+                  f"{MAX_TRANSFER_PAGES:,} one plan lists\n  fix: raise --page-size to at least "
+                  f"{-(-args.tokens // MAX_TRANSFER_PAGES)} or lower --tokens\n")
+        return EXIT_INVALID
     try:
         plan = transfer.plan_transfer(arch, args.prefill_cp, args.decode_dcp, args.tokens, args.page_size)
-    except ValueError as err:
-        out.write(f"error: {err}\n")
+    except ValueError as err:  # the flags are in range above: what is left is a model it does not apply to
+        whole_mla = ", ".join(name for name, a in sorted(PROFILES.items()) if a.mla_layers == a.layers)
+        out.write(f"error: --model: {err}\n  fix: use a model whose every layer is MLA: {whole_mla}\n")
         return EXIT_INVALID
     summary = plan.summary()
     if args.output == "json":
@@ -217,10 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context length for the gain and the request frontier")
     p = add("transfer-plan", cmd_transfer_plan, "the 2D reshard plan from prefill CP layer-split to decode DCP")
     p.add_argument("--model", required=True, choices=sorted(PROFILES))
-    p.add_argument("--prefill-cp", type=whole_number(1), required=True)
-    p.add_argument("--decode-dcp", type=whole_number(1), required=True)
-    p.add_argument("--tokens", type=whole_number(1), required=True)
-    p.add_argument("--page-size", type=whole_number(1), default=transfer.DEFAULT_PAGE_SIZE)
+    # The API's bounds on layout.attnCp, layout.dcp and pageSize; no model reads more than 10 M tokens.
+    p.add_argument("--prefill-cp", type=whole_number(1, 1024), required=True)
+    p.add_argument("--decode-dcp", type=whole_number(1, 1024), required=True)
+    p.add_argument("--tokens", type=whole_number(1, 10_000_000), required=True)
+    p.add_argument("--page-size", type=whole_number(1, 4096), default=transfer.DEFAULT_PAGE_SIZE)
     simulate.register(sub)
     status.register(sub)
     rollback.register(sub)

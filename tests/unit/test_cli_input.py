@@ -121,3 +121,39 @@ def test_an_error_in_a_file_of_several_documents_names_the_document(tmp_path: Pa
     path = write(tmp_path, "f.yaml", FLEET + "---\n" + FLEET.replace("tp: 8}}\n", "tp: x}}\n", 1))
     code, out = run("validate", "-f", path)
     assert code == 1 and out.startswith(f"{path} (document 2): invalid\n")
+
+
+TRANSFER = ("transfer-plan", "--model", "glm-5.2", "--prefill-cp", "8", "--decode-dcp", "4", "--tokens", "32768")
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--prefill-cp", "1025"), ("--decode-dcp", "1025"), ("--tokens", "10000001"), ("--page-size", "4097"),
+    ("--page-size", "0"),
+])
+def test_transfer_plan_flags_past_the_api_bounds_are_usage_errors_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    error = usage_error(capsys, *TRANSFER, flag, value)
+    assert error.startswith(f"hybridserving transfer-plan: error: argument {flag}: {value} is out of range: use ")
+
+
+def test_transfer_plan_refuses_more_prefill_ranks_than_layers() -> None:
+    code, out = run(*TRANSFER, "--prefill-cp", "79")
+    assert code == 1
+    assert out == ("error: --prefill-cp: 79 ranks split glm-5.2's 78 layers, leaving ranks with none\n"
+                   "  fix: use at most 78\n")
+    code, out = run(*TRANSFER, "--prefill-cp", "78")
+    assert code == 0 and "77-77" in out
+
+
+def test_transfer_plan_refuses_more_pages_than_it_lists() -> None:
+    code, out = run(*TRANSFER, "--tokens", "10000000", "--page-size", "1", "--decode-dcp", "1024")
+    assert code == 1
+    assert "error: --tokens: 10,000,000 tokens are 10,000,000 pages of 1, more than the 200,000 one plan lists" in out
+    assert "fix: raise --page-size to at least 50 or lower --tokens" in out
+
+
+def test_transfer_plan_of_a_model_with_non_mla_layers_names_the_models_it_applies_to() -> None:
+    code, out = run("transfer-plan", "--model", "kimi-k3", "--prefill-cp", "8", "--decode-dcp", "4", "--tokens", "9")
+    assert code == 1 and out.startswith("error: --model: the 2D reshard splits layers")
+    assert "fix: use a model whose every layer is MLA: " in out and "glm-5.2" in out
