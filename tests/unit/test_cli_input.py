@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hybridserving.cli import main
 
@@ -157,3 +158,30 @@ def test_transfer_plan_of_a_model_with_non_mla_layers_names_the_models_it_applie
     code, out = run("transfer-plan", "--model", "kimi-k3", "--prefill-cp", "8", "--decode-dcp", "4", "--tokens", "9")
     assert code == 1 and out.startswith("error: --model: the 2D reshard splits layers")
     assert "fix: use a model whose every layer is MLA: " in out and "glm-5.2" in out
+
+
+def namespaces(out: str) -> set[str]:
+    return {o["metadata"]["namespace"] for o in yaml.safe_load_all(out)}
+
+
+def test_render_puts_a_manifest_that_names_no_namespace_in_the_one_given_with_n(tmp_path: Path) -> None:
+    path = write(tmp_path, "f.yaml", FLEET)
+    code, out = run("render", "-f", path, "-n", "team-a")
+    assert code == 0 and namespaces(out) == {"team-a"}
+    code, out = run("render", "-f", path)
+    assert code == 0 and namespaces(out) == {"default"}
+
+
+def test_render_keeps_the_manifests_namespace_and_refuses_a_different_n(tmp_path: Path) -> None:
+    path = write(tmp_path, "f.yaml", FLEET.replace("{name: t}", "{name: t, namespace: prod}"))
+    code, out = run("render", "-f", path)
+    assert code == 0 and namespaces(out) == {"prod"}
+    code, out = run("render", "-f", path, "-n", "prod")
+    assert code == 0 and namespaces(out) == {"prod"}
+    code, out = run("render", "-f", path, "-n", "team-a")
+    assert code == 1 and "metadata.namespace is 'prod' but -n is 'team-a'" in out and "fix: pass -n prod" in out
+
+
+def test_render_refuses_a_namespace_the_apiserver_would(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    error = usage_error(capsys, "render", "-f", write(tmp_path, "f.yaml", FLEET), "-n", "Team_A")
+    assert "argument -n/--namespace: 'Team_A' is not a namespace name" in error

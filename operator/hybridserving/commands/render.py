@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 from typing import Any, TextIO
 
 import yaml
@@ -27,8 +28,19 @@ PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("render", help="print the Kubernetes objects the operator would create (YAML)")
     p.add_argument("-f", "--file", required=True, help="a HybridServing manifest")
-    p.add_argument("-n", "--namespace", default="default", help="namespace of manifests that name none")
+    p.add_argument("-n", "--namespace", type=namespace_name, default=None,
+                   help="namespace of manifests that name none (default: default)")
     p.set_defaults(func=cmd_render)
+
+
+def namespace_name(text: str) -> str:
+    """An argparse type: a namespace name as the apiserver takes it (a DNS-1123 label), so the objects
+    printed are ones `kubectl apply` accepts."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace name: use at most 63 lowercase letters, digits and '-', "
+            "a letter or digit first and last")
+    return text
 
 
 def render(hs: HybridServing) -> list[dict[str, Any]]:
@@ -63,8 +75,16 @@ def cmd_render(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_INVALID
     rendered: list[dict[str, Any]] = []
     for hs in docs:
-        if not hs.metadata.namespace:
-            hs = hs.model_copy(update={"metadata": hs.metadata.model_copy(update={"namespace": args.namespace})})
+        # The model fills "default" into a namespace the manifest leaves out; what the manifest wrote
+        # is told by the fields it set. As `kubectl apply -n`: the flag names the namespace of a
+        # manifest that names none, and one that names another is an error, not silently moved.
+        written = hs.metadata.namespace if "namespace" in hs.metadata.model_fields_set else ""
+        if written and args.namespace and written != args.namespace:
+            out.write(f"# error: {hs.metadata.name}: metadata.namespace is {written!r} but -n is {args.namespace!r}\n"
+                      f"#   fix: pass -n {written}, or remove metadata.namespace from the manifest\n")
+            return EXIT_INVALID
+        namespace = written or args.namespace or "default"
+        hs = hs.model_copy(update={"metadata": hs.metadata.model_copy(update={"namespace": namespace})})
         assessment = assess(hs.spec)
         if not assessment.valid:
             out.write(f"# {hs.metadata.name}: invalid, the operator creates nothing\n")
