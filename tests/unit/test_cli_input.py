@@ -3,13 +3,19 @@ never a traceback; and the CLI reads a manifest as the apiserver does."""
 
 from __future__ import annotations
 
+import http.server
 import io
+import json
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from hybridserving.cli import main
+from hybridserving.commands import status
 
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
@@ -185,3 +191,91 @@ def test_render_keeps_the_manifests_namespace_and_refuses_a_different_n(tmp_path
 def test_render_refuses_a_namespace_the_apiserver_would(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     error = usage_error(capsys, "render", "-f", write(tmp_path, "f.yaml", FLEET), "-n", "Team_A")
     assert "argument -n/--namespace: 'Team_A' is not a namespace name" in error
+
+
+class _Apiserver(http.server.BaseHTTPRequestHandler):
+    """Answers as an apiserver without the fleet asked for: 404 for the named object, and for the
+    collection when the path says the CRD is missing."""
+
+    def do_GET(self) -> None:
+        missing = 'hybridservings.hybridserving.io "nope" not found'
+        message = "the server could not find the requested resource" if "nocrd" in self.path else missing
+        body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                           "reason": "NotFound", "code": 404}).encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def kubeconfig(tmp_path: Path, port: int) -> str:
+    return write(tmp_path, "kubeconfig", f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+users: [{{name: u, user: {{token: x}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: u}}}}]
+current-context: c
+""")
+
+
+@pytest.fixture
+def apiserver(tmp_path: Path) -> Iterator[str]:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Apiserver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield kubeconfig(tmp_path, server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("command", ["status", "rollback"])
+def test_a_fleet_that_is_not_there_is_an_error_naming_it_and_the_namespace(apiserver: str, command: str) -> None:
+    code, out = run(command, "nope", "-n", "team-a", "--kubeconfig", apiserver)
+    assert code == 1
+    assert out == ("error: HybridServing nope not found in namespace team-a\n"
+                   "  fix: check the name and -n; `kubectl get hybridservings -n team-a` lists them\n")
+
+
+def test_a_cluster_without_the_crd_is_an_error_saying_to_install_it(apiserver: str) -> None:
+    code, out = run("status", "-n", "nocrd", "--kubeconfig", apiserver)
+    assert code == 1
+    assert "error: the cluster does not serve HybridServings: the server could not find the requested resource" in out
+    assert "fix: install the operator's chart" in out
+
+
+@pytest.mark.parametrize("command", [("status",), ("rollback", "t")])
+def test_a_cluster_that_does_not_answer_is_an_error_with_the_fix(tmp_path: Path, command: tuple[str, ...]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again at once: nothing listens there
+    code, out = run(*command, "--kubeconfig", kubeconfig(tmp_path, port))
+    assert code == 1
+    assert out.startswith("error: cannot reach the cluster: ") and "Connection refused" in out
+    assert "fix: check the cluster is up" in out
+
+
+@pytest.mark.parametrize("command", [("status",), ("rollback", "t")])
+def test_a_missing_kubeconfig_is_an_error_naming_the_flag(tmp_path: Path, command: tuple[str, ...]) -> None:
+    code, out = run(*command, "--kubeconfig", str(tmp_path / "none"))
+    assert code == 1
+    assert out.startswith(f"error: cannot load the kubeconfig from {tmp_path / 'none'}: ")
+    assert "fix: pass --kubeconfig with the cluster's kubeconfig, or set KUBECONFIG" in out
+
+
+def test_status_switches_0_shows_none_and_a_negative_count_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    switch = {"instance": "t-0", "fromRole": "decode", "toRole": "prefill", "mode": "in-place",
+              "outcome": "done", "started": "2026-01-01T00:00:00Z", "reason": "prefill queue"}
+    hs = {"metadata": {"name": "t", "uid": "u"}, "status": {"switches": [switch] * 3}}
+    shown = io.StringIO()
+    status.render(hs, [], shown, switches=0)
+    assert "t-0" not in shown.getvalue() and "no role switches yet" not in shown.getvalue()
+    status.render(hs, [], shown, switches=2)
+    assert shown.getvalue().count("t-0") == 2
+    error = usage_error(capsys, "status", "--switches", "-1")
+    assert "argument --switches: -1 is out of range: use a whole number of at least 0" in error

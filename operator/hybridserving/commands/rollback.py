@@ -17,7 +17,8 @@ from typing import Any, Protocol, TextIO, cast
 from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION, HybridServingSpec
-from hybridserving.commands.output import EXIT_INVALID, EXIT_OK
+from hybridserving.commands.cluster import ClusterError, custom_objects, explain
+from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number
 from hybridserving.core import revisions
 from hybridserving.core.naming import LABEL_NAME, revision_name
 
@@ -51,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("name", help="the HybridServing")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
-    p.add_argument("--to-revision", type=int, default=None,
+    p.add_argument("--to-revision", type=whole_number(1), default=None,
                    help="the revision number (kubectl get controllerrevisions -l hybridserving.io/name=NAME)")
     p.set_defaults(func=run)
 
@@ -128,15 +129,18 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
-    config.load_kube_config(config_file=args.kubeconfig)
     try:
-        return rollback(client.CustomObjectsApi(), args.namespace, args.name, args.to_revision, out)
-    except ApiException as exc:
-        if exc.status == 409:
+        return rollback(custom_objects(args.kubeconfig), args.namespace, args.name, args.to_revision, out)
+    except ClusterError as err:
+        out.write(f"error: {err.message}\n  fix: {err.fix}\n")
+    except Exception as exc:
+        if isinstance(exc, ApiException) and exc.status == 409:
             out.write(f"error: {args.name} changed while rolling back; run the command again\n")
-        else:
-            out.write(f"error: {args.name}: {exc.status} {exc.reason}\n")
-        return EXIT_INVALID
+            return EXIT_INVALID
+        explained = explain(exc, args.name, args.namespace)
+        if explained is None:
+            raise
+        out.write(f"error: {explained.message}\n  fix: {explained.fix}\n")
+    return EXIT_INVALID

@@ -9,11 +9,15 @@ it reads the same facts the operator wrote, nothing recomputed.
 from __future__ import annotations
 
 import argparse
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
-from hybridserving.commands.output import write_table
+from hybridserving.commands.cluster import ClusterError, custom_objects, explain
+from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number, write_table
 from hybridserving.core.naming import LABEL_SURGE
+
+if TYPE_CHECKING:
+    from kubernetes.client import CustomObjectsApi
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("name", nargs="?", help="one HybridServing (default: every one in the namespace)")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
-    p.add_argument("--switches", type=int, default=5, help="recent switches to show per fleet")
+    p.add_argument("--switches", type=whole_number(0), default=5, help="recent switches to show per fleet (0: none)")
     p.set_defaults(func=run)
 
 
@@ -66,6 +70,8 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
             ]
         )
     write_table(rows, out, indent="  ")
+    if switches == 0:  # asked for none (a slice from -0 would be every one)
+        return
     recent = (status.get("switches") or [])[-switches:]
     if recent:
         out.write("  recent role switches:\n")
@@ -96,10 +102,20 @@ def weights_line(w: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    from kubernetes import client, config
+    try:
+        api = custom_objects(args.kubeconfig)
+        return _show(api, args, out)
+    except ClusterError as err:
+        out.write(f"error: {err.message}\n  fix: {err.fix}\n")
+    except Exception as exc:
+        explained = explain(exc, args.name, args.namespace)
+        if explained is None:
+            raise
+        out.write(f"error: {explained.message}\n  fix: {explained.fix}\n")
+    return EXIT_INVALID
 
-    config.load_kube_config(config_file=args.kubeconfig)
-    api = client.CustomObjectsApi()
+
+def _show(api: CustomObjectsApi, args: argparse.Namespace, out: TextIO) -> int:
     # The client types custom objects as `object`; they are the JSON the apiserver sent.
     if args.name:
         fleets = [cast(dict[str, Any], api.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL,
@@ -109,7 +125,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         fleets = listed["items"]
     if not fleets:
         out.write(f"no HybridServing in namespace {args.namespace}\n")
-        return 0
+        return EXIT_OK
     all_instances = cast(
         dict[str, Any], api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, INSTANCE_PLURAL)
     )["items"]
@@ -120,4 +136,4 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             if any(o.get("uid") == hs["metadata"]["uid"] for o in i["metadata"].get("ownerReferences") or [])
         ]
         render(hs, mine, out, args.switches)
-    return 0
+    return EXIT_OK
