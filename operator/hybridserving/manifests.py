@@ -7,6 +7,7 @@ type or a hostile name must come back as "field path: problem; fix", never a tra
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def errors_from_validation(exc: ValidationError) -> list[ManifestError]:
     for err in field_errors(exc):
         fix = _FIXES.get(err.kind, "see `kubectl explain hybridserving." + err.path + "`")
         if err.kind == "value_error":
-            fix = "see the message"
+            fix = "give each value once" if err.message.startswith("Duplicate value") else "see the message"
         out.append(ManifestError(err.path, err.message, fix))
     return out
 
@@ -78,16 +79,19 @@ _TOO_DEEP = ManifestError("(document)", "the YAML nests too deeply to read",
                           "remove the extra nesting: a HybridServing is about a dozen levels deep")
 
 
-class _TooLarge(Exception):
+class _TooLarge(Exception):  # or otherwise not what kubectl sends
     def __init__(self, error: ManifestError):
         super().__init__(error.message)
         self.error = error
 
 
-def _as_kubectl_sends(value: Any, budget: list[int] | None = None, depth: int = 0) -> Any:
-    """The document as kubectl's YAML-to-JSON step writes it: a whole float (`8.0`) becomes `8`.
-    Raises _TooLarge past MAX_VALUES values, counted as expanded, before the expansion costs the
-    memory and time an alias bomb asks for, or past MAX_DEPTH levels."""
+def _as_kubectl_sends(value: Any, path: str = "", budget: list[int] | None = None, depth: int = 0) -> Any:
+    """The document as kubectl's YAML-to-JSON step writes it and the apiserver then reads it: a whole
+    float (`8.0`) becomes `8`; a field set to null is left out, as the apiserver prunes nulls from a
+    custom object (none of its fields is nullable) and then fills the default. Raises _TooLarge past
+    MAX_VALUES values, counted as expanded, before the expansion costs the memory and time an alias
+    bomb asks for, or past MAX_DEPTH levels; and for a number JSON cannot carry (.inf, .nan), which
+    kubectl fails to convert."""
     budget = [MAX_VALUES] if budget is None else budget
     budget[0] -= 1
     if budget[0] < 0:
@@ -98,9 +102,13 @@ def _as_kubectl_sends(value: Any, budget: list[int] | None = None, depth: int = 
     if depth > MAX_DEPTH:
         raise _TooLarge(_TOO_DEEP)
     if isinstance(value, dict):
-        return {k: _as_kubectl_sends(v, budget, depth + 1) for k, v in value.items()}
+        return {k: _as_kubectl_sends(v, f"{path}.{k}" if path else str(k), budget, depth + 1)
+                for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_as_kubectl_sends(v, budget, depth + 1) for v in value]
+        return [_as_kubectl_sends(v, f"{path}[{i}]", budget, depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _TooLarge(ManifestError(path or "(document)", f"{value} is not a number JSON can carry",
+                                      "write a finite number, or quote the value if it is a string"))
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -128,17 +136,42 @@ def parse_document(doc: Any, source: str = "<input>") -> HybridServing:
         raise ManifestInvalid(source, errors_from_validation(exc)) from None
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping, as kubectl does ("already set in
+    map"): PyYAML keeps the last silently, so `validate` would pass a fleet the apply refuses."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key, which SafeLoader refuses below
+                continue
+            if first is not None:
+                raise _DuplicateKey(None, None, f"key {key!r} already set in this mapping at line {first}",
+                                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
     """Every HybridServing in a (multi-document) YAML text; other kinds are skipped."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ManifestInvalid(
-            source, [ManifestError(where, f"malformed YAML: {problem}", "fix the YAML syntax")]
-        ) from None
+        fix = "remove one of the two" if isinstance(exc, _DuplicateKey) else "fix the YAML syntax"
+        raise ManifestInvalid(source, [ManifestError(where, f"malformed YAML: {problem}", fix)]) from None
     except RecursionError:
         # The YAML reader recurses once per level; a manifest needs a dozen.
         raise ManifestInvalid(source, [_TOO_DEEP]) from None

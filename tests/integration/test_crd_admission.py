@@ -302,6 +302,35 @@ BAD_FLEETS = {
         "spec.router.resources.requests.cpu",
         "must be of type integer,string",
     ),
+    "scaling bounds inverted with the scaler and role switching off": (
+        _both(_set("spec.scaling.minReplicas", 5), _set("spec.scaling.maxReplicas", 4)),
+        "spec.scaling.minReplicas",
+        "scaling.minReplicas must not exceed scaling.maxReplicas",
+    ),
+    "role floors above spec.replicas though within the roles' replicas": (
+        _both(_set("spec.roleSwitch.enabled", True), _set("spec.replicas", 3), _set("spec.roleSwitch.minPrefill", 2),
+              _set("spec.roleSwitch.minDecode", 2)),
+        "spec.roleSwitch.minPrefill",
+        "exceeds the instances of the fleet",
+    ),
+    "a capability given twice": (
+        _set("spec.engine.capabilities", ["dsa-dcp-pd", "dsa-dcp-pd"]),
+        "spec.engine.capabilities[1]",
+        'Duplicate value: "dsa-dcp-pd"',
+    ),
+}
+
+GOOD_FLEETS = {
+    # The apiserver prunes a null field (none is nullable) and fills its default.
+    "null where a field has a default or is optional": _both(
+        _set("spec.hardware", None), _set("spec.engine", {"extraArgs": None}), _set("spec.prefill.speculative", None),
+        _set("metadata.labels", None),
+    ),
+    # spec.replicas, when set, is the fleet's size; the roles' replicas are only the initial shares.
+    "role floors within spec.replicas though above the roles' replicas": _both(
+        _set("spec.roleSwitch.enabled", True), _set("spec.replicas", 4), _set("spec.prefill.replicas", 1),
+        _set("spec.decode.replicas", 1), _set("spec.roleSwitch.minPrefill", 2), _set("spec.roleSwitch.minDecode", 2),
+    ),
 }
 
 
@@ -324,6 +353,15 @@ def test_the_cli_refuses_what_the_apiserver_refuses_naming_the_same_field(case):
     else:
         fields = [i.path for i in assess(hs.spec).issues if i.severity == "error"]
     assert field in fields, fields
+
+
+@pytest.mark.parametrize("case", sorted(GOOD_FLEETS))
+def test_what_the_apiserver_accepts_the_cli_accepts_with_the_same_spec(objects, namespace, case):
+    body = with_changes(FLEET, GOOD_FLEETS[case])
+    stored = create(objects, namespace, copy.deepcopy(body))
+    hs = manifests.parse_document(body)
+    assert not [i for i in assess(hs.spec).issues if i.severity == "error"]
+    assert stored["spec"] == hs.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 def test_router_quantities_may_be_whole_numbers_as_in_a_pod(objects, namespace):

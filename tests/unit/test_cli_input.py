@@ -279,3 +279,62 @@ def test_status_switches_0_shows_none_and_a_negative_count_is_a_usage_error(
     assert shown.getvalue().count("t-0") == 2
     error = usage_error(capsys, "status", "--switches", "-1")
     assert "argument --switches: -1 is out of range: use a whole number of at least 0" in error
+
+
+def validate(tmp_path: Path, text: str) -> tuple[int, str]:
+    return run("validate", "-f", write(tmp_path, "f.yaml", text))
+
+
+@pytest.mark.parametrize("switch", ["", "  roleSwitch: {enabled: true, minPrefill: 3, minDecode: 3}\n"])
+def test_scaling_bounds_that_cannot_hold_are_refused_whatever_else_is_set(tmp_path: Path, switch: str) -> None:
+    code, out = validate(tmp_path, FLEET + switch + "  scaling: {minReplicas: 5, maxReplicas: 4}\n")
+    assert code == 1
+    assert "error: spec.scaling.minReplicas: scaling.minReplicas 5 is above scaling.maxReplicas 4" in out
+
+
+def test_role_floors_are_checked_against_spec_replicas_when_it_is_set(tmp_path: Path) -> None:
+    switch = "  roleSwitch: {enabled: true, minPrefill: 2, minDecode: 2}\n"
+    code, out = validate(tmp_path, FLEET + switch + "  replicas: 4\n")
+    assert code == 0, out
+    code, out = validate(tmp_path, FLEET + switch + "  replicas: 3\n")
+    assert code == 1 and "minPrefill 2 + minDecode 2 exceed the fleet's 3 instances" in out
+
+
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path: Path) -> None:
+    code, out = validate(tmp_path, FLEET + "  decode: {replicas: 1, layout: {tp: 8, dcp: 3}}\n")
+    assert code == 1
+    assert "error: line 8, column 3: malformed YAML: key 'decode' already set in this mapping at line 7" in out
+    assert "fix: remove one of the two" in out
+    code, out = validate(tmp_path, FLEET.replace("{tp: 8}", "{tp: 8, tp: 4}", 1))
+    assert code == 1 and "key 'tp' already set in this mapping at line 6" in out
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    text = FLEET.replace("  prefill: {replicas: 1, layout: {tp: 8}}\n",
+                         "  prefill: &role {replicas: 1, layout: {tp: 8}}\n")
+    text = text.replace("  decode: {replicas: 1, layout: {tp: 8}}\n", "  decode:\n    <<: *role\n    replicas: 2\n")
+    code, out = validate(tmp_path, text)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_a_number_json_cannot_carry_is_refused_naming_the_field(tmp_path: Path, value: str) -> None:
+    code, out = validate(tmp_path, FLEET + f"  hardware: {{gpuMemoryGib: {value}}}\n")
+    assert code == 1
+    assert "error: spec.hardware.gpuMemoryGib: " in out and "is not a number JSON can carry" in out
+    assert "fix: write a finite number" in out
+
+
+def test_null_is_what_leaving_the_field_out_is(tmp_path: Path) -> None:
+    nulls = FLEET.replace("metadata: {name: t}", "metadata: {name: t, labels: null}") + (
+        "  hardware:\n  engine: {extraArgs: null}\n")
+    code, out = validate(tmp_path, nulls)
+    assert code == 0, out
+    code, out = validate(tmp_path, FLEET.replace("  decode: {replicas: 1, layout: {tp: 8}}\n", "  decode: null\n"))
+    assert code == 1 and "error: spec.decode: Field required" in out
+
+
+def test_a_capability_given_twice_is_refused_as_by_the_apiserver(tmp_path: Path) -> None:
+    code, out = validate(tmp_path, FLEET + "  engine: {capabilities: [dsa-dcp-pd, dsa-dcp-pd]}\n")
+    assert code == 1
+    assert 'error: spec.engine.capabilities[1]: Duplicate value: "dsa-dcp-pd"' in out and "fix: give each value" in out

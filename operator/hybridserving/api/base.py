@@ -40,9 +40,14 @@ class FieldInvalid(ValueError):
     does, so the CLI, the webhook and the apiserver point at the same line of YAML.
     """
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str | int, message: str):
         super().__init__(message)
         self.field = field
+
+    @property
+    def loc(self) -> tuple[str | int, ...]:
+        """`field` as a location: an int is an index into the list validated, as the apiserver's `[1]`."""
+        return (self.field,) if isinstance(self.field, int) else tuple(self.field.split("."))
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,6 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
         loc = tuple(err["loc"])
         cause = (err.get("ctx") or {}).get("error")
         if isinstance(cause, FieldInvalid):
-            loc += tuple(cause.field.split("."))
+            loc += cause.loc
         out.append(FieldError(_field_path(loc), err["msg"].removeprefix("Value error, "), err["type"]))
     return out

@@ -141,6 +141,15 @@ class EngineSpec(ApiModel):
         "dcp > 1 in PD mode).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+
+    @field_validator("capabilities")
+    @classmethod
+    def _a_set(cls, values: list[str]) -> list[str]:
+        """A list-type set, as the apiserver checks one: an item given twice is refused, not merged."""
+        for index, value in enumerate(values):
+            if value in values[:index]:
+                raise FieldInvalid(index, f'Duplicate value: "{value}"')
+        return values
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=list,
         max_length=64,
@@ -562,10 +571,12 @@ class HybridServingSpec(ApiModel):
                     "decode.layout.attnCp must be 1: prefill context parallelism runs on prefill only",
                     "decode.layout.attnCp",
                 ),
+                # The fleet's instances are spec.replicas when set (what kubectl scale and the scaler
+                # drive; the roles' replicas are then only the initial shares), else the roles' sum.
                 cel(
                     "!has(self.roleSwitch) || !self.roleSwitch.enabled || "
                     "self.roleSwitch.minPrefill + self.roleSwitch.minDecode <= "
-                    "self.prefill.replicas + self.decode.replicas",
+                    "(has(self.replicas) ? self.replicas : self.prefill.replicas + self.decode.replicas)",
                     "roleSwitch.minPrefill + roleSwitch.minDecode exceeds the instances of the fleet",
                     "roleSwitch.minPrefill",
                 ),

@@ -743,7 +743,14 @@ def _check_transfer(spec: HybridServingSpec) -> Issues:
 
 
 def _check_role_switch(spec: HybridServingSpec) -> Issues:
-    switch = spec.role_switch
+    switch, scaling = spec.role_switch, spec.scaling
+    # Checked whatever else holds, as the CRD's rule on ScalingSpec is: bounds that cannot hold are
+    # refused by the apiserver even with the scaler or role switching off.
+    if scaling.min_replicas > scaling.max_replicas:
+        yield _issue("scaling-bounds", "spec.scaling.minReplicas",
+                     f"scaling.minReplicas {scaling.min_replicas} is above scaling.maxReplicas "
+                     f"{scaling.max_replicas}",
+                     "set minReplicas at most maxReplicas")
     if not switch.enabled:
         if spec.replicas is not None:
             yield _issue("total-replicas-needs-role-switch", "spec.replicas",
@@ -780,17 +787,11 @@ def _check_role_switch(spec: HybridServingSpec) -> Issues:
                      f"{total} instances",
                      f"lower minPrefill/minDecode to at most {total} together, or add replicas")
         return
-    scaling = spec.scaling
     if scaling.enabled and switch.min_prefill + switch.min_decode > scaling.min_replicas:
         yield _issue("role-switch-floors-fit", "spec.scaling.minReplicas",
                      f"minPrefill {switch.min_prefill} + minDecode {switch.min_decode} exceed "
                      f"scaling.minReplicas {scaling.min_replicas}: the scaler could shrink the fleet below them",
                      f"set spec.scaling.minReplicas to at least {switch.min_prefill + switch.min_decode}")
-    if scaling.min_replicas > scaling.max_replicas:
-        yield _issue("scaling-bounds", "spec.scaling.minReplicas",
-                     f"scaling.minReplicas {scaling.min_replicas} is above scaling.maxReplicas "
-                     f"{scaling.max_replicas}",
-                     "set minReplicas at most maxReplicas")
     floors: tuple[tuple[Role, int, str], ...] = (("prefill", switch.min_prefill, "minPrefill"),
                                                  ("decode", switch.min_decode, "minDecode"))
     for role, floor, field in floors:
