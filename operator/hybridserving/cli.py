@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 the input is invalid (every error printed with its fiel
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -249,7 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     command: Callable[[argparse.Namespace, TextIO], int] = args.func
-    return command(args, out or sys.stdout)
+    try:
+        return command(args, out or sys.stdout)
+    except BrokenPipeError:
+        # The reader left (`| head`): what it did not read is not an error of ours. Python would
+        # report the pipe again when it flushes stdout at exit; point stdout at nothing first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

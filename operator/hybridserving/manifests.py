@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,15 +187,17 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
 
 
 def load_file(path: str | Path) -> list[HybridServing]:
-    p = Path(path)
+    """The fleets in file `path`; `-` is standard input, as for `kubectl apply -f -`."""
+    source = "<stdin>" if str(path) == "-" else str(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = sys.stdin.buffer.read() if source == "<stdin>" else Path(path).read_bytes()
+        text = data.decode("utf-8")
     except OSError as exc:
-        raise ManifestInvalid(str(p), [ManifestError("(file)", exc.strerror or str(exc), "check the path")]) from None
+        raise ManifestInvalid(source, [ManifestError("(file)", exc.strerror or str(exc), "check the path")]) from None
     except UnicodeDecodeError as exc:
         raise ManifestInvalid(
-            str(p),
+            source,
             [ManifestError("(file)", f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}",
                            "save the file as UTF-8")],
         ) from None
-    return load_text(text, str(p))
+    return load_text(text, source)

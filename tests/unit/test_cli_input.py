@@ -7,6 +7,8 @@ import http.server
 import io
 import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -338,3 +340,30 @@ def test_a_capability_given_twice_is_refused_as_by_the_apiserver(tmp_path: Path)
     code, out = validate(tmp_path, FLEET + "  engine: {capabilities: [dsa-dcp-pd, dsa-dcp-pd]}\n")
     assert code == 1
     assert 'error: spec.engine.capabilities[1]: Duplicate value: "dsa-dcp-pd"' in out and "fix: give each value" in out
+
+
+def test_file_dash_reads_standard_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(FLEET.replace("tp: 8}}\n", "tp: x}}\n", 1).encode())))
+    code, out = run("validate", "-f", "-")
+    assert code == 1 and out.startswith("<stdin>: invalid\n") and "spec.prefill.layout.tp" in out
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(FLEET.encode())))
+    assert run("validate", "-f", "-") == (0, "t: valid\n")
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_json_output_is_a_list_of_fleets_whether_or_not_the_file_loads(tmp_path: Path, command: str) -> None:
+    code, out = run(command, "-f", write(tmp_path, "good.yaml", FLEET), "-o", "json")
+    assert code == 0 and isinstance(json.loads(out), list)
+    code, out = run(command, "-f", write(tmp_path, "bad.yaml", FLEET.replace("tp: 8}}", "tp: x}}", 1)), "-o", "json")
+    (doc,) = json.loads(out)
+    assert code == 1 and doc["valid"] is False and doc["issues"][0]["path"] == "spec.prefill.layout.tp"
+
+
+def test_a_reader_that_stops_reading_is_not_an_error() -> None:
+    fleet = str(Path(__file__).resolve().parents[2] / "examples" / "kimi-k3.yaml")
+    rendered = subprocess.Popen([sys.executable, "-m", "hybridserving.cli", "render", "-f", fleet],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert rendered.stdout is not None and rendered.stderr is not None
+    rendered.stdout.close()  # as `| head` does once it has its lines
+    assert rendered.stderr.read() == b""
+    assert rendered.wait() == 0

@@ -59,8 +59,7 @@ def test_invalid_example_names_field_and_fix(path: Path) -> None:
     assert "fix:" in out
     code, out = run("validate", "-f", str(path), "-o", "json")
     assert code == 1
-    data = json.loads(out)
-    issues = data["issues"] if isinstance(data, dict) else [i for doc in data for i in doc["issues"]]
+    issues = [i for doc in json.loads(out) for i in doc["issues"]]
     assert any(i["severity"] == "error" and i["fix"] for i in issues)
 
 

@@ -68,10 +68,11 @@ def load_manifests(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
         return load_file(path)
     except ManifestInvalid as err:
         if as_json:
+            # A list of one fleet, as when the file loads: a script reads one shape either way.
             write_json(
-                {"source": err.source, "valid": False,
-                 "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
-                             "severity": "error"} for e in err.errors]},
+                [{"name": None, "source": err.source, "valid": False,
+                  "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
+                              "severity": "error"} for e in err.errors]}],
                 out,
             )
         else:
