@@ -158,6 +158,18 @@ def test_a_static_fraction_below_the_reserve_names_mem_fraction():
     assert error.value.field_path == "prefill.memFractionStatic"
 
 
+def test_a_gpu_too_small_for_the_fraction_sglang_computes_names_the_gpu_memory_and_the_least_that_works():
+    role = RoleSpec(layout=LayoutSpec(tp=8))
+    with pytest.raises(CapacityError) as error:
+        instance_capacity(GLM53, role, HardwareSpec(gpu_memory_gib=5), role_name="prefill")
+    assert error.value.field_path == "hardware.gpuMemoryGib"
+    assert "5.0 GiB per GPU is too little for prefill: SGLang's memFractionStatic" in error.value.message
+    least = int(error.value.fix.split("at least ")[1].split()[0])
+    assert instance_capacity(GLM53, role, HardwareSpec(gpu_memory_gib=least), role_name="prefill").tokens > 0
+    with pytest.raises(CapacityError):
+        instance_capacity(GLM53, role, HardwareSpec(gpu_memory_gib=least - 1), role_name="prefill")
+
+
 def test_dcp_must_divide_the_attention_group():
     with pytest.raises(CapacityError) as error:
         rank_footprint(GLM53, LayoutSpec(tp=8, attn_dp=4, dcp=4))

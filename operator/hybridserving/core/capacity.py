@@ -275,9 +275,23 @@ def instance_capacity(
     )
     # Unset, SGLang computes the fraction per role from the GPU's memory (arg_groups/memory_hook.py:281-343).
     fraction = resolution.resolve_role(arch, role, hardware, role_name).mem_fraction_static
-    pool = pool_bytes(
-        arch, layout, hardware, mem_fraction_static=fraction, reserve_bytes=reserve_bytes, role_name=role_name
-    )
+    try:
+        pool = pool_bytes(
+            arch, layout, hardware, mem_fraction_static=fraction, reserve_bytes=reserve_bytes, role_name=role_name
+        )
+    except CapacityError as err:
+        if role.mem_fraction_static is not None or not err.field_path.endswith("memFractionStatic"):
+            raise
+        # The fraction is SGLang's, from a GPU too small for its fixed reserves: the field to change
+        # is the one the user wrote, the GPU's memory, not one the engine computes.
+        least = _least_gpu_memory_gib(arch, role, hardware, reserve_bytes, role_name)
+        raise CapacityError(
+            "hardware.gpuMemoryGib",
+            f"{hardware.memory_gib} GiB per GPU is too little for {role_name}: SGLang's memFractionStatic for it "
+            f"comes to {fraction}, which leaves nothing after the {reserve_bytes / GIB:.1f} GiB the engine reserves",
+            f"use GPUs with at least {least} GiB for this layout" if least is not None
+            else "use GPUs with more memory and more of them per instance (layout.tp)",
+        ) from None
     return InstanceCapacity(
         footprint=footprint,
         pool_bytes=pool,
@@ -286,6 +300,22 @@ def instance_capacity(
         reserve_bytes=reserve_bytes,
         attn_dp=layout.attn_dp,
     )
+
+
+def _least_gpu_memory_gib(arch: ModelArchitecture, role: RoleSpec, hardware: HardwareSpec, reserve_bytes: float,
+                          role_name: Role) -> int | None:
+    """The fewest whole GiB per GPU (within the API's 4096) on which `role` has a KV pool, with the
+    fraction SGLang computes for that memory; None if even 4096 GiB is not enough."""
+    for gib in range(math.floor(hardware.memory_gib) + 1, 4097):
+        bigger = hardware.model_copy(update={"gpu_memory_gib": float(gib)})
+        fraction = resolution.resolve_role(arch, role, bigger, role_name).mem_fraction_static
+        try:
+            pool_bytes(arch, role.layout, bigger, mem_fraction_static=fraction, reserve_bytes=reserve_bytes,
+                       role_name=role_name)
+        except CapacityError:
+            continue
+        return gib
+    return None
 
 
 def frontier(cap: InstanceCapacity, context_lens: ArrayLike) -> np.ndarray:
