@@ -33,10 +33,16 @@ class ManifestError:
 
 
 class ManifestInvalid(Exception):
-    def __init__(self, source: str, errors: list[ManifestError]):
-        super().__init__(f"{source}: " + "; ".join(str(e) for e in errors))
-        self.source = source
-        self.errors = errors
+    """The errors of one document; `others`, those of the later documents of the same file that
+    fail too, so that one run names every document to fix."""
+
+    def __init__(self, source: str, errors: list[ManifestError], others: tuple[ManifestInvalid, ...] = ()):
+        self.source, self.errors, self.others = source, errors, others
+        super().__init__("; ".join(f"{d.source}: " + "; ".join(str(e) for e in d.errors) for d in self.documents))
+
+    @property
+    def documents(self) -> tuple[ManifestInvalid, ...]:
+        return (self, *self.others)
 
 
 _FIXES = {
@@ -176,9 +182,16 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
     except RecursionError:
         # The YAML reader recurses once per level; a manifest needs a dozen.
         raise ManifestInvalid(source, [_TOO_DEEP]) from None
-    # Each document's number in the stream, when there are several, so an error says which to fix.
-    found = [parse_document(d, f"{source} (document {n})" if len(docs) > 1 else source)
-             for n, d in enumerate(docs, 1) if isinstance(d, dict) and d.get("kind") == "HybridServing"]
+    found, failed = [], []
+    for n, doc in enumerate(docs, 1):
+        if isinstance(doc, dict) and doc.get("kind") == "HybridServing":
+            try:
+                # Each document's number in the stream, when there are several, so an error says which.
+                found.append(parse_document(doc, f"{source} (document {n})" if len(docs) > 1 else source))
+            except ManifestInvalid as exc:
+                failed.append(exc)
+    if failed:
+        raise ManifestInvalid(failed[0].source, failed[0].errors, tuple(failed[1:]))
     if not found:
         raise ManifestInvalid(
             source, [ManifestError("(document)", "no HybridServing object found", "check kind and apiVersion")]

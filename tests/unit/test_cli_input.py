@@ -126,10 +126,15 @@ def test_a_document_nested_past_what_the_schema_reader_takes_is_refused_as_too_d
     assert code == 1 and "error: (document): the YAML nests too deeply to read" in out
 
 
-def test_an_error_in_a_file_of_several_documents_names_the_document(tmp_path: Path) -> None:
-    path = write(tmp_path, "f.yaml", FLEET + "---\n" + FLEET.replace("tp: 8}}\n", "tp: x}}\n", 1))
+def test_every_bad_document_of_a_file_is_named(tmp_path: Path) -> None:
+    bad = FLEET.replace("tp: 8}}\n", "tp: x}}\n", 1)
+    path = write(tmp_path, "f.yaml", bad + "---\n" + FLEET + "---\n" + bad)
     code, out = run("validate", "-f", path)
-    assert code == 1 and out.startswith(f"{path} (document 2): invalid\n")
+    assert code == 1
+    assert out.startswith(f"{path} (document 1): invalid\n") and f"{path} (document 3): invalid\n" in out
+    assert "(document 2)" not in out
+    code, out = run("validate", "-f", path, "-o", "json")
+    assert [doc["source"] for doc in json.loads(out)] == [f"{path} (document 1)", f"{path} (document 3)"]
 
 
 TRANSFER = ("transfer-plan", "--model", "glm-5.2", "--prefill-cp", "8", "--decode-dcp", "4", "--tokens", "32768")

@@ -57,9 +57,10 @@ def write_json(value: Any, out: TextIO) -> None:
 
 
 def _print_manifest_errors(err: ManifestInvalid, out: TextIO) -> None:
-    out.write(f"{err.source}: invalid\n")
-    for e in err.errors:
-        out.write(f"  error: {e.path}: {e.message}\n         fix: {e.fix}\n")
+    for doc in err.documents:
+        out.write(f"{doc.source}: invalid\n")
+        for e in doc.errors:
+            out.write(f"  error: {e.path}: {e.message}\n         fix: {e.fix}\n")
 
 
 def load_manifests(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
@@ -68,11 +69,11 @@ def load_manifests(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
         return load_file(path)
     except ManifestInvalid as err:
         if as_json:
-            # A list of one fleet, as when the file loads: a script reads one shape either way.
+            # A list of documents, as when the file loads: a script reads one shape either way.
             write_json(
-                [{"name": None, "source": err.source, "valid": False,
+                [{"name": None, "source": doc.source, "valid": False,
                   "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
-                              "severity": "error"} for e in err.errors]}],
+                              "severity": "error"} for e in doc.errors]} for doc in err.documents],
                 out,
             )
         else:
