@@ -1,7 +1,8 @@
 """`hybridserving`: the pure core from a terminal, before anything is applied to a cluster.
 
 Exit codes: 0 success, 1 the input is invalid (every error printed with its field and fix),
-2 a usage error. `-o json` output is stable: keys are camelCase and only ever added to.
+2 a usage error, 141 the reader of the output closed it early. `-o json` output is stable: keys
+are camelCase and only ever added to.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
@@ -253,10 +255,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         return command(args, out or sys.stdout)
     except BrokenPipeError:
-        # The reader left (`| head`): what it did not read is not an error of ours. Python would
-        # report the pipe again when it flushes stdout at exit; point stdout at nothing first.
+        # The reader left (`| head`): no traceback, and the status of a writer the pipe's SIGPIPE
+        # ended, as for any Unix tool. Python would report the pipe again when it flushes stdout
+        # at exit; point stdout at nothing first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -86,7 +86,9 @@ _TOO_DEEP = ManifestError("(document)", "the YAML nests too deeply to read",
                           "remove the extra nesting: a HybridServing is about a dozen levels deep")
 
 
-class _TooLarge(Exception):  # or otherwise not what kubectl sends
+class _NotSent(Exception):
+    """The document is not one kubectl would send: too large, too deep, or a number JSON cannot carry."""
+
     def __init__(self, error: ManifestError):
         super().__init__(error.message)
         self.error = error
@@ -95,26 +97,26 @@ class _TooLarge(Exception):  # or otherwise not what kubectl sends
 def _as_kubectl_sends(value: Any, path: str = "", budget: list[int] | None = None, depth: int = 0) -> Any:
     """The document as kubectl's YAML-to-JSON step writes it and the apiserver then reads it: a whole
     float (`8.0`) becomes `8`; a field set to null is left out, as the apiserver prunes nulls from a
-    custom object (none of its fields is nullable) and then fills the default. Raises _TooLarge past
+    custom object (none of its fields is nullable) and then fills the default. Raises _NotSent past
     MAX_VALUES values, counted as expanded, before the expansion costs the memory and time an alias
     bomb asks for, or past MAX_DEPTH levels; and for a number JSON cannot carry (.inf, .nan), which
     kubectl fails to convert."""
     budget = [MAX_VALUES] if budget is None else budget
     budget[0] -= 1
     if budget[0] < 0:
-        raise _TooLarge(ManifestError(
+        raise _NotSent(ManifestError(
             "(document)", f"more than {MAX_VALUES:,} values, counting each alias (*name) as the values it repeats",
             "remove the excess: a HybridServing has a few thousand values at most, and write values out "
             "instead of nesting aliases"))
     if depth > MAX_DEPTH:
-        raise _TooLarge(_TOO_DEEP)
+        raise _NotSent(_TOO_DEEP)
     if isinstance(value, dict):
         return {k: _as_kubectl_sends(v, f"{path}.{k}" if path else str(k), budget, depth + 1)
                 for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [_as_kubectl_sends(v, f"{path}[{i}]", budget, depth + 1) for i, v in enumerate(value)]
     if isinstance(value, float) and not math.isfinite(value):
-        raise _TooLarge(ManifestError(path or "(document)", f"{value} is not a number JSON can carry",
+        raise _NotSent(ManifestError(path or "(document)", f"{value} is not a number JSON can carry",
                                       "write a finite number, or quote the value if it is a string"))
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -133,7 +135,7 @@ def parse_document(doc: Any, source: str = "<input>") -> HybridServing:
         )
     try:
         sent = _as_kubectl_sends(doc)
-    except _TooLarge as exc:
+    except _NotSent as exc:
         raise ManifestInvalid(source, [exc.error]) from None
     try:
         # As the apiserver reads it: JSON types checked as they are, so a quoted "8" or "true"
@@ -165,7 +167,6 @@ class _StrictLoader(yaml.SafeLoader):
                 raise _DuplicateKey(None, None, f"key {key!r} already set in this mapping at line {first}",
                                     key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
-
         return super().construct_mapping(node, deep=deep)
 
 
