@@ -372,3 +372,11 @@ def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback() -> N
     rendered.stdout.close()  # as `| head` does once it has its lines
     assert rendered.stderr.read() == b""
     assert rendered.wait() == 141  # as a writer that SIGPIPE ended
+
+
+@pytest.mark.parametrize("namespace", ["Bad_NS!", "a" * 64, "-a"])
+def test_a_namespace_the_apiserver_refuses_is_refused(tmp_path: Path, namespace: str) -> None:
+    code, out = validate(tmp_path, FLEET.replace("{name: t}", f"{{name: t, namespace: '{namespace}'}}"))
+    assert code == 1 and "error: metadata.namespace: must have at most 63 lowercase letters" in out
+    code, out = validate(tmp_path, FLEET.replace("{name: t}", f"{{name: t, namespace: {'a' * 63}}}"))
+    assert code == 0, out

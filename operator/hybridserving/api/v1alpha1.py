@@ -813,8 +813,22 @@ _FLEET_NAME_REASON = (
 )
 
 
+# A namespace's name, as the apiserver checks it on every object (a DNS-1123 label).
+NAMESPACE_PATTERN = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+NAMESPACE_RULE = "at most 63 lowercase letters, digits and '-', a letter or digit first and last"
+
+
 class FleetMeta(ObjectMeta):
     """A fleet's metadata: its name is checked where it is read, so errors point at metadata.name."""
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_dns_1123_label(cls, namespace: str) -> str:
+        """The apiserver refuses any other namespace; empty is kubectl's "none given"."""
+        if namespace and not re.fullmatch(NAMESPACE_PATTERN, namespace):
+            raise ValueError(f"must have {NAMESPACE_RULE}, as the apiserver requires; name a namespace such as "
+                             "'team-a'")
+        return namespace
 
     @field_validator("name")
     @classmethod

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from hybridserving.api.v1alpha1 import HybridServing
+from hybridserving.api.v1alpha1 import NAMESPACE_PATTERN, NAMESPACE_RULE, HybridServing
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, load_manifests
 from hybridserving.core import planner
 from hybridserving.core.observed import Observed
@@ -36,10 +36,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def namespace_name(text: str) -> str:
     """An argparse type: a namespace name as the apiserver takes it (a DNS-1123 label), so the objects
     printed are ones `kubectl apply` accepts."""
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a namespace name: use at most 63 lowercase letters, digits and '-', "
-            "a letter or digit first and last")
+    if not re.fullmatch(NAMESPACE_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name: use {NAMESPACE_RULE}")
     return text
 
 
