@@ -120,6 +120,11 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if all(a.valid for _, a in results) else EXIT_INVALID
 
 
+# The spec field each `capacity` flag stands for, as the core's errors name them.
+CAPACITY_FLAGS = {"hardware.gpuMemoryGib": "--gpu-memory-gib", "decode.layout.tp": "--tp",
+                  "decode.layout.dcp": "--dcp"}
+
+
 def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
     arch = PROFILES[args.model]
     hardware = HardwareSpec(gpu_memory_gib=args.gpu_memory_gib) if args.gpu_memory_gib else None
@@ -133,7 +138,10 @@ def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
             arch, args.dcp, args.index, hardware=hardware, role=role, context_len=args.context
         )
     except capacity.CapacityError as err:
-        out.write(f"error: {err.field_path}: {err.message}\n  fix: {err.fix}\n")
+        # The core names spec fields; here the user gave flags, so name the flag the field came from.
+        flag = CAPACITY_FLAGS.get(err.field_path)
+        where = f"{flag} ({err.field_path})" if flag else err.field_path
+        out.write(f"error: {where}: {err.message}\n  fix: {err.fix}\n")
         return EXIT_INVALID
     data = report.to_dict()
     if args.output == "json":

@@ -380,3 +380,11 @@ def test_a_namespace_the_apiserver_refuses_is_refused(tmp_path: Path, namespace:
     assert code == 1 and "error: metadata.namespace: must have at most 63 lowercase letters" in out
     code, out = validate(tmp_path, FLEET.replace("{name: t}", f"{{name: t, namespace: {'a' * 63}}}"))
     assert code == 0, out
+
+
+def test_capacity_on_a_gpu_too_small_names_the_flag_and_the_least_memory() -> None:
+    code, out = run("capacity", "--model", "glm-5.3", "--gpu-memory-gib", "5", "--tp", "8")
+    assert code == 1
+    assert out.startswith("error: --gpu-memory-gib (hardware.gpuMemoryGib): 5.0 GiB per GPU is too little for decode")
+    least = out.split("at least ")[1].split()[0]
+    assert run("capacity", "--model", "glm-5.3", "--gpu-memory-gib", least, "--tp", "8")[0] == 0
