@@ -6,9 +6,19 @@ The inputs are shaped as SGLang 0.5.23 serves them (paths relative to `sglang/sr
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from hybridserving.controller.engines import EngineSample, Scrape, busy_fraction, instance_metrics, waiting_queue_reqs
+from hybridserving.controller.engines import (
+    Engines,
+    EngineSample,
+    Scrape,
+    busy_fraction,
+    instance_metrics,
+    waiting_queue_reqs,
+)
 from hybridserving.controller.switching import Instance, policy_model
 from support.fleets import fleet
 
@@ -159,3 +169,30 @@ def test_a_sample_without_every_ranks_cap_has_none():
     assert EngineSample(loads={"loads": [{"max_running_requests": 8}, {}]}).max_running_requests is None
     assert EngineSample(loads={"loads": [{"max_running_requests": 8}, {"max_running_requests": 8}]}
                         ).max_running_requests == 16
+
+
+def test_a_fleet_whose_engines_do_not_answer_delays_no_other_fleets_reads(monkeypatch) -> None:
+    """Ticks of different fleets read through one `Engines`: one fleet's hanging reads must not
+    hold the threads another fleet's reads need."""
+    engines = Engines(parallel=8)
+    release = threading.Event()
+
+    def sample(self, engine, launcher, *, switching, scrape, api_key=None):
+        if engine.startswith("http://hung"):
+            release.wait(30)
+        return EngineSample(loads={"engine": engine})
+
+    monkeypatch.setattr(Engines, "sample", sample)
+    hung = threading.Thread(target=engines.sample_many,
+                            args=({f"a-{i}": (f"http://hung-{i}", None, False, True) for i in range(16)},))
+    hung.start()
+    try:
+        time.sleep(0.2)  # fleet a's reads hold their threads
+        started = time.monotonic()
+        got = engines.sample_many({"b-0": ("http://answers", None, False, True)})
+        assert time.monotonic() - started < 2.0
+        assert got["b-0"].loads == {"engine": "http://answers"}
+    finally:
+        release.set()
+        hung.join(10)
+        engines.close()

@@ -240,15 +240,22 @@ class EngineSample:
 
 
 class Engines:
-    """HTTP reads of engines and launchers, a few at a time, each bounded by `timeout`."""
+    """HTTP reads of engines and launchers, a few at a time, each bounded by `timeout`.
+
+    Each call that reads several engines has threads of its own (`parallel` at most): one pool
+    shared by every fleet let a fleet whose engines do not answer hold all its threads, and every
+    other fleet's reads waited behind them.
+    """
 
     def __init__(self, timeout: float = TIMEOUT_S, parallel: int = 8) -> None:
         self.client = httpx.Client(timeout=timeout, trust_env=False)
-        self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="engines")
+        self.parallel = parallel
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False)
         self.client.close()
+
+    def _pool(self, tasks: int) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max(1, min(self.parallel, tasks)), thread_name_prefix="engines")
 
     def _get(self, url: str, params: Mapping[str, str] | None = None,
              api_key: str | None = None) -> httpx.Response | None:
@@ -317,9 +324,10 @@ class Engines:
                     api_key: str | None = None) -> dict[str, EngineSample]:
         """`sample` for several instances of one fleet in parallel: name → (engine, launcher, switching,
         scrape)."""
-        futures = {name: self.pool.submit(self.sample, t[0], t[1], switching=t[2], scrape=t[3], api_key=api_key)
-                   for name, t in targets.items()}
-        return {name: f.result() for name, f in futures.items()}
+        with self._pool(len(targets)) as pool:
+            futures = {name: pool.submit(self.sample, t[0], t[1], switching=t[2], scrape=t[3], api_key=api_key)
+                       for name, t in targets.items()}
+            return {name: f.result() for name, f in futures.items()}
 
     def fill_progress(self, address: tuple[str, int]) -> FillProgress | None:
         """What a running fill step says of its download (None: no answer, or not its figures)."""
@@ -331,7 +339,9 @@ class Engines:
         """`fill_progress` of several pods in parallel: pod name → address; the answers that came
         within `budget` seconds in all, so pods that do not answer delay a reconcile by that much at
         most, however many they are."""
-        futures = {name: self.pool.submit(self.fill_progress, address) for name, address in targets.items()}
+        pool = self._pool(len(targets))
+        futures = {name: pool.submit(self.fill_progress, address) for name, address in targets.items()}
         wait(futures.values(), timeout=budget)
+        pool.shutdown(wait=False, cancel_futures=True)  # a read still out ends within its own timeout
         return {name: said for name, f in futures.items()
-                if f.done() and not f.exception() and (said := f.result()) is not None}
+                if f.done() and not f.cancelled() and not f.exception() and (said := f.result()) is not None}
