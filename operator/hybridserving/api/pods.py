@@ -119,10 +119,10 @@ def canonical_quantity(value: int | str) -> str:
     match = re.fullmatch(QUANTITY_PATTERN, text)
     if match is None:
         raise ValueError(quantity_error(value))
-    if _kept_as_written(text):
+    suffix = match.group(3) or ""
+    if _kept_as_written(match.group(1), suffix):
         return text
     number = Decimal(match.group(1))
-    suffix = match.group(3) or ""
     if suffix.endswith("i"):
         amount, base = number * 1024 ** _BINARY_SUFFIXES.index(suffix), "binary"
     elif len(suffix) > 1:  # e3, E-2 (a lone E is exa)
@@ -150,12 +150,12 @@ def canonical_quantity(value: int | str) -> str:
     return f"{mantissa}e{exponent}" if exponent else str(mantissa)
 
 
-def _kept_as_written(text: str) -> bool:
+def _kept_as_written(number: str, suffix: str) -> bool:
     """Whether the apiserver keeps the string it parsed (`ParseQuantity`'s fast path: a value
-    it deems canonical already, `1E3` and `+1` included), rather than writing it anew."""
-    match = re.fullmatch(r"\+?([0-9]*)(?:\.([0-9]*))?([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?", text)
-    assert match is not None
-    num, denom, suffix = match.group(1).lstrip("0"), match.group(2) or "", match.group(3) or ""
+    it deems canonical already, `1E3` and `+1` included), rather than writing it anew; `number`
+    and `suffix` are the parts `QUANTITY_PATTERN` matched, the sign left out."""
+    whole, _, denom = number.partition(".")
+    num = whole.lstrip("0")
     shifted = num + denom
     if not shifted:
         return False
