@@ -111,6 +111,7 @@ class MemoryApi:
             body = {k: v for k, v in body.items() if k != "status"}
             if "spec" in body:
                 obj["metadata"]["generation"] += 1
+            obj["metadata"]["resourceVersion"] = str(next(self.counter))
             apply_merge_patch(obj, body)
         obj["metadata"]["resourceVersion"] = str(next(self.counter))
         return copy.deepcopy(obj)
@@ -177,6 +178,7 @@ class MemoryApi:
             obj = self.store[key]
             obj["spec"] = copy.deepcopy(spec)
             obj["metadata"]["generation"] += 1
+            obj["metadata"]["resourceVersion"] = str(next(self.counter))
         else:
             self.store[key] = {
                 "apiVersion": "hybridserving.io/v1alpha1", "kind": KIND,

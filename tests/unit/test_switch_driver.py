@@ -676,3 +676,27 @@ def test_a_refused_resize_is_a_warning_event_and_is_decided_again_later() -> Non
     assert len([m for reason, m in h.events() if reason == "ScaleFailed"]) == len(failed) == 1
     refusing[0] = False
     h.run_until(lambda: (fleet_replicas(h) or 0) > 4, limit=60)
+
+
+def test_a_fleet_left_alone_is_validated_once_and_an_edit_is_seen_at_the_next_tick(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live spec is validated once per resourceVersion, not on every 2-s tick of every fleet."""
+    from hybridserving.controller import switching as sw
+    validated: list[str] = []
+
+    def counted(body: dict[str, Any], policy: Any) -> Any:
+        validated.append(body["metadata"]["resourceVersion"])
+        return rec.validate(body, policy)
+
+    monkeypatch.setattr(sw, "validate", counted)
+    for _ in range(5):
+        h.now += 2
+        h.ctl.tick(NS, "fleet")
+    assert len(validated) == len(set(validated)) == 1
+    off = copy.deepcopy(FLEET_SPEC)
+    off["roleSwitch"]["enabled"] = False
+    h.api.user_apply(off)
+    overload_prefill(h)  # what would move an instance, were switching still on
+    h.now += 2
+    report = h.ctl.tick(NS, "fleet")
+    assert len(validated) == 2 and report.skipped and not report.started

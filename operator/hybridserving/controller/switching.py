@@ -186,6 +186,9 @@ class FleetMemory:
     announced: dict[str, tuple[float, str]] = field(default_factory=dict)
     """Per instance, the (switch start, step) whose Event this process has posted: a replica that takes
     over mid-switch posts the one its predecessor may have died before posting."""
+    valid_spec: tuple[str, HybridServingSpec] | None = None
+    """The live spec last found valid, with the resourceVersion it was read at: a fleet left alone
+    is validated once, not on every tick."""
 
 
 @dataclass
@@ -238,7 +241,7 @@ class SwitchController:
         if meta.get("deletionTimestamp"):
             report.skipped = True
             return report
-        spec = self._effective_spec(namespace, name, body)
+        spec = self._effective_spec(namespace, name, body, mem)
         if spec is None:
             report.skipped = True  # never valid: the reconcile reports it, and nothing runs to switch
             return report
@@ -315,7 +318,8 @@ class SwitchController:
         history.entries, history.written = list(entries), list(entries)
         return True
 
-    def _effective_spec(self, namespace: str, name: str, body: dict[str, Any]) -> HybridServingSpec | None:
+    def _effective_spec(self, namespace: str, name: str, body: dict[str, Any],
+                        mem: FleetMemory) -> HybridServingSpec | None:
         """The spec the reconcile plans from: the live one when it is valid, else the last applied.
 
         An invalid edit leaves the fleet on its last valid spec (`reconcile.validate`,
@@ -323,8 +327,12 @@ class SwitchController:
         beside a bad flag) would move instances the reconcile then plans back or deletes, and a
         spec whose model cannot be resolved would fail every tick of the switches in flight.
         """
+        version = body["metadata"].get("resourceVersion")
+        if version and mem.valid_spec is not None and mem.valid_spec[0] == version:
+            return mem.valid_spec[1]
         hs, validation = validate(body, self.engine_policy)
         if hs is not None and validation.valid:
+            mem.valid_spec = (version, hs.spec) if version else None
             return hs.spec
         try:
             applied = self.kube.get("ConfigMap", namespace, applied_spec_name(name))
