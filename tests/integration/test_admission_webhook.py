@@ -63,11 +63,15 @@ def dry_run(cluster, body: dict[str, Any]) -> subprocess.CompletedProcess:
 
 
 def chart_configuration(port: int, ca: bytes) -> dict[str, Any]:
-    """The chart's configuration for a release reconciling `fleets`, calling 127.0.0.1:port."""
-    config = the(render("webhook.enabled=true", "watchNamespaces={fleets}"), "ValidatingWebhookConfiguration")
+    """The chart's configuration for a release reconciling `fleets` with a certificate of its
+    own (`webhook.certificate`, the chart's caBundle kept), calling 127.0.0.1:port."""
+    config = the(render("webhook.enabled=true", "watchNamespaces={fleets}",
+                        "webhook.certificate.existingSecret=webhook-cert",
+                        f"webhook.certificate.caBundle={base64.b64encode(ca).decode()}"),
+                 "ValidatingWebhookConfiguration")
     for hook in config["webhooks"]:
-        path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": base64.b64encode(ca).decode()}
+        path = hook["clientConfig"].pop("service")["path"]
+        hook["clientConfig"]["url"] = f"https://127.0.0.1:{port}{path}"
     return config
 
 

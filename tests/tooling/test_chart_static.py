@@ -499,3 +499,39 @@ def test_the_webhook_covers_only_the_namespaces_the_release_reconciles() -> None
     assert selectors("watchNamespaces={a,b}") == [only, only]
     assert selectors() == [{"matchExpressions": [{**only["matchExpressions"][0], "values": [RELEASE_NS]}]}] * 2
     assert selectors("watchAllNamespaces=true") == [None, None]
+
+
+def test_a_webhook_certificate_of_your_own_is_mounted_and_trusted_and_none_is_rendered() -> None:
+    """cert-manager or a GitOps pipeline keeps the certificate: `helm template` renders stay
+    the same from one render to the next (the chart's own pair is new on each)."""
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n...\n-----END CERTIFICATE-----\n").decode()
+    docs = render("webhook.enabled=true", "webhook.certificate.existingSecret=webhook-cert",
+                  f"webhook.certificate.caBundle={ca}")
+    assert not [d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    volumes = the(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == "webhook-tls"]
+    assert volume["secret"]["secretName"] == "webhook-cert"
+    config = the(docs, "ValidatingWebhookConfiguration")
+    assert [h["clientConfig"]["caBundle"] for h in config["webhooks"]] == [ca, ca]
+    stable = ("webhook.enabled=true", "webhook.certificate.existingSecret=webhook-cert",
+              f"webhook.certificate.caBundle={ca}", "operatorKey.existingSecret=operator-key")
+    assert render(*stable) == render(*stable)
+
+
+def test_a_ca_injector_fills_the_bundle_of_a_certificate_of_your_own() -> None:
+    docs = render("webhook.enabled=true", "webhook.certificate.existingSecret=webhook-cert",
+                  r"webhook.annotations.cert-manager\.io/inject-ca-from=hs-system/webhook-cert")
+    config = the(docs, "ValidatingWebhookConfiguration")
+    assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "hs-system/webhook-cert"}
+    assert all("caBundle" not in h["clientConfig"] for h in config["webhooks"])
+
+
+@pytest.mark.parametrize(("sets", "names"), [
+    (("webhook.certificate.existingSecret=webhook-cert",),
+     ("webhook.certificate.caBundle", "webhook.annotations", "cert-manager.io/inject-ca-from")),
+    (("webhook.certificate.caBundle=QUJD",), ("webhook.certificate.existingSecret",)),
+])
+def test_a_webhook_certificate_half_given_is_refused_naming_what_is_missing(sets: tuple[str, ...],
+                                                                           names: tuple[str, ...]) -> None:
+    err = render_error("webhook.enabled=true", *sets)
+    assert all(n in err for n in names), err

@@ -69,3 +69,8 @@ app.kubernetes.io/part-of: hybridserving
 {{- define "hybridserving.operatorKeySecret" -}}
 {{- .Values.operatorKey.existingSecret | default (printf "%s-operator-key" (include "hybridserving.fullname" .)) -}}
 {{- end }}
+
+{{- /* The webhook's serving certificate: the user's Secret, or the one templates/webhook.yaml keeps. */}}
+{{- define "hybridserving.webhookSecret" -}}
+{{- .Values.webhook.certificate.existingSecret | default (printf "%s-webhook-tls" (include "hybridserving.fullname" .)) -}}
+{{- end }}
