@@ -535,3 +535,19 @@ def test_a_webhook_certificate_half_given_is_refused_naming_what_is_missing(sets
                                                                            names: tuple[str, ...]) -> None:
     err = render_error("webhook.enabled=true", *sets)
     assert all(n in err for n in names), err
+
+
+@pytest.mark.parametrize(("sets", "lease"), [
+    ((), "hybridserving-operator"),  # unchanged across upgrades: a renamed Lease means two leaders mid-rollout
+    (("leaderElection.leaseName=team-b-operator",), "team-b-operator"),
+])
+def test_replicas_elect_on_the_named_lease_and_may_touch_no_other(sets: tuple[str, ...], lease: str) -> None:
+    """Two releases in one namespace keep apart by Lease name; on one Lease a single replica of
+    the two would act and the other release's fleets would go unreconciled."""
+    docs = render("replicaCount=2", *sets)
+    args = operator_container(docs)["args"]
+    assert "--leader-elect" in args and f"--leader-elect-lease={lease}" in args
+    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    named = [rule for rule in role["rules"] if "resourceNames" in rule]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [lease], "verbs": ["get", "patch"]}]
