@@ -79,6 +79,44 @@ def test_health_runs_a_generation_and_answers_after_a_second_at_the_earliest(eng
         httpx.get(engine + path, timeout=0.9)
 
 
+@pytest.fixture
+def stalled_engine() -> Iterator[str]:
+    """An engine whose scheduler has stopped making progress while its HTTP server still answers:
+    the simulator's `stall_scheduler` fault, with a 2 s SGLANG_HEALTH_CHECK_TIMEOUT. A real
+    server's scheduler cannot be hung on demand."""
+    if ENGINE_URL:
+        pytest.skip("a real engine's scheduler cannot be hung on demand")
+    argv = ["--model-path", "zai-org/GLM-5.2-FP8", "--host", "127.0.0.1", "--port", str(free_port()),
+            "--disaggregation-bootstrap-port", str(free_port()), *ARGV]
+    with SimulatorProcess(argv, env={**simulator_env(time_scale=0.01), "SGLANG_HEALTH_CHECK_TIMEOUT": "2"}) as sim:
+        sim.wait_ready()
+        assert httpx.post(sim.url + "/sim/faults", json={"stall_scheduler": True}, timeout=10).status_code == 200
+        yield sim.url
+
+
+def test_a_hung_scheduler_fails_health_after_the_timeout_and_stays_unhealthy_until_a_check_passes(stalled_engine):
+    engine = stalled_engine
+    # /ready and /ping read the server status only (entrypoints/http_server.py:714-718, 2190-2199;
+    # managers/tokenizer_manager.py:728-734): a hung scheduler leaves them at 200.
+    assert httpx.get(engine + "/ready", timeout=5).status_code == 200
+    assert httpx.get(engine + "/ping", timeout=5).status_code == 200
+    # /health's request gets no output for SGLANG_HEALTH_CHECK_TIMEOUT (read once, line 218; default
+    # 20): 503, and the status turns UnHealthy (lines 776-799).
+    start = time.monotonic()
+    assert httpx.get(engine + "/health", timeout=30).status_code == 503
+    assert time.monotonic() - start >= 2.0
+    assert httpx.get(engine + "/ready", timeout=5).status_code == 503
+    assert httpx.get(engine + "/ping", timeout=5).status_code == 503
+    # Only a passing health check sets it Up again (line 784): a scheduler that recovers stays
+    # unready until one runs.
+    assert httpx.post(engine + "/sim/faults", json={"stall_scheduler": False}, timeout=10).status_code == 200
+    time.sleep(0.5)
+    assert httpx.get(engine + "/ready", timeout=5).status_code == 503
+    assert httpx.get(engine + "/health_generate", timeout=30).status_code == 200
+    assert httpx.get(engine + "/ready", timeout=5).status_code == 200
+    assert httpx.get(engine + "/ping", timeout=5).status_code == 200
+
+
 def test_server_info_is_the_start_up_configuration_and_model_info_the_live_role(engine):
     # entrypoints/http_server.py:863-892 (build_server_info over the resolved args) and 834-836.
     info = httpx.get(engine + "/server_info", timeout=10).json()

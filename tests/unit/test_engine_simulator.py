@@ -583,6 +583,41 @@ def test_fault_endpoint_slows_forward_passes_and_refuses_switches():
 
 
 @pytest.mark.slow
+def test_a_stalled_scheduler_holds_its_requests_and_sigterm_after_a_failed_health_check_stops_at_once(monkeypatch):
+    # managers/tokenizer_manager.py:3508-3524: SIGTERM waits for requests in flight unless the last
+    # health check failed (server_status UnHealthy, entrypoints/http_server.py:798), then exits at once.
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "1")
+    assert Faults.parse("stall_scheduler").stall_scheduler
+    server = make_server(faults="stall_scheduler")
+
+    async def generate(session, url):
+        async with session.post(url + "/generate", json={"text": "abcd" * 40,
+                                                         "sampling_params": {"max_new_tokens": 4}}) as r:
+            return r.status, (await r.json())["meta_info"]["completion_tokens"]
+
+    async def check(session, url):
+        held = asyncio.create_task(generate(session, url))
+        await asyncio.sleep(0.5)  # about 5 ms of work at time scale 0.01
+        assert not held.done() and not server.engine.is_idle()
+        async with session.post(url + "/sim/faults", json={"stall_scheduler": False}) as r:
+            assert r.status == 200
+        assert await asyncio.wait_for(held, 5) == (200, 4), "a released scheduler goes on"
+
+        async with session.post(url + "/sim/faults", json={"stall_scheduler": True}) as r:
+            assert r.status == 200
+        stuck = asyncio.create_task(generate(session, url))
+        while server.engine.is_idle():
+            await asyncio.sleep(0.01)
+        async with session.get(url + "/health") as r:
+            assert r.status == 503
+        await asyncio.wait_for(server.shut_down(), 1.0)
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+
+    run(check, server)
+
+
+@pytest.mark.slow
 def test_sigterm_turns_health_503_and_serves_every_request_in_flight_before_stopping():
     # managers/tokenizer_manager.py:3508-3545, 4066-4070: SIGTERM sets gracefully_exit (/health,
     # /ping and /ready answer 503: entrypoints/http_server.py:717, 731-733, 2198), the watchdog

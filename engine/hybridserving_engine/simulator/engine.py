@@ -160,6 +160,9 @@ class SimulatedEngine:
         self.last_transfer = [(0.0, 0.0)] * dp_ranks
         """(latency ms, GB/s) of each DP rank's last KV transfer."""
         self._wake = asyncio.Event()
+        self._progress = asyncio.Event()
+        """Set while the scheduler makes progress: cleared by the `stall_scheduler` fault."""
+        self.apply_faults()
         self._clock = 0.0
         self._round_robin = 0
         self._loop_task: asyncio.Task[None] | None = None
@@ -236,6 +239,21 @@ class SimulatedEngine:
             task.cancel()
         return len(tasks)
 
+    def apply_faults(self) -> None:
+        """Take up a change of `faults`: a stalled scheduler stops where it is, a released one goes on."""
+        if self.faults.stall_scheduler:
+            self._progress.clear()
+        else:
+            self._progress.set()
+            self._wake.set()
+
+    def responds(self) -> bool:
+        """Whether a request sent now would get output from the scheduler, which is all SGLang's
+        `/health` waits for (`entrypoints/http_server.py:776-785`): not from a stalled scheduler,
+        nor while paused (the tokenizer holds new requests until it continues,
+        `managers/tokenizer_manager.py:938-939`), nor after a failed rebuild."""
+        return self.healthy and not self.paused and not self.faults.stall_scheduler
+
     def resume(self) -> None:
         """Continue after `/pause_generation`."""
         self.paused = False
@@ -292,6 +310,7 @@ class SimulatedEngine:
         self.inflight.add(req)
         seconds = self.perf.transfer_seconds(req.prompt_tokens) * self.faults.slow_factor
         await asyncio.sleep(seconds)
+        await self._progress.wait()  # the scheduler polls the transfer's end
         self.inflight.discard(req)
         self._record_transfer(req, seconds)
         if req.peer_handoff and self.bootstrap is not None:
@@ -314,6 +333,7 @@ class SimulatedEngine:
                 await self.receiver.receive(req.bootstrap_host, req.bootstrap_port or 8998, req.bootstrap_room,
                                             req.prompt_tokens)
                 self._record_transfer(req, time.monotonic() - started)
+            await self._progress.wait()  # the scheduler polls the transfer's end
         finally:
             self.transfer.discard(req)
         # The prefill's first token travels with the KV; decode emits it and continues.
@@ -463,6 +483,7 @@ class SimulatedEngine:
         start = self._clock if continuing and now - self._clock < _MAX_LAG_S else now
         self._clock = start + seconds
         await asyncio.sleep(max(0.0, self._clock - loop.time()))
+        await self._progress.wait()  # a stalled scheduler never finishes the pass
 
     async def _run_prefill(self, batch: list[SimRequest], continuing: bool) -> None:
         seconds = self.perf.prefill_batch_seconds(

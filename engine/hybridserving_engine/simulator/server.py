@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import enum
 import json
 import logging
 import os
@@ -73,6 +74,14 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
+class ServerStatus(enum.Enum):
+    """The tokenizer manager's `server_status` once the server serves (`managers/tokenizer_manager.py:4028-4031`;
+    `Starting` has no counterpart: the simulator opens its port only once loaded)."""
+
+    UP = "Up"
+    UNHEALTHY = "UnHealthy"
+
+
 def exit_process(status: int) -> None:
     """The whole server goes, at once, as SGLang's does when its scheduler dies."""
     os._exit(status)
@@ -120,6 +129,7 @@ class SimulatorServer:
             chunked_prefill_size=self.resolved.chunked_prefill_size,
         )
         self.startup_time = time.time()
+        self.server_status = ServerStatus.UP
         self.shutting_down = False
         self.app = self._build_app()
         self._runner: web.AppRunner | None = None
@@ -164,10 +174,12 @@ class SimulatorServer:
     async def shut_down(self) -> None:
         """SIGTERM as 0.5.23 takes it (`managers/tokenizer_manager.py:3508-3545, 4066-4070`): `/health`,
         `/ping` and `/ready` answer 503 at once, requests in flight, and any still sent, are served to
-        the end, then the server stops; an unhealthy engine or `SGL_FORCE_SHUTDOWN` stops at once.
+        the end, then the server stops; a server whose last health check failed (lines 3517-3524),
+        an engine broken by a failed rebuild or `SGL_FORCE_SHUTDOWN` stops at once.
         SGLang looks every 5 s; the simulator every 0.2 s, so that a stop costs tests no waiting."""
         self.shutting_down = True
-        while self.engine.healthy and not self.engine.is_idle() and not env_bool("SGL_FORCE_SHUTDOWN", False):
+        while (self.server_status is ServerStatus.UP and self.engine.healthy and not self.engine.is_idle()
+               and not env_bool("SGL_FORCE_SHUTDOWN", False)):
             await asyncio.sleep(0.2)
         await self.stop()
 
@@ -255,30 +267,47 @@ class SimulatorServer:
         return app
 
     async def health(self, request: web.Request) -> web.Response:
-        """`/health` and `/health_generate` as 0.5.23 answers them (`entrypoints/http_server.py:720-797`):
+        """`/health` and `/health_generate` as 0.5.23 answers them (`entrypoints/http_server.py:721-799`):
         503 while shutting down; a plain 200 for `/health` only when
         `SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION` is off (default on, `environ.py:344`); otherwise a
         one-token generation whose answer is awaited in `asyncio.sleep(1)` steps, so the reply never
-        comes before one second, and 503 after `SGLANG_HEALTH_CHECK_TIMEOUT` (20 s, line 218)."""
+        comes before one second. Any output of the scheduler is an answer and sets the status Up;
+        none within `SGLANG_HEALTH_CHECK_TIMEOUT` (20 s, line 218) is a 503 that sets it UnHealthy
+        (lines 779-799), which `/ready` and `/ping` then answer with until a later check passes."""
         if self.shutting_down:
             return web.Response(status=503)
         if request.path == "/health" and not env_bool("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", True):
             return web.Response(status=200)
         timeout = int(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
         tic = time.monotonic()
+        # A scheduler that takes the request answers within the first second, even if it stalls or
+        # pauses after; one that cannot answers once it can.
+        answered = self.engine.responds()
         while time.monotonic() < tic + timeout:
             await asyncio.sleep(1)
-            if self.engine.healthy and not self.shutting_down:
+            answered = answered or self.engine.responds()
+            if answered and not self.shutting_down:
+                self.server_status = ServerStatus.UP
                 return web.Response(status=200)
+        log.error("Health check failed. Server couldn't get a response from detokenizer for last %d seconds.",
+                  timeout)
+        self.server_status = ServerStatus.UNHEALTHY
         return web.Response(status=503)
+
+    def is_healthy(self) -> bool:
+        """`TokenizerManager.is_healthy` (`managers/tokenizer_manager.py:728-730`): not shutting down and
+        Up; and not broken by a failed rebuild."""
+        return not self.shutting_down and self.server_status is ServerStatus.UP and self.engine.healthy
 
     async def ping(self, request: web.Request) -> web.Response:
         """200 while healthy, also while paused (`entrypoints/http_server.py:2190-2199`)."""
-        return web.Response(status=200 if not self.shutting_down and self.engine.healthy else 503)
+        return web.Response(status=200 if self.is_healthy() else 503)
 
     async def ready(self, request: web.Request) -> web.Response:
-        ok = not self.shutting_down and self.engine.healthy and not self.engine.paused
-        return web.Response(status=200 if ok else 503)
+        """200 while healthy and not paused (`entrypoints/http_server.py:714-718`, `is_ready`,
+        `managers/tokenizer_manager.py:732-734`): a stalled scheduler keeps it at 200 until a
+        health check fails."""
+        return web.Response(status=200 if self.is_healthy() and not self.engine.paused else 503)
 
     def server_info_dict(self) -> dict[str, Any]:
         a = self.args
@@ -663,6 +692,8 @@ class SimulatorServer:
             self.faults.update(changes)
         except (RequestError, ValueError) as e:
             return _error(400, str(e))
+        finally:
+            self.engine.apply_faults()  # what an update changed before it failed holds too
         if changes.get("crash"):
             asyncio.get_running_loop().call_later(0.05, self._crash, "crash")
         return web.json_response({**self.faults.to_dict(), "simulator": True})
