@@ -7,9 +7,9 @@ change and moves the engine to the other role, in place (`POST /pd_role_switch` 
 `/v1/loads` shows it idle) or by relaunching it with the other role's flags on the same GPUs,
 and reports each step on `/status` for the role-switch controller to follow.
 
-It also supervises the engine (restarts with backoff, reports a crash loop), drains it on
-SIGTERM (unready first, then waits for in-flight requests, then stops it), and in production
-checks the GPUs and RDMA devices before the first start.
+It also supervises the engine (restarts it with backoff when it exits or hangs, reports a crash
+loop), drains it on SIGTERM (unready first, then waits for in-flight requests, then stops it),
+and in production checks the GPUs and RDMA devices before the first start.
 
 Configuration (see docs/engine.md): `$HYBRIDSERVING_CONFIG_DIR/{prefill,decode}.json`, each
 `{"nnodes": N, "argv": [...]}` or `{"nnodes": N, "ranks": [[...rank 0...], [...rank 1...]]}`,
@@ -185,6 +185,10 @@ class Settings:
     restart_backoff_max_s: float = 60.0
     crash_loop_restarts: int = 5
     crash_loop_exit: bool = True
+    health_recheck_s: float = 30.0
+    """How often the leader runs the engine's `/health` while Ready; two failures in a row are a hang."""
+    engine_health_timeout_s: float = 20.0
+    """`SGLANG_HEALTH_CHECK_TIMEOUT`, which the engine inherits: its `/health` answers within it and a second."""
     preflight: str = "enforce"
     api_key: str | None = field(default=None, repr=False)
 
@@ -211,6 +215,8 @@ class Settings:
             restart_backoff_max_s=num("HYBRIDSERVING_RESTART_BACKOFF_MAX_S", 60.0),
             crash_loop_restarts=int(e.get("HYBRIDSERVING_CRASH_LOOP_RESTARTS", "5")),
             crash_loop_exit=e.get("HYBRIDSERVING_CRASH_LOOP_EXIT", "1") != "0",
+            health_recheck_s=num("HYBRIDSERVING_HEALTH_RECHECK_S", 30),
+            engine_health_timeout_s=num("SGLANG_HEALTH_CHECK_TIMEOUT", 20),
             preflight=e.get("HYBRIDSERVING_PREFLIGHT", "enforce"),
             api_key=e.get(ENV_ENGINE_API_KEY) or None,
         )
@@ -344,6 +350,7 @@ class Launcher:
         self.last_switch: SwitchRecord | None = None
         self._terminate = asyncio.Event()
         self._role_changed = asyncio.Event()
+        self._engine_hung = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self.set_phase("WaitingForRole")
@@ -474,6 +481,11 @@ class Launcher:
         self.engine_healthy = False
         if proc is None:
             return
+        self.last_exit_code = await self._end_engine(proc)
+        await self._finish_output()
+
+    async def _end_engine(self, proc: asyncio.subprocess.Process) -> int:
+        """`proc`'s exit status, once SIGTERM and, after the grace, SIGKILL have ended it (see `stop_engine`)."""
         if proc.returncode is None:
             os.kill(proc.pid, signal.SIGTERM)
             try:
@@ -481,8 +493,7 @@ class Launcher:
             except asyncio.TimeoutError:
                 log.warning("engine did not stop within %.0f s; killing it", self.settings.stop_grace_s)
         self._kill_group(proc)
-        self.last_exit_code = await proc.wait()
-        await self._finish_output()
+        return await proc.wait()
 
     @staticmethod
     def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -508,8 +519,13 @@ class Launcher:
         if self.proc is None or self.proc.returncode is not None:
             return False
         path = "/health" if self.settings.node_rank > 0 else "/ready"
+        return await self._engine_answers(path, 10.0)
+
+    async def _engine_answers(self, path: str, timeout_s: float) -> bool:
+        """Whether this rank's engine answers `path` with 200 within `timeout_s`."""
         try:
-            async with self._client().get(local_url(self.argv) + path) as resp:
+            async with self._client().get(local_url(self.argv) + path,
+                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
@@ -582,11 +598,14 @@ class Launcher:
                 return 1
             assert self.role is not None, "a role is read before the engine first starts"
             await self.start_engine(self.role)
-            watcher = asyncio.create_task(self._watch_role_file())
+            watchers = [asyncio.create_task(self._watch_role_file())]
+            if self.settings.node_rank == 0:
+                watchers.append(asyncio.create_task(self._watch_health()))
             try:
                 await self._supervise()
             finally:
-                watcher.cancel()
+                for watcher in watchers:
+                    watcher.cancel()
             if self.exit_status is not None:
                 return self.exit_status
             await self._shutdown()
@@ -638,6 +657,55 @@ class Launcher:
                 self._role_changed.set()
             await asyncio.sleep(self.settings.poll_interval_s)
 
+    async def _watch_health(self) -> None:
+        """Tell a hung engine from a busy one. A scheduler that stops making progress leaves SGLang's
+        HTTP server answering and its `/ready` at 200: only `/health` notices, its one-token request
+        getting no output within `SGLANG_HEALTH_CHECK_TIMEOUT` (`entrypoints/http_server.py:776-799`),
+        and that failure turns `/ready` and `/ping` 503 until a later `/health` passes (the status
+        stays UnHealthy: line 784, `managers/tokenizer_manager.py:728-734`), which takes the pod out of
+        its Services. So the leader runs `/health` every `health_recheck_s` while Ready, except on a
+        paused engine (`/ready` 503, `/ping` 200), whose health request would wait for it to continue
+        (`tokenizer_manager.py:938-939`); an engine that fails it twice in a row, `health_recheck_s`
+        apart, is hung, and `_supervise` ends it for the crash path to restart."""
+        failed = False
+        while True:
+            await asyncio.sleep(self.settings.health_recheck_s)
+            proc = self.proc
+            if self.phase != "Ready" or proc is None or proc.returncode is not None:
+                failed = False
+                continue
+            switches = self.switch_count
+            if not await self._engine_answers("/ready", 10.0) and await self._engine_answers("/ping", 10.0):
+                failed = False  # paused
+                continue
+            answered = await self._engine_answers("/health", self.settings.engine_health_timeout_s + 5)
+            if self.proc is not proc or self.switch_count != switches or self.phase != "Ready":
+                failed = False  # a switch or restart meanwhile: a failure says nothing of the engine now
+            elif answered:
+                if failed:
+                    log.info("engine answers /health again")
+                failed = False
+            elif failed:
+                self._engine_hung.set()
+            else:
+                failed = True
+                log.warning("engine answered no /health within %.0f s; checking again in %.0f s",
+                            self.settings.engine_health_timeout_s, self.settings.health_recheck_s)
+
+    async def _end_hung_engine(self) -> None:
+        """Stop an engine `_watch_health` found hung, as on SIGTERM (SGLang, unhealthy, exits at once:
+        `managers/tokenizer_manager.py:3517-3524`), and leave it to the crash path, whose back-off and
+        crash loop then apply to an engine that keeps hanging."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None or self.phase != "Ready":
+            return
+        message = (f"engine hung: /health failed twice, {self.settings.health_recheck_s:.0f} s apart; "
+                   "stopping it to restart it")
+        log.error(message)
+        self.engine_healthy = False
+        self.set_phase("Restarting", message)
+        await self._end_engine(proc)
+
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake at once on SIGTERM."""
         try:
@@ -647,6 +715,10 @@ class Launcher:
 
     async def _supervise(self) -> None:
         while not self._terminate.is_set():
+            if self._engine_hung.is_set():
+                self._engine_hung.clear()
+                await self._end_hung_engine()
+                continue
             if self._role_changed.is_set():
                 self._role_changed.clear()
                 if self.desired_role is not None and self.desired_role != self.role:
@@ -665,9 +737,10 @@ class Launcher:
             await self._wait_any(self.settings.poll_interval_s)
 
     async def _wait_any(self, seconds: float) -> None:
-        """Wait for SIGTERM, a role change, the engine's exit or `seconds`, whichever comes first."""
+        """Wait for SIGTERM, a role change, a hung or exited engine or `seconds`, whichever comes first."""
         waits: list[asyncio.Task[Any]] = [
-            asyncio.create_task(self._terminate.wait()), asyncio.create_task(self._role_changed.wait())
+            asyncio.create_task(self._terminate.wait()), asyncio.create_task(self._role_changed.wait()),
+            asyncio.create_task(self._engine_hung.wait()),
         ]
         if self.proc is not None and self.proc.returncode is None:
             waits.append(asyncio.create_task(self.proc.wait()))

@@ -221,7 +221,8 @@ class Pod:
 
     def __init__(self, tmp_path: Path, role: str, switch_flag: bool = True, faults: str = "",
                  extra: list[str] | None = None, time_scale: float = 0.01, idle_window_s: float = 1.0,
-                 api_key: str | None = None, node_rank: int = 0, startup_seconds: float = 0.0) -> None:
+                 api_key: str | None = None, node_rank: int = 0, startup_seconds: float = 0.0,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.port, self.bootstrap, self.launcher_port = free_port(), free_port(), free_port()
         # A worker rank of a two-node instance runs on a host of its own; its leader is not started.
         host = "127.0.0.2" if node_rank else "127.0.0.1"
@@ -236,6 +237,7 @@ class Pod:
         self.role_file = tmp_path / "role"
         self.role_file.write_text(role)
         env = simulator_env(time_scale=time_scale, faults=faults, startup_seconds=startup_seconds)
+        env.update(extra_env or {})
         env[ENV_NODE_RANK] = str(node_rank)
         env.update(HYBRIDSERVING_CONFIG_DIR=str(tmp_path / "cfg"), HYBRIDSERVING_ROLE_FILE=str(self.role_file),
                    HYBRIDSERVING_LAUNCHER_HOST="127.0.0.1", HYBRIDSERVING_LAUNCHER_PORT=str(self.launcher_port),
@@ -365,6 +367,37 @@ def test_with_the_fleet_key_the_engine_refuses_others_and_the_launcher_still_dra
     auth = {"Authorization": f"Bearer {key}"}
     assert httpx.get(p.engine + "/model_info", headers=auth).json()["disaggregation_mode"] == "decode"
     assert key not in p.log.read_text() and key not in json.dumps(status)
+
+
+@pytest.mark.slow
+def test_a_hung_engine_turns_unready_by_its_own_health_check_and_is_restarted(pod):
+    """A stalled scheduler leaves SGLang's `/ready` at 200 (`entrypoints/http_server.py:714-718`)
+    until a `/health` gets no output within SGLANG_HEALTH_CHECK_TIMEOUT (lines 776-799), which
+    latches it UnHealthy: the launcher runs that check, and restarts an engine that fails it twice.
+    A paused engine (`/ready` 503, `/ping` 200: lines 2190-2199) is left alone: its health request
+    would wait for it to continue (`managers/tokenizer_manager.py:938-939`)."""
+    p = pod("prefill", extra_env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1", "HYBRIDSERVING_HEALTH_RECHECK_S": "0.5"})
+    pid = p.status()["engine"]["pid"]
+    assert httpx.post(p.engine + "/pause_generation", json={"mode": "abort"}).status_code == 200
+    time.sleep(4)  # two failed checks would restart it within 3 s
+    status = p.status()
+    assert (status["engine"]["pid"], status["engine"]["restarts"], status["phase"]) == (pid, 0, "Ready"), status
+    assert httpx.post(p.engine + "/continue_generation").status_code == 200
+    wait_http(p.url + "/readyz", timeout=10)
+
+    assert httpx.post(p.engine + "/sim/faults", json={"stall_scheduler": True}).status_code == 200
+    seen_unready, deadline = False, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = p.status()
+        seen_unready = seen_unready or (not status["ready"] and status["engine"]["pid"] == pid)
+        if status["engine"]["restarts"] >= 1 and status["ready"]:
+            break
+        time.sleep(0.05)
+    else:
+        raise TimeoutError(p.log.read_text())
+    assert seen_unready, "the engine's failed health check took it out before the restart"
+    assert status["engine"]["pid"] != pid and status["phase"] == "Ready"
+    assert "engine hung: /health failed twice" in p.log.read_text()
 
 
 @pytest.mark.slow
