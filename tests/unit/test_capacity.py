@@ -1,4 +1,4 @@
-"""The capacity model against the published figures (DOMAIN section 4) and its invariants."""
+"""The capacity model against the published figures (docs/capacity.md) and its invariants."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ K3 = PROFILES["kimi-k3"]
 B300 = HardwareSpec(gpu_memory_gib=288)
 
 
-# --------------------------------------------------------------------------- DOMAIN 4 figures
+# --------------------------------------------------------------------------- published figures
 
 
 def test_glm53_latent_is_44928_bytes_and_128k_tokens_take_5_4_gib_on_every_tp_rank():

@@ -80,7 +80,7 @@ def test_role_switch_example_switches_in_place() -> None:
         assert "--enable-pd-role-switch" in plan["roles"][role]["argvByNodeRank"][0]
 
 
-def test_capacity_command_reproduces_domain_gain() -> None:
+def test_capacity_command_reproduces_the_published_gain() -> None:
     code, out = run("capacity", "--model", "glm-5.3", "--dcp", "8", "-o", "json")
     assert code == 0
     data = json.loads(out)
@@ -90,7 +90,7 @@ def test_capacity_command_reproduces_domain_gain() -> None:
     assert code == 0 and "5,962.5" in out
 
 
-def test_transfer_plan_command_reproduces_domain_figures() -> None:
+def test_transfer_plan_command_reproduces_the_published_figures() -> None:
     code, out = run("transfer-plan", "--model", "glm-5.2", "--prefill-cp", "8", "--decode-dcp", "4",
                     "--tokens", "32768", "-o", "json")
     assert code == 0

@@ -1,4 +1,4 @@
-"""The 2D reshard plan against seed 002 (DOMAIN section 5) and its partition properties."""
+"""The 2D reshard plan against Mind Lab 2026, §4-6 (docs/performance-model.md), and its partition properties."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_32k_tokens_move_1_47_gb_368_mb_per_rank_against_5_88_gb_naive():
     per_rank = plan.path_bytes.sum(axis=0)
     assert per_rank.tolist() == [plan.total_bytes // 4] * 4
     assert round(per_rank[0] / 1e6) == 368
-    assert round(plan.naive_bytes / 1e9, 2) == 5.89  # 4 x 1.472 GB; DOMAIN rounds 4 x 1.47 = 5.88
+    assert round(plan.naive_bytes / 1e9, 2) == 5.89  # 4 x 1.472 GB; the article rounds first: 4 x 1.47 = 5.88
     assert plan.naive_bytes == 4 * plan.total_bytes
     assert plan.discarded_fraction == pytest.approx(0.75)
     assert plan.path_bytes.shape == (8, 4)
@@ -37,7 +37,7 @@ def test_32k_tokens_move_1_47_gb_368_mb_per_rank_against_5_88_gb_naive():
 def test_500k_tokens_are_7813_pages_and_23_gb():
     plan = plan_transfer(GLM52, 8, 4, 500_000)
     assert plan.total_pages == 7_813
-    assert round(plan.total_bytes / 1e9) == 22  # 22.46 GB: the seed's "23 GB"
+    assert round(plan.total_bytes / 1e9) == 22  # 22.46 GB: the article's "23 GB"
     # The last page holds 500,000 - 7,812 x 64 = 32 tokens, on rank 7812 mod 4 = 0.
     assert plan.rank_tokens.tolist() == [1_953 * 64 + 32, 1_953 * 64, 1_953 * 64, 1_953 * 64]
     assert plan.total_bytes == 78 * 576 * 500_000

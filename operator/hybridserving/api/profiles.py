@@ -3,7 +3,8 @@
 They are part of the API: `spec.model.architecture` has this shape and `spec.model.profile` names one
 of the built-in profiles, so the core (capacity, layout, performance model) imports them from here.
 The operator's capacity model, layout rules and performance model read these figures,
-so each one carries its source. Byte figures are for an FP8 KV cache, the layout the
+so each one carries its source (the short names stand for the public sources listed in
+`docs/performance-model.md`, Sources). Byte figures are for an FP8 KV cache, the layout the
 production recipes use; `kvDtype: bf16` doubles the per-token bytes (see capacity).
 """
 
@@ -135,11 +136,12 @@ class ModelArchitecture(BaseModel):
 GB = 1_000_000_000
 
 # GLM-5.x and DeepSeek-V3.x: 512 + 64 = 576 B of FP8 latent per token per layer
-# (kv_lora_rank + qk_rope_head_dim; seeds 002 Table 3 and 003 section 1).
+# (kv_lora_rank + qk_rope_head_dim; Mind Lab 2026, Table 3; Long Context 2026, §1.2).
 _LATENT_FP8 = 576
 
 PROFILES: dict[str, ModelArchitecture] = {
-    # 003: 78 layers, 21 run the indexer at 132 B; E = 44,928 B, I = 2,772 B per token.
+    # Long Context 2026, §1.2-1.3, §4.2: 78 layers, 21 run the indexer at 132 B; E = 44,928 B,
+    # I = 2,772 B per token.
     # Heads and weights: the public GLM-5 config (64 query heads); NVFP4 weights ~ 420 GB.
     "glm-5.3": ModelArchitecture(
         hf_architecture="GlmMoeDsaForCausalLM",
@@ -155,8 +157,9 @@ PROFILES: dict[str, ModelArchitecture] = {
         experts=256,
         has_mtp=True,
     ),
-    # 002: 78 layers of 576 B DSA latent; built-in MTP layer used as EAGLE draft; FP8 weights
-    # (~750 GB for the 744 B-parameter public checkpoint). Indexer as GLM-5.3 (same family).
+    # Mind Lab 2026: 78 layers of 576 B DSA latent; built-in MTP layer used as EAGLE draft; FP8
+    # weights (~750 GB for the 744 B-parameter public checkpoint). Indexer as GLM-5.3 (same
+    # family).
     "glm-5.2": ModelArchitecture(
         hf_architecture="GlmMoeDsaForCausalLM",
         attention="mla-dsa",
@@ -200,11 +203,11 @@ PROFILES: dict[str, ModelArchitecture] = {
         experts=256,
         has_mtp=True,
     ),
-    # DOMAIN 3 / seed 003: 93 layers, 24 MLA + 69 KDA. KDA state: 64 heads x 128 x 128 fp32 =
-    # 4 MiB per layer per request (512 KB per layer per rank at TP8, seed 000's "512 KB per
-    # draft step"), x 69 layers. With it, DCP8 gains ~7.9x at 1.5 M-token contexts (seed 000).
-    # A 12-head vision encoder (seed 001); INT4 routed experts as in the K2 public checkpoint,
-    # ~620 GB of weights.
+    # Long Context 2026, §8.3: 93 layers, 24 MLA + 69 KDA. KDA state: 64 heads x 128 x 128 fp32 =
+    # 4 MiB per layer per request (512 KB per layer per rank at TP8, the "512 KB per draft step"
+    # of Kimi K3 commentary 2026), x 69 layers. With it, DCP8 gains ~7.9x at 1.5 M-token contexts
+    # (Kimi K3 commentary 2026). A 12-head vision encoder (the same); INT4 routed experts as in
+    # the K2 public checkpoint, ~620 GB of weights.
     "kimi-k3": ModelArchitecture(
         hf_architecture="KimiK3ForConditionalGeneration",
         attention="hybrid-kda-mla",

@@ -15,7 +15,8 @@ size their KV pools from it. The arithmetic follows what SGLang allocates on eac
 
 KDA state blocks and MLA pages share one unified pool from opposite ends, so capacity is a
 frontier over (requests, context length), not a single number. `docs/capacity.md` lists the
-published figures these formulas reproduce.
+published figures these formulas reproduce; `docs/performance-model.md` (Sources) the public
+sources the short names in comments stand for.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class RankFootprint:
 
 
 def _attention_tp(layout: LayoutSpec, role_name: Role) -> int:
-    """The TP width of one attention group; DCP shards the cache inside it (seed 003, section 7)."""
+    """The TP width of one attention group; DCP shards the cache inside it (Long Context 2026, §7)."""
     group = layout.attn_dp * layout.attn_cp
     if layout.tp % group:
         raise CapacityError(

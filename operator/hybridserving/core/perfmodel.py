@@ -2,8 +2,9 @@
 
 One model serves both the HTTP engine simulator and the discrete-event fleet simulator, so
 the role-switch controller is tuned on the same timings the end-to-end tests run against.
-Every constant is fitted to a published figure (DOMAIN §4, §6, §7); `docs/performance-model.md`
-lists each figure, the formula that reproduces it, and the unit test that checks it.
+Every constant is fitted to a published figure; `docs/performance-model.md` lists each figure,
+the formula that reproduces it, the unit test that checks it, and (Sources) the public source
+the short names in the comments below stand for.
 
 Durations are seconds. `time_scale` multiplies every duration, so a simulator can run a
 13-minute relaunch in well under a second of wall time without changing any ratio.
@@ -21,9 +22,9 @@ from hybridserving.api.profiles import ModelArchitecture
 
 SwitchMode = Literal["in-place", "relaunch"]
 
-# Prefill (DOMAIN §7: TTFT on B300 0.38 s at 1K input, 1.7 s at 32K, dominated by prefill
-# compute). The anchors are for one 8-GPU instance; prefill is compute-bound, so the compute
-# terms scale with 8 / tp.
+# Prefill (Mind Lab 2026, §5.3: TTFT on B300 0.38 s at 1K input, 1.7 s at 32K, dominated by
+# prefill compute). The anchors are for one 8-GPU instance; prefill is compute-bound, so the
+# compute terms scale with 8 / tp.
 _PREFILL_ANCHOR_TP = 8
 _TTFT_SHORT = (1024, 0.38)
 _TTFT_LONG = (32768, 1.70)
@@ -33,8 +34,9 @@ _REQUEST_LATENCY_S = 0.30
 # Fixed cost of one prefill forward pass (scheduling, launch); paid once per batch.
 _PREFILL_STEP_OVERHEAD_S = 0.05
 
-# Decode (DOMAIN §4: one request at 32K context on 4 GPUs, TP: 6.78 ms per step; DCP2 7.61 ms,
-# DCP4 8.08 ms; DOMAIN brief: ~30 ms per step at large batch, taken as 128 requests of 4K).
+# Decode (Long Context 2026, §3.6: one request at 32K context on 4 GPUs, TP: 6.78 ms per step;
+# DCP2 7.61 ms, DCP4 8.08 ms. Mind Lab 2026, Table 1: ~30 ms per step without speculation
+# (TPOT 30.8 ms); its batch is not published, taken as 128 requests of 4K).
 _DECODE_SINGLE = (32768, 6.78e-3)
 _DECODE_LARGE = (128, 4096, 30.0e-3)
 # Reading one token of latent KV on every TP rank: 44,928 B at ~7.4 TB/s of HBM bandwidth.
@@ -42,16 +44,18 @@ _DECODE_PER_CONTEXT_TOKEN_S = 6.1e-9
 # DCP adds a collective per layer (all-gather of queries, LSE merge); from the 32K anchors.
 _DCP_COMM_S = {2: 7.61e-3, 4: 8.08e-3}
 
-# KV transfer (DOMAIN §7: Mooncake RDMA ~0.5 ms at 4K tokens to ~2 ms at 32K).
+# KV transfer (Mind Lab 2026, §5.3: Mooncake RDMA ~0.5 ms at 4K tokens to ~2 ms at 32K).
 _TRANSFER_LATENCY_S = 0.3e-3
 _LINK_BYTES_PER_S = 1.0e12
 
-# Role switch (DOMAIN §6): in place keeps weights and the KV pool; the rebuild and CUDA-graph
-# capture take seconds. A relaunch pays the model's restart time (~13 min for a large hybrid).
+# Role switch (SGLang 0.5.23, `disaggregation/role_switch.py`): in place keeps weights and the KV
+# pool; the rebuild and CUDA-graph capture take seconds. A relaunch pays the model's restart time
+# (~13 min for a large hybrid: Kimi K3 commentary 2026).
 _IN_PLACE_SWITCH_S = 12.0
 
 # KV tokens one decode rank holds when the capacity model is not consulted: GLM-5.2 FP8 on B300,
-# TP8, page 64, with the EAGLE draft pool (DOMAIN §4: 1.17 M; DCP4 4.67 M, DCP8 9.34 M ≈ ×dcp).
+# TP8, page 64, with the EAGLE draft pool (Mind Lab 2026, Table 1: 1.17 M; DCP4 4.67 M, DCP8
+# 9.34 M ≈ ×dcp).
 _DEFAULT_KV_TOKENS_PER_DCP_RANK = 1_170_000
 _DEFAULT_MAX_RUNNING_REQUESTS = 256
 
@@ -64,10 +68,11 @@ _POD_START_S = 60.0
 class GpuType:
     """What the timings scale with from one GPU type to another.
 
-    The constants above are fitted on B300 (DOMAIN §4, §7). Prefill is compute-bound, so its
-    compute terms scale with dense FP8 throughput; decode reads KV and expert weights, so its
-    per-token and per-request terms scale with HBM bandwidth (the fixed launch/collective
-    latency does not); the KV pool comes from memory (`core.capacity`, SGLang's computation).
+    The constants above are fitted on B300 (Mind Lab 2026; Long Context 2026). Prefill is
+    compute-bound, so its compute terms scale with dense FP8 throughput; decode reads KV and
+    expert weights, so its per-token and per-request terms scale with HBM bandwidth (the fixed
+    launch/collective latency does not); the KV pool comes from memory (`core.capacity`,
+    SGLang's computation).
     """
 
     name: str
@@ -270,8 +275,9 @@ def pool_tokens_per_rank(arch: ModelArchitecture, tp: int, gpu: GpuType) -> int:
 
     `core.capacity`: the static fraction of the GPU's memory, less the engine's reserve and the
     rank's weight slice, divided by the bytes one token costs the rank (latent, index, draft).
-    On B300 the measured 1.17 M (DOMAIN §4) is used instead: it is below this figure because
-    the measured engine also held LoRA and other buffers the profile does not list.
+    On B300 the measured 1.17 M (Mind Lab 2026, Table 1) is used instead: it is below this
+    figure because the measured engine also held LoRA and other buffers the profile does not
+    list.
     """
     layout = LayoutSpec(tp=tp)
     pool = pool_bytes(arch, layout, HardwareSpec(gpu_memory_gib=gpu.memory_gib))

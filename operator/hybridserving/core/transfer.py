@@ -1,4 +1,4 @@
-"""The 2D reshard: prefill CP layer-split KV handed to a decode DCP group (seed 002).
+"""The 2D reshard: prefill CP layer-split KV handed to a decode DCP group (Mind Lab 2026, §4-6).
 
 Prefill with CP layer-split keeps, on each CP rank, every page of the prompt but only a
 contiguous range of layers; decode with DCP keeps, on each DCP rank, every layer but only
@@ -10,6 +10,7 @@ Sending the whole sequence to every DCP rank and resharding afterwards moves N_d
 the bytes and throws (N_dcp - 1)/N_dcp of them away; the plan reports both so the
 operator can show what the reshard saves. Only the MLA latent travels this way; the DSA
 index keys and any per-request state go with the request outside these figures.
+`docs/performance-model.md` (Sources) gives the full reference for Mind Lab 2026.
 """
 
 from __future__ import annotations
