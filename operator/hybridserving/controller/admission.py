@@ -1,10 +1,11 @@
 """The validating admission webhook, served by the operator (kopf's admission server).
 
 CEL in the CRD refuses what one field or a few neighbours can show; the layout rules,
-capacity, privileges and the pod surface need the operator's own code. The webhook runs
-the checks of `hybridserving validate` (`core.fleet.assess`: layout rules, pod surface, weights,
-capacity) and the chart's engine privileges, so a bad spec is refused at `kubectl apply` with
-the same field paths and fixes, and warnings come back as admission warnings.
+capacity, privileges and the pod surface need the operator's own code. The webhook judges a
+spec by the reconcile's own `validate` (`core.fleet.check`: layout rules, pod surface, weights,
+capacity, and the chart's engine privileges), so it refuses exactly the specs the operator would
+not follow, at `kubectl apply`, with the field paths and fixes of `hybridserving validate`, and
+warnings come back as admission warnings.
 
 Failure policy, per operation (set in the chart's configuration):
 
@@ -36,7 +37,6 @@ import kopf
 from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION
 from hybridserving.controller import handlers
 from hybridserving.controller.reconcile import validate
-from hybridserving.core import fleet, privileges
 
 log = logging.getLogger("hybridserving.admission")
 
@@ -57,16 +57,13 @@ def review(body: dict[str, Any], old: dict[str, Any] | None, operation: str, war
             return
         if old is not None and (old.get("spec") or {}) == (body.get("spec") or {}):
             return
-    hs, validation = validate(dict(body), handlers.OPTIONS.engine_policy)
-    if hs is None or validation.parse_error:
-        raise kopf.AdmissionError(validation.parse_error or "not a HybridServing", code=422)
-    # Everything `hybridserving validate` reports (layout, pod surface, weights, capacity), and privileges.
-    issues = [*fleet.assess(hs.spec).issues, *privileges.check(hs.spec, handlers.OPTIONS.engine_policy)]
-    errors = [i for i in issues if i.severity == "error"]
-    warnings.extend(f"{i.path}: {i.message}. Fix: {i.fix}" for i in issues if i.severity != "error")
-    if errors:
+    _, validation = validate(dict(body), handlers.OPTIONS.engine_policy)
+    if validation.parse_error:
+        raise kopf.AdmissionError(validation.parse_error, code=422)
+    warnings.extend(f"{i.path}: {i.message}. Fix: {i.fix}" for i in validation.issues if i.severity != "error")
+    if validation.errors:
         raise kopf.AdmissionError(
-            "; ".join(f"{i.path}: {i.message}. Fix: {i.fix}" for i in errors)[:8000], code=422)
+            "; ".join(f"{i.path}: {i.message}. Fix: {i.fix}" for i in validation.errors)[:8000], code=422)
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id="create", operations=["CREATE"])

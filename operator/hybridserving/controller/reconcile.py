@@ -7,7 +7,8 @@ the watches and the pass's own writes keep current. The steps:
 
 1. observe: the HybridServing and every object labelled with its name, kept only when the
    ownerReferences lead back to it;
-2. validate: pydantic and the layout rules; an invalid spec is reported and the fleet is
+2. validate: pydantic and `core.fleet.check` (layout rules, pod surface, capacity, the
+   installation's privileges), as the admission webhook does; an invalid spec is reported and the fleet is
    planned from the last valid spec (kept in the `<name>-applied` ConfigMap), so a bad edit
    never touches a serving fleet;
 3. plan and diff (pure, `core.planner`);
@@ -48,7 +49,7 @@ from hybridserving.controller.status import (
     wire,
 )
 from hybridserving.contract import ANNOTATION_ROLE
-from hybridserving.core import enginekey, layout, planner, privileges, surface, weights
+from hybridserving.core import enginekey, fleet, planner, privileges, weights
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceView, view
@@ -140,7 +141,11 @@ def observe(kube: Kube, namespace: str, name: str, hs_uid: str, extra_kinds: tup
 def validate(
     body: dict[str, Any], engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY
 ) -> tuple[HybridServing | None, Validation]:
-    """The typed HybridServing and what is wrong with it (CEL catches much, not everything)."""
+    """The typed HybridServing and what is wrong with it (CEL catches much, not everything).
+
+    The admission webhook refuses exactly the specs this finds invalid: an update it let through
+    while down is judged here by the same checks.
+    """
     try:
         hs = HybridServing.model_validate(
             {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
@@ -149,8 +154,7 @@ def validate(
         errors = "; ".join(f"{e.path}: {e.message}" for e in field_errors(exc))
         return None, Validation(issues=(), parse_error=errors)
     hs = privileges.with_default_image(hs, engine_policy)
-    issues = [*layout.validate(hs.spec), *surface.check(hs.spec), *privileges.check(hs.spec, engine_policy)]
-    return hs, Validation(issues=issues)
+    return hs, Validation(issues=fleet.check(hs.spec, engine_policy))
 
 
 def last_applied(observed: Observed, name: str) -> HybridServingSpec | None:

@@ -1,8 +1,8 @@
 """One assessment of a HybridServing spec: its issues, its shape per role, its capacity.
 
-The CLI's `validate`/`plan` and the operator's status report the same facts; computing them
-in one pure place keeps what a user sees before `kubectl apply` equal to what the operator
-reports after it.
+The CLI's `validate`/`plan`, the admission webhook and the reconcile judge a spec by the same
+`check`; computing it in one pure place keeps what a user sees before `kubectl apply`, what the
+webhook refuses at it and what the operator follows after it equal.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
-from hybridserving.core import capacity, flags, layout, surface
+from hybridserving.core import capacity, flags, layout, privileges, surface
 from hybridserving.core.layout import LayoutIssue
+from hybridserving.core.privileges import EnginePolicy
 
 
 @dataclass(frozen=True)
@@ -94,24 +95,48 @@ def _capacity_issue(err: capacity.CapacityError) -> LayoutIssue:
     )
 
 
-def assess(spec: HybridServingSpec, leader_host: str = "<leader>") -> FleetAssessment:
-    """Validate the spec and, where it is valid enough to plan, plan each role.
+def check(spec: HybridServingSpec, policy: EnginePolicy | None = None) -> list[LayoutIssue]:
+    """Every issue that decides whether a fleet may follow `spec`: a spec with an error is refused
+    by the webhook, left unplanned by the reconcile and reported invalid by `hybridserving validate`.
 
-    Capacity errors (weights that do not fit) are issues like any layout rule, so a spec
-    with no room for KV is refused before a single pod asks for GPUs.
+    `policy` is what the installation grants engine pods; the CLI, which cannot know the chart's
+    values, passes none and leaves the privileges to the cluster.
+    """
+    return _checked(spec, policy)[0]
+
+
+def _checked(
+    spec: HybridServingSpec, policy: EnginePolicy | None
+) -> tuple[list[LayoutIssue], dict[Role, capacity.InstanceCapacity | None]]:
+    """The issues and each role's capacity (None: it has none), capacity only once the layout
+    rules pass: the capacity arithmetic assumes a layout they admit.
+
+    Capacity errors (weights that do not fit) are issues like any layout rule, so a spec with no
+    room for KV is refused before a single pod asks for GPUs.
     """
     issues = [*layout.validate(spec), *surface.check(spec)]
-    if layout.errors(issues):
+    capacities: dict[Role, capacity.InstanceCapacity | None] = {}
+    if not layout.errors(issues):
+        arch = spec.architecture()
+        for role in ROLES:
+            try:
+                capacities[role] = capacity.instance_capacity(arch, spec.role(role), spec.hardware, role_name=role)
+            except capacity.CapacityError as err:
+                issues.append(_capacity_issue(err))
+                capacities[role] = None
+    if policy is not None:
+        issues += privileges.check(spec, policy)
+    return issues, capacities
+
+
+def assess(spec: HybridServingSpec, leader_host: str = "<leader>") -> FleetAssessment:
+    """`check` without an installation's policy and, where the spec is valid enough to plan, each role's plan."""
+    issues, capacities = _checked(spec, None)
+    if not capacities:
         return FleetAssessment(issues=issues)
-    arch = spec.architecture()
     roles: dict[str, RolePlan] = {}
-    for role in ROLES:
+    for role, cap in capacities.items():
         rs = spec.role(role)
-        try:
-            cap = capacity.instance_capacity(arch, rs, spec.hardware, role_name=role)
-        except capacity.CapacityError as err:
-            issues.append(_capacity_issue(err))
-            cap = None
         nodes = rs.nodes_per_instance
         argv = [
             flags.render_argv(spec, role, node_rank=rank, dist_init_addr=leader_host if nodes > 1 else None)
