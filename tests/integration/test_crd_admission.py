@@ -313,6 +313,26 @@ BAD_FLEETS = {
         "spec.roleSwitch.minPrefill",
         "exceeds the instances of the fleet",
     ),
+    "a topology key that is not a label key": (
+        _set("spec.network.rackKey", "rack id"),
+        "spec.network.rackKey",
+        "should match",
+    ),
+    "a GPU resource in the kubernetes.io domain": (
+        _set("spec.hardware.gpuResourceName", "kubernetes.io/gpu"),
+        "spec.hardware.gpuResourceName",
+        "gpuResourceName must be a device plugin's resource",
+    ),
+    "an RDMA resource without a domain": (
+        _set("spec.transfer.rdmaResourceName", "ib"),
+        "spec.transfer.rdmaResourceName",
+        "should match",
+    ),
+    "an empty router image": (
+        _set("spec.router.image", ""),
+        "spec.router.image",
+        "should match",
+    ),
     "a capability given twice": (
         _set("spec.engine.capabilities", ["dsa-dcp-pd", "dsa-dcp-pd"]),
         "spec.engine.capabilities[1]",

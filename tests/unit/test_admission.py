@@ -109,6 +109,35 @@ def test_kubernetes_labels_annotations_and_quantities_pass() -> None:
     assert refusal(doc).startswith("spec.router.resources.requests.cpu: 'lots' is not a Kubernetes quantity")
 
 
+@pytest.mark.parametrize("section, field, value, fix", [
+    ("network", "rackKey", "rack id", "use an optional DNS subdomain prefix"),
+    ("network", "nvlinkDomainKey", "", "use an optional DNS subdomain prefix"),
+    ("network", "rdmaFabricKey", "Example.com/fabric", "use an optional DNS subdomain prefix"),
+    ("hardware", "gpuResourceName", "gpu", "e.g. nvidia.com/gpu"),
+    ("hardware", "gpuResourceName", "kubernetes.io/gpu", "not ending in kubernetes.io"),
+    ("transfer", "rdmaResourceName", "requests.rdma/ib", "nor starting with 'requests.'"),
+    ("router", "image", "", "name the router image without spaces"),
+])
+def test_names_that_pods_could_not_carry_are_refused_naming_the_field_and_the_fix(
+    section: str, field: str, value: str, fix: str
+) -> None:
+    doc = body("role-switch.yaml")
+    doc["spec"][section] = {**doc["spec"].get(section, {}), field: value}
+    message = refusal(doc)
+    assert message.startswith(f"spec.{section}.{field}: {value!r} ") or message.startswith(
+        f"spec.{section}.{field}: node label key {value!r}"), message
+    assert fix in message
+
+
+def test_the_default_names_and_kubernetes_own_topology_labels_pass() -> None:
+    doc = body("role-switch.yaml")
+    admission.review(doc, None, "CREATE", [])
+    doc["spec"]["network"] = {"rackKey": "topology.kubernetes.io/zone", "nvlinkDomainKey": "nvidia.com/gpu.clique"}
+    doc["spec"]["hardware"] = {**doc["spec"].get("hardware", {}), "gpuResourceName": "amd.com/gpu"}
+    doc["spec"]["transfer"] = {**doc["spec"].get("transfer", {}), "rdmaResourceName": ""}
+    admission.review(doc, None, "CREATE", [])
+
+
 def test_updates_that_keep_the_spec_and_objects_being_deleted_always_pass() -> None:
     bad = body("invalid/dcp-not-dividing-tp.yaml")
     relabelled = copy.deepcopy(bad)

@@ -18,6 +18,8 @@ import yaml
 from pydantic import ValidationError, WithJsonSchema
 
 from hybridserving.api import crd as crdgen
+from hybridserving.api import pods
+from hybridserving.api.base import field_errors
 from hybridserving.api.instance import HybridServingInstance, HybridServingInstanceStatus, InstancePorts
 from hybridserving.api.pods import PodTemplate
 from hybridserving.api.v1alpha1 import (
@@ -570,3 +572,55 @@ def test_wrong_types_and_out_of_range_values_fail_the_schema():
 def test_instance_ports_must_be_distinct_in_the_model_too():
     with pytest.raises(ValueError, match="five distinct ports"):
         InstancePorts(http=30000, bootstrap=30000, dist_init=20000, engine_info_bootstrap=6789)
+
+
+# --------------------------------------------------------------------------- names Kubernetes checks later
+
+LABEL_KEYS = [("hybridserving.io/rack", True), ("topology.kubernetes.io/zone", True), ("kubernetes.io/hostname", True),
+              ("rack", True), ("", False), ("rack id", False), ("Example.com/rack", False), ("a/b/c", False),
+              ("/rack", False), ("a" * 64, False)]
+RESOURCES = [("nvidia.com/gpu", True), ("amd.com/gpu", True), ("rdma/ib", True), ("example.com/Gpu_1", True),
+             ("a" * 244 + "/x", True), ("gpu", False), ("nvidia.com/", False), ("kubernetes.io/gpu", False),
+             ("gpu.kubernetes.io/x", False), ("requests.example.com/gpu", False), ("Nvidia.com/gpu", False),
+             ("nvidia.com/gpu/x", False), ("a" * 245 + "/x", False), ("nvidia.com/ gpu", False)]
+IMAGES = [("lightseekorg/smg:1.13.0", True), ("registry.example:5000/smg@sha256:0a1b", True), ("", False),
+          (" lightseekorg/smg", False), ("lightseekorg/smg :1.13.0", False)]
+CASES = [
+    *((f"network.{field}", key, valid) for field in ("nvlinkDomainKey", "rdmaFabricKey", "rackKey")
+      for key, valid in LABEL_KEYS),
+    *(("hardware.gpuResourceName", name, valid) for name, valid in RESOURCES),
+    *(("transfer.rdmaResourceName", name, valid) for name, valid in RESOURCES if name),
+    ("transfer.rdmaResourceName", "", True),
+    *(("router.image", image, valid) for image, valid in IMAGES),
+]
+
+
+def admitted_by_schema(node: dict[str, Any], value: str) -> bool:
+    """The field's pattern and CEL rule, the one CEL rule used here evaluated as written."""
+    admitted = not violations(node, value)
+    for rule in node.get("x-kubernetes-validations", []):
+        may_be_empty = rule["rule"].startswith("self == '' || (")
+        body = rule["rule"].removeprefix("self == '' || (")[:-1] if may_be_empty else rule["rule"]
+        assert body == pods.EXTENDED_RESOURCE_CEL, rule["rule"]
+        (prefix,) = cel_patterns(body)
+        admitted &= (may_be_empty and value == "") or (
+            not value.startswith("requests.") and "kubernetes.io/" not in value and bool(re.search(prefix, value)))
+    return admitted
+
+
+@pytest.mark.parametrize("field, value, valid", CASES)
+def test_names_the_operator_writes_into_pods_are_checked_by_the_apiserver_as_by_the_model(field, value, valid):
+    """Topology keys, resource names and the router image go into every pod: one the apiserver or the
+    scheduler refuses would leave an instance deleted for a rollout unable to come back."""
+    assert admitted_by_schema(resolve(schema_of(HS_FILE), f".spec.{field}"), value) is valid
+    section, name = field.split(".")
+    fleet = copy.deepcopy(MINIMAL_FLEET)
+    fleet["spec"][section] = {name: value}
+    if valid:
+        HybridServing.model_validate(fleet)
+        return
+    with pytest.raises(ValidationError) as refused:
+        HybridServing.model_validate(fleet)
+    (error,) = field_errors(refused.value)
+    assert error.path == f"spec.{field}"
+    assert re.search(r"use |name the router image", error.message), error.message

@@ -69,6 +69,21 @@ ANNOTATION_KEY_PATTERN = f"^({_SUBDOMAIN.replace('a-z0-9', 'A-Za-z0-9')}/)?{_NAM
 LABEL_VALUE_PATTERN = f"^({_NAME})?$"
 QUANTITY_PATTERN = "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
 _PREFIX_FITS = "^[^/]{1,253}/"  # the prefix (before a key's one '/') has at most 253 characters
+# An extended resource (apimachinery's IsExtendedResourceName, which device plugins must pass to
+# register one): a qualified name with a domain. A pod that asks for any other resource either is
+# refused or waits for a node that can never offer it. What a pattern cannot say is the rule below.
+EXTENDED_RESOURCE_PATTERN = f"^{_SUBDOMAIN}/{_NAME}$"
+EXTENDED_RESOURCE_OR_EMPTY_PATTERN = f"^({_SUBDOMAIN}/{_NAME})?$"
+# Outside kubernetes.io (the native resources' domain), and still a qualified name as the quota name
+# "requests.<name>": a domain of at most 244 characters that does not itself start with "requests.".
+EXTENDED_RESOURCE_CEL = (
+    "!self.startsWith('requests.') && !self.contains('kubernetes.io/') && self.matches('^[^/]{1,244}/')"
+)
+_EXTENDED_RESOURCE_RULE = (
+    "a device plugin's resource: a DNS subdomain of at most 244 characters, not ending in kubernetes.io nor "
+    "starting with 'requests.', then '/' and a name of at most 63 letters, digits, '-', '_' or '.' that starts "
+    "and ends with a letter or digit, e.g. nvidia.com/gpu or rdma/ib"
+)
 _KEY_RULE = (
     "an optional DNS subdomain prefix (at most 253 characters) and '/', then a name of at most 63 letters, "
     "digits, '-', '_' or '.' that starts and ends with a letter or digit, e.g. example.com/team"
@@ -89,9 +104,25 @@ def _key_rule(kind: str, pattern: str) -> JsonDict:
     )
 
 
-def _check_key(key: str, kind: str, pattern: str) -> None:
+def check_key(key: str, kind: str, pattern: str = LABEL_KEY_PATTERN) -> None:
+    """Raises ValueError, saying how to write one, unless `key` is a `kind` key the apiserver takes."""
     if not re.fullmatch(pattern, key) or ("/" in key and not re.match(_PREFIX_FITS, key)):
         raise ValueError(f"{kind} key {key!r} is not valid: use {_KEY_RULE}")
+
+
+def extended_resource_rule(field: str, may_be_empty: bool = False) -> JsonDict:
+    """The CEL half of the extended resource rule, on the string field `field` names."""
+    rule = f"self == '' || ({EXTENDED_RESOURCE_CEL})" if may_be_empty else EXTENDED_RESOURCE_CEL
+    return cel(rule, f"{field} must be {'empty or ' if may_be_empty else ''}{_EXTENDED_RESOURCE_RULE}")
+
+
+def check_extended_resource(name: str, may_be_empty: bool = False) -> None:
+    """Raises ValueError, saying how to write one, unless `name` is an extended resource name."""
+    if may_be_empty and not name:
+        return
+    if (not re.fullmatch(EXTENDED_RESOURCE_PATTERN, name) or "kubernetes.io/" in name
+            or name.startswith("requests.") or len(name.partition("/")[0]) > 244):
+        raise ValueError(f"{name!r} is not an extended resource name: use {_EXTENDED_RESOURCE_RULE}")
 
 
 def is_quantity(value: object) -> bool:
@@ -194,7 +225,7 @@ class PodTemplateMetadata(ApiModel):
     @classmethod
     def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
         for key, value in labels.items():
-            _check_key(key, "label", LABEL_KEY_PATTERN)
+            check_key(key, "label")
             if not re.fullmatch(LABEL_VALUE_PATTERN, value):
                 raise FieldInvalid(key, f"value {value!r} is not valid: use {_LABEL_VALUE_RULE}")
         return labels
@@ -203,7 +234,7 @@ class PodTemplateMetadata(ApiModel):
     @classmethod
     def _annotation_keys_are_qualified_names(cls, annotations: dict[str, str]) -> dict[str, str]:
         for key in annotations:
-            _check_key(key, "annotation", ANNOTATION_KEY_PATTERN)
+            check_key(key, "annotation", ANNOTATION_KEY_PATTERN)
         return annotations
 
 

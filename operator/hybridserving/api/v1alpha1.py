@@ -16,11 +16,17 @@ from pydantic.alias_generators import to_camel
 
 from hybridserving.api.base import ApiModel, FieldInvalid, cel
 from hybridserving.api.pods import (
+    EXTENDED_RESOURCE_OR_EMPTY_PATTERN,
+    EXTENDED_RESOURCE_PATTERN,
+    LABEL_KEY_PATTERN,
     QUANTITY_PATTERN,
     EnvFromSource,
     EnvVarSource,
     GangSpec,
     PodTemplate,
+    check_extended_resource,
+    check_key,
+    extended_resource_rule,
     is_quantity,
     quantity_error,
 )
@@ -202,7 +208,19 @@ class HardwareSpec(ApiModel):
         default=None, gt=0, le=4096,
         description="Memory of one GPU in GiB; default: the gpuType's, else 141 (H200).",
     )
-    gpu_resource_name: str = Field(default="nvidia.com/gpu", max_length=253, description="Extended resource of GPUs.")
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu",
+        max_length=253,
+        description="Extended resource of GPUs, as the device plugin advertises it (nvidia.com/gpu, amd.com/gpu).",
+        json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN,
+                           "x-kubernetes-validations": [extended_resource_rule("gpuResourceName")]},
+    )
+
+    @field_validator("gpu_resource_name")
+    @classmethod
+    def _gpus_are_an_extended_resource(cls, name: str) -> str:
+        check_extended_resource(name)
+        return name
 
     @property
     def memory_gib(self) -> float:
@@ -382,10 +400,20 @@ class TransferSpec(ApiModel):
         "ignored while ibDevices is empty (the engine detects devices).",
     )
     rdma_resource_name: str = Field(
-        default="rdma/ib", max_length=253, description="Extended resource for RDMA devices; empty for none."
+        default="rdma/ib",
+        max_length=253,
+        description="Extended resource for RDMA devices, as the device plugin advertises it; empty for none.",
+        json_schema_extra={"pattern": EXTENDED_RESOURCE_OR_EMPTY_PATTERN,
+                           "x-kubernetes-validations": [extended_resource_rule("rdmaResourceName", may_be_empty=True)]},
     )
     rdma_resource_count: int = Field(default=0, ge=0, le=64, description="RDMA resources requested per pod.")
     bootstrap_port: int = Field(default=8998, ge=1024, le=65535, description="Prefill bootstrap port.")
+
+    @field_validator("rdma_resource_name")
+    @classmethod
+    def _rdma_is_an_extended_resource(cls, name: str) -> str:
+        check_extended_resource(name, may_be_empty=True)
+        return name
 
 
 class NetworkSpec(ApiModel):
@@ -398,14 +426,24 @@ class NetworkSpec(ApiModel):
         default="hybridserving.io/nvlink-domain",
         max_length=253,
         description="Node label whose value names an NVLink domain; all pods of an instance share one value.",
+        json_schema_extra={"pattern": LABEL_KEY_PATTERN},
     )
     rdma_fabric_key: str = Field(
         default="hybridserving.io/rdma-fabric",
         max_length=253,
         description="Node label whose value names an RDMA fabric; prefill and decode share one value.",
+        json_schema_extra={"pattern": LABEL_KEY_PATTERN},
     )
-    rack_key: str = Field(default="hybridserving.io/rack", max_length=253, description="Node label of the rack.")
+    rack_key: str = Field(default="hybridserving.io/rack", max_length=253, description="Node label of the rack.",
+                          json_schema_extra={"pattern": LABEL_KEY_PATTERN})
     spread_across_racks: bool = Field(default=False, description="Spread instances of a role across racks.")
+
+    @field_validator("nvlink_domain_key", "rdma_fabric_key", "rack_key")
+    @classmethod
+    def _keys_are_label_keys(cls, key: str) -> str:
+        """Each is a pod's topologyKey: the apiserver refuses a pod whose key is no label key."""
+        check_key(key, "node label")
+        return key
 
 
 def _int_or_string(value: object) -> int | str:
@@ -439,9 +477,15 @@ class Resources(ApiModel):
         return values
 
 
+# An image reference has no whitespace; the apiserver refuses a container with an empty image.
+IMAGE_PATTERN = r"^[^\s]+$"
+
+
 class RouterSpec(ApiModel):
     enabled: bool = Field(default=True, description="Deploy an smg router with Kubernetes service discovery.")
-    image: str = Field(default="lightseekorg/smg:1.13.0", max_length=512)
+    image: str = Field(default="lightseekorg/smg:1.13.0", max_length=512,
+                       description="smg router image; pin it by tag or digest.",
+                       json_schema_extra={"pattern": IMAGE_PATTERN})
     replicas: int = Field(default=1, ge=0, le=64, description="Router replicas; two or more get a PodDisruptionBudget "
                           "and are spread over nodes.")
     resources: Resources = Field(
@@ -451,6 +495,14 @@ class RouterSpec(ApiModel):
     port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port.")
     prefill_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "cache_aware"
     decode_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "power_of_two"
+
+    @field_validator("image")
+    @classmethod
+    def _image_is_a_reference(cls, image: str) -> str:
+        if not re.fullmatch(IMAGE_PATTERN, image):
+            raise ValueError(f"{image!r} is not an image reference: name the router image without spaces, "
+                             "e.g. lightseekorg/smg:1.13.0, or leave router.image out for that default")
+        return image
 
 
 class SloSpec(ApiModel):
