@@ -170,7 +170,8 @@ class MemoryApi:
             # smg health-checks a new worker before using it, and the readiness probe runs
             # periodically: a router turns ready a step after its pair does.
             seen = deployment["_pair_seen"] = deployment.get("_pair_seen", 0) + 1 if len(roles) == 2 else 0
-            deployment["status"] = {"readyReplicas": deployment["spec"]["replicas"] if seen > 1 else 0}
+            serving = deployment["spec"]["replicas"] if seen > 1 else 0
+            deployment["status"] = {"readyReplicas": serving, "availableReplicas": serving}
 
     def user_apply(self, spec: dict[str, Any], name: str = "fleet") -> None:
         key = (KIND, name)

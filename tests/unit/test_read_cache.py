@@ -82,22 +82,25 @@ def kube(api: MemoryApi, clock: Clock) -> Cached:
 
 
 def kubelet(api: MemoryApi, cache: ObjectCache) -> None:
-    """Pods start running; the watch reports each change."""
+    """Pods start running and routers turn ready; the watch reports each change."""
     api.run_pods()
     for (kind, _), obj in api.store.items():
-        if kind == "Pod":
+        if kind in ("Pod", "Deployment"):
             obj["metadata"]["resourceVersion"] = str(next(api.counter))
-            cache.apply_event("Pod", "MODIFIED", copy.deepcopy(obj))
+            cache.apply_event(kind, "MODIFIED", copy.deepcopy(obj))
 
 
 def settle(api: MemoryApi, kube: Kube) -> None:
+    """Reconcile until two passes in a row ask for nothing: a router turns ready a pass after its pair."""
+    quiet = 0
     for _ in range(10):
         outcome = rec.reconcile(kube, NS, "fleet")
         if isinstance(kube, CachedKube):
             kubelet(api, kube.cache)
         else:
             api.run_pods()
-        if not outcome.actions:
+        quiet = 0 if outcome.actions else quiet + 1
+        if quiet == 2:
             return
     raise AssertionError("not settled")
 

@@ -27,13 +27,13 @@ from hybridserving.api.v1alpha1 import (
     RolloutStatus,
 )
 from hybridserving.contract import ANNOTATION_ROLE
-from hybridserving.core import capacity
+from hybridserving.core import capacity, router
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
-from hybridserving.core.naming import LABEL_REVISION, engine_selector, revision_name
+from hybridserving.core.naming import LABEL_COMPONENT, LABEL_REVISION, engine_selector, revision_name
 from hybridserving.core.observed import Observed, parse_time
-from hybridserving.core.rollout import held_by
+from hybridserving.core.rollout import held_by, instance_pairing_key
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
 
@@ -236,11 +236,9 @@ def fleet_status(
     total = sum(r.desired for r in per_role.values())
     ready_total = sum(r.ready for r in per_role.values())
     all_ready = ready_total == total and len(views) == total
-    conds.append(condition(
-        "Ready", all_ready, "AllInstancesReady" if all_ready else "InstancesNotReady",
-        f"prefill {per_role['prefill'].summary}, decode {per_role['decode'].summary} instances ready",
-        generation, previous,
-    ))
+    routing = router_health(desired, observed, views, clock)
+    serving = all_ready and (routing is None or routing.available)
+    conds.append(ready_condition(all_ready, routing, per_role, generation, previous))
     outdated = [v.plan.name for v in views.values() if not v.current]
     progressing = bool(outdated) or pending_actions > 0 or not all_ready
     held = held_by(desired.spec.rollout, views)
@@ -283,10 +281,13 @@ def fleet_status(
                         "serving: a hung or overloaded engine; its pod's events and the engine log say more")
     if stuck:
         troubles.append(message)
+    if routing is not None and routing.trouble:
+        troubles.append(routing.trouble)
     troubles += list(errors)
     conds.append(condition(
         "Degraded", bool(troubles),
         (error_reason if errors else
+         "RouterUnavailable" if routing is not None and routing.trouble else
          "Unschedulable" if any(v.state == "Pending" for v in views.values()) else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
          "CrashLoop" if crash_looping else
@@ -318,12 +319,51 @@ def fleet_status(
             for v in sorted(views.values(), key=lambda v: v.plan.index)
         ],
         capacity=capacity_status(desired.spec, per_role["decode"].desired),
-        ready="True" if all_ready else "False",
+        ready="True" if serving else "False",
         last_progress_time=dt.datetime.fromtimestamp(progressed_at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         replicas=len(views),
         selector=engine_selector(desired.name),
         rollout=rollout,
     ))
+
+
+def ready_condition(all_ready: bool, routing: router.RouterHealth | None, per_role: Mapping[str, RoleStatus],
+                    generation: int | None, previous: Mapping[str, Mapping[str, Any]]) -> Condition:
+    """Ready: every instance serves and clients reach them, which takes an available router
+    (`routing`, None for a fleet without one)."""
+    instances = f"prefill {per_role['prefill'].summary}, decode {per_role['decode'].summary} instances ready"
+    if routing is not None and not routing.available:
+        return condition("Ready", False, "RouterNotReady", f"{routing.message}; {instances}", generation, previous)
+    return condition("Ready", all_ready, "AllInstancesReady" if all_ready else "InstancesNotReady", instances,
+                     generation, previous)
+
+
+def router_health(desired: DesiredState, observed: Observed, views: Mapping[str, InstanceView],
+                  clock: float) -> router.RouterHealth | None:
+    """What the fleet's router Deployments report, None for a fleet without router (disabled or
+    scaled to zero replicas)."""
+    if not desired.spec.router.enabled or desired.spec.router.replicas == 0:
+        return None
+    deployments = [
+        router.RouterDeployment.from_manifest(obj) for (kind, _), obj in sorted(observed.objects.items())
+        if kind == "Deployment" and (obj["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "router"
+        and not obj["metadata"].get("deletionTimestamp")
+    ]
+    return router.health(deployments, paired_since(desired, views), clock)
+
+
+def paired_since(desired: DesiredState, views: Mapping[str, InstanceView]) -> dict[str, float]:
+    """Since when each pairing key has had an available prefill and decode (not out for a role
+    switch): its router can be ready only from then. An instance is available since its pods'
+    last Ready transition; one without Ready times counts as available long since."""
+    since: dict[str, dict[str, float]] = {}
+    for v in views.values():
+        if not v.available or v.out_for_switch:
+            continue
+        at = max((p.ready_since for p in v.pods if not p.deleting and p.ready_since is not None), default=0.0)
+        roles = since.setdefault(instance_pairing_key(v, desired.pairing_key), {})
+        roles[v.plan.role] = min(roles.get(v.plan.role, at), at)
+    return {key: max(roles.values()) for key, roles in since.items() if set(roles) == set(ROLES)}
 
 
 def rollout_status(desired: DesiredState, views: Mapping[str, InstanceView], per_role: Mapping[str, RoleStatus],

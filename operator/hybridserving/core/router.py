@@ -25,16 +25,24 @@ prefill reaches 8 without being loaded at all. The routing policies still balanc
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hybridserving.api.pods import canonical_quantity
 from hybridserving.api.v1alpha1 import RouterSpec
+from hybridserving.core.naming import LABEL_PAIRING
+from hybridserving.core.observed import parse_time
 
 METRICS_PORT_NAME = "metrics"
 PRESTOP_SECONDS = 5
 DRAIN_SECONDS = 110  # smg's --shutdown-grace-period-secs
 OVERLOAD_FLAGS = ("--disable-worker-overload-protection",)
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + DRAIN_SECONDS + 5
+# How long the fleet may have no available router, while a pair it could route to serves, before
+# status calls it Degraded: a router rolled or rescheduled is back well within it (readiness every
+# 5 s, smg's first worker health check), a router that cannot start or stays unready is not.
+UNAVAILABLE_SECONDS = 180.0
 
 
 def container_fields(router: RouterSpec) -> dict[str, Any]:
@@ -79,3 +87,73 @@ def disruption_budget(router: RouterSpec, meta: dict[str, Any], selector: dict[s
         "spec": {"maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow",
                  "selector": {"matchLabels": selector}},
     }
+
+
+@dataclass(frozen=True)
+class RouterDeployment:
+    """A router Deployment as its controller reports it (`status`), which is what clients meet."""
+
+    name: str
+    pairing_key: str
+    replicas: int
+    available: int
+    unavailable_since: float | None
+    """When its `Available` condition turned False (when it was created, while it has none yet);
+    None while it is Available or its times are unknown."""
+    replica_failure: str | None = None
+    """Why its ReplicaSet cannot create pods (`ReplicaFailure` True: quota, admission), if it cannot."""
+
+    @classmethod
+    def from_manifest(cls, obj: Mapping[str, Any]) -> RouterDeployment:
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        available = conditions.get("Available")
+        if available is None:
+            since = parse_time(meta.get("creationTimestamp"))
+        else:
+            since = parse_time(available.get("lastTransitionTime")) if available.get("status") == "False" else None
+        failure = conditions.get("ReplicaFailure") or {}
+        reason = failure.get("reason") or "ReplicaFailure"
+        return cls(
+            name=meta.get("name", ""),
+            pairing_key=(meta.get("labels") or {}).get(LABEL_PAIRING, ""),
+            replicas=int((obj.get("spec") or {}).get("replicas") or 0),
+            available=int(status.get("availableReplicas") or 0),
+            unavailable_since=since,
+            replica_failure=((f"{reason}: {failure['message']}" if failure.get("message") else reason)
+                             if failure.get("status") == "True" else None),
+        )
+
+
+@dataclass(frozen=True)
+class RouterHealth:
+    """Whether clients can reach the fleet through its router, and why the router is degraded, if it is."""
+
+    available: bool
+    message: str
+    trouble: str | None = None
+
+
+def health(routers: Sequence[RouterDeployment], paired_since: Mapping[str, float], now: float,
+           grace: float = UNAVAILABLE_SECONDS) -> RouterHealth:
+    """The fleet's router health from its router Deployments (those not on their way out).
+
+    The fleet serves while any router replica is available: the Service spans every router
+    Deployment. With none, it is degraded once that has lasted longer than `grace` counted from
+    when a router could have been ready: smg is ready only with a ready prefill and decode of its
+    pairing key (`paired_since`: since when each key has had one), so a fleet still loading its
+    engines is starting, not degraded. A Deployment that cannot create its pods is degraded at once.
+    """
+    failures = [f"{r.name} cannot create pods ({r.replica_failure})" for r in routers if r.replica_failure]
+    counts = ", ".join(f"{r.name} {r.available}/{r.replicas}" for r in routers) or "no router Deployment yet"
+    if any(r.available for r in routers):
+        return RouterHealth(True, f"router replicas available: {counts}", "; ".join(failures) or None)
+    message = f"no router replica is available ({counts}): clients get no answer"
+    down_since = max((now if r.unavailable_since is None else r.unavailable_since for r in routers), default=now)
+    could_since = min((paired_since[r.pairing_key] for r in routers if r.pairing_key in paired_since), default=None)
+    troubles = list(failures)
+    if could_since is not None and now - max(down_since, could_since) > grace:
+        troubles.insert(0, f"the router has had no available replica for {now - max(down_since, could_since):.0f}s "
+                           f"while a prefill and a decode of its pairing key serve ({counts})")
+    return RouterHealth(False, message, "; ".join(troubles) or None)
