@@ -58,8 +58,8 @@ def review(body: dict[str, Any], old: dict[str, Any] | None, operation: str, war
         if old is not None and (old.get("spec") or {}) == (body.get("spec") or {}):
             return
     _, validation = validate(dict(body), handlers.OPTIONS.engine_policy)
-    if validation.parse_error:
-        raise kopf.AdmissionError(validation.parse_error, code=422)
+    if validation.parse_errors:
+        raise kopf.AdmissionError(validation.message(), code=422)
     warnings.extend(f"{i.path}: {i.message}. Fix: {i.fix}" for i in validation.issues if i.severity != "error")
     if validation.errors:
         raise kopf.AdmissionError(

@@ -151,8 +151,7 @@ def validate(
             {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
         )
     except ValidationError as exc:
-        errors = "; ".join(f"{e.path}: {e.message}" for e in field_errors(exc))
-        return None, Validation(issues=(), parse_error=errors)
+        return None, Validation(issues=(), parse_errors=field_errors(exc))
     hs = privileges.with_default_image(hs, engine_policy)
     return hs, Validation(issues=fleet.check(hs.spec, engine_policy))
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from hybridserving.api.base import ApiModel
+from hybridserving.api.base import ApiModel, FieldError
 from hybridserving.api.instance import HybridServingInstanceStatus, InstancePhase
 from hybridserving.api.v1alpha1 import (
     ROLES,
@@ -59,7 +59,7 @@ class Validation:
     """The outcome of checking a spec: the issues, and whether the fleet follows it."""
 
     issues: Sequence[LayoutIssue]
-    parse_error: str | None = None
+    parse_errors: Sequence[FieldError] = ()
 
     @property
     def errors(self) -> list[LayoutIssue]:
@@ -67,11 +67,16 @@ class Validation:
 
     @property
     def valid(self) -> bool:
-        return self.parse_error is None and not self.errors
+        return not self.parse_errors and not self.errors
+
+    @property
+    def refusals(self) -> list[str]:
+        """Each error as `field: what is wrong`."""
+        return [f"{e.path}: {e.message}" for e in self.parse_errors] + [f"{i.path}: {i.message}" for i in self.errors]
 
     def message(self) -> str:
-        if self.parse_error:
-            return self.parse_error
+        if self.parse_errors:
+            return "; ".join(self.refusals)
         shown = self.errors or list(self.issues)
         return " | ".join(f"{i.path}: {i.message}. Fix: {i.fix}" for i in shown)[:4000]
 
@@ -256,6 +261,8 @@ def fleet_status(
         reason, message = "Reconciling", f"{pending_actions} change(s) in flight, {ready_total}/{total} instances ready"
     else:
         reason, message = "Complete", "every instance runs the current spec"
+    if not validation.valid:
+        progressing, reason, message = False, "SpecNotApplied", not_applied_message(validation, generation)
     not_ready = [v.plan.name for v in sorted(views.values(), key=lambda v: v.plan.index) if not v.available]
     progressed_at = last_progress(previous_status or {}, previous.get("Progressing") or {}, generation, per_role,
                                   held, progressing, clock)
@@ -364,6 +371,13 @@ def paired_since(desired: DesiredState, views: Mapping[str, InstanceView]) -> di
         roles = since.setdefault(instance_pairing_key(v, desired.pairing_key), {})
         roles[v.plan.role] = min(roles.get(v.plan.role, at), at)
     return {key: max(roles.values()) for key, roles in since.items() if set(roles) == set(ROLES)}
+
+
+def not_applied_message(validation: Validation, generation: int | None) -> str:
+    """Why the spec's generation does not progress: the fleet runs the last spec that was valid."""
+    refusals = validation.refusals
+    return (f"generation {generation} is not applied: {len(refusals)} error(s), the first: {refusals[0]}; "
+            "the fleet keeps running the last applied spec")
 
 
 def rollout_status(desired: DesiredState, views: Mapping[str, InstanceView], per_role: Mapping[str, RoleStatus],
