@@ -19,6 +19,8 @@ import pytest
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
+from hybridserving.core.actions import Cause
+from hybridserving.core.backoff import ANNOTATION_GANG_RESTARTS, GangRestarts
 from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.observed import parse_time
 from hybridserving.core.switching import SwitchState
@@ -562,3 +564,39 @@ def test_a_name_that_starts_with_a_digit_is_refused_before_anything_is_written()
     layout = next(c for c in api.store[(KIND, "1abc")]["status"]["conditions"] if c["type"] == "LayoutValid")
     assert layout["status"] == "False" and layout["message"].startswith("metadata.name: ")
     assert "must start with a lowercase letter" in layout["message"]
+
+
+def test_a_gang_that_keeps_failing_backs_off_says_so_and_each_restart_is_an_event(api: MemoryApi) -> None:
+    settle(api)
+
+    def restart_events() -> list[str]:
+        return [e["message"] for e in events(api)
+                if e["involvedObject"]["kind"] == INSTANCE_KIND and e["reason"] == "GangRestart"]
+
+    api.store[("Pod", "fleet-1-0")]["status"]["phase"] = "Failed"
+    rec.reconcile(api, NS, "fleet")
+    assert len(restart_events()) == 1 and "gang restart 1 in a row: pod fleet-1-0 failed" in restart_events()[0]
+    settle(api)
+    api.store[("Pod", "fleet-1-0")]["status"]["phase"] = "Failed"  # right after its start
+    held = rec.reconcile(api, NS, "fleet")
+    assert not [a for a in held.actions if Cause.GANG_RESTART in a.causes] and len(restart_events()) == 1
+    assert held.requeue_after is not None and held.requeue_after <= 10.5, "back when the restart is due"
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoopBackOff", degraded
+    assert "fleet-1 keeps failing (pod fleet-1-0 failed) after 1 gang restart(s) in a row: next restart at " \
+        in degraded["message"]
+    ready = api.store[(INSTANCE_KIND, "fleet-1")]["status"]["conditions"][0]
+    assert ready["status"] == "False" and ready["reason"] == "CrashLoopBackOff"
+    assert "next restart at" in ready["message"]
+    assert "CrashLoopBackOff" in {e["reason"] for e in events(api) if e["type"] == "Warning"}
+
+    # The record on the instance is all a pass reads: one started now (a restarted operator) too.
+    annotations = api.store[(INSTANCE_KIND, "fleet-1")]["metadata"]["annotations"]
+    record = GangRestarts.from_annotation(annotations[ANNOTATION_GANG_RESTARTS])
+    assert record is not None and record.count == 1
+    annotations[ANNOTATION_GANG_RESTARTS] = GangRestarts(1, time.time() - 10).to_annotation()
+    again = rec.reconcile(api, NS, "fleet")
+    assert [a.name for a in again.applied if Cause.GANG_RESTART in a.causes and a.kind == INSTANCE_KIND] == ["fleet-1"]
+    assert len(restart_events()) == 2 and "gang restart 2 in a row" in restart_events()[1]
+    assert "next restart waits 20s" in restart_events()[1]
+

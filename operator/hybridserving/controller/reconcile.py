@@ -309,6 +309,15 @@ def post_instance_event(kube: Kube, namespace: str, name: str, type_: str, reaso
         log.debug("event not posted: %s", exc)
 
 
+def announce_restarts(kube: Kube, namespace: str, applied: list[Action]) -> None:
+    """A Warning Event on each instance whose gang this pass restarted, with why and how many
+    restarts in a row (the back-off the next one waits)."""
+    for action in applied:
+        if action.kind == INSTANCE_KIND and Cause.GANG_RESTART in action.causes:
+            post_instance_event(kube, namespace, action.name, "Warning", EVENT_REASONS[Cause.GANG_RESTART],
+                                action.reason)
+
+
 def degraded_warning(previous: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """A Warning when the fleet turns Degraded or is Degraded for another reason: once, when it
     starts (on every pass while the status that would say it cannot be written)."""
@@ -515,6 +524,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
         act(kube, namespace, todo, outcome, owners)
     if outcome.applied:
         count_switches(observed, outcome.applied)
+        announce_restarts(kube, namespace, outcome.applied)
         # The state after the writes: through the cache, their own responses (no request).
         observed = observe(kube, namespace, name, meta["uid"], extra)
     views = view(desired, observed) if desired is not None else {}
@@ -557,5 +567,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
     settling = [s for v in views.values() if (s := v.settles_in)]
     if settling:  # the rollout goes on when an instance has been ready for minReadySeconds
         outcome.requeue_after = min(outcome.requeue_after or math.inf, min(settling) + 0.5)
+    due = [d for v in views.values() if (d := v.back_off_due_in)]
+    if due:  # a gang restart held by its back-off falls due, or a gang that served forgets its restarts
+        outcome.requeue_after = min(outcome.requeue_after or math.inf, min(due) + 0.5)
     metrics.DURATION.observe(time.monotonic() - started)
     return outcome

@@ -27,7 +27,7 @@ from hybridserving.api.v1alpha1 import (
     RolloutStatus,
 )
 from hybridserving.contract import ANNOTATION_ROLE
-from hybridserving.core import capacity, router
+from hybridserving.core import backoff, capacity, router
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
@@ -114,6 +114,14 @@ def instance_phase(v: InstanceView) -> InstancePhase:
     return settled.get(v.state, "Starting" if v.pods else "Pending")
 
 
+def backing_off_message(v: InstanceView) -> str:
+    """What a gang held by its restart back-off (`v.backing_off`) waits for, and until when."""
+    restarts = v.restarts
+    assert restarts is not None, "only a gang restarted before backs off"
+    return (f"{v.plan.name} keeps failing ({v.failure()}) after {restarts.count} gang restart(s) in a row: "
+            f"next restart at {backoff.format_time(restarts.last + backoff.delay(restarts.count))}")
+
+
 def instance_status(v: InstanceView, generation: int | None) -> HybridServingInstanceStatus:
     """The fields of an instance's status the reconcile owns, from what it observed.
 
@@ -147,7 +155,10 @@ def instance_status(v: InstanceView, generation: int | None) -> HybridServingIns
                                                                         f"; {blocked}" if phase == "Blocked" else ""))
     previous = {c.get("type", ""): c for c in v.observed.status.get("conditions") or []}
     # `kubectl wait --for=condition=Ready hybridservinginstance/NAME` works like it does for pods.
-    status.conditions = [condition("Ready", phase == "Ready", phase, message, generation, previous)]
+    reason = "CrashLoopBackOff" if v.backing_off else phase
+    if v.backing_off:
+        message = backing_off_message(v)
+    status.conditions = [condition("Ready", phase == "Ready", reason, message, generation, previous)]
     return status
 
 
@@ -275,7 +286,10 @@ def fleet_status(
     conds.append(condition("Progressing", progressing, reason, message, generation, previous))
 
     troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
-    troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values() if v.state == "Failed"]
+    backing_off = [v for v in views.values() if v.backing_off]
+    troubles += [backing_off_message(v) for v in backing_off]
+    troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values()
+                 if v.state == "Failed" and not v.backing_off]
     phases = {name: instance_phase(v) for name, v in views.items()}
     crash_looping = [v for name, v in views.items() if phases[name] == "CrashLoop"]
     troubles += [f"{v.plan.name} is crash looping ({instance_status(v, None).last_exit or 'no exit recorded'})"
@@ -296,6 +310,7 @@ def fleet_status(
         (error_reason if errors else
          "RouterUnavailable" if routing is not None and routing.trouble else
          "Unschedulable" if any(v.state == "Pending" for v in views.values()) else
+         "CrashLoopBackOff" if backing_off else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
          "CrashLoop" if crash_looping else
          "ContainerBlocked" if blocked else

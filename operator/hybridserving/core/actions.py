@@ -30,6 +30,8 @@ class Cause(str, Enum):
     """The pods of a switched instance follow its new role in place (relabelled, not recreated)."""
     GANG_RESTART = "gang-restart"
     """A broken gang (a failed, restarted or lost rank) is recreated whole."""
+    BACK_OFF_RESET = "back-off-reset"
+    """A gang that has served for 10 minutes forgets its restarts in a row (`core.backoff`)."""
     PRUNE = "prune"
     """An object the fleet owns that is no longer part of the plan."""
 
@@ -37,7 +39,7 @@ class Cause(str, Enum):
 # Which cause names an action with several (an instance patch that rolls or adopts a switch
 # and restarts a broken gang at once): the most disruptive first.
 _PRECEDENCE = (Cause.GANG_RESTART, Cause.ROLLOUT, Cause.ROLE_SWITCH, Cause.SCALE_UP, Cause.SCALE_DOWN,
-               Cause.MISSING, Cause.DRIFT, Cause.PRUNE)
+               Cause.MISSING, Cause.DRIFT, Cause.BACK_OFF_RESET, Cause.PRUNE)
 
 
 @dataclass(frozen=True)

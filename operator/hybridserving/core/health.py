@@ -13,6 +13,7 @@ from typing import Literal
 
 from hybridserving.api.v1alpha1 import Role
 from hybridserving.contract import ANNOTATION_ROLE
+from hybridserving.core import backoff
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, split_config_hash
 from hybridserving.core.observed import Observed, ObservedInstance, ObservedPod
@@ -144,6 +145,41 @@ class InstanceView:
         if lost and any(p.started for p in pods if not p.deleting):
             return f"rank(s) {', '.join(map(str, lost))} lost while the rest of the gang ran"
         return None
+
+    @property
+    def restarts(self) -> backoff.GangRestarts | None:
+        """Its gang's restarts in a row, as the instance records them (`core.backoff`)."""
+        return backoff.GangRestarts.from_annotation(self.observed.annotations.get(backoff.ANNOTATION_GANG_RESTARTS))
+
+    @property
+    def restart_wait(self) -> float:
+        """Seconds a broken gang of this instance waits before its next restart (0: now). Where
+        no time was read, nothing is timed: it restarts at once."""
+        return 0.0 if self.now is None else backoff.wait(self.restarts, self.now)
+
+    @property
+    def backing_off(self) -> bool:
+        """Broken, and held from restarting by its back-off."""
+        return self.restart_wait > 0 and self.failure() is not None
+
+    @property
+    def forgets_restarts_in(self) -> float | None:
+        """Seconds until it has served long enough to forget its restarts (0: it has); None while
+        it has none to forget, is not serving, or a pod has no Ready time to count from."""
+        if self.restarts is None or self.now is None or not self.available:
+            return None
+        since = [p.ready_since for p in self.pods if not p.deleting]
+        if not since or any(t is None for t in since):
+            return None
+        return backoff.forget_in(max(t for t in since if t is not None), self.now)
+
+    @property
+    def back_off_due_in(self) -> float | None:
+        """Seconds until its back-off moves (a held restart is due, or its restarts are
+        forgotten): when the next pass must look; None: nothing to wait for."""
+        if self.backing_off:
+            return self.restart_wait
+        return self.forgets_restarts_in or None
 
     @property
     def state(self) -> InstanceState:

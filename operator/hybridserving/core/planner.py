@@ -20,9 +20,10 @@ half in place and pods are relabelled, never recreated.
 
 The jobs live in their own modules, composed here: `observed` (what was found), `naming`
 (names, labels, hashes), `assignment` (which instances, which role), `rendering` (every
-manifest), `health` (what an instance is doing, which pods are stale), `rollout` (what
-moves this step), `drift` (whether an object still says what the plan says), `revisions`
-(the configurations applied, kept for rollback).
+manifest), `health` (what an instance is doing, which pods are stale), `backoff` (when a
+gang that keeps failing may restart again), `rollout` (what moves this step), `drift`
+(whether an object still says what the plan says), `revisions` (the configurations applied,
+kept for rollback).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from typing import Any
 
 from hybridserving.api.instance import InstancePorts
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing, Role
-from hybridserving.core import pairing, ports, revisions
+from hybridserving.core import backoff, pairing, ports, revisions
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.assignment import assign_instances
+from hybridserving.core.backoff import ANNOTATION_GANG_RESTARTS
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.drift import contains, extra_fields, overlay_removals
 from hybridserving.core.health import view, views_of
@@ -191,6 +193,7 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     # configHash each instance carries once this step's patch lands; its pods follow it.
     next_hash: dict[str, str] = {}
     gang_restarts: set[str] = set()
+    backing_off: set[str] = set()  # broken gangs left as they are until their back-off ends
     for name, p in desired.instances.items():
         existing = observed.instances.get(name)
         if existing is None:
@@ -233,16 +236,38 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
                 reasons.append(f"runs revision {desired.revision_hash} already (its configuration did not change)")
             if LABEL_PAIRING in labels:
                 reasons.append(f"pairs under key {labels[LABEL_PAIRING]}")
+        annotations: dict[str, str | None] = {}
+        history = v.restarts
+        if name in selected and history is not None:
+            annotations[ANNOTATION_GANG_RESTARTS] = None  # a new configuration starts its back-off afresh
         failure = v.failure()
-        if failure:
+        if failure and (name in selected or not v.restart_wait):
             patch["restartGeneration"] = existing.spec.restart_generation + 1
             causes.append(Cause.GANG_RESTART)
-            reasons.append(f"gang restart: {failure}")
             gang_restarts.add(name)
-        if patch or labels:
+            if name in selected or v.now is None:
+                reasons.append(f"gang restart: {failure}")
+            else:
+                after = backoff.restarted(history, v.now)
+                annotations[ANNOTATION_GANG_RESTARTS] = after.to_annotation()
+                reasons.append(f"gang restart {after.count} in a row: {failure}; should it fail again, the next "
+                               f"restart waits {backoff.delay(after.count):.0f}s")
+        elif failure:
+            backing_off.add(name)
+        elif history is not None and v.forgets_restarts_in == 0:
+            annotations[ANNOTATION_GANG_RESTARTS] = None
+            causes.append(Cause.BACK_OFF_RESET)
+            reasons.append(f"served for {backoff.FORGET_AFTER_READY_SECONDS:.0f}s: its {history.count} gang "
+                           "restart(s) in a row are forgotten")
+        if patch or labels or annotations:
             body: dict[str, Any] = {"spec": patch} if patch else {}
+            meta: dict[str, Any] = {}
             if labels:
-                body["metadata"] = {"labels": labels}
+                meta["labels"] = labels
+            if annotations:
+                meta["annotations"] = annotations
+            if meta:
+                body["metadata"] = meta
             actions.append(
                 Action("patch", INSTANCE_KIND, name, tuple(causes), "; ".join(reasons), body,
                        resource_version=existing.resource_version)
@@ -266,7 +291,8 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
             sync(p.service, f"rendezvous Service of {name}")
         if p.workload is not None:
             sync(p.workload, f"gang Workload of {name}")
-        actions.extend(pod_actions(views[name], next_hash[name], name in gang_restarts, desired.pairing_key))
+        actions.extend(pod_actions(views[name], next_hash[name], name in gang_restarts, desired.pairing_key,
+                                   hold=name in backing_off))
 
     for (kind, _), obj in desired.objects.items():
         if kind != "ConfigMap":

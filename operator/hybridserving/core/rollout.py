@@ -41,12 +41,15 @@ def instance_pairing_key(v: InstanceView, spec_key: str) -> str:
     return v.observed.labels.get(LABEL_PAIRING) or (spec_key if v.current else UNKNOWN_PAIRING)
 
 
-def pod_actions(v: InstanceView, config_hash: str, restarting: bool, spec_key: str) -> list[Action]:
+def pod_actions(v: InstanceView, config_hash: str, restarting: bool, spec_key: str,
+                hold: bool = False) -> list[Action]:
     """Delete stale gangs whole, relabel switched pods, create missing ones once the gang is gone.
 
     `config_hash` is what the instance's spec says after this step; pods that run another
     configuration or an older gang go together (one rank alone cannot rejoin a running
-    collective), and their replacements are created only when all of them are gone.
+    collective), and their replacements are created only when all of them are gone. A broken
+    gang waiting out its restart back-off (`hold`) gets no new pods: a lost rank created now
+    would join peers whose collectives broke, and the instance would look whole again.
     """
     actions: list[Action] = []
     p = v.plan
@@ -73,8 +76,8 @@ def pod_actions(v: InstanceView, config_hash: str, restarting: bool, spec_key: s
             else:
                 cause, why = Cause.DRIFT, "pod metadata drifted from the plan"
             actions.append(Action("patch", "Pod", pod.name, (cause,), why, body, uid=pod.uid))
-    if any(pod.deleting for pod in v.pods):
-        return actions  # the old gang is still going; its names are not free yet
+    if hold or any(pod.deleting for pod in v.pods):
+        return actions  # backing off, or the old gang is still going (its names are not free yet)
     if config_hash != p.config_hash:
         # An instance not yet rolled that lost pods is down anyway, so select_rollout rolls
         # it in this very step; creating old-configuration pods would only roll them again.
