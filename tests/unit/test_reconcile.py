@@ -600,3 +600,24 @@ def test_a_gang_that_keeps_failing_backs_off_says_so_and_each_restart_is_an_even
     assert len(restart_events()) == 2 and "gang restart 2 in a row" in restart_events()[1]
     assert "next restart waits 20s" in restart_events()[1]
 
+
+def test_pods_gated_from_scheduling_or_never_created_are_named_in_degraded(api: MemoryApi) -> None:
+    settle(api)
+    gated = api.store[("Pod", "fleet-0-0")]
+    gated["metadata"]["creationTimestamp"] = ago(300)
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    gated["spec"].pop("nodeName", None)
+    gated["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}
+    creating = api.store[("Pod", "fleet-2-0")]
+    creating["status"] = {"phase": "Pending", "startTime": ago(900), "containerStatuses": [
+        {"name": "engine", "ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    rec.reconcile(api, NS, "fleet")
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "SchedulingGated", degraded
+    assert "pod fleet-0-0 has waited 5 min on its scheduling gate(s) kueue.x-k8s.io/admission" in degraded["message"]
+    assert "pod fleet-2-0 has waited 15 min for its container(s) engine to be created" in degraded["message"]
+
+    gated["spec"]["schedulingGates"] = []
+    rec.reconcile(api, NS, "fleet")
+    assert api.condition("Degraded")["reason"] == "ContainerNotCreated"

@@ -27,7 +27,7 @@ from hybridserving.api.v1alpha1 import (
     RolloutStatus,
 )
 from hybridserving.contract import ANNOTATION_ROLE
-from hybridserving.core import backoff, capacity, router
+from hybridserving.core import backoff, capacity, router, stalled
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
@@ -120,6 +120,11 @@ def backing_off_message(v: InstanceView) -> str:
     assert restarts is not None, "only a gang restarted before backs off"
     return (f"{v.plan.name} keeps failing ({v.failure()}) after {restarts.count} gang restart(s) in a row: "
             f"next restart at {backoff.format_time(restarts.last + backoff.delay(restarts.count))}")
+
+
+def stalled_pods(views: Mapping[str, InstanceView], clock: float) -> list[stalled.StalledPod]:
+    """The fleet's pods gated from scheduling, or not getting their containers, for too long."""
+    return stalled.stalled([p for v in sorted(views.values(), key=lambda v: v.plan.index) for p in v.pods], clock)
 
 
 def instance_status(v: InstanceView, generation: int | None) -> HybridServingInstanceStatus:
@@ -286,6 +291,10 @@ def fleet_status(
     conds.append(condition("Progressing", progressing, reason, message, generation, previous))
 
     troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
+    waiting = stalled_pods(views, clock)
+    gated = [p for p in waiting if p.reason == "SchedulingGated"]
+    not_created = [p for p in waiting if p.reason == "ContainerNotCreated"]
+    troubles += [p.describe(clock) for p in gated]
     backing_off = [v for v in views.values() if v.backing_off]
     troubles += [backing_off_message(v) for v in backing_off]
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values()
@@ -296,6 +305,7 @@ def fleet_status(
                  for v in crash_looping]
     blocked = [v for name, v in views.items() if phases[name] == "Blocked"]
     troubles += [f"{v.plan.name} cannot start: {next(p.blocked for p in v.pods if p.blocked)}" for v in blocked]
+    troubles += [p.describe(clock) for p in not_created]
     unready = [v.plan.name for name, v in views.items() if phases[name] == "Unready"]
     if unready:
         troubles.append(f"{', '.join(unready)} stopped answering the engine's readiness probe (/ready) after "
@@ -310,10 +320,12 @@ def fleet_status(
         (error_reason if errors else
          "RouterUnavailable" if routing is not None and routing.trouble else
          "Unschedulable" if any(v.state == "Pending" for v in views.values()) else
+         "SchedulingGated" if gated else
          "CrashLoopBackOff" if backing_off else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
          "CrashLoop" if crash_looping else
          "ContainerBlocked" if blocked else
+         "ContainerNotCreated" if not_created else
          "EngineUnready" if unready else
          "ProgressDeadlineExceeded" if stuck else "AsExpected"),
         "; ".join(troubles) if troubles else "no instance is failing or unschedulable",

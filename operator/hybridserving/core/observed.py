@@ -95,6 +95,26 @@ def _lost_readiness(ready_condition: Mapping[str, Any], containers: list[Mapping
     return turned > max(t for t in started if t is not None) and now - turned >= UNREADY_GRACE_SECONDS
 
 
+def _not_created(status: Mapping[str, Any]) -> tuple[tuple[str, ...], float | None]:
+    """The containers waiting in ContainerCreating, and since when the kubelet could create them:
+    the latest of the pod's start on its node, the init containers' exits or starts and these
+    containers' own last exits (a waiting state carries no time of its own)."""
+    containers = status.get("containerStatuses") or []
+    waiting = tuple(str(cs.get("name")) for cs in containers
+                    if ((cs.get("state") or {}).get("waiting") or {}).get("reason") == "ContainerCreating")
+    if not waiting:
+        return (), None
+    times = [parse_time(status.get("startTime"))]
+    for cs in status.get("initContainerStatuses") or []:
+        state = cs.get("state") or {}
+        times += [parse_time((state.get("terminated") or {}).get("finishedAt")),
+                  parse_time((state.get("running") or {}).get("startedAt"))]
+    times += [parse_time(((cs.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
+              for cs in containers if cs.get("name") in waiting]
+    known = [t for t in times if t is not None]
+    return waiting, max(known) if known else None
+
+
 @dataclass(frozen=True)
 class ObservedPod:
     """What the planner reads of a pod."""
@@ -118,6 +138,10 @@ class ObservedPod:
     weights_fill: tuple[str, str] | None = None  # the node-cache fill step: (state, detail)
     weights_progress_at: tuple[str, int] | None = None  # (IP, port) where its running fill serves progress
     ready_since: float | None = None  # when it last turned Ready (the condition's lastTransitionTime), if ready
+    created_at: float | None = None
+    scheduling_gates: tuple[str, ...] = ()  # spec.schedulingGates: the scheduler leaves it alone until they go
+    not_created: tuple[str, ...] = ()  # containers waiting in ContainerCreating
+    creatable_since: float | None = None  # since when the kubelet could create them
 
     @property
     def instance(self) -> str:
@@ -172,6 +196,7 @@ class ObservedPod:
             host_ports = tuple(
                 int(p["containerPort"]) for c in spec.get("containers") or [] for p in c.get("ports") or []
             )
+        not_created, creatable_since = _not_created(status)
         return cls(
             name=meta["name"],
             uid=meta.get("uid", ""),
@@ -192,6 +217,10 @@ class ObservedPod:
             owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
             weights_fill=weights.fill_outcome(obj),
             weights_progress_at=weights.progress_address(obj),
+            created_at=parse_time(meta.get("creationTimestamp")),
+            scheduling_gates=tuple(str(g.get("name")) for g in spec.get("schedulingGates") or []),
+            not_created=not_created,
+            creatable_since=creatable_since,
         )
 
 
