@@ -32,7 +32,7 @@ from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
 from hybridserving.core.naming import LABEL_COMPONENT, LABEL_REVISION, engine_selector, revision_name
-from hybridserving.core.observed import Observed, parse_time
+from hybridserving.core.observed import Observed, format_time, parse_time
 from hybridserving.core.rollout import held_by, instance_pairing_key
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
@@ -119,7 +119,7 @@ def backing_off_message(v: InstanceView) -> str:
     restarts = v.restarts
     assert restarts is not None, "only a gang restarted before backs off"
     return (f"{v.plan.name} keeps failing ({v.failure()}) after {restarts.count} gang restart(s) in a row: "
-            f"next restart at {backoff.format_time(restarts.last + backoff.delay(restarts.count))}")
+            f"next restart at {format_time(restarts.last + backoff.delay(restarts.count))}")
 
 
 def stalled_pods(views: Mapping[str, InstanceView], clock: float) -> list[stalled.StalledPod]:
@@ -354,7 +354,7 @@ def fleet_status(
         ],
         capacity=capacity_status(desired.spec, per_role["decode"].desired),
         ready="True" if serving else "False",
-        last_progress_time=dt.datetime.fromtimestamp(progressed_at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        last_progress_time=format_time(progressed_at),
         replicas=len(views),
         selector=engine_selector(desired.name),
         rollout=rollout,

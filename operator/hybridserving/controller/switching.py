@@ -24,7 +24,6 @@ waits its sustain window again before deciding).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -40,7 +39,7 @@ from hybridserving.controller.kube import KubeError
 from hybridserving.controller.reconcile import DEFAULT_ENGINE_POLICY, spec_of_applied, validate
 from hybridserving.core import enginekey, flags, switching
 from hybridserving.core.assignment import prefill_share
-from hybridserving.core.observed import parse_time
+from hybridserving.core.observed import format_time, parse_time
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK, LABEL_SURGE, applied_spec_name
 from hybridserving.core.privileges import EnginePolicy
@@ -92,10 +91,6 @@ class KubeLike(Protocol):
 class EnginesLike(Protocol):
     def sample_many(self, targets: Mapping[str, tuple[str, str | None, bool, bool]],
                     api_key: str | None = None) -> dict[str, EngineSample]: ...
-
-
-def rfc3339(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def launcher_port(pod: Mapping[str, Any]) -> int:
@@ -428,7 +423,7 @@ class SwitchController:
         history.upsert(_history_entry(inst.name, state, finished=now))
         if not self._write_history(namespace, hs_body["metadata"]["name"], history):
             return False
-        if not self._patch_status(namespace, inst, {"lastSwitch": rfc3339(now)}):
+        if not self._patch_status(namespace, inst, {"lastSwitch": format_time(now)}):
             return False
         if not self._write(namespace, inst, None, None):
             return False
@@ -681,7 +676,7 @@ class SwitchController:
     def _post(self, namespace: str, hs_body: dict[str, Any], type_: str, reason: str, message: str,
               name: str | None = None) -> None:
         meta = hs_body["metadata"]
-        stamp = rfc3339(self.clock())
+        stamp = format_time(self.clock())
         naming_ = {"name": name} if name else {"generateName": f"{meta['name']}."}
         try:
             self.kube.create("Event", namespace, {
@@ -718,11 +713,11 @@ def _history_entry(instance: str, state: SwitchState, finished: float | None = N
     outcome = state.outcome if state.finished else "InProgress"
     entry: dict[str, Any] = {
         "instance": instance, "fromRole": state.from_role, "toRole": state.to_role, "mode": state.mode,
-        "reason": state.reason[:512], "outcome": outcome, "started": rfc3339(state.started),
+        "reason": state.reason[:512], "outcome": outcome, "started": format_time(state.started),
         "phase": state.step,
     }
     if state.finished:
-        entry["finished"] = rfc3339(finished if finished is not None else state.step_started)
+        entry["finished"] = format_time(finished if finished is not None else state.step_started)
         detail = f"{state.outcome}: {state.message}" if state.message else state.outcome
         entry["phase"] = f"{detail} ({_phase_summary(state)})"
     return entry
@@ -766,10 +761,10 @@ class SwitchHistory:
                 continue
             inst = instances.get(entry.get("instance", ""))
             record = inst.record if inst is not None else None
-            if record is not None and rfc3339(record.started) == entry.get("started"):
+            if record is not None and format_time(record.started) == entry.get("started"):
                 continue
             why = "the instance was deleted" if inst is None else "its switch record is gone"
-            self.entries[i] = {**entry, "outcome": "Aborted", "finished": rfc3339(now),
+            self.entries[i] = {**entry, "outcome": "Aborted", "finished": format_time(now),
                                "phase": f"Aborted: {why} (last seen in {entry.get('phase')})"}
 
 

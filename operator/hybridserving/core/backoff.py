@@ -15,11 +15,10 @@ that restarts (or a new leader) goes on backing off where the last one was.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from dataclasses import dataclass
 
-from hybridserving.core.observed import parse_time
+from hybridserving.core.observed import format_time, parse_time
 
 ANNOTATION_GANG_RESTARTS = "hybridserving.io/gang-restarts"
 
@@ -28,11 +27,6 @@ MAX_DELAY_SECONDS = 300.0
 # Ready this long, the gang's restarts are forgotten (the kubelet forgets a container's after
 # twice its cap without an exit).
 FORGET_AFTER_READY_SECONDS = 600.0
-
-
-def format_time(seconds: float) -> str:
-    """RFC 3339 in UTC, to the second, as the API writes times."""
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

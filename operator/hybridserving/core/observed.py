@@ -36,6 +36,11 @@ BLOCKED_WAITING_REASONS = frozenset({
 UNREADY_GRACE_SECONDS = 30.0
 
 
+def format_time(seconds: float) -> str:
+    """RFC 3339 in UTC, to the second, as the API writes times."""
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def parse_time(value: str | None) -> float | None:
     """Seconds since the epoch of an RFC 3339 time as the API writes it, or None."""
     if not value:
