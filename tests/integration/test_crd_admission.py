@@ -35,7 +35,7 @@ from hybridserving.api.v1alpha1 import (
     HybridServingStatus,
     RoleStatus,
 )
-from hybridserving.api.pods import canonical_quantity
+from hybridserving.api.pods import canonical_quantity, requests_vs_limits
 from hybridserving.api.profiles import PROFILES
 from hybridserving.core.fleet import assess
 from hybridserving.core import planner
@@ -302,6 +302,11 @@ BAD_FLEETS = {
         "spec.router.resources.requests.cpu",
         "must be of type integer,string",
     ),
+    "a router request above its limit": (
+        _set("spec.router.resources", {"requests": {"cpu": 2, "memory": "8Gi"}, "limits": {"memory": "4096Mi"}}),
+        "spec.router.resources.requests",
+        "a request is more than its limit",
+    ),
     "scaling bounds inverted with the scaler and role switching off": (
         _both(_set("spec.scaling.minReplicas", 5), _set("spec.scaling.maxReplicas", 4)),
         "spec.scaling.minReplicas",
@@ -421,6 +426,48 @@ def test_router_quantities_are_rendered_as_the_apiserver_stores_them(api, namesp
     assert stored["spec"]["template"]["spec"]["containers"][0]["resources"] == {
         "requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "4"}}
     assert contains(stored, deployment)
+
+
+# Requests against limits, each as `requests_vs_limits` judges it (refused or not): the apiserver's
+# own validation of a Deployment's pod template is the authority it mirrors.
+REQUESTS_AND_LIMITS = [
+    ({"requests": {"memory": "8Gi"}, "limits": {"memory": "4Gi"}}, True),
+    ({"requests": {"memory": "1025Mi"}, "limits": {"memory": "1Gi"}}, True),
+    ({"requests": {"memory": "1024Mi"}, "limits": {"memory": "1Gi"}}, False),
+    ({"requests": {"cpu": "1500m"}, "limits": {"cpu": 2}}, False),
+    ({"requests": {"cpu": "0.5"}, "limits": {"cpu": "500m"}}, False),
+    ({"requests": {"cpu": "0.0001"}, "limits": {"cpu": "1m"}}, False),
+    ({"requests": {"cpu": "2001m"}, "limits": {"cpu": "2"}}, True),
+    ({"requests": {"ephemeral-storage": "2Gi"}, "limits": {"ephemeral-storage": "1Gi"}}, True),
+    ({"requests": {"example.com/fpga": 1}}, True),
+    ({"requests": {"example.com/fpga": 1}, "limits": {"example.com/fpga": 2}}, True),
+    ({"requests": {"example.com/fpga": "1"}, "limits": {"example.com/fpga": 1}}, False),
+    ({"limits": {"example.com/fpga": 1}}, False),
+    ({"requests": {"hugepages-2Mi": "2Mi", "memory": "1Gi"}, "limits": {"hugepages-2Mi": "4Mi", "memory": "1Gi"}},
+     True),
+    ({"requests": {"hugepages-2Mi": "4Mi", "memory": "1Gi"}, "limits": {"hugepages-2Mi": "4Mi", "memory": "2Gi"}},
+     False),
+]
+
+
+def test_requests_against_limits_are_judged_as_the_apiserver_judges_them(api, namespace):
+    apps = client.AppsV1Api(api)
+    labels = {"app": "limits"}
+    for resources, refused in REQUESTS_AND_LIMITS:
+        # The client's models take quantities as strings only.
+        written = {section: {k: str(v) for k, v in amounts.items()} for section, amounts in resources.items()}
+        deployment = {"metadata": {"name": "limits"}, "spec": {"selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "registry.example/c:1", "resources": written}]}}}}
+        try:
+            apps.create_namespaced_deployment(namespace, deployment, dry_run="All")
+        except ApiException as exc:
+            assert exc.status == 422, exc.body
+            apiserver_refused = True
+        else:
+            apiserver_refused = False
+        assert apiserver_refused == refused, resources
+        assert bool(requests_vs_limits(resources, "resources")) == refused, resources
 
 
 def test_unknown_fields_are_refused_not_silently_dropped(objects, namespace):

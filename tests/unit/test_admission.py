@@ -95,6 +95,49 @@ def test_pod_metadata_and_quantities_the_apiserver_would_refuse_are_refused_at_a
     assert message.startswith(f"{field}: ") and text in message
 
 
+@pytest.mark.parametrize("resources, text", [
+    ({"requests": {"memory": "8Gi"}, "limits": {"memory": "4Gi"}},
+     "requests[memory]: 8Gi is more than the limit 4Gi; lower the request or raise limits[memory]"),
+    ({"requests": {"cpu": "1025m"}, "limits": {"cpu": 1}}, "requests[cpu]: 1025m is more than the limit 1"),
+    ({"requests": {"example.com/fpga": 1}, "limits": {"example.com/fpga": 2}},
+     "requests[example.com/fpga]: 1 must equal the limit 2: example.com/fpga cannot be overcommitted"),
+    ({"requests": {"example.com/fpga": 1}},
+     "example.com/fpga cannot be overcommitted, so it needs a limit: set limits[example.com/fpga] to 1"),
+])
+def test_a_router_request_the_apiserver_would_refuse_against_its_limit_is_refused(
+    resources: dict[str, Any], text: str
+) -> None:
+    """The apiserver refuses such a Deployment: the fleet would run with no router at all."""
+    doc = body("role-switch.yaml")
+    doc["spec"]["router"] = {"resources": resources}
+    message = refusal(doc)
+    assert message.startswith("spec.router.resources.requests: ") and text in message
+
+
+@pytest.mark.parametrize("container, text", [
+    ({"name": "engine", "resources": {"requests": {"memory": "600Gi"}, "limits": {"memory": "512Gi"}}},
+     "containers[engine].resources.requests[memory]: 600Gi is more than the limit 512Gi"),
+    ({"name": "proxy", "image": "registry.example/proxy:1", "resources": {"requests": {"hugepages-2Mi": "4Mi"},
+                                                                          "limits": {"hugepages-2Mi": "8Mi"}}},
+     "containers[proxy].resources.requests[hugepages-2Mi]: 4Mi must equal the limit 8Mi"),
+])
+def test_a_pod_template_request_above_its_limit_is_refused(container: dict[str, Any], text: str) -> None:
+    """A pod the apiserver refuses is an instance the rollout deleted and cannot bring back."""
+    doc = body("role-switch.yaml")
+    doc["spec"]["podTemplate"] = {"spec": {"containers": [container]}}
+    message = refusal(doc)
+    assert message.startswith("spec.podTemplate.spec: ") and text in message
+
+
+def test_requests_equal_to_their_limits_in_another_spelling_pass() -> None:
+    doc = body("role-switch.yaml")
+    doc["spec"]["router"] = {"resources": {"requests": {"cpu": "0.5", "memory": "1024Mi", "example.com/fpga": "1"},
+                                           "limits": {"cpu": "500m", "memory": "1Gi", "example.com/fpga": 1}}}
+    doc["spec"]["podTemplate"] = {"spec": {"containers": [{"name": "engine", "resources": {
+        "requests": {"cpu": "0.0001", "memory": "1e9"}, "limits": {"cpu": "1m", "memory": "1G"}}}]}}
+    admission.review(doc, None, "CREATE", [])
+
+
 def test_kubernetes_labels_annotations_and_quantities_pass() -> None:
     doc = body("role-switch.yaml")
     doc["spec"]["podTemplate"] = {

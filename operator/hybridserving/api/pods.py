@@ -153,14 +153,7 @@ def canonical_quantity(value: int | str) -> str:
     suffix = match.group(3) or ""
     if _kept_as_written(match.group(1), suffix):
         return text
-    number = Decimal(match.group(1))
-    if suffix.endswith("i"):
-        amount, base = number * 1024 ** _BINARY_SUFFIXES.index(suffix), "binary"
-    elif len(suffix) > 1:  # e3, E-2 (a lone E is exa)
-        amount, base = number.scaleb(int(suffix[1:])), "exponent"
-    else:
-        amount, base = number.scaleb(_DECIMAL_SUFFIXES[suffix]), "decimal"
-    amount = amount.quantize(Decimal("1e-3"), rounding=ROUND_CEILING) if amount.as_tuple().exponent < -3 else amount
+    amount, base = _amount(match)
     if amount == 0:
         return "0"
     if base == "binary" and (amount < 1024 or amount != amount.to_integral_value()):
@@ -179,6 +172,63 @@ def canonical_quantity(value: int | str) -> str:
     if base == "decimal" and exponent in _SUFFIX_OF_EXPONENT:
         return f"{mantissa}{_SUFFIX_OF_EXPONENT[exponent]}"
     return f"{mantissa}e{exponent}" if exponent else str(mantissa)
+
+
+def _amount(match: re.Match[str]) -> tuple[Decimal, str]:
+    """The value a matched quantity stands for, rounded up to a milli as the apiserver's defaulting
+    does, and the base its suffix counts in (binary, exponent or decimal)."""
+    number = Decimal(match.group(1))
+    suffix = match.group(3) or ""
+    if suffix.endswith("i"):
+        amount, base = number * 1024 ** _BINARY_SUFFIXES.index(suffix), "binary"
+    elif len(suffix) > 1:  # e3, E-2 (a lone E is exa)
+        amount, base = number.scaleb(int(suffix[1:])), "exponent"
+    else:
+        amount, base = number.scaleb(_DECIMAL_SUFFIXES[suffix]), "decimal"
+    exponent = amount.as_tuple().exponent
+    assert isinstance(exponent, int), "a matched quantity is finite"
+    return (amount.quantize(Decimal("1e-3"), rounding=ROUND_CEILING) if exponent < -3 else amount), base
+
+
+def quantity_amount(value: int | str) -> Decimal:
+    """What a quantity `is_quantity` admits is worth, as the apiserver compares it (`Quantity.Cmp`)."""
+    match = re.fullmatch(QUANTITY_PATTERN, str(value))
+    if match is None:
+        raise ValueError(quantity_error(value))
+    return _amount(match)[0]
+
+
+def overcommittable(resource: str) -> bool:
+    """Whether a request may be below its limit: native resources (no domain, or kubernetes.io's) other
+    than huge pages (apimachinery's `IsOvercommitAllowed`). Extended resources such as GPUs are not."""
+    return ("/" not in resource or "kubernetes.io/" in resource) and not resource.startswith("hugepages-")
+
+
+def requests_vs_limits(resources: Mapping[str, Any], where: str) -> list[str]:
+    """Each request the apiserver would refuse against its limit (`ValidateResourceRequirements`): above
+    it, or, for a resource that is not overcommitted, unequal to it or without one. `where` names the
+    resources' field in the errors; values that are no quantity are left to the quantity check."""
+    requests, limits = resources.get("requests"), resources.get("limits")
+    requests = requests if isinstance(requests, Mapping) else {}
+    limits = limits if isinstance(limits, Mapping) else {}
+    prefix = f"{where}." if where else ""
+    errors = []
+    for resource, request in requests.items():
+        limit = limits.get(resource)
+        if not is_quantity(request) or limit is not None and not is_quantity(limit):
+            continue
+        at = f"{prefix}requests[{resource}]"
+        if limit is None:
+            if not overcommittable(resource):
+                errors.append(f"{at}: {resource} cannot be overcommitted, so it needs a limit: set "
+                              f"{prefix}limits[{resource}] to {request}")
+        elif not overcommittable(resource) and quantity_amount(request) != quantity_amount(limit):
+            errors.append(f"{at}: {request} must equal the limit {limit}: {resource} cannot be overcommitted; "
+                          "set both to the same amount")
+        elif quantity_amount(request) > quantity_amount(limit):
+            errors.append(f"{at}: {request} is more than the limit {limit}; lower the request or raise "
+                          f"{prefix}limits[{resource}]")
+    return errors
 
 
 def _kept_as_written(number: str, suffix: str) -> bool:
@@ -251,7 +301,8 @@ def _too_deep(value: Any) -> bool:
 
 
 def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
-    """Resource quantities of the pod and of its containers that the apiserver would refuse."""
+    """Resource quantities of the pod and of its containers that the apiserver would refuse, alone or
+    against their limits."""
     owners: list[tuple[str, Any]] = [("resources", pod.get("resources"))]
     for list_name in ("initContainers", "containers"):
         containers = pod.get(list_name)
@@ -265,6 +316,8 @@ def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
             for resource, value in values.items() if isinstance(values, Mapping) else ():
                 if not is_quantity(value):
                     errors.append(quantity_error(value, f"{at}.{section}[{resource}]"))
+        if isinstance(resources, Mapping):
+            errors += requests_vs_limits(resources, at)
     return errors
 
 

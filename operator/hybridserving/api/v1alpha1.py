@@ -29,6 +29,7 @@ from hybridserving.api.pods import (
     extended_resource_rule,
     is_quantity,
     quantity_error,
+    requests_vs_limits,
 )
 from hybridserving.api.weights import WeightsSpec
 from hybridserving.api.profiles import ModelArchitecture, resolve_profile
@@ -465,8 +466,26 @@ Quantity = Annotated[
 
 
 class Resources(ApiModel):
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    # The apiserver refuses a Deployment whose requests exceed its limits; refused here, the fleet's
+    # spec is, rather than its router, which would otherwise never be created.
+    model_config = ConfigDict(
+        **ApiModel.model_config,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                # A quantity is written as an integer or a string; string() reads either.
+                cel("self.requests.all(k, !(k in self.limits) || !isQuantity(string(self.requests[k])) || "
+                    "!isQuantity(string(self.limits[k])) || "
+                    "quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)",
+                    "a request is more than its limit: lower requests or raise limits", "requests"),
+            ]
+        },
+    )
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16,
+                                          description="Amounts the scheduler reserves, by resource name.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16,
+                                        description="Amounts a replica may not exceed, by resource name; each "
+                                        "request is at most its limit.")
 
     @field_validator("requests", "limits")
     @classmethod
@@ -475,6 +494,12 @@ class Resources(ApiModel):
             if not is_quantity(value):
                 raise FieldInvalid(resource, quantity_error(value))
         return values
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        if errors := requests_vs_limits(self.to_wire(), ""):
+            raise FieldInvalid("requests", "; ".join(errors))
+        return self
 
 
 # An image reference has no whitespace; the apiserver refuses a container with an empty image.
