@@ -231,6 +231,39 @@ def test_root_schema_is_the_kubernetes_envelope(name):
     assert root["required"] == ["spec"]
 
 
+def undescribed(node: dict[str, Any], path: str = "", parent_described: bool = False) -> list[str]:
+    """The nodes `kubectl explain` shows without a word: all but metadata (the apiserver's) and
+    the item or value of a list or map of scalars whose own description says what they hold."""
+    if path == ".metadata" or path.startswith(".metadata."):
+        return []
+    described = "description" in node
+    scalar = node.get("type") not in ("object", "array")  # an int-or-string node has no type
+    found = [] if described or (parent_described and scalar and path.endswith(("[]", ".*"))) else [path or "(root)"]
+    for prop, sub in node.get("properties", {}).items():
+        found += undescribed(sub, f"{path}.{prop}", described)
+    if "items" in node:
+        found += undescribed(node["items"], f"{path}[]", described)
+    if isinstance(node.get("additionalProperties"), dict):
+        found += undescribed(node["additionalProperties"], f"{path}.*", described)
+    return found
+
+
+@pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
+def test_kubectl_explain_describes_every_field(name):
+    bare = undescribed(schema_of(name))
+    assert not bare, f"{name}: no description at {', '.join(bare)}"
+
+
+def test_a_scalar_item_needs_a_described_list():
+    schema = {"type": "object", "description": "root", "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "named": {"type": "array", "description": "named", "items": {"type": "string"}},
+        "objects": {"type": "array", "description": "objects", "items": {"type": "object"}},
+        "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
+    }}
+    assert undescribed(schema) == [".tags", ".tags[]", ".objects[]"]
+
+
 def cel_patterns(rule: str) -> list[str]:
     """The regular expressions of a rule's `matches('...')` calls (RE2 and Python agree on these)."""
     return re.findall(r"matches\('([^']*)'\)", rule)

@@ -70,6 +70,9 @@ class InstancePorts(ApiModel):
 
 
 class HybridServingInstanceSpec(ApiModel):
+    """What the instance's pods should run; the operator writes it from its fleet's plan, the
+    role-switch controller changes its role."""
+
     role: Role = Field(
         description="Role the instance should serve; the role-switch controller changes it and "
         "the instance drains and switches (in place or by relaunch) to follow."
@@ -98,6 +101,9 @@ class HybridServingInstanceSpec(ApiModel):
 
 
 class HybridServingInstanceStatus(ApiModel):
+    """What the operator observed of the instance's pods; lastSwitch, and phase during a switch,
+    are the role-switch controller's."""
+
     phase: InstancePhase = Field(
         default="Pending",
         description="Pending (pods not scheduled), Starting (engine loading), Ready (serving), "
@@ -133,6 +139,8 @@ class HybridServingInstanceStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=32,
+        description="Ready: True while the instance serves (`kubectl wait --for=condition=Ready`); its message says "
+        "what it waits for otherwise.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(

@@ -39,6 +39,15 @@ def _owned_spec_rules() -> list[JsonDict]:
     ]
 
 
+# The owned fields' types, so that `kubectl explain` lists them with who sets each.
+_OWNED_SPEC_SCHEMAS: dict[str, dict[str, Any]] = {
+    "hostNetwork": {"type": "boolean"},
+    "nodeName": {"type": "string", "maxLength": 253},
+    "restartPolicy": {"type": "string", "maxLength": 16},
+    "terminationGracePeriodSeconds": {"type": "integer"},
+    "workloadRef": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+}
+
 _POD_SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "A partial PodSpec (Kubernetes field names) merged onto the operator's pod: scalars "
@@ -47,11 +56,8 @@ _POD_SPEC_SCHEMA: dict[str, Any] = {
     "engine container (resources, env, envFrom, volumeMounts), any other container is added as a sidecar.",
     "x-kubernetes-preserve-unknown-fields": True,
     "properties": {
-        "hostNetwork": {"type": "boolean"},
-        "nodeName": {"type": "string", "maxLength": 253},
-        "restartPolicy": {"type": "string", "maxLength": 16},
-        "terminationGracePeriodSeconds": {"type": "integer"},
-        "workloadRef": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        field: {"description": f"Refused at admission: {OWNED_POD_SPEC_FIELDS[field]} sets it.", **schema}
+        for field, schema in _OWNED_SPEC_SCHEMAS.items()
     },
     "x-kubernetes-validations": _owned_spec_rules(),
 }
@@ -256,6 +262,8 @@ def quantity_error(value: object, where: str | None = None) -> str:
 
 
 class PodTemplateMetadata(ApiModel):
+    """Labels and annotations added to the pods, beside the operator's own."""
+
     labels: dict[str, Annotated[str, Field(max_length=63, json_schema_extra={"pattern": LABEL_VALUE_PATTERN})]] = (
         Field(
             default_factory=dict,
@@ -324,7 +332,8 @@ def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
 class PodTemplate(ApiModel):
     """`metadata` + `spec` of a pod, both partial, merged onto what the operator renders."""
 
-    metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata)
+    metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata,
+                                          description="Labels and annotations added to the pods.")
     spec: Annotated[dict[str, Any], WithJsonSchema(_POD_SPEC_SCHEMA)] = Field(default_factory=dict)
 
     @field_validator("spec")
@@ -343,7 +352,9 @@ class PodTemplate(ApiModel):
 class KeySelector(ApiModel):
     name: str = Field(min_length=1, max_length=253, description="Name of the Secret or ConfigMap.")
     key: str = Field(min_length=1, max_length=253, description="Key inside it.")
-    optional: bool | None = None
+    optional: bool | None = Field(
+        default=None, description="true: the container starts without the key (the variable is left out); unset "
+        "or false: a missing key keeps it from starting (the instance turns Blocked).")
 
 
 class FieldSelector(ApiModel):
@@ -362,9 +373,10 @@ class EnvVarSource(ApiModel):
         },
     )
 
-    secret_key_ref: KeySelector | None = None
-    config_map_key_ref: KeySelector | None = None
-    field_ref: FieldSelector | None = None
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret in the fleet's namespace.")
+    config_map_key_ref: KeySelector | None = Field(
+        default=None, description="A key of a ConfigMap in the fleet's namespace.")
+    field_ref: FieldSelector | None = Field(default=None, description="A field of the pod (the downward API).")
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVarSource:
@@ -374,16 +386,19 @@ class EnvVarSource(ApiModel):
 
 
 class LocalRef(ApiModel):
-    name: str = Field(min_length=1, max_length=253)
-    optional: bool | None = None
+    name: str = Field(min_length=1, max_length=253, description="Name of the object, in the fleet's namespace.")
+    optional: bool | None = Field(
+        default=None, description="true: the container starts without it; unset or false: a missing one keeps it "
+        "from starting (the instance turns Blocked).")
 
 
 class EnvFromSource(ApiModel):
     """All keys of a Secret or ConfigMap as environment variables (Kubernetes' envFrom)."""
 
-    prefix: str | None = Field(default=None, max_length=64)
-    secret_ref: LocalRef | None = None
-    config_map_ref: LocalRef | None = None
+    prefix: str | None = Field(default=None, max_length=64,
+                               description="Put before every key to make the variable's name.")
+    secret_ref: LocalRef | None = Field(default=None, description="Secret whose keys become variables.")
+    config_map_ref: LocalRef | None = Field(default=None, description="ConfigMap whose keys become variables.")
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvFromSource:

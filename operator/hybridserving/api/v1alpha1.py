@@ -92,6 +92,9 @@ class ModelSpec(ApiModel):
 
 
 class EnvVar(ApiModel):
+    """One environment variable of the engine container, as in a Pod: a value, or valueFrom a
+    Secret key, a ConfigMap key or a pod field."""
+
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -100,8 +103,10 @@ class EnvVar(ApiModel):
         }
     )
 
-    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    value: str | None = Field(default=None, max_length=4096)
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                      description="Variable name (letters, digits, '_'; not a digit first).")
+    value: str | None = Field(default=None, max_length=4096,
+                              description="The value as written; neither value nor valueFrom set: empty.")
     value_from: EnvVarSource | None = Field(
         default=None, description="From a Secret key, a ConfigMap key or a pod field (Kubernetes' valueFrom)."
     )
@@ -322,10 +327,22 @@ class SpeculativeSpec(ApiModel):
     algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] = Field(
         description="--speculative-algorithm; EAGLE/NEXTN reuse the model's MTP layer."
     )
-    num_steps: int | None = Field(default=None, ge=1, le=64)
-    eagle_topk: int | None = Field(default=None, ge=1, le=64)
-    num_draft_tokens: int | None = Field(default=None, ge=1, le=256)
-    draft_model_path: str | None = Field(default=None, max_length=512)
+    num_steps: int | None = Field(
+        default=None, ge=1, le=64,
+        description="Draft steps before each verification (--speculative-num-steps); unset: SGLang picks it for "
+        "the model.")
+    eagle_topk: int | None = Field(
+        default=None, ge=1, le=64,
+        description="Candidates kept per draft step, the draft tree's width (--speculative-eagle-topk); unset: "
+        "SGLang picks it for the model.")
+    num_draft_tokens: int | None = Field(
+        default=None, ge=1, le=256,
+        description="Draft tokens the model verifies at once (--speculative-num-draft-tokens); unset: SGLang picks "
+        "it for the model.")
+    draft_model_path: str | None = Field(
+        default=None, max_length=512,
+        description="Path or hub id of a separate draft model (--speculative-draft-model-path); unset where the "
+        "model drafts with its own MTP layer (NEXTN) or the algorithm needs no model (NGRAM).")
 
 
 class RoleSpec(ApiModel):
@@ -336,12 +353,17 @@ class RoleSpec(ApiModel):
         "under pressure for a cooldown.",
     )  # fmt: skip
     nodes_per_instance: int = Field(default=1, ge=1, le=64, description="Nodes (pods) one instance spans.")
-    layout: LayoutSpec = Field(default_factory=LayoutSpec)
+    layout: LayoutSpec = Field(default_factory=LayoutSpec,
+                               description="How one instance splits the model over its GPUs: tp, pp, attention "
+                               "dp and cp, dcp, ep.")
     speculative: SpeculativeSpec | None = Field(default=None, description="Speculative decoding.")
     mem_fraction_static: float | None = Field(
         default=None, gt=0, lt=1, description="Fraction of GPU memory for weights and KV pool (--mem-fraction-static)."
     )
-    max_running_requests: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_running_requests: int | None = Field(
+        default=None, ge=1, le=1_000_000,
+        description="Most requests one instance runs at once (--max-running-requests); unset: SGLang sizes it from "
+        "the KV pool and the speculative settings.")
     page_size: int | None = Field(default=None, ge=1, le=4096, description="KV page size in tokens.")
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"] = Field(
         default="fp8_e4m3", description="KV cache dtype; capacity assumes 1 byte for fp8, 2 for bf16/auto."
@@ -387,7 +409,7 @@ class TransferSpec(ApiModel):
     backend: Literal["mooncake", "nixl"] = Field(
         default="mooncake", description="KV transfer engine; in-place role switch needs mooncake."
     )
-    ib_devices: list[Annotated[str, Field(max_length=64)]] = Field(
+    ib_devices: list[Annotated[str, Field(max_length=64, description="An RDMA device, e.g. mlx5_0.")]] = Field(
         default_factory=list,
         max_length=64,
         description="RDMA devices in GPU order (--disaggregation-ib-device); empty lets the engine detect them.",
@@ -481,11 +503,12 @@ class Resources(ApiModel):
         },
     )
 
-    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16,
-                                          description="Amounts the scheduler reserves, by resource name.")
-    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16,
-                                        description="Amounts a replica may not exceed, by resource name; each "
-                                        "request is at most its limit.")
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=16,
+        description="What the scheduler reserves per replica, e.g. cpu: 1, memory: 1Gi; at most the limit.")
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=16, description="The most a replica may use, e.g. memory: 4Gi (a replica "
+        "over its memory limit is OOM-killed).")
 
     @field_validator("requests", "limits")
     @classmethod
@@ -501,6 +524,8 @@ class Resources(ApiModel):
             raise FieldInvalid("requests", "; ".join(errors))
         return self
 
+
+RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"]
 
 # An image reference has no whitespace; the apiserver refuses a container with an empty image.
 IMAGE_PATTERN = r"^[^\s]+$"
@@ -518,8 +543,15 @@ class RouterSpec(ApiModel):
         description="CPU/memory of each router replica (Kubernetes quantities).",
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port.")
-    prefill_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "cache_aware"
-    decode_policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"] = "power_of_two"
+    prefill_policy: RouterPolicy = Field(
+        default="cache_aware",
+        description="How smg picks the prefill worker of a request (--prefill-policy): cache_aware (the worker "
+        "holding the longest cached prefix, the least loaded once loads drift apart), power_of_two (the less "
+        "loaded of two at random), least_load (the least loaded), round_robin (in turn) or random.")
+    decode_policy: RouterPolicy = Field(
+        default="power_of_two",
+        description="How smg picks the decode worker of a request (--decode-policy), with prefillPolicy's values; "
+        "the default, power_of_two, balances load.")
 
     @field_validator("image")
     @classmethod
@@ -531,8 +563,10 @@ class RouterSpec(ApiModel):
 
 
 class SloSpec(ApiModel):
-    ttft_ms: float = Field(default=2000.0, gt=0, description="Time-to-first-token limit.")
-    tpot_ms: float = Field(default=50.0, gt=0, description="Time-per-output-token limit.")
+    ttft_ms: float = Field(default=2000.0, gt=0,
+                           description="Time-to-first-token target of prefill, in milliseconds (p90).")
+    tpot_ms: float = Field(default=50.0, gt=0,
+                           description="Time-per-output-token target of decode, in milliseconds (p90).")
 
 
 class RoleSwitchSpec(ApiModel):
@@ -554,7 +588,10 @@ class RoleSwitchSpec(ApiModel):
     )  # fmt: skip
     drain_timeout_seconds: int = Field(default=600, ge=1, le=86400, description="Give up draining after this.")
     max_concurrent: int = Field(default=1, ge=1, le=64, description="Instances switching at once.")
-    slo: SloSpec = Field(default_factory=SloSpec)
+    slo: SloSpec = Field(
+        default_factory=SloSpec,
+        description="Latency targets the role-switch policy and the built-in scaler measure each role's pressure "
+        "against: p90 TTFT for prefill, p90 TPOT for decode.")
 
 
 class ScalingSpec(ApiModel):
@@ -635,6 +672,9 @@ class RolloutSpec(ApiModel):
 
 
 class HybridServingSpec(ApiModel):
+    """The fleet as it should be: model, engine, hardware, each role's instances and layout, KV
+    transfer, network, router, role switching, scaling, rollout and pod templates."""
+
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -681,15 +721,36 @@ class HybridServingSpec(ApiModel):
         }
     )
 
-    model: ModelSpec
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    hardware: HardwareSpec = Field(default_factory=HardwareSpec)
-    prefill: RoleSpec
-    decode: RoleSpec
-    transfer: TransferSpec = Field(default_factory=TransferSpec)
-    network: NetworkSpec = Field(default_factory=NetworkSpec)
-    router: RouterSpec = Field(default_factory=RouterSpec)
-    role_switch: RoleSwitchSpec = Field(default_factory=RoleSwitchSpec)
+    model: ModelSpec = Field(
+        description="The model to serve: its path, its architecture (a built-in profile or a custom one) and where "
+        "its weights come from.")
+    engine: EngineSpec = Field(
+        default_factory=EngineSpec,
+        description="The engine container: image, SGLang version, extra SGLang flags and environment of both roles.")
+    hardware: HardwareSpec = Field(
+        default_factory=HardwareSpec,
+        description="The GPUs of the nodes instances run on: how many per node, their model and memory.")
+    prefill: RoleSpec = Field(
+        description="The prefill instances (they compute prompts' KV and hand it to decode): count, size, layout "
+        "and engine settings.")
+    decode: RoleSpec = Field(
+        description="The decode instances (they generate the tokens from prefill's KV): count, size, layout and "
+        "engine settings.")
+    transfer: TransferSpec = Field(
+        default_factory=TransferSpec,
+        description="How KV moves from prefill to decode: transfer engine, RDMA devices and resources, bootstrap "
+        "port.")
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec,
+        description="Host networking, and the node labels that place instances (NVLink domain, RDMA fabric, rack).")
+    router: RouterSpec = Field(
+        default_factory=RouterSpec,
+        description="The smg router in front of the fleet: one Deployment per pairing key behind one Service, "
+        "finding the engines by their role label.")
+    role_switch: RoleSwitchSpec = Field(
+        default_factory=RoleSwitchSpec,
+        description="Moving instances between prefill and decode as the load shifts: floors, pace, cooldown and "
+        "latency targets.")
     replicas: int | None = Field(
         default=None, ge=2, le=2048,
         description="Total instances of the fleet, both roles (the scale subresource: `kubectl scale`, HPA, KEDA). "
@@ -697,7 +758,10 @@ class HybridServingSpec(ApiModel):
         "decode.replicas give the initial shares. Unset: the fleet has exactly prefill.replicas + decode.replicas.",
     )
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        description="How a spec change reaches the instances: how many of a role at once, surge, canary, pause, and "
+        "the revisions kept for rollback.")
     pod_template: PodTemplate | None = Field(
         default=None,
         description="Partial pod template (Kubernetes field names) merged onto every engine pod: tolerations, "
@@ -738,7 +802,8 @@ class Condition(ApiModel):
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
         description="type of the condition, in CamelCase (Ready, Progressing, Degraded, ...).",
     )
-    status: Literal["True", "False", "Unknown"]
+    status: Literal["True", "False", "Unknown"] = Field(
+        description="status: True, False, or Unknown (the operator cannot tell yet, e.g. no valid spec applied).")
     reason: str = Field(
         min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
         description="reason: a CamelCase word for the last transition, for machines and alerts.",
@@ -754,46 +819,70 @@ class Condition(ApiModel):
 
 
 class RoleStatus(ApiModel):
-    desired: int = 0
-    ready: int = 0
-    updated: int = 0
+    desired: int = Field(default=0, description="Instances the plan has of the role, surge instances included.")
+    ready: int = Field(
+        default=0, description="Instances of the role whose every pod runs the instance's configuration and is "
+        "Ready.")
+    updated: int = Field(
+        default=0, description="Instances of the role on the update revision whose pods all run it (surge "
+        "instances not counted).")
     summary: str = Field(default="0/0", description="ready/desired, for printer columns.")
 
 
 class InstanceStatus(ApiModel):
-    name: str = Field(max_length=253)
-    role: Role
+    """One instance as the reconcile saw it; its HybridServingInstance's status says more."""
+
+    name: str = Field(max_length=253, description="Name of the HybridServingInstance.")
+    role: Role = Field(description="Role the fleet's plan gives the instance (its spec.role).")
     phase: str = Field(max_length=64,
-                       description="Pending, Starting, Ready, CrashLoop, Draining, Switching, Relaunching, Failed.")
-    nodes: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
-    generation: str = Field(default="", description="Hash of the configuration the pods run.")
+                       description="The instance's phase: Pending, Starting, Ready, Unready, Blocked, CrashLoop, "
+                       "Draining, Switching, Relaunching or Failed (see the instance's status.phase).")
+    nodes: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list, max_length=64,
+        description="Nodes of the instance's pods, leader first; empty for a pod not scheduled yet.")
+    generation: str = Field(default="", description="configHash of the instance's spec: the configuration its pods "
+                            "should run.")
 
 
 class CapacityStatus(ApiModel):
-    decode_tokens_per_instance: int = 0
-    decode_tokens_total: int = 0
-    prefill_tokens_per_instance: int = 0
-    bytes_per_token_per_rank: int = 0
-    summary: str = Field(default="", description="Human-readable decode KV capacity.")
+    decode_tokens_per_instance: int = Field(
+        default=0, description="Tokens of context one decode instance's KV pool holds, computed from the layout, "
+        "model and GPU memory (not measured).")
+    decode_tokens_total: int = Field(
+        default=0, description="decodeTokensPerInstance times the decode instances the plan has.")
+    prefill_tokens_per_instance: int = Field(
+        default=0, description="Tokens of context one prefill instance's KV pool holds, computed as for decode.")
+    bytes_per_token_per_rank: int = Field(
+        default=0, description="Bytes one token of context costs each GPU of a decode instance (KV, index and "
+        "draft KV).")
+    summary: str = Field(default="", description="Human-readable decode KV capacity, or why there is none.")
 
 
 class SwitchRecord(ApiModel):
-    instance: str
-    from_role: Role
-    to_role: Role
-    mode: Literal["in-place", "relaunch"]
-    reason: str = Field(max_length=512)
+    """One role switch, written by the role-switch controller while it runs and once it ended."""
+
+    instance: str = Field(description="The HybridServingInstance that switched.")
+    from_role: Role = Field(description="Role it left.")
+    to_role: Role = Field(description="Role it switched to.")
+    mode: Literal["in-place", "relaunch"] = Field(
+        description="in-place: the engine changed role without restarting; relaunch: it restarted with the other "
+        "role's flags.")
+    reason: str = Field(max_length=512, description="Why: the policy's pressure reading, or an on-call request.")
     outcome: Literal["Succeeded", "Aborted", "Refused", "Failed", "InProgress"] = Field(
         description="Refused: the engine declined the switch (safe to restore) and the instance kept its role."
     )
-    started: str
-    finished: str | None = None
-    phase: str | None = None
+    started: str = Field(description="When the switch started (RFC 3339).")
+    finished: str | None = Field(default=None, description="When it ended (RFC 3339); unset while in progress.")
+    phase: str | None = Field(
+        default=None,
+        description="The step in progress (Unroute, Drain, Switch, Verify, Route, Restore, Restart); once ended, "
+        "the outcome, its message and the seconds each step took.")
 
 
 class WeightsStatus(ApiModel):
-    source: str = ""
-    cache: str = "None"
+    source: str = Field(default="", description="spec.model.weights.uri these figures are for.")
+    cache: str = Field(default="None", description="spec.model.weights.cache: None (each engine downloads) or Node "
+                       "(node-local copies, which the node counts describe).")
     nodes_ready: int = Field(default=0, description="Nodes whose node-local copy is complete.")
     nodes_filling: int = Field(default=0, description="Nodes downloading now.")
     nodes_failed: int = Field(default=0, description="Nodes whose last download failed (pods retry).")
@@ -811,8 +900,8 @@ class WeightsStatus(ApiModel):
 
 
 class RoleCounts(ApiModel):
-    prefill: int = 0
-    decode: int = 0
+    prefill: int = Field(default=0, description="Prefill instances on the update revision (status.prefill.updated).")
+    decode: int = Field(default=0, description="Decode instances on the update revision (status.decode.updated).")
 
 
 class RolloutStatus(ApiModel):
@@ -839,17 +928,24 @@ class RolloutStatus(ApiModel):
 
 
 class HybridServingStatus(ApiModel):
-    observed_generation: int | None = None
+    """What the operator observed of the fleet, written by its reconcile (status.switches by the
+    role-switch controller)."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation of the spec this status was computed for.")
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=32,
+        description="One of each type: LayoutValid, Ready, Progressing, Degraded, RoleSwitching "
+        "(`kubectl wait --for=condition=Ready`).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    prefill: RoleStatus = Field(default_factory=RoleStatus)
-    decode: RoleStatus = Field(default_factory=RoleStatus)
+    prefill: RoleStatus = Field(default_factory=RoleStatus, description="Prefill instances: desired, ready, updated.")
+    decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode instances: desired, ready, updated.")
     instances: list[InstanceStatus] = Field(default_factory=list, max_length=2048,
                                             description="instances: one entry per instance (both roles' replicas).")
-    capacity: CapacityStatus = Field(default_factory=CapacityStatus)
+    capacity: CapacityStatus = Field(default_factory=CapacityStatus,
+                                     description="KV cache capacity the layout gives, per instance and in all.")
     switches: list[SwitchRecord] = Field(default_factory=list, max_length=20,
                                          description="Recent role switches, newest last (the last 20).")
     ready: str = Field(default="False", description="Ready condition status, for printer columns.")
@@ -917,6 +1013,9 @@ class FleetMeta(ObjectMeta):
 
 
 class HybridServing(ApiModel):
+    """A disaggregated SGLang serving fleet: prefill and decode engine instances, the router in
+    front of them, and how they roll out and move between roles."""
+
     # The name rule, at admission: the apiserver refuses a name the operator could not serve.
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         cel(f"self.metadata.name.matches('^{FLEET_NAME_PATTERN}$')",
