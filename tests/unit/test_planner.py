@@ -30,6 +30,7 @@ from hybridserving.core.naming import (
     LABEL_SURGE,
 )
 from hybridserving.core.observed import Observed
+from hybridserving.core.podtemplate import OWNED_ENGINE_FIELDS
 from hybridserving.core.switching import SwitchState
 from support.apiserver import FakeCluster
 from support.fleets import check_invariants, converge, fleet, router_deployment, uids
@@ -107,6 +108,11 @@ def test_multi_node_instances_keep_their_gang_in_one_nvlink_domain() -> None:
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "launcher"}
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         assert env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"
+    # A pod template that sets a probe is refused naming the probe the operator renders in its place.
+    for probe in ("readinessProbe", "livenessProbe"):
+        path = leader[probe]["httpGet"]["path"]
+        assert f"{path} on the {leader[probe]['httpGet']['port']} port" in OWNED_ENGINE_FIELDS[probe]
+    assert "startupProbe" not in leader and "none" in OWNED_ENGINE_FIELDS["startupProbe"]
 
 
 def test_switching_fleets_tell_the_launcher_the_decode_graph_memory_and_keep_a_decode_radix_cache() -> None:

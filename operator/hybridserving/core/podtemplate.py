@@ -34,9 +34,9 @@ OWNED_ENGINE_FIELDS: dict[str, str] = {
     "command": "the operator (the engine launcher)",
     "args": "spec.<role>.layout and spec.engine.extraArgs (the launcher builds SGLang's argv)",
     "ports": "the operator (allocated per instance)",
-    "readinessProbe": "the operator (the engine's /health)",
-    "livenessProbe": "the operator (the engine's /health)",
-    "startupProbe": "the operator (the engine's /health)",
+    "readinessProbe": "the operator (the leader's engine /ready on the http port)",
+    "livenessProbe": "the operator (the launcher's /healthz on the launcher port)",
+    "startupProbe": "the operator (none: the launcher's /healthz answers while the engine loads)",
     "securityContext": "spec.network.hostNetwork / spec.transfer.rdmaResourceCount and the chart's enginePolicy",
 }
 
