@@ -383,6 +383,21 @@ def test_every_user_string_and_list_is_bounded():
                 assert "maxItems" in node, f"{name} {path}: list without maxItems"
 
 
+def test_status_strings_and_lists_carry_the_bounds_their_writers_keep():
+    # Free text whose writer keeps no bound stays unbounded: a bound would fail the status patch.
+    unbounded = {".status.capacity.summary",  # "no capacity: <the exception>"
+                 ".status.switches[].phase"}  # the launcher's message and the steps' timings
+    for name in (HS_FILE, HSI_FILE):
+        for path, node in walk(schema_of(name)["properties"]["status"], ".status"):
+            if node.get("type") == "string" and path not in unbounded:
+                assert "maxLength" in node or "enum" in node, f"{name} {path}: string without maxLength"
+            if node.get("type") == "array":
+                assert "maxItems" in node, f"{name} {path}: list without maxItems"
+    errors = resolve(schema_of(HS_FILE), ".status.weights.errors")
+    assert errors["maxItems"] == 5 and errors["items"]["maxLength"] == 253 + len(": ") + 200
+    assert resolve(schema_of(HS_FILE), ".status.ready")["enum"] == ["True", "False"]
+
+
 # --------------------------------------------------------------------------- CEL rules
 
 
@@ -563,6 +578,40 @@ def test_a_full_fleet_status_is_written_without_loss():
     wire = status.to_wire()
     assert violations(schema_of(HS_FILE)["properties"]["status"], wire, ".status") == []
     assert HybridServingStatus.model_validate(wire) == status
+
+
+def test_the_longest_status_values_the_operator_writes_fit_the_bounds():
+    # A bound the operator's writers can exceed would fail their status patches: each writer's
+    # longest value must pass the model and the schema alike.
+    from types import SimpleNamespace
+
+    from hybridserving.api.weights import WeightsSpec
+    from hybridserving.controller.switching import _history_entry
+    from hybridserving.core import weights
+    from hybridserving.core.naming import engine_selector
+    from hybridserving.core.observed import format_time
+    from hybridserving.core.switching import SwitchState
+
+    longest_name = "n" * 253
+    spec = WeightsSpec(uri="hf://" + "m" * 1019, cache="Node")
+    pods = [SimpleNamespace(name=f"p{i}", node_name=f"{longest_name[:-1]}{i}", weights_fill=("Failed", "x" * 5000))
+            for i in range(9)]
+    last_time = format_time(253402300799)  # 9999-12-31T23:59:59Z
+    switch = SwitchState("decode", "prefill", "relaunch", "r" * 5000, 0.0, step="Done", outcome="Failed",
+                         message="m" * 5000)
+    status = HybridServingStatus(
+        conditions=[Condition(type="Ready", status="False", reason="InstancesNotReady", message="x" * 4000,
+                              last_transition_time="2006-01-02T15:04:05.999999999+07:00")],
+        instances=[InstanceStatus(name=longest_name, role="decode", phase="Ready", nodes=[longest_name] * 64,
+                                  generation="f" * 63)],
+        ready="True",
+        last_progress_time=last_time,
+        selector=engine_selector(longest_name),
+        weights=weights.summarize(spec, pods),
+        switches=[SwitchRecord.model_validate(_history_entry(longest_name, switch, finished=253402300799))],
+    )
+    assert len(status.weights.errors) == 5 and status.weights.nodes_failed == 9
+    assert violations(schema_of(HS_FILE)["properties"]["status"], status.to_wire(), ".status") == []
 
 
 def test_a_full_instance_status_is_written_without_loss():

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
 from hybridserving.api.base import ApiModel, cel
-from hybridserving.api.v1alpha1 import Condition, ObjectMeta, Role
+from hybridserving.api.v1alpha1 import TIME_MAX_LENGTH, Condition, ObjectMeta, Role
 
 InstancePhase = Literal[
     "Pending", "Starting", "Ready", "Unready", "Blocked", "CrashLoop", "Draining", "Switching", "Relaunching", "Failed",
@@ -146,7 +146,9 @@ class HybridServingInstanceStatus(ApiModel):
     observed_generation: int | None = Field(
         default=None, description="metadata.generation of the spec this status describes."
     )
-    last_switch: AwareDatetime | None = Field(default=None, description="When the last role switch finished.")
+    last_switch: AwareDatetime | None = Field(
+        default=None, description="When the last role switch finished.",
+        json_schema_extra={"maxLength": TIME_MAX_LENGTH})
 
 
 class HybridServingInstance(ApiModel):

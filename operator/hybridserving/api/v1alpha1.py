@@ -31,7 +31,7 @@ from hybridserving.api.pods import (
     quantity_error,
     requests_vs_limits,
 )
-from hybridserving.api.weights import WeightsSpec
+from hybridserving.api.weights import URI_MAX_LENGTH, WeightsCache, WeightsSpec
 from hybridserving.api.profiles import ModelArchitecture, resolve_profile
 
 GROUP = "hybridserving.io"
@@ -793,6 +793,17 @@ class HybridServingSpec(ApiModel):
 
 # --------------------------------------------------------------------------- status
 
+# Bounds of what the operator writes into status, so that the apiserver holds every writer to them.
+OBJECT_NAME_MAX_LENGTH = 253
+"""An object's name (a DNS subdomain): instances, pods, nodes."""
+TIME_MAX_LENGTH = 35
+"""An RFC 3339 time: the operator writes `2006-01-02T15:04:05Z` (`core.observed.format_time`); the
+bound also holds the longest form Kubernetes writes, to the nanosecond with an offset."""
+WEIGHTS_ERRORS_KEPT = 5
+"""Download errors `status.weights.errors` keeps, the first nodes' by name."""
+WEIGHTS_ERROR_DETAIL = 200
+"""Characters of a node's download error kept after `<node>: `."""
+
 
 class Condition(ApiModel):
     """A Kubernetes API convention condition, with metav1.Condition's validation."""
@@ -813,6 +824,7 @@ class Condition(ApiModel):
         default=None, ge=0, description="observedGeneration: the metadata.generation the condition was set for."
     )
     last_transition_time: str = Field(
+        max_length=TIME_MAX_LENGTH,
         json_schema_extra={"format": "date-time"},
         description="lastTransitionTime: RFC 3339 time the status last changed.",
     )
@@ -826,22 +838,23 @@ class RoleStatus(ApiModel):
     updated: int = Field(
         default=0, description="Instances of the role on the update revision whose pods all run it (surge "
         "instances not counted).")
-    summary: str = Field(default="0/0", description="ready/desired, for printer columns.")
+    summary: str = Field(default="0/0", max_length=32, description="ready/desired, for printer columns.")
 
 
 class InstanceStatus(ApiModel):
     """One instance as the reconcile saw it; its HybridServingInstance's status says more."""
 
-    name: str = Field(max_length=253, description="Name of the HybridServingInstance.")
+    name: str = Field(max_length=OBJECT_NAME_MAX_LENGTH, description="Name of the HybridServingInstance.")
     role: Role = Field(description="Role the fleet's plan gives the instance (its spec.role).")
     phase: str = Field(max_length=64,
                        description="The instance's phase: Pending, Starting, Ready, Unready, Blocked, CrashLoop, "
                        "Draining, Switching, Relaunching or Failed (see the instance's status.phase).")
-    nodes: list[Annotated[str, Field(max_length=253)]] = Field(
+    nodes: list[Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH)]] = Field(
         default_factory=list, max_length=64,
         description="Nodes of the instance's pods, leader first; empty for a pod not scheduled yet.")
-    generation: str = Field(default="", description="configHash of the instance's spec: the configuration its pods "
-                            "should run.")
+    generation: str = Field(
+        default="", max_length=63,
+        description="configHash of the instance's spec: the configuration its pods should run.")
 
 
 class CapacityStatus(ApiModel):
@@ -861,7 +874,7 @@ class CapacityStatus(ApiModel):
 class SwitchRecord(ApiModel):
     """One role switch, written by the role-switch controller while it runs and once it ended."""
 
-    instance: str = Field(description="The HybridServingInstance that switched.")
+    instance: str = Field(max_length=OBJECT_NAME_MAX_LENGTH, description="The HybridServingInstance that switched.")
     from_role: Role = Field(description="Role it left.")
     to_role: Role = Field(description="Role it switched to.")
     mode: Literal["in-place", "relaunch"] = Field(
@@ -871,8 +884,9 @@ class SwitchRecord(ApiModel):
     outcome: Literal["Succeeded", "Aborted", "Refused", "Failed", "InProgress"] = Field(
         description="Refused: the engine declined the switch (safe to restore) and the instance kept its role."
     )
-    started: str = Field(description="When the switch started (RFC 3339).")
-    finished: str | None = Field(default=None, description="When it ended (RFC 3339); unset while in progress.")
+    started: str = Field(max_length=TIME_MAX_LENGTH, description="When the switch started (RFC 3339).")
+    finished: str | None = Field(default=None, max_length=TIME_MAX_LENGTH,
+                                 description="When it ended (RFC 3339); unset while in progress.")
     phase: str | None = Field(
         default=None,
         description="The step in progress (Unroute, Drain, Switch, Verify, Route, Restore, Restart); once ended, "
@@ -880,9 +894,12 @@ class SwitchRecord(ApiModel):
 
 
 class WeightsStatus(ApiModel):
-    source: str = Field(default="", description="spec.model.weights.uri these figures are for.")
-    cache: str = Field(default="None", description="spec.model.weights.cache: None (each engine downloads) or Node "
-                       "(node-local copies, which the node counts describe).")
+    source: str = Field(default="", max_length=URI_MAX_LENGTH,
+                        description="spec.model.weights.uri these figures are for.")
+    cache: WeightsCache = Field(
+        default="None",
+        description="spec.model.weights.cache: None (each engine downloads) or Node (node-local copies, which the "
+        "node counts describe).")
     nodes_ready: int = Field(default=0, description="Nodes whose node-local copy is complete.")
     nodes_filling: int = Field(default=0, description="Nodes downloading now.")
     nodes_failed: int = Field(default=0, description="Nodes whose last download failed (pods retry).")
@@ -896,7 +913,10 @@ class WeightsStatus(ApiModel):
         default=None, ge=0,
         description="What those nodes hold once complete (one copy each): bytesDone / bytesTotal is the fleet's "
         "download progress.")
-    errors: list[str] = Field(default_factory=list, description="Last download errors, by node (bounded).")
+    errors: list[Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH + 2 + WEIGHTS_ERROR_DETAIL)]] = Field(
+        default_factory=list, max_length=WEIGHTS_ERRORS_KEPT,
+        description=f"Last download errors as `<node>: <error>`, of the first {WEIGHTS_ERRORS_KEPT} failed nodes by "
+        "name (nodesFailed counts them all).")
 
 
 class RoleCounts(ApiModel):
@@ -948,14 +968,18 @@ class HybridServingStatus(ApiModel):
                                      description="KV cache capacity the layout gives, per instance and in all.")
     switches: list[SwitchRecord] = Field(default_factory=list, max_length=20,
                                          description="Recent role switches, newest last (the last 20).")
-    ready: str = Field(default="False", description="Ready condition status, for printer columns.")
+    ready: Literal["True", "False"] = Field(default="False", description="Ready condition status, for printer "
+                                           "columns.")
     last_progress_time: str | None = Field(
-        default=None, description="When the fleet last made progress (more instances ready or updated, a rollout "
+        default=None, max_length=TIME_MAX_LENGTH,
+        description="When the fleet last made progress (more instances ready or updated, a rollout "
         "hold lifted, a spec change): the progress deadline counts from here.",
     )
     replicas: int = Field(default=0, description="Instances that exist, both roles (the scale subresource's status).")
-    selector: str = Field(default="", description="Label selector of the fleet's engine pods (the scale "
-                          "subresource's, for HPA's pod metrics).")
+    # `hybridserving.io/name=<fleet>,hybridserving.io/component=engine`: room for any object name.
+    selector: str = Field(
+        default="", max_length=512,
+        description="Label selector of the fleet's engine pods (the scale subresource's, for HPA's pod metrics).")
     weights: WeightsStatus | None = Field(default=None, description="Where the model weights are, per node.")
     rollout: RolloutStatus | None = Field(default=None, description="Revisions and how far the rollout got.")
 

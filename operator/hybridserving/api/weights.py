@@ -23,6 +23,9 @@ from pydantic import ConfigDict, Field, model_validator
 
 from hybridserving.api.base import ApiModel, FieldInvalid, cel
 
+URI_MAX_LENGTH = 1024
+WeightsCache = Literal["None", "Node"]
+
 URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|oci://[^\s]+)$"
 
 
@@ -46,7 +49,7 @@ class WeightsSpec(ApiModel):
     )
 
     uri: str = Field(
-        max_length=1024,
+        max_length=URI_MAX_LENGTH,
         pattern=URI_PATTERN,
         description="hf://org/model (hub), pvc://claim[/path] (PersistentVolumeClaim, mounted read-only) or "
         "oci://image (image volume).",
@@ -62,7 +65,7 @@ class WeightsSpec(ApiModel):
         default=None, max_length=512, pattern=r"^https?://[^\s]+$",
         description="Hub endpoint (HF_ENDPOINT) for a mirror or an in-cluster hub proxy.",
     )
-    cache: Literal["None", "Node"] = Field(
+    cache: WeightsCache = Field(
         default="None",
         description="hf:// only. None: each engine downloads at start. Node: fill a node-local directory once "
         "per node (an init step) and reuse it for every later pod there.",

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridserving.api.v1alpha1 import HybridServingSpec
+from hybridserving.api.v1alpha1 import WEIGHTS_ERROR_DETAIL, WEIGHTS_ERRORS_KEPT, HybridServingSpec
 from hybridserving.api.weights import WeightsSpec
 from hybridserving.contract import ENV_LAUNCHER_PORT
 from hybridserving.core.layout import LayoutIssue
@@ -280,7 +280,8 @@ def summarize(w: WeightsSpec, pods: Iterable[Any], progress: Mapping[str, FillPr
     if copy and (filled or filling):
         bytes_done = copy * len(filled) + sum(min(p.bytes_done, copy) for p in filling.values())
         bytes_total = copy * (len(filled) + len(filling))
-    errors = sorted({f"{node}: {detail[:200]}" for node, (state, detail) in per_node.items() if state == "Failed"})
+    errors = sorted({f"{node}: {detail[:WEIGHTS_ERROR_DETAIL]}"
+                     for node, (state, detail) in per_node.items() if state == "Failed"})
     return {
         "source": w.uri,
         "cache": w.cache,
@@ -290,5 +291,5 @@ def summarize(w: WeightsSpec, pods: Iterable[Any], progress: Mapping[str, FillPr
         "bytes": size,
         "bytesDone": bytes_done,
         "bytesTotal": bytes_total,
-        "errors": errors[:5],
+        "errors": errors[:WEIGHTS_ERRORS_KEPT],
     }
