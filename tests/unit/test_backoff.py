@@ -32,6 +32,12 @@ def test_the_wait_counts_from_the_last_restart() -> None:
     assert backoff.restarted(three, 1050.0) == GangRestarts(4, 1050.0)
 
 
+def test_a_gang_is_in_its_restart_loop_from_its_second_restart_in_a_row() -> None:
+    assert not backoff.looping(None) and not backoff.looping(GangRestarts(1, 1000.0)), \
+        "one failure restarted at once is no loop"
+    assert backoff.looping(GangRestarts(2, 1000.0)) and backoff.looping(GangRestarts(9, 1000.0))
+
+
 def test_a_gang_forgets_its_restarts_after_serving_10_minutes() -> None:
     assert backoff.forget_in(1000.0, 1000.0) == 600.0
     assert backoff.forget_in(1000.0, 1599.0) == 1.0

@@ -20,8 +20,9 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
 from hybridserving.core.actions import Cause
+from hybridserving.core import backoff
 from hybridserving.core.backoff import ANNOTATION_GANG_RESTARTS, GangRestarts
-from hybridserving.core.naming import LABEL_NAME
+from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_NAME
 from hybridserving.core.observed import parse_time
 from hybridserving.core.switching import SwitchState
 from support.apiserver import NS, MemoryApi
@@ -599,6 +600,92 @@ def test_a_gang_that_keeps_failing_backs_off_says_so_and_each_restart_is_an_even
     assert [a.name for a in again.applied if Cause.GANG_RESTART in a.causes and a.kind == INSTANCE_KIND] == ["fleet-1"]
     assert len(restart_events()) == 2 and "gang restart 2 in a row" in restart_events()[1]
     assert "next restart waits 20s" in restart_events()[1]
+
+
+def test_a_gang_in_its_restart_loop_stays_degraded_until_it_is_ready_again(api: MemoryApi) -> None:
+    """Degraded is True from the first back-off until the restarted gang is Ready: not False
+    while each restarted gang starts, as a pod stays CrashLoopBackOff until its container runs."""
+    settle(api)
+    pod, instance = ("Pod", "fleet-1-0"), (INSTANCE_KIND, "fleet-1")
+    seen: list[tuple[str, str, str]] = []
+
+    def step(what: str) -> dict[str, Any]:
+        rec.reconcile(api, NS, "fleet")
+        degraded = api.condition("Degraded")
+        seen.append((what, degraded["status"], degraded["reason"]))
+        return degraded
+
+    def record() -> GangRestarts:
+        annotations = api.store[instance]["metadata"]["annotations"]
+        restarts = GangRestarts.from_annotation(annotations[ANNOTATION_GANG_RESTARTS])
+        assert restarts is not None
+        return restarts
+
+    def restart_due() -> None:
+        """Time passes until the held restart is due (its record, all a pass reads, moves back)."""
+        held = record()
+        api.store[instance]["metadata"]["annotations"][ANNOTATION_GANG_RESTARTS] = GangRestarts(
+            held.count, held.last - backoff.delay(held.count)).to_annotation()
+
+    def restarted_gang_created(what: str) -> None:
+        generation = api.store[instance]["spec"]["restartGeneration"]
+        for _ in range(3):
+            if pod in api.store and api.store[pod]["metadata"]["annotations"].get(
+                    ANNOTATION_RESTART_GENERATION) == str(generation):
+                return
+            step(what)
+        raise AssertionError("the restarted gang's pod was not created")
+
+    def fail() -> None:
+        api.store[pod].setdefault("status", {})["phase"] = "Failed"
+
+    fail()
+    rec.reconcile(api, NS, "fleet")
+    restarted_gang_created("first restart")
+    assert record().count == 1
+    assert api.condition("Degraded")["status"] == "False", "one failure restarted at once is no loop yet"
+    seen.clear()
+
+    fail()  # the restarted gang fails before it is Ready
+    first = step("held by its back-off")
+    assert "fleet-1 keeps failing (pod fleet-1-0 failed) after 1 gang restart(s) in a row: next restart at " \
+        in first["message"]
+    for count in (2, 3):
+        restart_due()
+        step(f"restart {count}")
+        assert record().count == count
+        starting = api.condition("Degraded")
+        assert starting["reason"] == "CrashLoopBackOff", starting
+        assert f"fleet-1 keeps failing: gang restart {count} in a row at " in starting["message"]
+        assert "is starting again" in starting["message"]
+        ready = api.store[instance]["status"]["conditions"][0]
+        assert (ready["status"], ready["reason"]) == ("False", "CrashLoopBackOff"), ready
+        restarted_gang_created(f"restart {count}: its pod created")
+        api.store[pod]["spec"]["nodeName"] = "node-0"
+        api.store[pod]["status"] = {  # the engine loads
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": ago(20)}],
+            "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                                   "state": {"running": {"startedAt": ago(15)}}}]}
+        step(f"restart {count}: the engine loads")
+        if count == 2:
+            fail()
+            assert f"after {count} gang restart(s) in a row: next restart at" in step("fails again")["message"]
+    assert all((status, reason) == ("True", "CrashLoopBackOff") for _, status, reason in seen), seen
+    assert api.condition("Degraded")["lastTransitionTime"] == first["lastTransitionTime"]
+
+    api.run_pods()
+    degraded = step("Ready")
+    assert (degraded["status"], degraded["reason"]) == ("False", "AsExpected"), degraded
+    assert record().count == 3, "the back-off remembers the restarts until the gang has served 10 minutes"
+    assert [e["reason"] for e in events(api) if e["type"] == "Warning" and e["involvedObject"]["kind"] == KIND] \
+        == ["CrashLoopBackOff"], "one Warning for the whole loop"
+
+    api.store[pod]["status"] = {  # the engine that served pauses (a role switch, a hiccup)
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": ago(5)}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                               "state": {"running": {"startedAt": ago(60)}}}]}
+    paused = step("served, then paused")
+    assert paused["status"] == "False", "a gang Ready since its restart is out of its loop"
 
 
 def test_pods_gated_from_scheduling_or_never_created_are_named_in_degraded(api: MemoryApi) -> None:

@@ -114,12 +114,19 @@ def instance_phase(v: InstanceView) -> InstancePhase:
     return settled.get(v.state, "Starting" if v.pods else "Pending")
 
 
-def backing_off_message(v: InstanceView) -> str:
-    """What a gang held by its restart back-off (`v.backing_off`) waits for, and until when."""
+def restart_loop_message(v: InstanceView) -> str:
+    """Where a gang in its restart loop (`v.restart_looping`) is: held by its back-off until the
+    next restart, restarting, or starting again after the last restart."""
     restarts = v.restarts
-    assert restarts is not None, "only a gang restarted before backs off"
-    return (f"{v.plan.name} keeps failing ({v.failure()}) after {restarts.count} gang restart(s) in a row: "
-            f"next restart at {format_time(restarts.last + backoff.delay(restarts.count))}")
+    assert restarts is not None, "only a gang restarted before is in a restart loop"
+    failure = v.failure()
+    if v.backing_off:
+        return (f"{v.plan.name} keeps failing ({failure}) after {restarts.count} gang restart(s) in a row: "
+                f"next restart at {format_time(restarts.last + backoff.delay(restarts.count))}")
+    if failure:
+        return f"{v.plan.name} keeps failing ({failure}) after {restarts.count} gang restart(s) in a row: restarting"
+    return (f"{v.plan.name} keeps failing: gang restart {restarts.count} in a row at {format_time(restarts.last)} "
+            "is starting again, not Ready yet")
 
 
 def stalled_pods(views: Mapping[str, InstanceView], clock: float) -> list[stalled.StalledPod]:
@@ -160,9 +167,9 @@ def instance_status(v: InstanceView, generation: int | None) -> HybridServingIns
                                                                         f"; {blocked}" if phase == "Blocked" else ""))
     previous = {c.get("type", ""): c for c in v.observed.status.get("conditions") or []}
     # `kubectl wait --for=condition=Ready hybridservinginstance/NAME` works like it does for pods.
-    reason = "CrashLoopBackOff" if v.backing_off else phase
-    if v.backing_off:
-        message = backing_off_message(v)
+    reason = "CrashLoopBackOff" if v.restart_looping else phase
+    if v.restart_looping:
+        message = restart_loop_message(v)
     status.conditions = [condition("Ready", phase == "Ready", reason, message, generation, previous)]
     return status
 
@@ -295,10 +302,10 @@ def fleet_status(
     gated = [p for p in waiting if p.reason == "SchedulingGated"]
     not_created = [p for p in waiting if p.reason == "ContainerNotCreated"]
     troubles += [p.describe(clock) for p in gated]
-    backing_off = [v for v in views.values() if v.backing_off]
-    troubles += [backing_off_message(v) for v in backing_off]
+    looping = [v for v in views.values() if v.restart_looping]
+    troubles += [restart_loop_message(v) for v in looping]
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values()
-                 if v.state == "Failed" and not v.backing_off]
+                 if v.state == "Failed" and not v.restart_looping]
     phases = {name: instance_phase(v) for name, v in views.items()}
     crash_looping = [v for name, v in views.items() if phases[name] == "CrashLoop"]
     troubles += [f"{v.plan.name} is crash looping ({instance_status(v, None).last_exit or 'no exit recorded'})"
@@ -321,7 +328,7 @@ def fleet_status(
          "RouterUnavailable" if routing is not None and routing.trouble else
          "Unschedulable" if any(v.state == "Pending" for v in views.values()) else
          "SchedulingGated" if gated else
-         "CrashLoopBackOff" if backing_off else
+         "CrashLoopBackOff" if looping else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
          "CrashLoop" if crash_looping else
          "ContainerBlocked" if blocked else

@@ -60,6 +60,14 @@ def restarted(restarts: GangRestarts | None, now: float) -> GangRestarts:
     return GangRestarts((restarts.count if restarts else 0) + 1, now)
 
 
+def looping(restarts: GangRestarts | None) -> bool:
+    """Whether a gang is in a restart loop: restarted again after its first restart in a row, so
+    each restart since came when a back-off had run out (the kubelet's CrashLoopBackOff after a
+    container's second exit). A gang in its loop is reported so until it is Ready again, also
+    while a restarted gang starts: status does not flip at every restart."""
+    return restarts is not None and restarts.count > 1
+
+
 def delay(count: int) -> float:
     """How long after the last of `count` restarts in a row the next one waits: none after none,
     then 10 s, 20 s, 40 s, … up to 5 minutes."""

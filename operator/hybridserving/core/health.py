@@ -163,6 +163,21 @@ class InstanceView:
         return self.restart_wait > 0 and self.failure() is not None
 
     @property
+    def ready_since_restart(self) -> bool:
+        """Whether the gang it runs now (its last restart's) has been Ready: every rank's pod of it
+        is Ready, or was since its containers started (an engine that served may pause: a role
+        switch, a hiccup). The pods of older gangs tell nothing: they are replaced."""
+        pods = {p.rank: p for p in self.pods if not p.deleting and not self.stale(p)}
+        return all((p := pods.get(rank)) is not None and (p.ready or p.was_ready)
+                   for rank in range(self.observed.spec.nodes))
+
+    @property
+    def restart_looping(self) -> bool:
+        """Its gang keeps failing: held by its back-off, or in its restart loop
+        (`backoff.looping`) and not Ready since the last restart, while that restart starts."""
+        return self.backing_off or (backoff.looping(self.restarts) and not self.ready_since_restart)
+
+    @property
     def forgets_restarts_in(self) -> float | None:
         """Seconds until it has served long enough to forget its restarts (0: it has); None while
         it has none to forget, is not serving, or a pod has no Ready time to count from."""

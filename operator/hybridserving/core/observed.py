@@ -86,18 +86,25 @@ def _blocked(status: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _lost_readiness(ready_condition: Mapping[str, Any], containers: list[Mapping[str, Any]], now: float | None) -> bool:
-    """Not ready for `UNREADY_GRACE_SECONDS`, and the Ready condition turned so after its
-    containers last started: the engine was ready in between (it is False from the pod's start
-    until the first success). The grace lets a pause (an in-place role switch holds `/ready` at
-    503 while it rebuilds) pass before the next probe without being reported."""
-    if ready_condition.get("status") != "False" or now is None:
+def _was_ready(ready_condition: Mapping[str, Any], containers: list[Mapping[str, Any]]) -> bool:
+    """Not ready, and the Ready condition turned so after its containers last started: the engine
+    was ready in between (it is False from the pod's start until the first success)."""
+    if ready_condition.get("status") != "False":
         return False
     turned = parse_time(ready_condition.get("lastTransitionTime"))
     started = [parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt")) for cs in containers]
     if turned is None or not started or any(t is None for t in started):
         return False
-    return turned > max(t for t in started if t is not None) and now - turned >= UNREADY_GRACE_SECONDS
+    return turned > max(t for t in started if t is not None)
+
+
+def _lost_readiness(ready_condition: Mapping[str, Any], containers: list[Mapping[str, Any]], now: float | None) -> bool:
+    """`_was_ready` for `UNREADY_GRACE_SECONDS`. The grace lets a pause (an in-place role switch
+    holds `/ready` at 503 while it rebuilds) pass before the next probe without being reported."""
+    if now is None or not _was_ready(ready_condition, containers):
+        return False
+    turned = parse_time(ready_condition.get("lastTransitionTime"))
+    return turned is not None and now - turned >= UNREADY_GRACE_SECONDS
 
 
 def _not_created(status: Mapping[str, Any]) -> tuple[tuple[str, ...], float | None]:
@@ -135,7 +142,8 @@ class ObservedPod:
     restarts: int = 0
     crash_looping: bool = False
     blocked: str | None = None  # a container the kubelet cannot create (image, Secret), and why
-    lost_readiness: bool = False  # running, was ready since its containers started, is not now
+    was_ready: bool = False  # not ready now, but was since its containers last started
+    lost_readiness: bool = False  # running, and `was_ready` for longer than a pause
     last_exit: str | None = None
     unschedulable: str | None = None
     host_ports: tuple[int, ...] = ()
@@ -187,6 +195,7 @@ class ObservedPod:
         containers = status.get("containerStatuses") or []
         restarts = sum(int(cs.get("restartCount") or 0) for cs in containers)
         crash_looping = not ready and any(_in_crash_loop(cs, now) for cs in containers)
+        was_ready = _was_ready(conditions.get("Ready") or {}, containers)
         lost_readiness = (status.get("phase") == "Running" and not crash_looping
                           and _lost_readiness(conditions.get("Ready") or {}, containers, now))
         last_exit = next((describe_termination(t) for cs in containers
@@ -215,6 +224,7 @@ class ObservedPod:
             restarts=restarts,
             crash_looping=crash_looping,
             blocked=_blocked(status),
+            was_ready=was_ready,
             lost_readiness=lost_readiness,
             last_exit=last_exit,
             unschedulable=unschedulable,
