@@ -298,6 +298,8 @@ def test_a_plan_that_raises_is_reported_and_the_fleet_is_repaired_from_the_last_
     degraded = api.condition("Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "PlanFailed"
     assert "a spec validation let through" in degraded["message"]
+    progressing = api.condition("Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "PlanFailed"), progressing
     assert ("Pod", "fleet-0-0") in api.store, "the deleted pod was recreated from the spec the fleet runs"
     assert outcome.errors, "a failed pass: the work queue retries it on its back-off"
 

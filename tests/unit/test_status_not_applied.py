@@ -1,13 +1,19 @@
-"""A spec generation that fails validation is not applied: Progressing says so, Ready says what serves."""
+"""A spec generation that fails validation, or that passes it and cannot be planned, is not applied:
+Progressing says so, Ready says what serves."""
 
 from __future__ import annotations
 
 import copy
+from typing import Any
+
+import pytest
 
 from hybridserving.api.base import FieldError
+from hybridserving.api.v1alpha1 import INSTANCE_KIND
 from hybridserving.controller import reconcile as rec
-from hybridserving.controller.status import Validation, not_applied_message
+from hybridserving.controller.status import PlanFallback, Validation, not_applied_message
 from hybridserving.core.layout import LayoutIssue
+from hybridserving.core.desired import DesiredState
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
 
@@ -74,3 +80,83 @@ def test_a_gang_healed_under_an_invalid_spec_shows_in_ready_not_in_progressing(a
     settle(api)
     assert api.condition("Ready")["status"] == "True"
     assert api.condition("Progressing")["reason"] == "SpecNotApplied"
+
+
+def plan_raising_for(monkeypatch: pytest.MonkeyPatch, raises: Any) -> None:
+    """The planner raises on the specs `raises` picks, as on an input validation let through."""
+    real = rec.planner.plan
+
+    def plan(hs: Any, observed: Any, access: Any = None, last_good_revision: str = "") -> DesiredState:
+        if raises(hs.spec):
+            raise ValueError("a spec validation let through")
+        return real(hs, observed, access, last_good_revision)
+
+    monkeypatch.setattr(rec.planner, "plan", plan)
+
+
+def test_a_valid_generation_that_cannot_be_planned_is_not_progressing_and_the_fleet_keeps_the_last_applied_spec(
+    api: MemoryApi, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settle(api)
+    plan_raising_for(monkeypatch, lambda spec: spec.prefill.replicas == 3)
+    bigger = copy.deepcopy(SPEC)
+    bigger["prefill"]["replicas"] = 3
+    api.user_apply(bigger)
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.plan_failure is not None and outcome.plan_failure.fallback is PlanFallback.LAST_APPLIED
+    assert api.condition("LayoutValid")["status"] == "True"
+    progressing = api.condition("Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "PlanFailed"), progressing
+    assert progressing["observedGeneration"] == 2
+    assert progressing["message"] == ("generation 2 is not applied: it could not be planned (ValueError: a spec "
+                                      "validation let through); the fleet keeps running the last applied spec")
+    assert api.condition("Ready")["status"] == "True", "what serves still serves"
+    assert api.condition("Degraded")["reason"] == "PlanFailed"
+    assert not [a for a in outcome.applied if a.kind == INSTANCE_KIND and a.verb == "create"], "no third prefill"
+    api.user_apply(SPEC)
+    settle(api)
+    assert api.condition("Progressing")["reason"] == "Complete"
+    assert api.condition("Degraded")["status"] == "False"
+
+
+def test_a_first_spec_that_cannot_be_planned_creates_nothing_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = MemoryApi()
+    api.user_apply(SPEC)
+    plan_raising_for(monkeypatch, lambda spec: True)
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert outcome.actions == [] and api.children() == set()
+    progressing = api.condition("Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "PlanFailed"), progressing
+    assert progressing["message"].startswith("generation 1 is not applied: it could not be planned (ValueError: ")
+    assert progressing["message"].endswith("; no spec was applied before: nothing was created")
+    ready = api.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PlanFailed") and "nothing was created" in ready["message"]
+    assert api.condition("Degraded")["reason"] == "PlanFailed"
+
+
+def test_a_fleet_whose_applied_spec_cannot_be_planned_is_left_as_it_is_and_says_so(
+    api: MemoryApi, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settle(api)
+    plan_raising_for(monkeypatch, lambda spec: True)
+    writes = sum(n for (verb, _), n in api.writes.items() if verb != "patch-status" and verb != "create")
+    rec.reconcile(api, NS, "fleet")
+    assert sum(n for (verb, _), n in api.writes.items() if verb != "patch-status" and verb != "create") == writes
+    progressing = api.condition("Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "PlanFailed"), progressing
+    assert progressing["message"].endswith("; the fleet is left as it is until its spec can be planned")
+    assert "no valid spec has been applied" not in api.condition("Ready")["message"]
+
+
+def test_an_invalid_generation_whose_last_applied_spec_cannot_be_planned_is_not_applied_for_its_errors(
+    api: MemoryApi, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settle(api)
+    plan_raising_for(monkeypatch, lambda spec: True)
+    bad = copy.deepcopy(SPEC)
+    bad["decode"]["layout"] = {"tp": 8, "dcp": 3}
+    api.user_apply(bad)
+    rec.reconcile(api, NS, "fleet")
+    progressing = api.condition("Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "SpecNotApplied"), progressing
+    assert api.condition("Degraded")["reason"] == "PlanFailed"

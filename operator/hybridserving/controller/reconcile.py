@@ -41,6 +41,8 @@ from hybridserving.controller import gauges, metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import (
     PROGRESS_DEADLINE_SECONDS,
+    PlanFailure,
+    PlanFallback,
     Validation,
     changed,
     fleet_status,
@@ -103,6 +105,8 @@ class Outcome:
     conflict: bool = False
     errors: list[str] = field(default_factory=list)
     error_reason: str = "ReconcileError"
+    plan_failure: PlanFailure | None = None
+    """The spec could not be planned, and what the pass did instead (status says the generation is not applied)."""
     requeue_after: float | None = None
     gone: bool = False
 
@@ -423,22 +427,26 @@ def plan_safely(effective: HybridServing, meta: dict[str, Any], fallback: Hybrid
     """The plan of `effective`, or of the last applied spec when planning raises.
 
     Validation is meant to catch every input the planner cannot plan; should one slip
-    through, the fleet is still repaired from the spec it runs, and status says why.
+    through, the fleet is still repaired from the spec it runs, and status says why
+    (`outcome.plan_failure`).
     """
     try:
         return planner.plan(effective, observed, access, last_good_revision)
     except Exception as exc:  # noqa: BLE001 - any planner bug must surface in status, not kill the pass
         log.exception("%s/%s: planning failed", effective.metadata.namespace, effective.metadata.name)
-        outcome.fail("PlanFailed", f"the spec could not be planned ({type(exc).__name__}: {exc}); "
-                     + ("the fleet is kept on the last applied spec" if fallback else "nothing was created"))
-        if fallback is None or fallback == effective.spec:
-            return None
+        error = f"{type(exc).__name__}: {exc}"
+    desired: DesiredState | None = None
+    if fallback is not None and fallback != effective.spec:
         try:
-            return planner.plan(HybridServing.model_validate({"metadata": meta, "spec": fallback.to_wire()}),
-                                observed, access, last_good_revision)
+            desired = planner.plan(HybridServing.model_validate({"metadata": meta, "spec": fallback.to_wire()}),
+                                   observed, access, last_good_revision)
         except Exception:  # noqa: BLE001
             log.exception("planning the last applied spec failed too")
-            return None
+    kept = (PlanFallback.LAST_APPLIED if desired is not None else
+            PlanFallback.NOTHING if fallback is None else PlanFallback.AS_IS)
+    outcome.plan_failure = PlanFailure(error, kept)
+    outcome.fail("PlanFailed", outcome.plan_failure.message())
+    return desired
 
 
 def write_engine_key(kube: Kube, namespace: str, meta: dict[str, Any], operator_key: bytes, outcome: Outcome) -> None:
@@ -536,7 +544,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
         warning = validation.message()
     status = fleet_status(desired, observed, views, validation, generation, previous,
                           len(outcome.actions) - len(outcome.applied), outcome.errors,
-                          error_reason=outcome.error_reason, progress_deadline_seconds=progress_deadline_seconds)
+                          error_reason=outcome.error_reason, plan_failure=outcome.plan_failure,
+                          progress_deadline_seconds=progress_deadline_seconds)
     gauges.record(namespace, name, status, views)
     if desired is not None and desired.spec.model.weights is not None:
         status["weights"] = weights_status(desired.spec.model.weights, observed, previous.get("weights"), fill_probe)

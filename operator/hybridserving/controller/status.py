@@ -8,6 +8,7 @@ their status stays the same (Kubernetes API conventions).
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,29 @@ class Validation:
             return "; ".join(self.refusals)
         shown = self.errors or list(self.issues)
         return " | ".join(f"{i.path}: {i.message}. Fix: {i.fix}" for i in shown)[:4000]
+
+
+class PlanFallback(enum.Enum):
+    """What a pass does with a fleet whose spec it could not plan (the value says it to users)."""
+
+    LAST_APPLIED = "the fleet keeps running the last applied spec"
+    AS_IS = "the fleet is left as it is until its spec can be planned"
+    NOTHING = "no spec was applied before: nothing was created"
+
+
+@dataclass(frozen=True)
+class PlanFailure:
+    """The spec passed validation and planning it raised: a rule validation lacks. The error,
+    as `Type: text`, and what the pass did instead."""
+
+    error: str
+    fallback: PlanFallback
+
+    def message(self) -> str:
+        return f"the spec could not be planned ({self.error}); {self.fallback.value}"
+
+    def not_applied_message(self, generation: int | None) -> str:
+        return f"generation {generation} is not applied: it could not be planned ({self.error}); {self.fallback.value}"
 
 
 def unschedulable_message(desired: DesiredState, v: InstanceView) -> str:
@@ -222,15 +246,18 @@ def fleet_status(
     errors: Sequence[str],
     *,
     error_reason: str = "ReconcileError",
+    plan_failure: PlanFailure | None = None,
     progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS,
     at: float | None = None,
 ) -> dict[str, Any]:
     """The HybridServing's status: conditions, per-role counts, instances, capacity.
 
     `errors` are what this pass failed to do (`error_reason` their kind); they make the
-    fleet Degraded whatever else is true. A fleet Progressing for longer than
-    `progress_deadline_seconds` turns Progressing=False/ProgressDeadlineExceeded and
-    Degraded, naming the instances that are not ready, until it completes or its spec changes.
+    fleet Degraded whatever else is true. A generation that fails validation, or that could
+    not be planned (`plan_failure`), is not applied: Progressing is False and says why. A
+    fleet Progressing for longer than `progress_deadline_seconds` turns
+    Progressing=False/ProgressDeadlineExceeded and Degraded, naming the instances that are not
+    ready, until it completes or its spec changes.
     """
     previous = {c.get("type"): c for c in (previous_status or {}).get("conditions") or []}
     clock = time.time() if at is None else at
@@ -244,13 +271,19 @@ def fleet_status(
         kept = "; the fleet keeps running the last valid spec" if desired is not None else ""
         conds.append(condition("LayoutValid", False, "LayoutInvalid", validation.message() + kept,
                                generation, previous))
+    not_applied = not_applied_reason(validation, plan_failure, generation)
     if desired is None:
         for type_ in ("Ready", "Progressing", "Degraded", "RoleSwitching"):
             if type_ == "Degraded" and errors:
                 conds.append(condition(type_, True, error_reason, "; ".join(errors), generation, previous))
-                continue
-            conds.append(condition(type_, None if type_ != "Ready" else False, "NoValidSpec",
-                                   "no valid spec has been applied yet", generation, previous))
+            elif plan_failure is None:
+                conds.append(condition(type_, None if type_ != "Ready" else False, "NoValidSpec",
+                                       "no valid spec has been applied yet", generation, previous))
+            elif type_ == "Progressing" and not_applied is not None:
+                conds.append(condition(type_, False, *not_applied, generation, previous))
+            else:  # what the fleet does is not read while its spec cannot be planned
+                conds.append(condition(type_, None if type_ != "Ready" else False, "PlanFailed",
+                                       plan_failure.message(), generation, previous))
         return wire(HybridServingStatus(observed_generation=generation, conditions=conds, ready="False"))
 
     per_role: dict[str, RoleStatus] = {}
@@ -284,8 +317,8 @@ def fleet_status(
         reason, message = "Reconciling", f"{pending_actions} change(s) in flight, {ready_total}/{total} instances ready"
     else:
         reason, message = "Complete", "every instance runs the current spec"
-    if not validation.valid:
-        progressing, reason, message = False, "SpecNotApplied", not_applied_message(validation, generation)
+    if not_applied is not None:
+        progressing, (reason, message) = False, not_applied
     not_ready = [v.plan.name for v in sorted(views.values(), key=lambda v: v.plan.index) if not v.available]
     progressed_at = last_progress(previous_status or {}, previous.get("Progressing") or {}, generation, per_role,
                                   held, progressing, clock)
@@ -405,6 +438,18 @@ def paired_since(desired: DesiredState, views: Mapping[str, InstanceView]) -> di
         roles = since.setdefault(instance_pairing_key(v, desired.pairing_key), {})
         roles[v.plan.role] = min(roles.get(v.plan.role, at), at)
     return {key: max(roles.values()) for key, roles in since.items() if set(roles) == set(ROLES)}
+
+
+def not_applied_reason(validation: Validation, plan_failure: PlanFailure | None,
+                       generation: int | None) -> tuple[str, str] | None:
+    """Progressing's reason and message while the spec's generation is not what the fleet runs:
+    it fails validation (`SpecNotApplied`), or passes it and could not be planned (`PlanFailed`);
+    None while it is applied."""
+    if not validation.valid:
+        return "SpecNotApplied", not_applied_message(validation, generation)
+    if plan_failure is not None:
+        return "PlanFailed", plan_failure.not_applied_message(generation)
+    return None
 
 
 def not_applied_message(validation: Validation, generation: int | None) -> str:
