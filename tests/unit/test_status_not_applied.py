@@ -160,3 +160,21 @@ def test_an_invalid_generation_whose_last_applied_spec_cannot_be_planned_is_not_
     progressing = api.condition("Progressing")
     assert (progressing["status"], progressing["reason"]) == ("False", "SpecNotApplied"), progressing
     assert api.condition("Degraded")["reason"] == "PlanFailed"
+
+
+def test_a_fleet_whose_last_applied_spec_no_longer_reads_is_left_as_it_is_and_says_so(api: MemoryApi) -> None:
+    """After an upgrade whose rules refuse both the current spec and the one applied before it, the
+    instances run on untouched, and status does not call the fleet one that never started."""
+    settle(api)
+    bad = copy.deepcopy(SPEC)
+    bad["decode"]["layout"] = {"tp": 8, "dcp": 3}
+    api.user_apply(bad)
+    applied = api.store[("ConfigMap", "fleet-applied")]
+    applied["data"]["spec.json"] = applied["data"]["spec.json"].replace('"tp":', '"tp": "x", "tpp":', 1)
+    pods = {key: copy.deepcopy(obj) for key, obj in api.store.items() if key[0] == "Pod"}
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert not outcome.applied and {k: v for k, v in api.store.items() if k[0] == "Pod"} == pods
+    progressing = api.condition("Progressing")
+    assert progressing["reason"] == "NoValidSpec" and "last applied one does not pass" in progressing["message"]
+    assert "instance(s) are left as they are" in progressing["message"]
+    assert "applied yet" not in api.condition("Ready")["message"]

@@ -278,7 +278,7 @@ def fleet_status(
                 conds.append(condition(type_, True, error_reason, "; ".join(errors), generation, previous))
             elif plan_failure is None:
                 conds.append(condition(type_, None if type_ != "Ready" else False, "NoValidSpec",
-                                       "no valid spec has been applied yet", generation, previous))
+                                       no_valid_spec_message(observed), generation, previous))
             elif type_ == "Progressing" and not_applied is not None:
                 conds.append(condition(type_, False, *not_applied, generation, previous))
             else:  # what the fleet does is not read while its spec cannot be planned
@@ -450,6 +450,17 @@ def not_applied_reason(validation: Validation, plan_failure: PlanFailure | None,
     if plan_failure is not None:
         return "PlanFailed", plan_failure.not_applied_message(generation)
     return None
+
+
+def no_valid_spec_message(observed: Observed) -> str:
+    """Why a fleet whose spec fails validation has no plan. Its instances, where it has some, run a
+    spec applied earlier that this operator no longer reads back (an earlier version wrote it, and a
+    rule added since refuses it): they are left as they are, not taken for a fleet never started."""
+    if not observed.instances:
+        return "no valid spec has been applied yet"
+    return (f"no valid spec to follow: the current one fails validation and the last applied one does not pass "
+            f"this operator's rules either; the fleet's {len(observed.instances)} instance(s) are left as they "
+            "are until the spec is fixed (see LayoutValid)")
 
 
 def not_applied_message(validation: Validation, generation: int | None) -> str:
