@@ -467,7 +467,7 @@ def test_requests_against_limits_are_judged_as_the_apiserver_judges_them(api, na
         else:
             apiserver_refused = False
         assert apiserver_refused == refused, resources
-        assert bool(requests_vs_limits(resources, "resources")) == refused, resources
+        assert bool(requests_vs_limits(resources)) == refused, resources
 
 
 def test_unknown_fields_are_refused_not_silently_dropped(objects, namespace):

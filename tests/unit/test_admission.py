@@ -97,12 +97,12 @@ def test_pod_metadata_and_quantities_the_apiserver_would_refuse_are_refused_at_a
 
 @pytest.mark.parametrize("resources, text", [
     ({"requests": {"memory": "8Gi"}, "limits": {"memory": "4Gi"}},
-     "requests[memory]: 8Gi is more than the limit 4Gi; lower the request or raise limits[memory]"),
+     "requests[memory]: 8Gi is more than the limit 4Gi; lower the request or raise the limit"),
     ({"requests": {"cpu": "1025m"}, "limits": {"cpu": 1}}, "requests[cpu]: 1025m is more than the limit 1"),
     ({"requests": {"example.com/fpga": 1}, "limits": {"example.com/fpga": 2}},
      "requests[example.com/fpga]: 1 must equal the limit 2: example.com/fpga cannot be overcommitted"),
     ({"requests": {"example.com/fpga": 1}},
-     "example.com/fpga cannot be overcommitted, so it needs a limit: set limits[example.com/fpga] to 1"),
+     "requests[example.com/fpga]: example.com/fpga cannot be overcommitted, so it needs a limit; set its limit to 1"),
 ])
 def test_a_router_request_the_apiserver_would_refuse_against_its_limit_is_refused(
     resources: dict[str, Any], text: str
@@ -114,19 +114,29 @@ def test_a_router_request_the_apiserver_would_refuse_against_its_limit_is_refuse
     assert message.startswith("spec.router.resources.requests: ") and text in message
 
 
-@pytest.mark.parametrize("container, text", [
+@pytest.mark.parametrize("container, field, text", [
     ({"name": "engine", "resources": {"requests": {"memory": "600Gi"}, "limits": {"memory": "512Gi"}}},
-     "containers[engine].resources.requests[memory]: 600Gi is more than the limit 512Gi"),
+     "containers[engine].resources.requests[memory]", "600Gi is more than the limit 512Gi"),
     ({"name": "proxy", "image": "registry.example/proxy:1", "resources": {"requests": {"hugepages-2Mi": "4Mi"},
                                                                           "limits": {"hugepages-2Mi": "8Mi"}}},
-     "containers[proxy].resources.requests[hugepages-2Mi]: 4Mi must equal the limit 8Mi"),
+     "containers[proxy].resources.requests[hugepages-2Mi]", "4Mi must equal the limit 8Mi"),
+    ({"name": "engine", "resources": {"requests": {"example.com/fpga": 1}}},
+     "containers[engine].resources.requests[example.com/fpga]", "needs a limit. Fix: set its limit to 1"),
 ])
-def test_a_pod_template_request_above_its_limit_is_refused(container: dict[str, Any], text: str) -> None:
+def test_a_pod_template_request_above_its_limit_is_refused(container: dict[str, Any], field: str, text: str) -> None:
     """A pod the apiserver refuses is an instance the rollout deleted and cannot bring back."""
     doc = body("role-switch.yaml")
     doc["spec"]["podTemplate"] = {"spec": {"containers": [container]}}
     message = refusal(doc)
-    assert message.startswith("spec.podTemplate.spec: ") and text in message
+    assert message.startswith(f"spec.podTemplate.spec.{field}: ") and text in message
+
+
+def test_the_engines_gpu_request_is_refused_as_the_operators_not_for_its_missing_limit() -> None:
+    doc = body("role-switch.yaml")
+    doc["spec"]["podTemplate"] = {"spec": {"containers": [
+        {"name": "engine", "resources": {"requests": {"nvidia.com/gpu": 1}}}]}}
+    message = refusal(doc)
+    assert "nvidia.com/gpu is set by the operator" in message and "needs a limit" not in message
 
 
 def test_requests_equal_to_their_limits_in_another_spelling_pass() -> None:

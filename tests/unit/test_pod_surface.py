@@ -153,9 +153,9 @@ def test_an_override_of_an_operator_owned_field_is_refused_naming_it(template: d
 def test_a_custom_gpu_resource_name_is_owned_too() -> None:
     hs = fleet(hardware={"gpuResourceName": "amd.com/gpu"},
                decode={"podTemplate": {"spec": {"containers": [
-                   {"name": "engine", "resources": {"requests": {"amd.com/gpu": "1", "nvidia.com/gpu": "1"}}}]}}})
+                   {"name": "engine", "resources": {"limits": {"amd.com/gpu": "1", "nvidia.com/gpu": "1"}}}]}}})
     assert [p for p, _, s in issues(hs) if s == "error"] == [
-        "spec.decode.podTemplate.spec.containers[engine].resources.requests[amd.com/gpu]"]
+        "spec.decode.podTemplate.spec.containers[engine].resources.limits[amd.com/gpu]"]
 
 
 def test_a_sidecar_needs_an_image() -> None:

@@ -9,6 +9,7 @@ operator owns are refused by CEL at admission where the rule is static, and by
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from decimal import ROUND_CEILING, Decimal
@@ -210,31 +211,38 @@ def overcommittable(resource: str) -> bool:
     return ("/" not in resource or "kubernetes.io/" in resource) and not resource.startswith("hugepages-")
 
 
-def requests_vs_limits(resources: Mapping[str, Any], where: str) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class LimitBreach:
+    """A request the apiserver would refuse against its limit."""
+
+    resource: str
+    message: str
+    fix: str
+
+
+def requests_vs_limits(resources: Mapping[str, Any]) -> list[LimitBreach]:
     """Each request the apiserver would refuse against its limit (`ValidateResourceRequirements`): above
-    it, or, for a resource that is not overcommitted, unequal to it or without one. `where` names the
-    resources' field in the errors; values that are no quantity are left to the quantity check."""
+    it, or, for a resource that cannot be overcommitted, unequal to it or without one. Values that are
+    no quantity are left to the quantity check."""
     requests, limits = resources.get("requests"), resources.get("limits")
     requests = requests if isinstance(requests, Mapping) else {}
     limits = limits if isinstance(limits, Mapping) else {}
-    prefix = f"{where}." if where else ""
-    errors = []
+    breaches = []
     for resource, request in requests.items():
         limit = limits.get(resource)
         if not is_quantity(request) or limit is not None and not is_quantity(limit):
             continue
-        at = f"{prefix}requests[{resource}]"
         if limit is None:
             if not overcommittable(resource):
-                errors.append(f"{at}: {resource} cannot be overcommitted, so it needs a limit: set "
-                              f"{prefix}limits[{resource}] to {request}")
+                breaches.append(LimitBreach(resource, f"{resource} cannot be overcommitted, so it needs a limit",
+                                            f"set its limit to {request}"))
         elif not overcommittable(resource) and quantity_amount(request) != quantity_amount(limit):
-            errors.append(f"{at}: {request} must equal the limit {limit}: {resource} cannot be overcommitted; "
-                          "set both to the same amount")
+            breaches.append(LimitBreach(resource, f"{request} must equal the limit {limit}: {resource} cannot be "
+                                        "overcommitted", "set both to the same amount"))
         elif quantity_amount(request) > quantity_amount(limit):
-            errors.append(f"{at}: {request} is more than the limit {limit}; lower the request or raise "
-                          f"{prefix}limits[{resource}]")
-    return errors
+            breaches.append(LimitBreach(resource, f"{request} is more than the limit {limit}",
+                                        "lower the request or raise the limit"))
+    return breaches
 
 
 def _kept_as_written(number: str, suffix: str) -> bool:
@@ -309,8 +317,7 @@ def _too_deep(value: Any) -> bool:
 
 
 def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
-    """Resource quantities of the pod and of its containers that the apiserver would refuse, alone or
-    against their limits."""
+    """Resource quantities of the pod and of its containers that the apiserver would refuse."""
     owners: list[tuple[str, Any]] = [("resources", pod.get("resources"))]
     for list_name in ("initContainers", "containers"):
         containers = pod.get(list_name)
@@ -324,8 +331,6 @@ def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
             for resource, value in values.items() if isinstance(values, Mapping) else ():
                 if not is_quantity(value):
                     errors.append(quantity_error(value, f"{at}.{section}[{resource}]"))
-        if isinstance(resources, Mapping):
-            errors += requests_vs_limits(resources, at)
     return errors
 
 

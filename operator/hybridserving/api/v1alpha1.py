@@ -520,8 +520,8 @@ class Resources(ApiModel):
 
     @model_validator(mode="after")
     def _requests_within_limits(self) -> Resources:
-        if errors := requests_vs_limits(self.to_wire(), ""):
-            raise FieldInvalid("requests", "; ".join(errors))
+        if breaches := requests_vs_limits(self.to_wire()):
+            raise FieldInvalid("requests", "; ".join(f"requests[{b.resource}]: {b.message}; {b.fix}" for b in breaches))
         return self
 
 

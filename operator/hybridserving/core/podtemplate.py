@@ -18,7 +18,7 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hybridserving.api.pods import OWNED_POD_SPEC_FIELDS, PodTemplate
+from hybridserving.api.pods import OWNED_POD_SPEC_FIELDS, PodTemplate, requests_vs_limits
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.core.layout import LayoutIssue
 
@@ -98,6 +98,15 @@ def _issue(path: str, message: str, fix: str, rule: str = "pod-template-owned-fi
     return LayoutIssue(path=path, message=message, fix=fix, rule=rule, severity=severity)  # type: ignore[arg-type]
 
 
+def _limit_breaches(resources: object, at: str, owned: Mapping[str, str]) -> Iterator[LayoutIssue]:
+    """Requests the apiserver would refuse against their limits: the pod would never be created."""
+    if isinstance(resources, Mapping):
+        for breach in requests_vs_limits(resources):
+            if breach.resource not in owned:
+                yield _issue(f"{at}.requests[{breach.resource}]", breach.message, breach.fix,
+                             rule="pod-template-resources")
+
+
 def _owned_resources(spec: HybridServingSpec) -> dict[str, str]:
     owned = {spec.hardware.gpu_resource_name: "spec.<role>.layout (tp x pp / nodesPerInstance GPUs per pod)"}
     if spec.transfer.rdma_resource_name:
@@ -135,6 +144,15 @@ def _check_template(spec: HybridServingSpec, template: PodTemplate, at: str,
             yield _issue(f"{at}.spec.initContainers[{container['name']}]",
                          "the init container 'weights' is the operator's (node cache fill)",
                          "rename the init container")
+    yield from _limit_breaches(pod.get("resources"), f"{at}.spec.resources", {})
+    for list_name in _NAMED_LISTS:
+        for container in pod.get(list_name) or []:
+            if isinstance(container, Mapping):
+                name = container.get("name")
+                # The engine's GPU and RDMA requests are the operator's, refused below as such.
+                owned = _owned_resources(spec) if list_name == "containers" and name == ENGINE_CONTAINER else {}
+                yield from _limit_breaches(container.get("resources"), f"{at}.spec.{list_name}[{name}].resources",
+                                           owned)
     for container in pod.get("containers") or []:
         if not isinstance(container, Mapping):
             continue
