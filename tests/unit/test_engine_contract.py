@@ -16,6 +16,7 @@ run unchanged against a real server:
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -115,6 +116,35 @@ def test_a_hung_scheduler_fails_health_after_the_timeout_and_stays_unhealthy_unt
     assert httpx.get(engine + "/health_generate", timeout=30).status_code == 200
     assert httpx.get(engine + "/ready", timeout=5).status_code == 200
     assert httpx.get(engine + "/ping", timeout=5).status_code == 200
+
+
+def test_the_scheduler_watchdog_kills_the_server_hung_mid_batch_and_spares_it_hung_idle():
+    """`--watchdog-timeout` (300 s, arg_groups/fields/device.py:66-69) arms the scheduler's watchdog
+    (managers/scheduler.py:1483-1486) only while the scheduler holds a batch
+    (managers/scheduler_components/invariant_checker.py:521-523; cur_batch_for_debug is None on an
+    idle round, managers/scheduler.py:2044). Once the forward count (line 4621) has not moved for
+    the timeout it reports, waits 5 s and SIGQUITs the main process (utils/watchdog.py:137-163),
+    whose handler kills the process tree, itself last, with SIGKILL
+    (managers/tokenizer_manager.py:4072-4081, utils/common.py:2507-2552). A real scheduler cannot
+    be hung on demand."""
+    if ENGINE_URL:
+        pytest.skip("a real engine's scheduler cannot be hung on demand")
+    argv = ["--model-path", "zai-org/GLM-5.2-FP8", "--host", "127.0.0.1", "--port", str(free_port()),
+            "--watchdog-timeout", "1"]
+    with SimulatorProcess(argv, env=simulator_env(time_scale=0.01)) as sim:
+        sim.wait_ready()
+        faults = sim.url + "/sim/faults"
+        assert httpx.post(faults, json={"stall_scheduler": True}, timeout=10).status_code == 200
+        time.sleep(2.5)
+        assert sim.proc.poll() is None and httpx.get(sim.url + "/ready", timeout=5).status_code == 200
+        assert httpx.post(faults, json={"stall_scheduler": False}, timeout=10).status_code == 200
+        body = {"input_ids": [1] * 16, "sampling_params": {"max_new_tokens": 100000}, "stream": True}
+        with httpx.stream("POST", sim.url + "/generate", json=body, timeout=30) as generating:
+            next(generating.iter_lines())
+            assert httpx.post(faults, json={"stall_scheduler": True}, timeout=10).status_code == 200
+            stalled_at = time.monotonic()
+            assert sim.proc.wait(15) == -signal.SIGKILL
+        assert 1 + 5 <= time.monotonic() - stalled_at <= 1.5 + 5 + 2
 
 
 def test_server_info_is_the_start_up_configuration_and_model_info_the_live_role(engine):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 
 import aiohttp
 import pytest
@@ -152,9 +153,10 @@ def test_simulator_refuses_blackwell_backends_on_hopper():
 def test_a_prefill_with_another_kv_cache_dtype_kills_the_decode_server(monkeypatch):
     # disaggregation/common/conn.py:1319-1334: checked when decode first asks the prefill's bootstrap server;
     # the RuntimeError is not caught (disaggregation/decode.py:1200), the scheduler dies and SIGQUITs its
-    # server (managers/scheduler.py:6370-6373).
-    exits: list[int] = []
-    monkeypatch.setattr(simulator_server, "exit_process", exits.append)
+    # server (managers/scheduler.py:6369-6372), which SIGKILLs its process tree and itself
+    # (managers/tokenizer_manager.py:4072-4081, utils/common.py:2548-2552).
+    exits: list[str] = []
+    monkeypatch.setattr(simulator_server, "kill_process", lambda: exits.append("killed"))
     bootstrap = free_port()
     # GLM-5.2 is a DSA model: both page sizes resolve to 64 and agree; the KV dtypes do not.
     prefill = make_server(*pd_flags("prefill", bootstrap), "--page-size", "1", "--kv-cache-dtype", "fp8_e4m3")
@@ -169,7 +171,7 @@ def test_a_prefill_with_another_kv_cache_dtype_kills_the_decode_server(monkeypat
 
     status, answer = run(check, prefill, decode)
     assert status != 200 and "KV cache dtype mismatch" in answer
-    assert exits == [1], "the decode server exits"
+    assert exits == ["killed"], "the decode server is killed"
 
 
 def test_unknown_sglang_flags_are_ignored_with_a_note(caplog):
@@ -578,6 +580,75 @@ def test_fault_endpoint_slows_forward_passes_and_refuses_switches():
         assert status == 400 and body["safe_to_restore"] is True
         async with session.post(url + "/sim/faults", json={"no_such_fault": 1}) as r:
             assert r.status == 400
+
+    run(check, server)
+
+
+def test_the_scheduler_watchdog_kills_a_server_stalled_mid_batch_but_never_an_idle_one(monkeypatch, caplog):
+    # utils/watchdog.py:133-163 with managers/scheduler_components/invariant_checker.py:494-527: armed
+    # while the scheduler holds a batch (cur_batch_for_debug, managers/scheduler.py:2044), it fires once
+    # the forward count (line 4621) has not moved for --watchdog-timeout; the soft one only reports; the
+    # hard one waits 5 s (patched out here) and SIGQUITs the main process, which kills itself.
+    kills: list[float] = []
+    monkeypatch.setattr(simulator_server, "kill_process", lambda: kills.append(time.monotonic()))
+    monkeypatch.setattr(simulator_server, "WATCHDOG_GRACE_S", 0.0)
+    server = make_server("--watchdog-timeout", "0.4", "--soft-watchdog-timeout", "0.2", faults="stall_scheduler")
+    assert (server.args.watchdog_timeout, server.args.soft_watchdog_timeout) == (0.4, 0.2)
+
+    async def generate(session, url, tokens):
+        async with session.post(url + "/generate", json={"input_ids": [1] * 16,
+                                                         "sampling_params": {"max_new_tokens": tokens}}) as r:
+            return r.status
+
+    async def check(session, url):
+        # A scheduler hung while idle holds no batch, and a request it never takes up arms nothing.
+        waiting = asyncio.create_task(generate(session, url, 1))
+        await asyncio.sleep(1.0)
+        assert not kills and server.engine.forward_ct == 0 and not server.engine.has_current_batch
+        async with session.post(url + "/sim/faults", json={"stall_scheduler": False}) as r:
+            assert r.status == 200
+        assert await asyncio.wait_for(waiting, 5) == 200
+        long = asyncio.create_task(generate(session, url, 100000))
+        while server.engine.forward_ct < 3:
+            await asyncio.sleep(0.01)
+        async with session.post(url + "/sim/faults", json={"stall_scheduler": True}) as r:
+            assert r.status == 200
+        stalled_at = time.monotonic()
+        while not kills and time.monotonic() < stalled_at + 5:
+            await asyncio.sleep(0.02)
+        long.cancel()
+        await asyncio.gather(long, return_exceptions=True)
+        return stalled_at
+
+    with caplog.at_level(logging.ERROR, logger="hybridserving.simulator"):
+        stalled_at = run(check, server)
+    assert len(kills) == 1 and 0.4 <= kills[0] - stalled_at <= 1.5, (kills, stalled_at)
+    reports = [r.getMessage() for r in caplog.records if "watchdog timeout" in r.getMessage()]
+    assert reports[0] == "Scheduler watchdog timeout (self.watchdog_timeout=0.2, self.soft=True)", reports
+    assert "Scheduler watchdog timeout (self.watchdog_timeout=0.4, self.soft=False)" in reports
+
+
+def test_a_pause_in_place_keeps_the_batch_that_arms_the_watchdog_and_an_abort_drops_it():
+    # managers/scheduler.py:5817-5830 (in_place leaves cur_batch_for_debug), 5881-5882 (retract clears
+    # it); abort never reaches the scheduler, which runs on to an idle round
+    # (managers/tokenizer_manager.py:2267-2280).
+    server = make_server()
+
+    async def check(session, url):
+        pending = asyncio.create_task(session.post(url + "/generate", json={
+            "input_ids": [1] * 16, "sampling_params": {"max_new_tokens": 100000}}))
+        while server.engine.forward_ct < 3:
+            await asyncio.sleep(0.01)
+        for mode, armed in (("in_place", True), ("retract", False), ("abort", False)):
+            async with session.post(url + "/continue_generation") as r:
+                assert r.status == 200
+            await asyncio.sleep(0.05)
+            assert server.engine.has_current_batch
+            async with session.post(url + "/pause_generation", json={"mode": mode}) as r:
+                assert r.status == 200
+            await asyncio.sleep(0.05)
+            assert server.engine.has_current_batch is armed, mode
+        (await pending).close()
 
     run(check, server)
 

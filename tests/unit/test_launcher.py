@@ -401,6 +401,31 @@ def test_a_hung_engine_turns_unready_by_its_own_health_check_and_is_restarted(po
 
 
 @pytest.mark.slow
+def test_an_engine_its_scheduler_watchdog_killed_is_restarted(pod):
+    """A scheduler hung mid-batch for `--watchdog-timeout` has SGLang kill its own process tree with
+    SIGKILL (`utils/watchdog.py:137-163`, `managers/tokenizer_manager.py:4072-4081`): before the
+    launcher's own health check notices, the crash path restarts it, reporting the signal."""
+    p = pod("prefill", switch_flag=False, extra=["--disaggregation-mode", "null", "--watchdog-timeout", "1"],
+            extra_env={"HYBRIDSERVING_RESTART_BACKOFF_S": "0.1"})
+    pid = p.status()["engine"]["pid"]
+    body = {"input_ids": [1] * 16, "sampling_params": {"max_new_tokens": 100000}, "stream": True}
+    with httpx.stream("POST", p.engine + "/generate", json=body, timeout=30) as generating:
+        next(generating.iter_lines())
+        assert httpx.post(p.engine + "/sim/faults", json={"stall_scheduler": True}).status_code == 200
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status = p.status()
+            if status["engine"]["restarts"] >= 1 and status["ready"]:
+                break
+            time.sleep(0.1)
+        else:
+            raise TimeoutError(p.log.read_text())
+    assert status["engine"]["pid"] != pid and status["engine"]["lastExitCode"] == -signal.SIGKILL
+    log = p.log.read_text()
+    assert "Scheduler watchdog timeout" in log and "engine hung" not in log
+
+
+@pytest.mark.slow
 def test_refused_switch_keeps_the_old_role_and_reports_it(pod):
     p = pod("prefill", faults="refuse_switch")
     p.role_file.write_text("decode")

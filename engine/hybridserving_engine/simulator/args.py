@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tokenizer-worker-num", type=int, default=1)
     a("--admin-api-key", default=None)
     a("--log-level", default="info")
+    a("--watchdog-timeout", type=float, default=300)
+    a("--soft-watchdog-timeout", type=float, default=None)
     known = set(p._option_string_actions)
     for option, nargs in sglang_flags().items():
         if option not in known:

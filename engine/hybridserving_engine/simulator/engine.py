@@ -154,6 +154,11 @@ class SimulatedEngine:
         self.inflight: set[SimRequest] = set()
         self.transfer: set[SimRequest] = set()
         self.forward_batch: list[SimRequest] = []
+        self.forward_ct = 0
+        """Forward passes started, as the scheduler counts them in `run_batch` (`managers/scheduler.py:4621`)."""
+        self.has_current_batch = False
+        """Whether the scheduler's last round took a batch (`cur_batch_for_debug is not None`,
+        `managers/scheduler.py:2044`): what arms its watchdog, with the forward count."""
         self.started_at = time.monotonic()
         self.generated_window: deque[tuple[float, int]] = deque()
         """(time, DP rank) of each token generated in the last few seconds."""
@@ -238,6 +243,17 @@ class SimulatedEngine:
         for task in tasks:
             task.cancel()
         return len(tasks)
+
+    def pause(self, mode: str) -> None:
+        """`/pause_generation`: "abort" aborts every request, after which SGLang's scheduler runs
+        on to an idle round (`managers/tokenizer_manager.py:2267-2280`); "retract" drops the
+        current batch (`managers/scheduler.py:5881-5882`); "in_place" leaves it as it is
+        (lines 5821-5830), still arming the watchdog."""
+        if mode == "abort":
+            self.abort_all()
+        if mode != "in_place":
+            self.has_current_batch = False
+        self.paused = True
 
     def apply_faults(self) -> None:
         """Take up a change of `faults`: a stalled scheduler stops where it is, a released one goes on."""
@@ -397,11 +413,17 @@ class SimulatedEngine:
         while True:
             if not busy:
                 await self._wake.wait()
+            # A stalled scheduler takes no new round: an idle one stays without a batch, a busy
+            # one keeps the batch it last took.
+            await self._progress.wait()
             if self.paused:
+                # A paused scheduler skips its rounds before taking a batch, so the last one stays
+                # its current batch (`managers/scheduler.py:2034-2036`).
                 self._wake.clear()
                 busy = False
                 continue
             batch = self._take_prefill_batch()
+            self.has_current_batch = bool(batch or self.running)
             if batch:
                 await self._run_prefill(batch, busy)
                 busy = True
@@ -478,6 +500,7 @@ class SimulatedEngine:
 
     async def _advance(self, seconds: float, continuing: bool) -> None:
         """Sleep one forward pass on a schedule that does not accumulate the event loop's lateness."""
+        self.forward_ct += 1
         loop = asyncio.get_running_loop()
         now = loop.time()
         start = self._clock if continuing and now - self._clock < _MAX_LAG_S else now

@@ -21,7 +21,8 @@ class Faults:
     """Multiply every forward pass and transfer: a degraded GPU or link."""
     stall_scheduler: bool = False
     """The scheduler makes no more progress (a collective that never returns, a wedged GPU) while
-    the HTTP server still answers: passes in flight and new requests wait until it is cleared."""
+    the HTTP server still answers: passes in flight and new requests wait until it is cleared, or
+    until SGLang's scheduler watchdog kills a server stalled mid-batch (`--watchdog-timeout`)."""
     refuse_switch: bool = False
     """Refuse `/pd_role_switch` with safe_to_restore=true, as a busy or unprepared engine does."""
     fail_rebuild: bool = False

@@ -87,6 +87,19 @@ def exit_process(status: int) -> None:
     os._exit(status)
 
 
+def kill_process() -> None:
+    """`kill_process_tree(os.getpid())` as the main process's SIGQUIT handler runs it
+    (`utils/common.py:2548-2552`): SIGKILL to itself; where that is ignored (PID 1 of a container),
+    `sys.exit(0)`."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(0)
+
+
+WATCHDOG_GRACE_S = 5.0
+"""How long the watchdog waits, after its report, before it signals the main process
+(`utils/watchdog.py:160-163`)."""
+
+
 class SimulatorServer:
     """One simulated SGLang server: HTTP app, scheduler, optional bootstrap server."""
 
@@ -133,6 +146,7 @@ class SimulatorServer:
         self.shutting_down = False
         self.app = self._build_app()
         self._runner: web.AppRunner | None = None
+        self._watchdogs: list[asyncio.Task[None]] = []
 
     def _performance_model(self) -> PerformanceModel:
         """Timings and the KV pool; the running-request cap is the scheduler's own
@@ -161,6 +175,10 @@ class SimulatorServer:
             await self.bootstrap.start()
             self._register_prefill_ranks()
         self.engine.start()
+        self._watchdogs = [asyncio.create_task(self._scheduler_watchdog(self.args.watchdog_timeout, soft=False))]
+        if self.args.soft_watchdog_timeout is not None:
+            self._watchdogs.append(asyncio.create_task(
+                self._scheduler_watchdog(self.args.soft_watchdog_timeout, soft=True)))
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.args.host, self.args.port).start()
@@ -185,6 +203,9 @@ class SimulatorServer:
 
     async def stop(self) -> None:
         self.shutting_down = True
+        for watchdog in self._watchdogs:
+            watchdog.cancel()
+        await asyncio.gather(*self._watchdogs, return_exceptions=True)
         await self.engine.stop()
         await self.receiver.close()
         if self.bootstrap is not None:
@@ -197,11 +218,43 @@ class SimulatorServer:
         sys.stderr.flush()
         exit_process(1)
 
+    async def _scheduler_watchdog(self, timeout: float, soft: bool) -> None:
+        """SGLang's scheduler watchdog (`utils/watchdog.py:124-163`, armed by
+        `managers/scheduler_components/invariant_checker.py:494-527` once the model is loaded,
+        `managers/scheduler.py:1483-1486`): every `timeout / 2` s it looks whether the scheduler
+        holds a batch and its forward count has not moved for more than `timeout` s. An idle
+        scheduler never trips it, however long it hangs. The soft one (`--soft-watchdog-timeout`)
+        only reports, and watches again; the hard one (`--watchdog-timeout`, 300 s) reports, waits
+        5 s and SIGQUITs the main process, which kills its process tree, itself included, with
+        SIGKILL (`managers/tokenizer_manager.py:4072-4081`)."""
+        while True:
+            last_counter, last_time = 0, time.monotonic()
+            while True:
+                now = time.monotonic()
+                if self.engine.has_current_batch:
+                    if self.engine.forward_ct == last_counter:
+                        if now > last_time + timeout:
+                            break
+                    else:
+                        last_counter, last_time = self.engine.forward_ct, now
+                await asyncio.sleep(timeout / 2)
+            log.error("Scheduler watchdog timeout (self.watchdog_timeout=%s, self.soft=%s)", timeout, soft)
+            if soft:
+                continue
+            await asyncio.sleep(WATCHDOG_GRACE_S)
+            log.error("SIGQUIT received. It usually means one child failed.")
+            sys.stderr.flush()
+            kill_process()
+            return
+
     def _scheduler_died(self, error: str) -> None:
-        """What SGLang's scheduler does on an exception it does not catch (see KvReceiver)."""
+        """What SGLang's scheduler does on an exception it does not catch (see KvReceiver): it
+        SIGQUITs the main process (`managers/scheduler.py:6369-6372`), which kills its process
+        tree, itself included (`managers/tokenizer_manager.py:4072-4081`)."""
         log.error("Scheduler hit an exception: RuntimeError: %s", error)
+        log.error("SIGQUIT received. It usually means one child failed.")
         sys.stderr.flush()
-        exit_process(1)
+        kill_process()
 
     def _register_prefill_ranks(self) -> None:
         """What every prefill rank does at start-up: `PUT /route` with its layout and address."""
@@ -668,9 +721,7 @@ class SimulatorServer:
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else {}
-        if (body or {}).get("mode", "abort") == "abort":
-            self.engine.abort_all()
-        self.engine.paused = True
+        self.engine.pause(str((body or {}).get("mode", "abort")))
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
