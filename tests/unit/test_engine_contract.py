@@ -15,6 +15,7 @@ run unchanged against a real server:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -269,6 +270,125 @@ def test_prefill_born_engine_needs_decode_graph_memory_to_become_decode_and_keep
         status, body = switch(engine, "prefill")
     assert status == 200 and body["success"] is True
     assert httpx.get(engine + "/model_info", timeout=10).json()["disaggregation_mode"] == "prefill"
+
+
+# ------------------------------------------------------------------------------------------ errors
+#
+# What a client (and the router, which passes them on) sees for a request SGLang refuses. Three
+# shapes: FastAPI's validation error and the OpenAI routes' refusals are an ErrorResponse
+# (entrypoints/openai/protocol.py:106-111); /generate answers a ValueError with a bare message.
+
+ERROR_RESPONSE_KEYS = {"object", "message", "type", "param", "code"}
+
+
+def sse(resp: httpx.Response) -> list:
+    """The `data:` payloads of a stream, `[DONE]` as a string."""
+    lines = [line[len("data: "):] for line in resp.text.splitlines() if line.startswith("data: ")]
+    return [line if line == "[DONE]" else json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
+def test_a_body_that_is_no_json_is_a_bad_request_error_response(engine, path):
+    # FastAPI raises RequestValidationError, which SGLang answers with 400 and an ErrorResponse typed
+    # "Bad Request" (entrypoints/http_server.py:635-687); so it does for a /generate field of the
+    # wrong type (GenerateReqInput, managers/io_struct.py), streamed or not.
+    answers = [httpx.post(engine + path, content=b"{not json", headers={"Content-Type": "application/json"},
+                          timeout=30)]
+    if path == "/generate":
+        answers += [httpx.post(engine + path, json={"text": 5, "stream": stream}, timeout=30)
+                    for stream in (False, True)]
+    for resp in answers:
+        body = resp.json()
+        assert resp.status_code == 400 and set(body) == ERROR_RESPONSE_KEYS, body
+        assert (body["object"], body["type"], body["param"], body["code"]) == ("error", "Bad Request", None, 400)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"max_tokens": 1}), ("/v1/chat/completions", {}),
+                                        ("/v1/chat/completions", {"messages": "hi"})])
+def test_an_openai_request_outside_its_schema_or_not_sent_as_json_is_a_bad_request(engine, path, body):
+    # CompletionRequest.prompt and ChatCompletionRequest.messages are required
+    # (entrypoints/openai/protocol.py:372, 919); both routes insist on application/json
+    # (http_server.py:690-702, 1860, 1870); either is the validation error of lines 635-687.
+    for resp in (httpx.post(engine + path, json=body, timeout=30),
+                 httpx.post(engine + path, content=json.dumps({"prompt": "hi", "messages": [{"role": "user",
+                                                                                             "content": "hi"}]}),
+                            headers={"Content-Type": "text/plain"}, timeout=30)):
+        answer = resp.json()
+        assert resp.status_code == 400 and set(answer) == ERROR_RESPONSE_KEYS, answer
+        assert (answer["type"], answer["code"]) == ("Bad Request", 400)
+
+
+def test_generate_answers_a_tokenizer_value_error_with_a_bare_message(engine):
+    # managers/io_struct.py:444-455 and managers/tokenizer_manager.py:1333-1378 raise ValueError;
+    # /generate answers it 400 {"error": {"message"}} (entrypoints/http_server.py:988-990, 2246-2250).
+    context = httpx.get(engine + "/server_info", timeout=10).json()["context_length"]
+    cases = [
+        ({}, "Either text, input_ids or input_embeds should be provided."),
+        ({"input_ids": [1] * context}, f"The input ({context} tokens) is longer than the model's context length "
+                                       f"({context} tokens)."),
+        ({"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": context}},
+         f"Requested token count exceeds the model's maximum context length of {context} tokens. You requested a "
+         f"total of {context + 8} tokens: 8 tokens from the input messages and {context} tokens for the "
+         "completion. Please reduce the number of tokens in the input messages or the completion to fit within "
+         "the limit."),
+    ]
+    for body, message in cases:
+        resp = httpx.post(engine + "/generate", json=body, timeout=30)
+        assert (resp.status_code, resp.json()) == (400, {"error": {"message": message}})
+    # Streamed, the answer has started: the error is the last chunk (lines 957-975).
+    resp = httpx.post(engine + "/generate", json={"stream": True}, timeout=30)
+    assert resp.status_code == 200 and sse(resp) == [
+        {"error": {"message": cases[0][1], "type": "invalid_request_error", "code": 400, "retryable": False}},
+        "[DONE]"]
+
+
+def test_openai_routes_answer_a_refusal_with_a_bad_request_error_response(engine):
+    # serving_completions.py:63-69 and serving_chat.py:1103-1106 refuse an empty prompt or message
+    # list; a ValueError of the tokenizer manager is caught too (serving_completions.py:518-519,
+    # serving_chat.py:2818-2819), streamed or not, as the first chunk is awaited before the answer
+    # starts (serving_completions.py:208-212, serving_chat.py:2424-2428): create_error_response,
+    # typed BadRequestError (entrypoints/openai/serving_base.py:205-221).
+    context = httpx.get(engine + "/server_info", timeout=10).json()["context_length"]
+    cases = [
+        ("/v1/completions", {"prompt": ""}, "Prompt cannot be empty"),
+        ("/v1/chat/completions", {"messages": []}, "Messages cannot be empty."),
+        ("/v1/completions", {"prompt": [1] * 8, "max_tokens": context}, "Requested token count exceeds"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": context,
+                                  "stream": True}, "Requested token count exceeds"),
+    ]
+    for path, body, message in cases:
+        resp = httpx.post(engine + path, json=body, timeout=30)
+        answer = resp.json()
+        assert resp.status_code == 400 and set(answer) == ERROR_RESPONSE_KEYS, answer
+        assert (answer["object"], answer["type"], answer["param"], answer["code"]) == (
+            "error", "BadRequestError", None, 400)
+        assert answer["message"].startswith(message), answer
+
+
+def test_a_request_the_scheduler_aborts_is_refused_or_ends_its_stream(engine):
+    # This prefill engine aborts a request without a bootstrap room, with 400
+    # (managers/scheduler.py:3048-3059). Not streamed, that is the ValueError answer
+    # (managers/tokenizer_manager.py:1916-1918): /generate's bare message, an OpenAI route's
+    # BadRequestError. Streamed, /generate's last chunk carries the abort as its finish_reason
+    # (tokenizer_manager.py:1924, managers/schedule_batch.py:339-345); an OpenAI stream ends with an
+    # error chunk typed with the status's name (serving_completions.py:355-371).
+    message = "Invalid request: Disaggregated request received without bootstrap room id."
+    resp = httpx.post(engine + "/generate", json={"text": "hi"}, timeout=30)
+    assert resp.status_code == 400 and resp.json()["error"]["message"].startswith(message)
+    resp = httpx.post(engine + "/v1/completions", json={"prompt": "hi"}, timeout=30)
+    assert resp.status_code == 400 and resp.json()["type"] == "BadRequestError"
+
+    resp = httpx.post(engine + "/generate", json={"text": "hi", "stream": True}, timeout=30)
+    *_, last, done = sse(resp)
+    assert resp.status_code == 200 and done == "[DONE]"
+    reason = last["meta_info"]["finish_reason"]
+    assert (reason["type"], reason["status_code"]) == ("abort", 400) and reason["message"].startswith(message)
+    resp = httpx.post(engine + "/v1/completions", json={"prompt": "hi", "stream": True}, timeout=30)
+    *_, last, done = sse(resp)
+    assert resp.status_code == 200 and done == "[DONE]"
+    assert set(last) == {"error"} and set(last["error"]) == ERROR_RESPONSE_KEYS
+    assert (last["error"]["type"], last["error"]["code"]) == ("BAD_REQUEST", 400)
+    assert last["error"]["message"].startswith(message)
 
 
 # ------------------------------------------------------------------------------------------ API keys

@@ -321,20 +321,28 @@ def test_unified_generate_streams_and_answers_openai_shapes():
     run(check, server)
 
 
-def test_pd_server_refuses_a_request_without_bootstrap_room():
-    server = make_server(*pd_flags("decode", free_port()), "--disaggregation-transfer-backend", "fake")
+def test_pd_server_refuses_a_request_without_bootstrap_room_unless_its_backend_is_fake():
+    # managers/scheduler.py:3048-3059: aborted with 400, which /generate answers as a ValueError
+    # (managers/tokenizer_manager.py:1916-1918, entrypoints/http_server.py:988-990, 2246-2250); the
+    # tokenizer numbers the rooms of the fake backend itself (tokenizer_manager.py:1576-1582).
+    server = make_server(*pd_flags("decode", free_port()))
+    fake = make_server(*pd_flags("decode", free_port()), "--disaggregation-transfer-backend", "fake")
 
-    async def check(session, url):
+    async def check(session, url, fake_url):
         async with session.post(url + "/generate", json={"text": "hi"}) as r:
             assert r.status == 400
-            assert "bootstrap room" in (await r.json())["message"]
+            message = (await r.json())["error"]["message"]
+            assert message.startswith("Invalid request: Disaggregated request received without bootstrap room id.")
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+        async with session.post(fake_url + "/generate", json=body) as r:
+            assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 2
         # SGLang's health check path: fake bootstrap host, no peer needed.
         async with session.post(url + "/generate", json={"input_ids": [0], "bootstrap_host": "2.2.2.2",
                                                          "bootstrap_room": 0,
                                                          "sampling_params": {"max_new_tokens": 1}}) as r:
             assert r.status == 200
 
-    run(check, server)
+    run(check, server, fake)
 
 
 # ------------------------------------------------------------------ PD hand-over

@@ -57,8 +57,15 @@ def count_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode()) / 4))
 
 
-class RequestError(Exception):
-    """A request the engine refuses or cannot finish; carries the HTTP status SGLang answers with."""
+class InvalidRequest(Exception):
+    """A request the tokenizer manager refuses with ValueError before any scheduler sees it
+    (`managers/tokenizer_manager.py:1333-1378`, `managers/io_struct.py:444-455`): HTTP 400."""
+
+
+class RequestAborted(Exception):
+    """A request the scheduler aborts with an HTTP status, SGLang's `FINISH_ABORT(message,
+    status_code)` (`managers/schedule_batch.py:332-345`): it ends a stream, and is the answer of
+    a request that does not stream."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -170,6 +177,7 @@ class SimulatedEngine:
         self.apply_faults()
         self._clock = 0.0
         self._round_robin = 0
+        self._fake_bootstrap_room = 0
         self._loop_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -189,23 +197,33 @@ class SimulatedEngine:
     def submit(self, req: SimRequest) -> None:
         """Admit a request and start serving it; its output arrives on `req.events`."""
         if not self.healthy:
-            raise RequestError(503, "engine is unhealthy after a failed role switch; restart required")
+            raise RequestAborted(503, "engine is unhealthy after a failed role switch; restart required")
         if self.switch_in_progress:
-            raise RequestError(503, "engine is switching role")
+            raise RequestAborted(503, "engine is switching role")
+        if req.bootstrap_room is None and self.transfer_backend == "fake":
+            # The tokenizer numbers the rooms of the fake backend (managers/tokenizer_manager.py:1576-1582).
+            req.bootstrap_room, self._fake_bootstrap_room = self._fake_bootstrap_room, self._fake_bootstrap_room + 1
         if self.role != "null" and req.bootstrap_room is None:
-            raise RequestError(400, "Disaggregated request received without bootstrap room id.")
-        if req.prompt_tokens + req.max_new_tokens > self.context_length:
-            raise RequestError(
-                400,
-                f"Requested token count exceeds the model's maximum context length of {self.context_length} "
-                f"tokens. You requested a total of {req.prompt_tokens + req.max_new_tokens} tokens: "
-                f"{req.prompt_tokens} tokens from the input messages and {req.max_new_tokens} tokens for the "
-                "completion.",
-            )
+            raise RequestAborted(400, "Invalid request: Disaggregated request received without bootstrap room id. "
+                                      f"req.rid={req.rid!r}")  # managers/scheduler.py:3048-3059
         if self._kv_need(req) > self.rank_kv_capacity:
-            raise RequestError(400, f"request needs more KV than the pool holds ({self.rank_kv_capacity})")
+            raise RequestAborted(400, f"request needs more KV than the pool holds ({self.rank_kv_capacity})")
         req.dp_rank = self._dispatch(req)
         self.active[req] = asyncio.create_task(self._serve(req))
+
+    def check_lengths(self, prompt_tokens: int, max_new_tokens: int | None) -> None:
+        """The tokenizer manager's length checks (`managers/tokenizer_manager.py:1333-1378`, without
+        `--allow-auto-truncate`): the prompt must be shorter than the context, and with it the
+        tokens asked for must fit; a request that names no maximum is not checked against it."""
+        if prompt_tokens >= self.context_length:
+            raise InvalidRequest(f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                                 f"({self.context_length} tokens).")
+        if max_new_tokens is not None and max_new_tokens + prompt_tokens > self.context_length:
+            raise InvalidRequest(
+                f"Requested token count exceeds the model's maximum context length of {self.context_length} "
+                f"tokens. You requested a total of {max_new_tokens + prompt_tokens} tokens: {prompt_tokens} tokens "
+                f"from the input messages and {max_new_tokens} tokens for the completion. Please reduce the number "
+                "of tokens in the input messages or the completion to fit within the limit.")
 
     @property
     def rank_kv_capacity(self) -> int:

@@ -23,7 +23,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -42,7 +43,13 @@ from hybridserving_engine.simulator.args import (
     resolve_server_args,
 )
 from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
-from hybridserving_engine.simulator.engine import RequestError, SimRequest, SimulatedEngine, count_tokens
+from hybridserving_engine.simulator.engine import (
+    InvalidRequest,
+    RequestAborted,
+    SimRequest,
+    SimulatedEngine,
+    count_tokens,
+)
 from hybridserving_engine.simulator.faults import Faults
 from hybridserving_engine.simulator.metrics import EngineMetrics, env_bool, local_schedulers
 
@@ -68,10 +75,50 @@ def _advertised_ip(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def _error(status: int, message: str) -> web.Response:
-    body = {"object": "error", "message": message, "type": "BadRequest" if status == 400 else "ServerError",
-            "param": None, "code": status}
-    return web.json_response(body, status=status)
+class InvalidBody(Exception):
+    """A body FastAPI refuses before SGLang's handler runs: no JSON, or not of the request's schema."""
+
+
+def _error_body(message: str, err_type: str, status: int) -> dict[str, Any]:
+    """SGLang's `ErrorResponse` (`entrypoints/openai/protocol.py:106-111`)."""
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+def _validation_error(message: str) -> web.Response:
+    """FastAPI's RequestValidationError as SGLang answers it (`entrypoints/http_server.py:635-687`)."""
+    return web.json_response(_error_body(message, "Bad Request", 400), status=400)
+
+
+def _openai_error(message: str, err_type: str = "BadRequestError", status: int = 400) -> web.Response:
+    """`OpenAIServingBase.create_error_response` (`entrypoints/openai/serving_base.py:205-221`)."""
+    return web.json_response(_error_body(message, err_type, status), status=status)
+
+
+def _http_exception(status: int, message: str) -> web.Response:
+    """An HTTPException through SGLang's handler (`entrypoints/http_server.py:578-630`): typed with its status."""
+    return web.json_response(_error_body(message, str(status), status), status=status)
+
+
+def _generate_error(message: str) -> web.Response:
+    """`/generate`'s answer to a ValueError (`entrypoints/http_server.py:988-990, 2246-2250`)."""
+    return web.json_response({"error": {"message": message}}, status=400)
+
+
+def _generate_schema(body: dict[str, Any]) -> dict[str, Any]:
+    """The types `GenerateReqInput` declares for the fields the simulator reads
+    (`managers/io_struct.py`), which FastAPI checks before the handler runs."""
+    def ids(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(i, int) for i in value)
+
+    text, input_ids, params = body.get("text"), body.get("input_ids"), body.get("sampling_params")
+    texts = isinstance(text, list) and all(isinstance(t, str) for t in text)
+    if not (text is None or isinstance(text, str) or texts):
+        raise InvalidBody("text: a string or a list of strings is required")
+    if not (input_ids is None or ids(input_ids) or (isinstance(input_ids, list) and all(map(ids, input_ids)))):
+        raise InvalidBody("input_ids: a list of token ids, or a list of them, is required")
+    if not (params is None or isinstance(params, (dict, list))):
+        raise InvalidBody("sampling_params: an object is required")
+    return body
 
 
 class ServerStatus(enum.Enum):
@@ -500,15 +547,19 @@ class SimulatorServer:
 
     # ------------------------------------------------------------------ generation
 
-    def _request(self, body: dict[str, Any], prompt_tokens: int, max_new_tokens: int, streaming: bool) -> SimRequest:
+    def _request(self, body: dict[str, Any], prompt_tokens: int, max_new_tokens: int | None, default_max: int,
+                 streaming: bool) -> SimRequest:
+        """The request the tokenizer manager would send on, after its checks; `max_new_tokens` is
+        None when the client named no maximum."""
         for key in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
             if isinstance(body.get(key), list):
-                raise RequestError(400, "batched requests are not supported by the simulator")
+                raise InvalidRequest("batched requests are not supported by the simulator")
+        self.engine.check_lengths(prompt_tokens, max_new_tokens)
         port = body.get("bootstrap_port")
         room = body.get("bootstrap_room")
         return SimRequest(
             prompt_tokens=prompt_tokens,
-            max_new_tokens=max(1, int(max_new_tokens)),
+            max_new_tokens=max(1, int(default_max if max_new_tokens is None else max_new_tokens)),
             streaming=streaming,
             bootstrap_host=body.get("bootstrap_host"),
             bootstrap_port=int(port) if port is not None else self.args.disaggregation_bootstrap_port,
@@ -517,78 +568,110 @@ class SimulatorServer:
         )
 
     async def _tokens(self, req: SimRequest) -> AsyncIterator[int]:
-        """Generated-token counts as they arrive; raises RequestError if the request fails."""
+        """Generated-token counts as they arrive; raises RequestAborted if the scheduler aborts it."""
         self.engine.submit(req)
         while True:
             kind, *rest = await req.events.get()
             if kind == "token":
                 yield rest[0]
             elif kind == "error":
-                raise RequestError(rest[0], rest[1])
+                raise RequestAborted(rest[0], rest[1])
             else:
                 return
+
+    async def _complete(self, req: SimRequest) -> int:
+        n = 0
+        async for emitted in self._tokens(req):
+            n = emitted
+        return n
 
     async def _stream(self, request: web.Request, chunks: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        try:
-            async for chunk in chunks:
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        except RequestError as e:
-            await resp.write(b"data: " + json.dumps({"error": {"message": str(e), "code": e.status}}).encode()
-                             + b"\n\n")
+        async for chunk in chunks:
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
-    async def _json_body(self, request: web.Request) -> dict[str, Any]:
+    @staticmethod
+    async def _json_body(request: web.Request, openai: bool = False) -> dict[str, Any]:
+        """The body FastAPI hands SGLang's handler. It decodes JSON when the Content-Type says so
+        or is absent; the OpenAI routes insist on `application/json`
+        (`entrypoints/http_server.py:690-702`)."""
+        media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        if openai and media != "application/json":
+            raise InvalidBody("Unsupported Media Type: Only 'application/json' is allowed")
+        if media and media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+            raise InvalidBody(f"the body is {media}, not JSON")
         try:
             body = await request.json()
         except json.JSONDecodeError as e:
-            raise RequestError(400, f"invalid JSON body: {e}") from e
+            raise InvalidBody(f"JSON decode error: {e}") from e
         if not isinstance(body, dict):
-            raise RequestError(400, "request body must be a JSON object")
+            raise InvalidBody("the body must be a JSON object")
         return body
 
+    def _generate_request(self, body: dict[str, Any], stream: bool) -> SimRequest:
+        if isinstance(body.get("text"), list) or (body.get("input_ids") and isinstance(body["input_ids"][0], list)):
+            raise InvalidRequest("batched requests are not supported by the simulator")
+        if body.get("input_ids") is not None:
+            prompt = len(body["input_ids"])
+        elif body.get("text") is not None:
+            prompt = count_tokens(body["text"])
+        else:
+            raise InvalidRequest("Either text, input_ids or input_embeds should be provided.")
+        max_new = (body.get("sampling_params") or {}).get("max_new_tokens")
+        return self._request(body, prompt, max_new, DEFAULT_GENERATE_MAX_NEW_TOKENS, stream)
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        """`/generate` (`entrypoints/http_server.py:928-990`). A ValueError of the tokenizer manager
+        is 400 `{"error": {"message"}}` (line 990, `_create_error_response`, lines 2246-2250), and so
+        is a scheduler's abort with 400 (`managers/tokenizer_manager.py:1916-1918`); an abort with
+        another status goes through the HTTPException handler (lines 578-630). A stream is 200
+        whatever happens: a ValueError is its last chunk, `invalid_request_error` (lines 957-974),
+        and an abort is a chunk whose `finish_reason` says so (tokenizer_manager.py:1924)."""
         try:
-            body = await self._json_body(request)
-            if isinstance(body.get("text"), list) or (body.get("input_ids") and isinstance(body["input_ids"][0], list)):
-                raise RequestError(400, "batched requests are not supported by the simulator")
-            if body.get("input_ids") is not None:
-                prompt = len(body["input_ids"])
-            elif body.get("text") is not None:
-                prompt = count_tokens(body["text"])
-            else:
-                raise RequestError(400, "Either text or input_ids should be provided.")
-            params = body.get("sampling_params") or {}
-            max_new = params.get("max_new_tokens")
-            stream = bool(body.get("stream"))
-            req = self._request(body, prompt, DEFAULT_GENERATE_MAX_NEW_TOKENS if max_new is None else max_new, stream)
-            tokens = self._tokens(req)
-            if not stream:
-                n = 0
-                async for emitted in tokens:
-                    n = emitted
-                return web.json_response(self._generate_chunk(req, n, final=True))
-        except RequestError as e:
-            return _error(e.status, str(e))
+            body = _generate_schema(await self._json_body(request))
+        except InvalidBody as e:
+            return _validation_error(str(e))
+        if not bool(body.get("stream")):
+            try:
+                req = self._generate_request(body, False)
+                n = await self._complete(req)
+            except InvalidRequest as e:
+                return _generate_error(str(e))
+            except RequestAborted as e:
+                return _generate_error(str(e)) if e.status == 400 else _http_exception(e.status, str(e))
+            return web.json_response(self._generate_chunk(req, n, final=True))
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
-            async for n in tokens:
-                yield self._generate_chunk(req, n, final=False)
+            try:
+                req = self._generate_request(body, True)
+                async for n in self._tokens(req):
+                    yield self._generate_chunk(req, n, final=False)
+            except InvalidRequest as e:
+                yield {"error": {"message": str(e), "type": "invalid_request_error", "code": 400, "retryable": False}}
+                return
+            except RequestAborted as e:
+                yield self._generate_chunk(req, req.generated, final=True, abort=e)
+                return
             yield self._generate_chunk(req, req.generated, final=True)
 
         return await self._stream(request, chunks())
 
-    def _generate_chunk(self, req: SimRequest, n: int, final: bool) -> dict[str, Any]:
+    def _generate_chunk(self, req: SimRequest, n: int, final: bool,
+                        abort: RequestAborted | None = None) -> dict[str, Any]:
         reason = req.finish_reason if final else None
+        finish: dict[str, Any] | None = {"type": reason, "length": n} if reason else None
+        if abort is not None:
+            finish = {"type": "abort", "message": str(abort), "status_code": abort.status, "err_type": None}
         return {
             "text": "".join(token_text(i) for i in range(n)),
             "output_ids": [1000 + i for i in range(n)],
             "meta_info": {
                 "id": req.rid,
-                "finish_reason": {"type": reason, "length": n} if reason else None,
+                "finish_reason": finish,
                 "prompt_tokens": req.prompt_tokens,
                 "weight_version": "default",
                 "total_retractions": 0,
@@ -603,102 +686,108 @@ class SimulatorServer:
         return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.generated,
                 "completion_tokens": req.generated, "prompt_tokens_details": None}
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def _openai(self, request: web.Request, parse: Callable[[dict[str, Any]], SimRequest],
+                      answer: Callable[[SimRequest, str, int, int], dict[str, Any]],
+                      chunk: Callable[[SimRequest, str, int, int | None], dict[str, Any]]) -> web.StreamResponse:
+        """`OpenAIServingBase.handle_request` (`entrypoints/openai/serving_base.py:80-142`) for
+        completions and chat. A body outside the request's schema is FastAPI's 400; a refusal of
+        the serving class or a ValueError of the tokenizer manager is `create_error_response`
+        (lines 205-221: `BadRequestError`), a stream's too, as the first chunk is awaited before
+        the answer starts (`serving_completions.py:208-212`, `serving_chat.py:2424-2428`). A
+        scheduler's abort is `BadRequestError` when 400 and else typed with its status
+        (`managers/tokenizer_manager.py:1916-1923`, serving_base.py:119-122); in a stream it is an
+        error chunk typed with the status's name, after which the usage chunk still comes
+        (`serving_completions.py:355-371, 479-496`, `serving_chat.py:2568-2578`)."""
         try:
-            body = await self._json_body(request)
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-                if len(prompt) != 1:
-                    raise RequestError(400, "batched requests are not supported by the simulator")
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                prompt_tokens = count_tokens(prompt)
-            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                prompt_tokens = len(prompt)
-            else:
-                raise RequestError(400, "prompt must be a string or a list of token ids")
-            max_tokens = body.get("max_tokens")
-            stream = bool(body.get("stream"))
-            req = self._request(body, prompt_tokens,
-                                DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens, stream)
-            tokens = self._tokens(req)
-            model = body.get("model") or self.args.served_model_name
-            cid, created = f"cmpl-{req.rid}", int(time.time())
-            if not stream:
-                n = 0
-                async for emitted in tokens:
-                    n = emitted
-                return web.json_response({
-                    "id": cid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": "".join(token_text(i) for i in range(n)), "logprobs": None,
-                                 "finish_reason": req.finish_reason, "matched_stop": None}],
-                    "usage": self._usage(req),
-                })
-        except RequestError as e:
-            return _error(e.status, str(e))
-
+            body = await self._json_body(request, openai=True)
+            req = parse(body)
+        except InvalidBody as e:
+            return _validation_error(str(e))
+        except InvalidRequest as e:
+            return _openai_error(str(e))
+        model = body.get("model") or self.args.served_model_name
+        created = int(time.time())
+        if not body.get("stream"):
+            try:
+                n = await self._complete(req)
+            except RequestAborted as e:
+                return _openai_error(str(e)) if e.status == 400 else _openai_error(str(e), str(e.status), e.status)
+            return web.json_response({**answer(req, model, created, n), "usage": self._usage(req)})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
-            async for n in tokens:
-                yield {"id": cid, "object": "text_completion", "created": created, "model": model,
-                       "choices": [{"index": 0, "text": token_text(n - 1), "logprobs": None,
-                                    "finish_reason": None, "matched_stop": None}]}
-            yield {"id": cid, "object": "text_completion", "created": created, "model": model,
-                   "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": req.finish_reason,
-                                "matched_stop": None}]}
+            try:
+                async for n in self._tokens(req):
+                    yield chunk(req, model, created, n)
+                yield chunk(req, model, created, None)
+            except RequestAborted as e:
+                yield {"error": _error_body(str(e), HTTPStatus(e.status).name, e.status)}
             if include_usage:
-                yield {"id": cid, "object": "text_completion", "created": created, "model": model,
-                       "choices": [], "usage": self._usage(req)}
+                last = chunk(req, model, created, None)
+                yield {**last, "choices": [], "usage": self._usage(req)}
 
         return await self._stream(request, chunks())
 
+    def _completion_request(self, body: dict[str, Any]) -> SimRequest:
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and (
+                all(isinstance(t, int) for t in prompt) or all(isinstance(p, str) for p in prompt)
+                or all(isinstance(p, list) for p in prompt)))):
+            raise InvalidBody("prompt: a string, a list of strings or a list of token ids is required")
+        if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
+            raise InvalidRequest("Prompt cannot be empty")  # serving_completions.py:63-69
+        if isinstance(prompt, list) and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise InvalidRequest("batched requests are not supported by the simulator")
+            prompt = prompt[0]
+        prompt_tokens = count_tokens(prompt) if isinstance(prompt, str) else len(prompt)
+        # CompletionRequest.max_tokens defaults to 16 (entrypoints/openai/protocol.py): always a maximum.
+        max_tokens = body.get("max_tokens")
+        return self._request(body, prompt_tokens, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens,
+                             DEFAULT_COMPLETION_MAX_TOKENS, bool(body.get("stream")))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        def answer(req: SimRequest, model: str, created: int, n: int) -> dict[str, Any]:
+            return {"id": f"cmpl-{req.rid}", "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": "".join(token_text(i) for i in range(n)), "logprobs": None,
+                                 "finish_reason": req.finish_reason, "matched_stop": None}]}
+
+        def chunk(req: SimRequest, model: str, created: int, n: int | None) -> dict[str, Any]:
+            return {"id": f"cmpl-{req.rid}", "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": "" if n is None else token_text(n - 1), "logprobs": None,
+                                 "finish_reason": req.finish_reason if n is None else None, "matched_stop": None}]}
+
+        return await self._openai(request, self._completion_request, answer, chunk)
+
+    def _chat_request(self, body: dict[str, Any]) -> SimRequest:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise InvalidBody("messages: a list of message objects is required")
+        if not messages:
+            raise InvalidRequest("Messages cannot be empty.")  # serving_chat.py:1103-1106
+        text = "".join(f"<|{m.get('role', 'user')}|>{m.get('content') or ''}" for m in messages)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        return self._request(body, count_tokens(text), max_tokens, DEFAULT_CHAT_MAX_TOKENS, bool(body.get("stream")))
+
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await self._json_body(request)
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise RequestError(400, "messages must be a non-empty list")
-            text = "".join(f"<|{m.get('role', 'user')}|>{m.get('content') or ''}" for m in messages)
-            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-            stream = bool(body.get("stream"))
-            req = self._request(body, count_tokens(text),
-                                DEFAULT_CHAT_MAX_TOKENS if max_tokens is None else max_tokens, stream)
-            tokens = self._tokens(req)
-            model = body.get("model") or self.args.served_model_name
-            cid, created = f"chatcmpl-{req.rid}", int(time.time())
-            if not stream:
-                n = 0
-                async for emitted in tokens:
-                    n = emitted
-                return web.json_response({
-                    "id": cid, "object": "chat.completion", "created": created, "model": model,
+        def answer(req: SimRequest, model: str, created: int, n: int) -> dict[str, Any]:
+            return {"id": f"chatcmpl-{req.rid}", "object": "chat.completion", "created": created, "model": model,
                     "choices": [{"index": 0,
                                  "message": {"role": "assistant", "content": "".join(token_text(i) for i in range(n)),
                                              "reasoning_content": None, "tool_calls": None},
-                                 "logprobs": None, "finish_reason": req.finish_reason, "matched_stop": None}],
-                    "usage": self._usage(req),
-                })
-        except RequestError as e:
-            return _error(e.status, str(e))
+                                 "logprobs": None, "finish_reason": req.finish_reason, "matched_stop": None}]}
 
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        def chunk(req: SimRequest, model: str, created: int, n: int | None) -> dict[str, Any]:
+            base = {"id": f"chatcmpl-{req.rid}", "object": "chat.completion.chunk", "created": created, "model": model}
+            if n is None:
+                return {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                             "finish_reason": req.finish_reason, "matched_stop": None}]}
+            delta = {"content": token_text(n - 1)}
+            if n == 1:
+                delta = {"role": "assistant", **delta}
+            return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
 
-        async def chunks() -> AsyncIterator[dict[str, Any]]:
-            async for n in tokens:
-                delta = {"content": token_text(n - 1)}
-                if n == 1:
-                    delta = {"role": "assistant", **delta}
-                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
-            yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": req.finish_reason,
-                                "matched_stop": None}]}
-            if include_usage:
-                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [], "usage": self._usage(req)}
-
-        return await self._stream(request, chunks())
+        return await self._openai(request, self._chat_request, answer, chunk)
 
     # ------------------------------------------------------------------ control
 
@@ -708,8 +797,8 @@ class SimulatorServer:
         (`managers/tokenizer_control_mixin.py:946-953`)."""
         try:
             body = await self._json_body(request)
-        except RequestError as e:
-            return _error(e.status, str(e))
+        except InvalidBody as e:
+            return _validation_error(str(e))
         new_role = str(body.get("new_role") or "").lower()
         old_role = self.engine.role
         success, message, safe = await self.engine.switch_role(new_role, body.get("decode_cuda_graph_memory_gb"))
@@ -741,8 +830,8 @@ class SimulatorServer:
         try:
             changes = await self._json_body(request)
             self.faults.update(changes)
-        except (RequestError, ValueError) as e:
-            return _error(400, str(e))
+        except (InvalidBody, ValueError) as e:
+            return _validation_error(str(e))
         finally:
             self.engine.apply_faults()  # what an update changed before it failed holds too
         if changes.get("crash"):
