@@ -1,5 +1,5 @@
-"""The pod runner's worker keeps its container through an apiserver outage, and its
-containers never outlive the runner."""
+"""The pod runner's worker keeps its container through an apiserver outage and reports its
+status again when another writer changed it, and its containers never outlive the runner."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,36 @@ def test_the_worker_keeps_its_container_through_an_apiserver_outage(tmp_path: Pa
         wait_for(lambda: core.calls > core.down and worker.process is not None and core.statuses, timeout=20)
         assert worker.thread.is_alive(), "the worker died on the outage"
         assert worker.process is not None and worker.process.exit_code() is None
+        assert worker.restarts == 0
+    finally:
+        worker.terminate(1)
+        worker.thread.join(10)
+
+
+def test_readiness_another_writer_changed_is_reported_again(tmp_path: Path) -> None:
+    """As the kubelet's status manager does: the node lifecycle controller marks the pods of a node
+    whose lease it saw go stale NotReady (an apiserver outage longer than its grace period), while
+    their containers still serve; the pod's next event puts the runner's own status back."""
+    runner = PodRunner(client.ApiClient(), tmp_path, volume_refresh_seconds=0.1, shutdown_grace_seconds=2)
+    core = FlakyCore(down=0)
+    runner.core = core  # type: ignore[assignment]
+    pod = leader_pod([sys.executable, "-c", "import time; time.sleep(60)"])
+    worker = PodWorker(runner, pod)
+
+    def ready(body: dict[str, Any]) -> str:
+        return next(c["status"] for c in body["status"]["conditions"] if c["type"] == "Ready")
+
+    worker.thread.start()
+    try:
+        wait_for(lambda: core.statuses and ready(core.statuses[-1]) == "True", timeout=20)
+        reported = len(core.statuses)
+        worker.update({**pod, "status": {**pod["status"], "conditions": core.statuses[-1]["status"]["conditions"]}})
+        time.sleep(0.5)
+        assert len(core.statuses) == reported, "the runner's own status is not sent again"
+        marked = {**pod, "status": {**pod["status"], "conditions": [{"type": "Ready", "status": "False"}]}}
+        worker.update(marked)
+        wait_for(lambda: len(core.statuses) > reported, timeout=5)
+        assert ready(core.statuses[-1]) == "True"
         assert worker.restarts == 0
     finally:
         worker.terminate(1)

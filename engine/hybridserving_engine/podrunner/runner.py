@@ -91,6 +91,12 @@ def loopback_ip(pod: Mapping[str, Any]) -> str | None:
 
 
 
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's Ready condition is True, as the apiserver holds it."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 # The kubelet's FallbackToLogsOnError: at most this much of the log's tail becomes the message.
 MESSAGE_MAX_LINES, MESSAGE_MAX_BYTES = 80, 2048
 
@@ -155,6 +161,12 @@ class PodWorker:
 
     def update(self, pod: dict[str, Any]) -> None:
         self.pod = pod
+        if self._reported is not None and pod_ready(pod) is not self._reported[0]:
+            # Someone else wrote the pod's readiness: the node lifecycle controller marks the pods
+            # of a node whose lease it saw go stale NotReady (an apiserver outage longer than its
+            # grace period does that to every node). The kubelet's status manager reports its own
+            # status again when the apiserver's differs; so does the next tick.
+            self._reported = None
         self._changed.set()
 
     def terminate(self, grace: float) -> None:
