@@ -640,7 +640,10 @@ class Cluster:
             f"--cluster-signing-key-file={pki / 'ca.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--node-monitor-period=5s",
-            "--node-monitor-grace-period=40s",
+            # 1.35's default: kwok renews node leases every 10 s (a quarter of 40 s, as kubelets
+            # do), and a shorter grace marks every node and its pods NotReady after an apiserver
+            # restart of half a minute, which a cluster of this version rides out.
+            "--node-monitor-grace-period=50s",
             "--concurrent-gc-syncs=5",
             "--profiling=false",
             "--v=1",
