@@ -19,6 +19,7 @@ import os
 import pathlib
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -585,7 +586,7 @@ class Cluster:
             "--log-level=warn",
         ])
         self._say(f"waiting for etcd on {etcd_url}")
-        self._wait("etcd /health", deadline, lambda: self._http_ok(f"{etcd_url}/health", '"health":"true"'))
+        self._wait_ready("etcd", deadline)
 
         # kube-apiserver
         self._spawn(state, "kube-apiserver", [
@@ -619,9 +620,7 @@ class Cluster:
             "--v=1",
         ])
         self._say(f"waiting for kube-apiserver on {server}")
-        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        self._wait("kube-apiserver /readyz", deadline,
-                   lambda: self._http_ok(f"{server}/readyz", "ok", ctx=ctx, token=token))
+        self._wait_ready("kube-apiserver", deadline)
 
         # kube-controller-manager
         self._spawn(state, "kube-controller-manager", [
@@ -726,7 +725,7 @@ class Cluster:
         self._procs[comp] = proc
         state["pids"][comp] = proc.pid
         self._write_state(state)
-        (self.dir / f"{comp}.cmd").write_text(" ".join(cmd) + "\n")
+        (self.dir / f"{comp}.cmd").write_text(shlex.join(cmd) + "\n")
         self._say(f"started {comp} (pid {proc.pid})")
 
     def _child_env(self) -> dict[str, str]:
@@ -741,6 +740,36 @@ class Cluster:
         if dead:
             codes = ", ".join(f"{c} exited {self._procs[c].returncode}" for c in dead)
             raise ComponentDied(f"cluster {self.name}: {codes}\n{self.crash_report(dead)}")
+
+    def _wait_ready(self, comp: str, deadline: float) -> None:
+        """Wait until `comp` serves, for the components the others need first: etcd before the
+        apiserver starts, the apiserver before anything talks to it. The others just run."""
+        ports = self.state()["ports"]
+        if comp == "etcd":
+            url = f"http://127.0.0.1:{ports['etcd_client']}"
+            self._wait("etcd /health", deadline, lambda: self._http_ok(f"{url}/health", '"health":"true"'))
+        elif comp == "kube-apiserver":
+            ctx = ssl.create_default_context(cafile=str(self.ca_path))
+            self._wait("kube-apiserver /readyz", deadline,
+                       lambda: self._http_ok(f"{self.server}/readyz", "ok", ctx=ctx, token=self.token))
+
+    def restart(self, comp: str, down_seconds: float = 0.0, timeout: float = 60.0) -> None:
+        """Stop one component and, `down_seconds` later, start it again with the command line it
+        was started with (`<comp>.cmd`): the outage of an upgrade or a restart of that component,
+        as its clients meet it (same address, same data). Returns once it serves again (etcd and
+        the apiserver; the others once started)."""
+        if comp not in COMPONENTS:
+            raise ValueError(f"unknown component {comp!r}; one of {', '.join(COMPONENTS)}")
+        state = self.state()
+        pid = state.get("pids", {}).get(comp)
+        if not pid:
+            raise DevClusterError(f"cluster {self.name}: {comp} is not running")
+        cmd = shlex.split((self.dir / f"{comp}.cmd").read_text())
+        self._stop_component(comp, int(pid), self._say)
+        self._procs.pop(comp, None)  # stopped on purpose: not a component that died
+        time.sleep(down_seconds)
+        self._spawn(state, comp, cmd)
+        self._wait_ready(comp, time.monotonic() + timeout)
 
     def _wait(self, what: str, deadline: float, check: Callable[[], bool], interval: float = 0.5) -> None:
         last_msg = time.monotonic()
@@ -822,27 +851,7 @@ class Cluster:
         order = [c for c in reversed(COMPONENTS) if c in pids]
         for comp in order:
             pid = pids[comp]
-            if not (_pid_alive(pid) and marker in " ".join(_pid_cmdline(pid))):
-                continue
-            say(f"stopping {comp} (pid {pid})")
-            try:
-                os.killpg(pid, signal.SIGTERM)  # each component leads its own process group
-            except ProcessLookupError:
-                continue
-            except PermissionError:
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline:
-                self._reap()
-                if not _pid_alive(pid):
-                    break
-                time.sleep(0.05)
-            else:
-                say(f"{comp} ignored SIGTERM for {grace}s; killing it")
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            self._stop_component(comp, pid, say, grace)
         # anything left (including strays mentioning our state dir) gets SIGKILL
         leftovers = {p for p in pids.values() if _pid_alive(p) and marker in " ".join(_pid_cmdline(p))}
         leftovers.update(_pids_referencing(marker))
@@ -872,6 +881,30 @@ class Cluster:
                 st["pids"] = {}
                 self._write_state(st)
             say(f"stopped; state kept in {self.dir}")
+
+    def _stop_component(self, comp: str, pid: int, say: Progress, grace: float = 5.0) -> None:
+        """SIGTERM to the component's process group (it leads its own), SIGKILL after `grace`
+        seconds; a pid that is no longer this cluster's component is left alone."""
+        if not (_pid_alive(pid) and self._marker in " ".join(_pid_cmdline(pid))):
+            return
+        say(f"stopping {comp} (pid {pid})")
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            self._reap()
+            if not _pid_alive(pid):
+                return
+            time.sleep(0.05)
+        say(f"{comp} ignored SIGTERM for {grace}s; killing it")
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _reap(self) -> None:
         for proc in self._procs.values():
