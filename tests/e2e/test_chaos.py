@@ -426,11 +426,16 @@ def _scenarios(chaos: Chaos) -> None:
     # Last: the local cluster's scheduler runs without leader election, so unlike a real one it
     # does not restart with the apiserver, and its informers may miss a pod created afterwards.
     def control_plane_outage() -> list[str]:
-        engines, fleet = chaos.engines(), chaos.fleet()
+        def healthy() -> dict | None:  # the crash loop before has ended: the fleet says so too
+            hs = chaos.fleet()
+            return hs if {c["type"]: c["status"] for c in hs["status"]["conditions"]}.get("Degraded") == "False" \
+                else None
+
+        fleet = wait_for(healthy, 60, "the fleet not Degraded before the outage", interval=1)
+        engines = chaos.engines()
         degraded = [(c["status"], c["lastTransitionTime"]) for c in fleet["status"]["conditions"]
                     if c["type"] == "Degraded"]
-        # The outage meets a leader that holds the Lease (the operator kill leaves a standby that
-        # takes it over once the killed leader's record has not changed for 8 s).
+        # The outage meets a leader that holds the Lease.
         leader = chaos.operator.leader()
         routed, replicas = chaos.routed(), chaos.operator.live()
         during: list[list[str]] = []
