@@ -706,7 +706,12 @@ def test_pods_gated_from_scheduling_or_never_created_are_named_in_degraded(api: 
     assert degraded["status"] == "True" and degraded["reason"] == "SchedulingGated", degraded
     assert "pod fleet-0-0 has waited 5 min on its scheduling gate(s) kueue.x-k8s.io/admission" in degraded["message"]
     assert "pod fleet-2-0 has waited 15 min for its container(s) engine to be created" in degraded["message"]
+    phases = {i["name"]: i["phase"] for i in api.status()["instances"]}
+    assert (phases["fleet-0"], phases["fleet-2"]) == ("Stalled", "Stalled"), phases
+    status = api.store[(INSTANCE_KIND, "fleet-0")]["status"]
+    assert status["phase"] == "Stalled" and status["conditions"][0]["reason"] == "SchedulingGated"
 
     gated["spec"]["schedulingGates"] = []
     rec.reconcile(api, NS, "fleet")
     assert api.condition("Degraded")["reason"] == "ContainerNotCreated"
+    assert {i["name"]: i["phase"] for i in api.status()["instances"]}["fleet-0"] == "Starting"

@@ -17,7 +17,8 @@ from hybridserving.api.base import ApiModel, cel
 from hybridserving.api.v1alpha1 import TIME_MAX_LENGTH, Condition, ObjectMeta, Role
 
 InstancePhase = Literal[
-    "Pending", "Starting", "Ready", "Unready", "Blocked", "CrashLoop", "Draining", "Switching", "Relaunching", "Failed",
+    "Pending", "Starting", "Stalled", "Ready", "Unready", "Blocked", "CrashLoop", "Draining", "Switching",
+    "Relaunching", "Failed",
 ]
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
@@ -106,7 +107,9 @@ class HybridServingInstanceStatus(ApiModel):
 
     phase: InstancePhase = Field(
         default="Pending",
-        description="Pending (pods not scheduled), Starting (engine loading), Ready (serving), "
+        description="Pending (pods not scheduled), Starting (engine loading), Stalled (starting, and a pod has "
+        "waited past its grace: on its schedulingGates for more than 2 minutes, or for its containers to be created "
+        "for more than 10; the Ready condition names the pod and why), Ready (serving), "
         "Unready (the engine was ready and stopped answering its readiness probe: hung or overloaded), "
         "Blocked (a container cannot be created: image pull, missing Secret or ConfigMap; see the Ready "
         "condition), CrashLoop (an engine container keeps exiting: it waits in CrashLoopBackOff, or restarted within "

@@ -847,8 +847,9 @@ class InstanceStatus(ApiModel):
     name: str = Field(max_length=OBJECT_NAME_MAX_LENGTH, description="Name of the HybridServingInstance.")
     role: Role = Field(description="Role the fleet's plan gives the instance (its spec.role).")
     phase: str = Field(max_length=64,
-                       description="The instance's phase: Pending, Starting, Ready, Unready, Blocked, CrashLoop, "
-                       "Draining, Switching, Relaunching or Failed (see the instance's status.phase).")
+                       description="The instance's phase: Pending, Starting, Stalled, Ready, Unready, Blocked, "
+                       "CrashLoop, Draining, Switching, Relaunching or Failed (see the instance's "
+                       "status.phase).")
     nodes: list[Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH)]] = Field(
         default_factory=list, max_length=64,
         description="Nodes of the instance's pods, leader first; empty for a pod not scheduled yet.")

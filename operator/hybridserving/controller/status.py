@@ -124,7 +124,11 @@ def unschedulable_message(desired: DesiredState, v: InstanceView) -> str:
 
 
 def instance_phase(v: InstanceView) -> InstancePhase:
-    """The operator's view of an instance; switch phases belong to the role-switch controller."""
+    """The operator's view of an instance; switch phases belong to the role-switch controller.
+
+    A starting instance whose pod waits past its grace (`instance_stall`) is `Stalled`, not
+    `Starting`: nothing else on the instance would tell that it may never start.
+    """
     if v.observed.phase in SWITCH_PHASES:
         return cast(InstancePhase, v.observed.phase)
     pods = [p for p in v.pods if not p.deleting]
@@ -132,6 +136,8 @@ def instance_phase(v: InstanceView) -> InstancePhase:
         return "CrashLoop"
     if any(p.blocked for p in pods):
         return "Blocked"
+    if v.state == "Starting" and instance_stall(v) is not None:
+        return "Stalled"
     if not v.available and any(p.lost_readiness and not v.stale(p) for p in pods):
         return "Unready"
     settled: dict[InstanceState, InstancePhase] = {"Ready": "Ready", "Failed": "Failed", "Pending": "Pending"}
@@ -151,6 +157,14 @@ def restart_loop_message(v: InstanceView) -> str:
         return f"{v.plan.name} keeps failing ({failure}) after {restarts.count} gang restart(s) in a row: restarting"
     return (f"{v.plan.name} keeps failing: gang restart {restarts.count} in a row at {format_time(restarts.last)} "
             "is starting again, not Ready yet")
+
+
+def instance_stall(v: InstanceView) -> stalled.StalledPod | None:
+    """The instance's first pod gated from scheduling, or not getting its containers, for too long
+    when its pods were read; None where none is, or no time was read."""
+    if v.now is None:
+        return None
+    return next(iter(stalled.stalled(v.pods, v.now)), None)
 
 
 def stalled_pods(views: Mapping[str, InstanceView], clock: float) -> list[stalled.StalledPod]:
@@ -185,13 +199,19 @@ def instance_status(v: InstanceView, generation: int | None) -> HybridServingIns
     phase = (status.phase if "phase" in status.model_fields_set else v.observed.phase) or "Pending"
     total = max(len(v.plan.pods), 1)
     blocked = next((p.blocked for p in pods if p.blocked), None)
-    message = (f"serving as {status.role or v.plan.role}" if phase == "Ready" else
-               f"{phase}: {status.ready_pods}/{total} pod(s) ready" + (f"; last exit: {last_exit[:200]}"
-                                                                        if phase == "CrashLoop" and last_exit else
-                                                                        f"; {blocked}" if phase == "Blocked" else ""))
+    stall = instance_stall(v) if phase == "Stalled" else None
+    message = f"{phase}: {status.ready_pods}/{total} pod(s) ready"
+    if phase == "Ready":
+        message = f"serving as {status.role or v.plan.role}"
+    elif phase == "CrashLoop" and last_exit:
+        message += f"; last exit: {last_exit[:200]}"
+    elif phase == "Blocked":
+        message += f"; {blocked}"
+    elif stall is not None and v.now is not None:
+        message += f"; {stall.describe(v.now)}"
     previous = {c.get("type", ""): c for c in v.observed.status.get("conditions") or []}
     # `kubectl wait --for=condition=Ready hybridservinginstance/NAME` works like it does for pods.
-    reason = "CrashLoopBackOff" if v.restart_looping else phase
+    reason = "CrashLoopBackOff" if v.restart_looping else stall.reason if stall is not None else phase
     if v.restart_looping:
         message = restart_loop_message(v)
     status.conditions = [condition("Ready", phase == "Ready", reason, message, generation, previous)]
