@@ -232,6 +232,34 @@ def test_an_unknown_loads_section_is_a_server_error(engine):
     assert httpx.get(engine + "/v1/loads", params={"include": "all,bogus"}, timeout=10).status_code == 200
 
 
+def test_loads_of_one_dp_rank_keep_its_entry_and_of_no_rank_none(engine):
+    # entrypoints/v1_loads.py:96-126 passes dp_rank, an Optional[int] query parameter, to
+    # managers/tokenizer_control_mixin.py:1001-1028: a rank outside [0, num_dp_ranks) (the
+    # replicas times the attention-DP groups, runtime_context.py:202-207; one without either)
+    # returns no load, and to_dict never runs, so an unknown section is no error then (v1_loads.py:139-149).
+    def loads(**params: object) -> httpx.Response:
+        return httpx.get(engine + "/v1/loads", params=params, timeout=10)
+
+    ranks = len(loads().json()["loads"])
+    for rank in (0, ranks - 1):
+        answer = loads(dp_rank=rank).json()
+        assert set(answer) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+        assert [load["dp_rank"] for load in answer["loads"]] == [rank]
+    # FastAPI parses the integer as pydantic does, leniently.
+    assert [load["dp_rank"] for load in loads(dp_rank="+0").json()["loads"]] == [0]
+    for rank in (-1, ranks, 10**30):
+        resp = loads(dp_rank=rank)
+        assert resp.status_code == 200 and resp.json()["loads"] == [], rank
+    assert loads(dp_rank=ranks, include="bogus").json()["loads"] == []
+    assert loads(dp_rank=ranks, format="prometheus").text == "\n"
+    # A rank that is no integer fails FastAPI's validation: SGLang's 400 ErrorResponse (http_server.py:635-687).
+    for rank in ("one", "0.5", ""):
+        resp = loads(dp_rank=rank)
+        body = resp.json()
+        assert resp.status_code == 400 and set(body) == ERROR_RESPONSE_KEYS, (rank, body)
+        assert (body["object"], body["type"], body["code"]) == ("error", "Bad Request", 400)
+
+
 def test_default_metrics_have_no_forward_timer_and_no_prefill_utilization(engine):
     # managers/scheduler_components/metrics_reporter.py:325-341 (forward timing only with
     # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1, default off: environ.py:479) and 1303-1306

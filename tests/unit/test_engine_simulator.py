@@ -477,6 +477,8 @@ def test_attention_dp_ranks_each_report_their_own_load_and_time_idle_passes(monk
             if sum(load["num_running_reqs"] for load in loads["loads"]) == 3:
                 break
             await asyncio.sleep(0.01)
+        async with session.get(url + "/v1/loads", params={"dp_rank": "2"}) as r:
+            one_rank = await r.json()
         async with session.get(url + "/metrics") as r:
             text = await r.text()
         async with session.get(url + "/server_info") as r:
@@ -485,12 +487,15 @@ def test_attention_dp_ranks_each_report_their_own_load_and_time_idle_passes(monk
             assert r.status == 200
         for task in tasks:
             (await task).release()
-        return loads, text, info
+        return loads, one_rank, text, info
 
-    loads, text, info = run(check, server)
+    loads, one_rank, text, info = run(check, server)
     assert loads["num_accelerators"] == 2
     entries = loads["loads"]
     assert [e["dp_rank"] for e in entries] == [0, 1, 2, 3]
+    # dp_rank keeps that rank's entry (managers/tokenizer_control_mixin.py:1017-1026).
+    assert [(e["dp_rank"], e["num_running_reqs"]) for e in one_rank["loads"]] == [(2, 1)]
+    assert one_rank["num_accelerators"] == 2
     assert [e["num_running_reqs"] for e in entries] == [1, 1, 1, 0]
     assert {e["max_running_requests"] for e in entries} == {16}
     caps = {e["max_total_num_tokens"] for e in entries}

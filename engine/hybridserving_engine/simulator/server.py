@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import TypeAdapter, ValidationError
 
 from hybridserving.contract import SGLANG_VERSION
 from hybridserving.core.perfmodel import PerformanceModel
@@ -79,9 +80,37 @@ class InvalidBody(Exception):
     """A body FastAPI refuses before SGLang's handler runs: no JSON, or not of the request's schema."""
 
 
+class InvalidQuery(Exception):
+    """A query parameter FastAPI refuses before SGLang's handler runs: not of its declared type."""
+
+
 def _error_body(message: str, err_type: str, status: int) -> dict[str, Any]:
     """SGLang's `ErrorResponse` (`entrypoints/openai/protocol.py:106-111`)."""
     return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+def _query(request: web.Request, name: str) -> str | None:
+    """A query parameter as FastAPI reads it: Starlette's `QueryParams` keeps the last of repeated values."""
+    values = request.query.getall(name, [])
+    return values[-1] if values else None
+
+
+_INT = TypeAdapter(int)
+
+
+def _query_int(request: web.Request, name: str) -> int | None:
+    """An `Optional[int]` query parameter as FastAPI validates it before the handler runs: pydantic's
+    lax integer parsing of the string ("+1", " 1 ", "1.0" and "1_0" are integers; an empty value is
+    not). A value it refuses is a RequestValidationError, `_validation_error`."""
+    value = _query(request, name)
+    if value is None:
+        return None
+    try:
+        return _INT.validate_python(value)
+    except ValidationError as e:
+        errors = [{"type": err["type"], "loc": ("query", name), "msg": err["msg"], "input": value}
+                  for err in e.errors(include_url=False)]
+        raise InvalidQuery(str(errors)) from None
 
 
 def _validation_error(message: str) -> web.Response:
@@ -503,18 +532,25 @@ class SimulatorServer:
         """`/v1/loads` as `entrypoints/v1_loads.py:96-150` answers it. Every core key is there,
         zero or not (`managers/load_snapshot.py:233`); an unknown section raises ValueError in
         `to_dict` unless "all" is among them (lines 235-243), outside the handler's try
-        (v1_loads.py:141), so it is a 500."""
-        include = request.query.get("include")
+        (v1_loads.py:141), so it is a 500, and only when some load is there to convert.
+        `dp_rank` keeps that rank's entry; one outside the instance's DP ranks (replicas times
+        attention-DP groups, one without either) leaves none, a 200 with no loads
+        (`managers/tokenizer_control_mixin.py:1001-1028`)."""
+        try:
+            dp_rank = _query_int(request, "dp_rank")
+        except InvalidQuery as e:
+            return _validation_error(str(e))
+        include = _query(request, "include")
         sections = {s.strip() for s in include.split(",")} if include else None
-        if sections is not None and "all" not in sections and not sections <= LOAD_SECTIONS:
+        loads = [load for load in self.engine.loads() if dp_rank in (None, load["dp_rank"])]
+        if loads and sections is not None and "all" not in sections and not sections <= LOAD_SECTIONS:
             return web.Response(status=500, text="Internal Server Error")
-        loads = self.engine.loads()
         if sections is not None and "all" not in sections:
             for load in loads:
                 for key, name in (("memory", "memory"), ("disaggregation", "disagg"), ("queues", "queues")):
                     if name not in sections:
                         load.pop(key)
-        if request.query.get("format") == "prometheus":
+        if _query(request, "format") == "prometheus":
             samples: dict[str, list[str]] = {}
             for load in loads:
                 rank = load.pop("dp_rank")
