@@ -244,7 +244,9 @@ class Engines:
 
     Each call that reads several engines has threads of its own (`parallel` at most): one pool
     shared by every fleet let a fleet whose engines do not answer hold all its threads, and every
-    other fleet's reads waited behind them.
+    other fleet's reads waited behind them. A long-lived pool, however large, has the same flaw:
+    `fill_progress_many` returns at its budget and leaves the reads still out running to their own
+    timeout, in threads no later call needs. A thread costs far less than the read it makes.
     """
 
     def __init__(self, timeout: float = TIMEOUT_S, parallel: int = 8) -> None:
