@@ -158,6 +158,18 @@ def test_a_custom_gpu_resource_name_is_owned_too() -> None:
         "spec.decode.podTemplate.spec.containers[engine].resources.limits[amd.com/gpu]"]
 
 
+def test_only_the_engine_containers_gpus_are_the_operators_an_init_containers_are_checked_against_limits() -> None:
+    gpus = {"requests": {"nvidia.com/gpu": 1}}
+    hs = fleet(podTemplate={"spec": {"resources": gpus,
+                                     "initContainers": [{"name": "engine", "image": "x", "resources": gpus}],
+                                     "containers": [{"name": "engine", "resources": gpus}]}})
+    assert [(p, r) for p, r, s in issues(hs) if s == "error"] == [
+        ("spec.podTemplate.spec.resources.requests[nvidia.com/gpu]", "pod-template-resources"),
+        ("spec.podTemplate.spec.initContainers[engine].resources.requests[nvidia.com/gpu]", "pod-template-resources"),
+        ("spec.podTemplate.spec.containers[engine].resources.requests[nvidia.com/gpu]", "pod-template-owned-field"),
+    ]
+
+
 def test_a_sidecar_needs_an_image() -> None:
     hs = fleet(podTemplate={"spec": {"containers": [{"name": "log-shipper"}]}})
     assert ("spec.podTemplate.spec.containers[log-shipper].image", "pod-template-shape", "error") in issues(hs)

@@ -13,8 +13,8 @@ import dataclasses
 import math
 import re
 from decimal import ROUND_CEILING, Decimal
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.config import JsonDict
@@ -232,14 +232,17 @@ def requests_vs_limits(resources: Mapping[str, Any]) -> list[LimitBreach]:
         limit = limits.get(resource)
         if not is_quantity(request) or limit is not None and not is_quantity(limit):
             continue
+        native = overcommittable(resource)
         if limit is None:
-            if not overcommittable(resource):
+            if not native:
                 breaches.append(LimitBreach(resource, f"{resource} cannot be overcommitted, so it needs a limit",
                                             f"set its limit to {request}"))
-        elif not overcommittable(resource) and quantity_amount(request) != quantity_amount(limit):
+            continue
+        asked, most = quantity_amount(request), quantity_amount(limit)
+        if not native and asked != most:
             breaches.append(LimitBreach(resource, f"{request} must equal the limit {limit}: {resource} cannot be "
                                         "overcommitted", "set both to the same amount"))
-        elif quantity_amount(request) > quantity_amount(limit):
+        elif asked > most:
             breaches.append(LimitBreach(resource, f"{request} is more than the limit {limit}",
                                         "lower the request or raise the limit"))
     return breaches
@@ -316,18 +319,37 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
-def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
-    """Resource quantities of the pod and of its containers that the apiserver would refuse."""
-    owners: list[tuple[str, Any]] = [("resources", pod.get("resources"))]
+class PodResources(NamedTuple):
+    """One `resources` object of a pod spec: the pod's own, or a container's."""
+
+    path: str
+    """Where it is, from the pod spec: `resources` or `containers[NAME].resources`."""
+    list_name: str | None
+    """`containers` or `initContainers`; None for the pod's own."""
+    name: object
+    """The container's name as written (None for the pod's own)."""
+    resources: Mapping[str, Any]
+
+
+def pod_resources(pod: Mapping[str, Any]) -> Iterator[PodResources]:
+    """Every `resources` object of a partial pod spec that is an object, skipping what has another
+    shape (the shape checks report that): quantities and limits are judged per object."""
+    if isinstance(resources := pod.get("resources"), Mapping):
+        yield PodResources("resources", None, None, resources)
     for list_name in ("initContainers", "containers"):
         containers = pod.get(list_name)
         for container in containers if isinstance(containers, list) else ():
-            if isinstance(container, Mapping):
-                owners.append((f"{list_name}[{container.get('name')}].resources", container.get("resources")))
+            if isinstance(container, Mapping) and isinstance(resources := container.get("resources"), Mapping):
+                name = container.get("name")
+                yield PodResources(f"{list_name}[{name}].resources", list_name, name, resources)
+
+
+def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
+    """Resource quantities of the pod and of its containers that the apiserver would refuse."""
     errors = []
-    for at, resources in owners:
+    for at, _, _, resources in pod_resources(pod):
         for section in ("requests", "limits"):
-            values = resources.get(section) if isinstance(resources, Mapping) else None
+            values = resources.get(section)
             for resource, value in values.items() if isinstance(values, Mapping) else ():
                 if not is_quantity(value):
                     errors.append(quantity_error(value, f"{at}.{section}[{resource}]"))

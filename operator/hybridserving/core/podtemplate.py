@@ -18,7 +18,7 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hybridserving.api.pods import OWNED_POD_SPEC_FIELDS, PodTemplate, requests_vs_limits
+from hybridserving.api.pods import OWNED_POD_SPEC_FIELDS, PodTemplate, pod_resources, requests_vs_limits
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.core.layout import LayoutIssue
 
@@ -98,12 +98,14 @@ def _issue(path: str, message: str, fix: str, rule: str = "pod-template-owned-fi
     return LayoutIssue(path=path, message=message, fix=fix, rule=rule, severity=severity)  # type: ignore[arg-type]
 
 
-def _limit_breaches(resources: object, at: str, owned: Mapping[str, str]) -> Iterator[LayoutIssue]:
-    """Requests the apiserver would refuse against their limits: the pod would never be created."""
-    if isinstance(resources, Mapping):
+def _limit_breaches(spec: HybridServingSpec, pod: Mapping[str, Any], at: str) -> Iterator[LayoutIssue]:
+    """Requests the apiserver would refuse against their limits: the pod would never be created. The
+    engine's GPU and RDMA requests are the operator's, refused in `_check_template` as such."""
+    for where, list_name, name, resources in pod_resources(pod):
+        owned = _owned_resources(spec) if list_name == "containers" and name == ENGINE_CONTAINER else {}
         for breach in requests_vs_limits(resources):
             if breach.resource not in owned:
-                yield _issue(f"{at}.requests[{breach.resource}]", breach.message, breach.fix,
+                yield _issue(f"{at}.{where}.requests[{breach.resource}]", breach.message, breach.fix,
                              rule="pod-template-resources")
 
 
@@ -144,15 +146,7 @@ def _check_template(spec: HybridServingSpec, template: PodTemplate, at: str,
             yield _issue(f"{at}.spec.initContainers[{container['name']}]",
                          "the init container 'weights' is the operator's (node cache fill)",
                          "rename the init container")
-    yield from _limit_breaches(pod.get("resources"), f"{at}.spec.resources", {})
-    for list_name in _NAMED_LISTS:
-        for container in pod.get(list_name) or []:
-            if isinstance(container, Mapping):
-                name = container.get("name")
-                # The engine's GPU and RDMA requests are the operator's, refused below as such.
-                owned = _owned_resources(spec) if list_name == "containers" and name == ENGINE_CONTAINER else {}
-                yield from _limit_breaches(container.get("resources"), f"{at}.spec.{list_name}[{name}].resources",
-                                           owned)
+    yield from _limit_breaches(spec, pod, f"{at}.spec")
     for container in pod.get("containers") or []:
         if not isinstance(container, Mapping):
             continue
