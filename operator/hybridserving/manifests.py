@@ -60,7 +60,7 @@ _FIXES = {
     "greater_than": "raise the value",
     "less_than": "lower the value",
     "string_too_long": "shorten the value",
-    "string_pattern_mismatch": "match the documented format",
+    "string_format": "write the value in the form the message gives",
 }
 
 

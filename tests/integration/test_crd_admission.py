@@ -24,18 +24,31 @@ from kubernetes.client.rest import ApiException
 
 from hybridserving import manifests
 from hybridserving.api import crd as crdgen
-from hybridserving.api.instance import HybridServingInstanceStatus
+from hybridserving.api.instance import CONFIG_HASH, HybridServingInstanceStatus
 from hybridserving.api.v1alpha1 import (
+    CONDITION_REASON,
+    ENV_VAR_NAME,
     GROUP,
     INSTANCE_PLURAL,
     PLURAL,
+    ROUTER_IMAGE,
+    SGLANG_VERSION,
     VERSION,
     CapacityStatus,
     HybridServing,
     HybridServingStatus,
     RoleStatus,
 )
-from hybridserving.api.pods import canonical_quantity, requests_vs_limits
+from hybridserving.api.pods import (
+    EXTENDED_RESOURCE,
+    EXTENDED_RESOURCE_OR_EMPTY,
+    LABEL_KEY,
+    LABEL_VALUE,
+    QUANTITY,
+    canonical_quantity,
+    requests_vs_limits,
+)
+from hybridserving.api.weights import ENDPOINT, HOST_PATH, REVISION, URI
 from hybridserving.api.profiles import PROFILES
 from hybridserving.core.fleet import assess
 from hybridserving.core import planner
@@ -280,7 +293,7 @@ BAD_FLEETS = {
     "a label value with a space": (
         _set("spec.podTemplate", {"metadata": {"labels": {"team": "ml infra"}}}),
         "spec.podTemplate.metadata.labels.team",
-        "should match",
+        LABEL_VALUE.message,
     ),
     "an annotation key that is not a qualified name": (
         _set("spec.podTemplate", {"metadata": {"annotations": {"bad key!": "x"}}}),
@@ -290,7 +303,7 @@ BAD_FLEETS = {
     "a router quantity that is not a quantity": (
         _set("spec.router.resources", {"requests": {"cpu": "lots"}}),
         "spec.router.resources.requests.cpu",
-        "should match",
+        QUANTITY.message,
     ),
     "a negative router quantity": (
         _set("spec.router.resources", {"limits": {"memory": -1}}),
@@ -318,25 +331,62 @@ BAD_FLEETS = {
         "spec.roleSwitch.minPrefill",
         "exceeds the instances of the fleet",
     ),
+    # A value of the wrong form: the schema's pattern says only "should match '<regex>'", the rule
+    # beside it names the form, with an example (no webhook runs here).
     "a topology key that is not a label key": (
         _set("spec.network.rackKey", "rack id"),
         "spec.network.rackKey",
-        "should match",
+        LABEL_KEY.message,
     ),
     "a GPU resource in the kubernetes.io domain": (
         _set("spec.hardware.gpuResourceName", "kubernetes.io/gpu"),
         "spec.hardware.gpuResourceName",
-        "gpuResourceName must be a device plugin's resource",
+        EXTENDED_RESOURCE.message,
     ),
     "an RDMA resource without a domain": (
         _set("spec.transfer.rdmaResourceName", "ib"),
         "spec.transfer.rdmaResourceName",
-        "should match",
+        EXTENDED_RESOURCE_OR_EMPTY.message,
     ),
     "an empty router image": (
         _set("spec.router.image", ""),
         "spec.router.image",
-        "should match",
+        ROUTER_IMAGE.message,
+    ),
+    "weights from a scheme the operator cannot read": (
+        _set("spec.model.weights", {"uri": "s3://bucket/model"}),
+        "spec.model.weights.uri",
+        URI.message,
+    ),
+    "a PVC name in capitals": (
+        _set("spec.model.weights", {"uri": "pvc://Models/deepseek"}),
+        "spec.model.weights.uri",
+        URI.message,
+    ),
+    "a hub revision with a space": (
+        _set("spec.model.weights", {"uri": "hf://org/model", "revision": "main branch"}),
+        "spec.model.weights.revision",
+        REVISION.message,
+    ),
+    "a hub endpoint that is no URL": (
+        _set("spec.model.weights", {"uri": "hf://org/model", "endpoint": "hf-mirror.example.com"}),
+        "spec.model.weights.endpoint",
+        ENDPOINT.message,
+    ),
+    "a relative node cache path": (
+        _set("spec.model.weights", {"uri": "hf://org/model", "cache": "Node", "nodeCachePath": "models"}),
+        "spec.model.weights.nodeCachePath",
+        HOST_PATH.message,
+    ),
+    "an SGLang version that is no release": (
+        _set("spec.engine.sglangVersion", "latest"),
+        "spec.engine.sglangVersion",
+        SGLANG_VERSION.message,
+    ),
+    "an environment variable name with a dash": (
+        _set("spec.engine.env", [{"name": "HF-HOME", "value": "/cache"}]),
+        "spec.engine.env[0].name",
+        ENV_VAR_NAME.message,
     ),
     "a capability given twice": (
         _set("spec.engine.capabilities", ["dsa-dcp-pd", "dsa-dcp-pd"]),
@@ -478,6 +528,12 @@ def test_unknown_fields_are_refused_not_silently_dropped(objects, namespace):
     assert 'unknown field "spec.prefill.replicaz"' in json.loads(info.value.body)["message"]
 
 
+def test_an_instance_config_hash_of_the_wrong_form_says_which_form(objects, namespace):
+    body = with_changes(INSTANCE, _set("spec.configHash", "5F3A9C"))
+    message, fields = rejection(lambda: create(objects, namespace, body))
+    assert CONFIG_HASH.message in message and "spec.configHash" in fields
+
+
 def test_instance_ports_must_be_distinct(objects, namespace):
     body = with_changes(INSTANCE, _set("spec.ports.distInit", 30000))
     message, fields = rejection(lambda: create(objects, namespace, body))
@@ -586,15 +642,15 @@ def test_conditions_follow_metav1_condition(objects, namespace):
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
     assert write(good)["status"]["conditions"][0]["reason"] == "InstancesNotReady"
-    for change, field in (
-        ({"lastTransitionTime": None}, "lastTransitionTime"),
-        ({"lastTransitionTime": "yesterday"}, "lastTransitionTime"),
-        ({"reason": "not ready"}, "reason"),
-        ({"reason": ""}, "reason"),
+    for change, field, text in (
+        ({"lastTransitionTime": None}, "lastTransitionTime", "Required value"),
+        ({"lastTransitionTime": "yesterday"}, "lastTransitionTime", "date-time"),
+        ({"reason": "not ready"}, "reason", CONDITION_REASON.message),
+        ({"reason": ""}, "reason", "at least 1 chars long"),
     ):
         bad = {k: v for k, v in {**good, **change}.items() if v is not None}
         message, fields = rejection(functools.partial(write, bad))
-        assert any(f.endswith(field) for f in fields), (fields, message)
+        assert any(f.endswith(field) for f in fields) and text in message, (fields, message)
 
 
 def test_crd_files_are_what_the_generator_renders():

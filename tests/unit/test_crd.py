@@ -18,8 +18,7 @@ import yaml
 from pydantic import ValidationError, WithJsonSchema
 
 from hybridserving.api import crd as crdgen
-from hybridserving.api import pods
-from hybridserving.api.base import field_errors
+from hybridserving.api.base import Format, field_errors
 from hybridserving.api.instance import HybridServingInstance, HybridServingInstanceStatus, InstancePorts
 from hybridserving.api.pods import PodTemplate
 from hybridserving.api.v1alpha1 import (
@@ -265,8 +264,48 @@ def test_a_scalar_item_needs_a_described_list():
 
 
 def cel_patterns(rule: str) -> list[str]:
-    """The regular expressions of a rule's `matches('...')` calls (RE2 and Python agree on these)."""
-    return re.findall(r"matches\('([^']*)'\)", rule)
+    """The regular expressions of a rule's `matches('...')` or `matches(r'...')` calls (RE2 and Python
+    agree on these)."""
+    return re.findall(r"matches\(r?'([^']*)'\)", rule)
+
+
+_MATCH_TERM = re.compile(r"(!?)(\w+)\.matches\(r'([^']*)'\)")
+
+
+def cel_admits(condition: str, value: str) -> bool:
+    """A format's CEL condition (`x.matches(r'...') && !x.matches(r'...') ...`), evaluated as the
+    apiserver does: `matches` finds the regex anywhere in the string, as Python's re.search."""
+    admitted = True
+    for term in condition.split(" && "):
+        match = _MATCH_TERM.fullmatch(term)
+        assert match, f"{term!r} is not a format's term"
+        negated, _, regex = match.groups()
+        admitted &= bool(re.search(regex, value)) != bool(negated)
+    return admitted
+
+
+def format_condition(node: dict[str, Any]) -> str:
+    """The CEL condition a string node's format rule holds its value to (for an int-or-string, a string's)."""
+    rules = node.get("x-kubernetes-validations", [])
+    assert len(rules) == 1, rules
+    return rules[0]["rule"].removeprefix("type(self) == int || ")
+
+
+@pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
+def test_every_pattern_comes_with_a_rule_that_says_how_to_write_the_value(name):
+    """The apiserver words a failed pattern only as "should match '<regex>'": a CEL rule on the same
+    regex carries a message that names the form and gives an example, also where no webhook runs."""
+    found = 0
+    for path, node in walk(schema_of(name)):
+        if "pattern" not in node:
+            continue
+        found += 1
+        (rule,) = node.get("x-kubernetes-validations", [{}])
+        assert cel_patterns(rule.get("rule", ""))[:1] == [node["pattern"]], (path, rule)
+        assert rule["message"].startswith("must be ") and "e.g. " in rule["message"], (path, rule)
+        # `matches` costs by the string's bound: an unbounded one could exceed the CRD's CEL budget.
+        assert "maxLength" in node, path
+    assert found
 
 
 @pytest.mark.parametrize("name, valid", [
@@ -294,10 +333,8 @@ POD_METADATA = ".spec.podTemplate.metadata"
 def test_pod_template_keys_are_checked_by_the_apiserver_as_by_the_model(kind, key, valid):
     node = resolve(schema_of(HS_FILE), f"{POD_METADATA}.{kind}")
     (rule,) = node["x-kubernetes-validations"]
-    shape, prefix = cel_patterns(rule["rule"])
-    assert rule["rule"].startswith("self.all(k, k.matches(")
-    admitted = bool(re.search(shape, key)) and ("/" not in key or bool(re.search(prefix, key)))
-    assert admitted is valid
+    assert rule["rule"].startswith("self.all(k, ") and rule["rule"].endswith(")")
+    assert cel_admits(rule["rule"].removeprefix("self.all(k, ")[:-1], key) is valid
     assert node["maxProperties"] == 64
     body = {"metadata": {kind: {key: "x"}}}
     if valid:
@@ -316,8 +353,9 @@ def test_pod_template_keys_are_checked_by_the_apiserver_as_by_the_model(kind, ke
     (".spec.router.resources.requests", "1GiB", False),
 ])
 def test_label_values_and_quantities_have_the_kubernetes_pattern(path, value, valid):
-    pattern = resolve(schema_of(HS_FILE), path)["additionalProperties"]["pattern"]
-    assert bool(re.search(pattern, value)) is valid
+    node = resolve(schema_of(HS_FILE), path)["additionalProperties"]
+    assert bool(re.search(node["pattern"], value)) is valid
+    assert cel_admits(format_condition(node), value) is valid
 
 
 def test_architecture_rules_sit_on_the_custom_architecture():
@@ -453,11 +491,14 @@ def test_every_model_rule_reaches_the_crd():
         for field in model.model_fields.values():
             field_extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
             rules |= {rule["rule"] for rule in field_extra.get("x-kubernetes-validations", [])}
-            for meta in field.metadata:  # a hand-written schema (an open pod spec patch)
-                if isinstance(meta, WithJsonSchema) and isinstance(meta.json_schema, dict):
-                    rules |= {rule["rule"] for rule in meta.json_schema.get("x-kubernetes-validations", [])}
-            for arg in _types_in(field.annotation):
-                rules |= declared(arg, seen)
+            for arg in [*field.metadata, *_types_in(field.annotation)]:
+                if isinstance(arg, Format):
+                    rules.add(arg.rule()["rule"])
+                # A hand-written schema (an open pod spec patch, an int-or-string quantity).
+                elif isinstance(arg, WithJsonSchema) and isinstance(arg.json_schema, dict):
+                    rules |= {rule["rule"] for rule in arg.json_schema.get("x-kubernetes-validations", [])}
+                else:
+                    rules |= declared(arg, seen)
         return rules
 
     for name, model in ((HS_FILE, HybridServing), (HSI_FILE, HybridServingInstance)):
@@ -468,7 +509,9 @@ def test_every_model_rule_reaches_the_crd():
 
 
 def _types_in(annotation: Any) -> Iterator[Any]:
+    """The types an annotation names, and the metadata of the Annotated ones among them."""
     yield annotation
+    yield from getattr(annotation, "__metadata__", ())
     for arg in getattr(annotation, "__args__", ()):
         yield from _types_in(arg)
 
@@ -678,16 +721,8 @@ CASES = [
 
 
 def admitted_by_schema(node: dict[str, Any], value: str) -> bool:
-    """The field's pattern and CEL rule, the one CEL rule used here evaluated as written."""
-    admitted = not violations(node, value)
-    for rule in node.get("x-kubernetes-validations", []):
-        may_be_empty = rule["rule"].startswith("self == '' || (")
-        body = rule["rule"].removeprefix("self == '' || (")[:-1] if may_be_empty else rule["rule"]
-        assert body == pods.EXTENDED_RESOURCE_CEL, rule["rule"]
-        (prefix,) = cel_patterns(body)
-        admitted &= (may_be_empty and value == "") or (
-            not value.startswith("requests.") and "kubernetes.io/" not in value and bool(re.search(prefix, value)))
-    return admitted
+    """The field's pattern and its format's CEL rule, evaluated as written."""
+    return not violations(node, value) and cel_admits(format_condition(node), value)
 
 
 @pytest.mark.parametrize("field, value, valid", CASES)
@@ -705,4 +740,6 @@ def test_names_the_operator_writes_into_pods_are_checked_by_the_apiserver_as_by_
         HybridServing.model_validate(fleet)
     (error,) = field_errors(refused.value)
     assert error.path == f"spec.{field}"
-    assert re.search(r"use |name the router image", error.message), error.message
+    # The model's error is the apiserver's: the value, then the rule's message.
+    (rule,) = resolve(schema_of(HS_FILE), f".spec.{field}")["x-kubernetes-validations"]
+    assert (error.kind, error.message) == ("string_format", f"{value!r} {rule['message']}")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
 from pydantic.config import JsonDict
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 
 def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> JsonDict:
@@ -21,6 +24,66 @@ def cel(rule: str, message: str, field_path: str | None = None, reason: str | No
     if reason:
         entry["reason"] = reason
     return entry
+
+
+@dataclass(frozen=True)
+class Format:
+    """A string grammar, stated once for every reader of the value: the model, the webhook and the CLI
+    (`admits`), and the apiserver (the schema's `pattern` and a CEL rule on the same text).
+
+    The apiserver words a failed `pattern` only as "should match '<regex>'"; the CEL rule beside it
+    carries `message`, which names the form and gives an example, so that a cluster whose webhook
+    is off (or down) still says how to write the value. Use it as `Annotated[str, Field(max_length=N),
+    FORMAT]`: the bound is checked first, and it keeps the rule's CEL cost within the apiserver's budget.
+
+    `pattern` is anchored, and each regex is the same text for Python, OpenAPI and RE2 (CEL): no
+    lookaround, and a `'`-free text for CEL's raw string literal. `forbids` are what a regex cannot
+    say as a single match (a part's length, a reserved prefix): a value matching one is refused.
+    """
+
+    pattern: str
+    noun: str
+    shape: str
+    forbids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.pattern.startswith("^") and self.pattern.endswith("$"), self.pattern
+        for regex in (self.pattern, *self.forbids):
+            assert "'" not in regex, f"{regex}: a CEL raw string literal cannot hold '"
+
+    @property
+    def message(self) -> str:
+        """What a value must look like, with an example: the CEL rule's message, the model's error."""
+        return f"must be {self.noun}: {self.shape}"
+
+    def admits(self, value: str) -> bool:
+        return re.fullmatch(self.pattern, value) is not None and not any(re.search(f, value) for f in self.forbids)
+
+    def refusal(self, value: object) -> str:
+        return f"{value!r} {self.message}"
+
+    def condition(self, subject: str = "self") -> str:
+        """The CEL expression that holds when `subject` (a string) is admitted."""
+        return " && ".join([f"{subject}.matches(r'{self.pattern}')",
+                            *(f"!{subject}.matches(r'{regex}')" for regex in self.forbids)])
+
+    def rule(self) -> JsonDict:
+        return cel(self.condition(), self.message)
+
+    def _checked(self, value: str) -> str:
+        if not self.admits(value):
+            # The refusal as context, not as the template: the template's braces would be formatted.
+            raise PydanticCustomError("string_format", "{refusal}", {"refusal": self.refusal(value)})
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._checked, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema["pattern"] = self.pattern
+        json_schema["x-kubernetes-validations"] = [self.rule()]
+        return json_schema
 
 
 class ApiModel(BaseModel):

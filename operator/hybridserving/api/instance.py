@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
-from hybridserving.api.base import ApiModel, cel
+from hybridserving.api.base import ApiModel, Format, cel
 from hybridserving.api.v1alpha1 import TIME_MAX_LENGTH, Condition, ObjectMeta, Role
 
 InstancePhase = Literal[
@@ -22,6 +22,9 @@ InstancePhase = Literal[
 ]
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
+
+# What `core` hashes a configuration into: short enough to be a label value.
+CONFIG_HASH = Format("^[a-z0-9]+$", "a configuration hash", "lowercase letters and digits, e.g. 5f3a9c")
 
 # A pod or node name (DNS subdomain).
 ObjectName = Annotated[str, Field(max_length=253)]
@@ -85,10 +88,7 @@ class HybridServingInstanceSpec(ApiModel):
         json_schema_extra={"x-kubernetes-validations": [cel("self == oldSelf", "index is immutable")]},
     )
     nodes: int = Field(ge=1, le=64, description="Pods (one per node) the instance spans: a leader and nodes-1 workers.")
-    config_hash: str = Field(
-        min_length=1,
-        max_length=63,
-        pattern=r"^[a-z0-9]+$",
+    config_hash: Annotated[str, Field(min_length=1, max_length=63), CONFIG_HASH] = Field(
         description="Hash of the rendered engine configuration the pods should run; pods running "
         "another hash are rolled. Short enough to be a label value.",
     )

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from hybridserving.api.base import ApiModel, FieldInvalid, cel
+from hybridserving.api.base import ApiModel, Format, cel
 
 # Pod spec fields the operator renders from other parts of the spec: a template setting one
 # would silently fight the planner. Each maps to the field that owns it, for the error.
@@ -70,72 +70,61 @@ _POD_SPEC_SCHEMA: dict[str, Any] = {
 # text is a Python, an OpenAPI and a CEL regular expression.
 _NAME = "([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
 _SUBDOMAIN = "[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-LABEL_KEY_PATTERN = f"^({_SUBDOMAIN}/)?{_NAME}$"
+_NAME_SHAPE = "a name of at most 63 letters, digits, '-', '_' or '.' that starts and ends with a letter or digit"
+_LONG_PREFIX = "^[^/]{254,}/"  # a prefix (before a key's one '/') longer than the 253 characters it may have
+LABEL_KEY = Format(
+    f"^({_SUBDOMAIN}/)?{_NAME}$", "a label key",
+    f"an optional DNS subdomain prefix (at most 253 characters) and '/', then {_NAME_SHAPE}, e.g. example.com/team",
+    forbids=(_LONG_PREFIX,))
 # The apiserver checks annotation keys lowercased, so their prefix may also use capitals.
-ANNOTATION_KEY_PATTERN = f"^({_SUBDOMAIN.replace('a-z0-9', 'A-Za-z0-9')}/)?{_NAME}$"
-LABEL_VALUE_PATTERN = f"^({_NAME})?$"
-QUANTITY_PATTERN = "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
-_PREFIX_FITS = "^[^/]{1,253}/"  # the prefix (before a key's one '/') has at most 253 characters
+ANNOTATION_KEY = Format(
+    f"^({_SUBDOMAIN.replace('a-z0-9', 'A-Za-z0-9')}/)?{_NAME}$", "an annotation key", LABEL_KEY.shape,
+    forbids=(_LONG_PREFIX,))
+LABEL_VALUE = Format(
+    f"^({_NAME})?$", "a label value",
+    "at most 63 letters, digits, '-', '_' or '.' that start and end with a letter or digit (or empty), e.g. ml-infra")
+QUANTITY = Format(
+    "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$", "a Kubernetes quantity",
+    "a non-negative number with an optional suffix, e.g. 500m, 2, 1.5, 512Mi or 8Gi")
 # An extended resource (apimachinery's IsExtendedResourceName, which device plugins must pass to
-# register one): a qualified name with a domain. A pod that asks for any other resource either is
-# refused or waits for a node that can never offer it. What a pattern cannot say is the rule below.
-EXTENDED_RESOURCE_PATTERN = f"^{_SUBDOMAIN}/{_NAME}$"
-EXTENDED_RESOURCE_OR_EMPTY_PATTERN = f"^({_SUBDOMAIN}/{_NAME})?$"
-# Outside kubernetes.io (the native resources' domain), and still a qualified name as the quota name
-# "requests.<name>": a domain of at most 244 characters that does not itself start with "requests.".
-EXTENDED_RESOURCE_CEL = (
-    "!self.startsWith('requests.') && !self.contains('kubernetes.io/') && self.matches('^[^/]{1,244}/')"
+# register one): a qualified name with a domain, outside kubernetes.io (the native resources' domain),
+# and still a qualified name as the quota name "requests.<name>": a domain of at most 244 characters
+# that does not itself start with "requests.". A pod that asks for any other resource either is
+# refused or waits for a node that can never offer it.
+_EXTENDED_RESOURCE_SHAPE = (
+    "a DNS subdomain of at most 244 characters, not ending in kubernetes.io nor starting with 'requests.', then "
+    f"'/' and {_NAME_SHAPE}, e.g. nvidia.com/gpu or rdma/ib"
 )
-_EXTENDED_RESOURCE_RULE = (
-    "a device plugin's resource: a DNS subdomain of at most 244 characters, not ending in kubernetes.io nor "
-    "starting with 'requests.', then '/' and a name of at most 63 letters, digits, '-', '_' or '.' that starts "
-    "and ends with a letter or digit, e.g. nvidia.com/gpu or rdma/ib"
-)
-_KEY_RULE = (
-    "an optional DNS subdomain prefix (at most 253 characters) and '/', then a name of at most 63 letters, "
-    "digits, '-', '_' or '.' that starts and ends with a letter or digit, e.g. example.com/team"
-)
-_LABEL_VALUE_RULE = (
-    "at most 63 letters, digits, '-', '_' or '.' that start and end with a letter or digit (or empty), e.g. ml-infra"
-)
-_QUANTITY_RULE = "a non-negative number with an optional suffix, e.g. 500m, 2, 1.5, 512Mi or 8Gi"
+_NOT_EXTENDED = ("^requests[.]", "kubernetes[.]io/", "^[^/]{245,}/")
+EXTENDED_RESOURCE = Format(f"^{_SUBDOMAIN}/{_NAME}$", "a device plugin's resource", _EXTENDED_RESOURCE_SHAPE,
+                           forbids=_NOT_EXTENDED)
+EXTENDED_RESOURCE_OR_EMPTY = Format(f"^({_SUBDOMAIN}/{_NAME})?$", "empty or a device plugin's resource",
+                                    _EXTENDED_RESOURCE_SHAPE, forbids=_NOT_EXTENDED)
+
+LabelKey = Annotated[str, Field(max_length=253), LABEL_KEY]
+LabelValue = Annotated[str, Field(max_length=63), LABEL_VALUE]
+ExtendedResource = Annotated[str, Field(max_length=253), EXTENDED_RESOURCE]
+ExtendedResourceOrEmpty = Annotated[str, Field(max_length=253), EXTENDED_RESOURCE_OR_EMPTY]
+
 # A pod spec is about ten levels deep (affinity terms, projected volumes); far deeper ones cannot be
 # serialised for the fleet's revision hash.
 MAX_POD_SPEC_DEPTH = 32
 
 
-def _key_rule(kind: str, pattern: str) -> JsonDict:
-    return cel(
-        f"self.all(k, k.matches('{pattern}') && (!k.contains('/') || k.matches('{_PREFIX_FITS}')))",
-        f"every {kind} key must be {_KEY_RULE}",
-    )
+def _key_rule(kind: str, key: Format) -> JsonDict:
+    return cel(f"self.all(k, {key.condition('k')})", f"every {kind} key must be {key.shape}")
 
 
-def check_key(key: str, kind: str, pattern: str = LABEL_KEY_PATTERN) -> None:
+def check_key(key: str, kind: str, grammar: Format = LABEL_KEY) -> None:
     """Raises ValueError, saying how to write one, unless `key` is a `kind` key the apiserver takes."""
-    if not re.fullmatch(pattern, key) or ("/" in key and not re.match(_PREFIX_FITS, key)):
-        raise ValueError(f"{kind} key {key!r} is not valid: use {_KEY_RULE}")
-
-
-def extended_resource_rule(field: str, may_be_empty: bool = False) -> JsonDict:
-    """The CEL half of the extended resource rule, on the string field `field` names."""
-    rule = f"self == '' || ({EXTENDED_RESOURCE_CEL})" if may_be_empty else EXTENDED_RESOURCE_CEL
-    return cel(rule, f"{field} must be {'empty or ' if may_be_empty else ''}{_EXTENDED_RESOURCE_RULE}")
-
-
-def check_extended_resource(name: str, may_be_empty: bool = False) -> None:
-    """Raises ValueError, saying how to write one, unless `name` is an extended resource name."""
-    if may_be_empty and not name:
-        return
-    if (not re.fullmatch(EXTENDED_RESOURCE_PATTERN, name) or "kubernetes.io/" in name
-            or name.startswith("requests.") or len(name.partition("/")[0]) > 244):
-        raise ValueError(f"{name!r} is not an extended resource name: use {_EXTENDED_RESOURCE_RULE}")
+    if not grammar.admits(key):
+        raise ValueError(f"{kind} key {key!r} must be {grammar.shape}")
 
 
 def is_quantity(value: object) -> bool:
     """Whether the apiserver reads `value` as a non-negative resource quantity (a string or a plain number)."""
     if isinstance(value, str):
-        return re.fullmatch(QUANTITY_PATTERN, value) is not None
+        return QUANTITY.admits(value)
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
@@ -154,7 +143,7 @@ def canonical_quantity(value: int | str) -> str:
     Only quantities `is_quantity` admits are expected.
     """
     text = str(value)
-    match = re.fullmatch(QUANTITY_PATTERN, text)
+    match = re.fullmatch(QUANTITY.pattern, text)
     if match is None:
         raise ValueError(quantity_error(value))
     suffix = match.group(3) or ""
@@ -199,7 +188,7 @@ def _amount(match: re.Match[str]) -> tuple[Decimal, str]:
 
 def quantity_amount(value: int | str) -> Decimal:
     """What a quantity `is_quantity` admits is worth, as the apiserver compares it (`Quantity.Cmp`)."""
-    match = re.fullmatch(QUANTITY_PATTERN, str(value))
+    match = re.fullmatch(QUANTITY.pattern, str(value))
     if match is None:
         raise ValueError(quantity_error(value))
     return _amount(match)[0]
@@ -251,7 +240,7 @@ def requests_vs_limits(resources: Mapping[str, Any]) -> list[LimitBreach]:
 def _kept_as_written(number: str, suffix: str) -> bool:
     """Whether the apiserver keeps the string it parsed (`ParseQuantity`'s fast path: a value
     it deems canonical already, `1E3` and `+1` included), rather than writing it anew; `number`
-    and `suffix` are the parts `QUANTITY_PATTERN` matched, the sign left out."""
+    and `suffix` are the parts `QUANTITY.pattern` matched, the sign left out."""
     whole, _, denom = number.partition(".")
     num = whole.lstrip("0")
     shifted = num + denom
@@ -269,41 +258,37 @@ def _kept_as_written(number: str, suffix: str) -> bool:
 
 
 def quantity_error(value: object, where: str | None = None) -> str:
-    return f"{where + ': ' if where else ''}{value!r} is not a Kubernetes quantity; write {_QUANTITY_RULE}"
+    return f"{where + ': ' if where else ''}{QUANTITY.refusal(value)}"
 
 
 class PodTemplateMetadata(ApiModel):
     """Labels and annotations added to the pods, beside the operator's own."""
 
-    labels: dict[str, Annotated[str, Field(max_length=63, json_schema_extra={"pattern": LABEL_VALUE_PATTERN})]] = (
-        Field(
-            default_factory=dict,
-            max_length=64,
-            description="Extra pod labels (keys under hybridserving.io/ are the operator's).",
-            json_schema_extra={"x-kubernetes-validations": [_key_rule("label", LABEL_KEY_PATTERN)]},
-        )
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Extra pod labels (keys under hybridserving.io/ are the operator's).",
+        json_schema_extra={"x-kubernetes-validations": [_key_rule("label", LABEL_KEY)]},
     )
     annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict,
         max_length=64,
         description="Extra pod annotations (keys under hybridserving.io/ are the operator's).",
-        json_schema_extra={"x-kubernetes-validations": [_key_rule("annotation", ANNOTATION_KEY_PATTERN)]},
+        json_schema_extra={"x-kubernetes-validations": [_key_rule("annotation", ANNOTATION_KEY)]},
     )
 
     @field_validator("labels")
     @classmethod
-    def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        for key, value in labels.items():
+    def _label_keys_are_qualified_names(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key in labels:
             check_key(key, "label")
-            if not re.fullmatch(LABEL_VALUE_PATTERN, value):
-                raise FieldInvalid(key, f"value {value!r} is not valid: use {_LABEL_VALUE_RULE}")
         return labels
 
     @field_validator("annotations")
     @classmethod
     def _annotation_keys_are_qualified_names(cls, annotations: dict[str, str]) -> dict[str, str]:
         for key in annotations:
-            check_key(key, "annotation", ANNOTATION_KEY_PATTERN)
+            check_key(key, "annotation", ANNOTATION_KEY)
         return annotations
 
 

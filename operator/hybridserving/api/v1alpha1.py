@@ -14,19 +14,16 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from hybridserving.api.base import ApiModel, FieldInvalid, cel
+from hybridserving.api.base import ApiModel, FieldInvalid, Format, cel
 from hybridserving.api.pods import (
-    EXTENDED_RESOURCE_OR_EMPTY_PATTERN,
-    EXTENDED_RESOURCE_PATTERN,
-    LABEL_KEY_PATTERN,
-    QUANTITY_PATTERN,
+    QUANTITY,
     EnvFromSource,
     EnvVarSource,
+    ExtendedResource,
+    ExtendedResourceOrEmpty,
     GangSpec,
+    LabelKey,
     PodTemplate,
-    check_extended_resource,
-    check_key,
-    extended_resource_rule,
     is_quantity,
     quantity_error,
     requests_vs_limits,
@@ -91,6 +88,11 @@ class ModelSpec(ApiModel):
         return self
 
 
+ENV_VAR_NAME = Format("^[A-Za-z_][A-Za-z0-9_]*$", "an environment variable name",
+                      "letters, digits and '_', not a digit first, e.g. HF_HOME")
+EnvVarName = Annotated[str, Field(min_length=1, max_length=256), ENV_VAR_NAME]
+
+
 class EnvVar(ApiModel):
     """One environment variable of the engine container, as in a Pod: a value, or valueFrom a
     Secret key, a ConfigMap key or a pod field."""
@@ -103,8 +105,7 @@ class EnvVar(ApiModel):
         }
     )
 
-    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-                      description="Variable name (letters, digits, '_'; not a digit first).")
+    name: EnvVarName = Field(description="Variable name (letters, digits, '_'; not a digit first).")
     value: str | None = Field(default=None, max_length=4096,
                               description="The value as written; neither value nor valueFrom set: empty.")
     value_from: EnvVarSource | None = Field(
@@ -129,6 +130,11 @@ DEFAULT_ENGINE_IMAGE = "hybridserving/engine:0.1.0-sglang0.5.23"
 `engineImage` value overrides it for every fleet that names none."""
 
 
+SGLANG_VERSION = Format("^[0-9]+[.][0-9]+[.][0-9]+([.-][0-9A-Za-z.]+)?$", "an SGLang release",
+                        "major.minor.patch, then optionally '.' or '-' and a suffix, e.g. 0.5.23 or 0.5.23.post1")
+SglangVersion = Annotated[str, Field(max_length=64), SGLANG_VERSION]
+
+
 class EngineSpec(ApiModel):
     image: str | None = Field(
         default=None,
@@ -138,10 +144,8 @@ class EngineSpec(ApiModel):
         "pin it by tag or digest. Unset: the operator's default engine image (chart value engineImage), so "
         "the platform team pins one image for every fleet that names none.",
     )
-    sglang_version: str = Field(
+    sglang_version: SglangVersion = Field(
         default="0.5.23",
-        pattern=r"^\d+\.\d+\.\d+([.-][0-9A-Za-z.]+)?$",
-        max_length=64,
         description="SGLang version inside the image; layout rules that depend on the engine "
         "build key on it.",
     )
@@ -214,19 +218,10 @@ class HardwareSpec(ApiModel):
         default=None, gt=0, le=4096,
         description="Memory of one GPU in GiB; default: the gpuType's, else 141 (H200).",
     )
-    gpu_resource_name: str = Field(
+    gpu_resource_name: ExtendedResource = Field(
         default="nvidia.com/gpu",
-        max_length=253,
         description="Extended resource of GPUs, as the device plugin advertises it (nvidia.com/gpu, amd.com/gpu).",
-        json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN,
-                           "x-kubernetes-validations": [extended_resource_rule("gpuResourceName")]},
     )
-
-    @field_validator("gpu_resource_name")
-    @classmethod
-    def _gpus_are_an_extended_resource(cls, name: str) -> str:
-        check_extended_resource(name)
-        return name
 
     @property
     def memory_gib(self) -> float:
@@ -422,21 +417,12 @@ class TransferSpec(ApiModel):
         "(rendered as SGLang's per-GPU map). Unset: every GPU may use every listed device; "
         "ignored while ibDevices is empty (the engine detects devices).",
     )
-    rdma_resource_name: str = Field(
+    rdma_resource_name: ExtendedResourceOrEmpty = Field(
         default="rdma/ib",
-        max_length=253,
         description="Extended resource for RDMA devices, as the device plugin advertises it; empty for none.",
-        json_schema_extra={"pattern": EXTENDED_RESOURCE_OR_EMPTY_PATTERN,
-                           "x-kubernetes-validations": [extended_resource_rule("rdmaResourceName", may_be_empty=True)]},
     )
     rdma_resource_count: int = Field(default=0, ge=0, le=64, description="RDMA resources requested per pod.")
     bootstrap_port: int = Field(default=8998, ge=1024, le=65535, description="Prefill bootstrap port.")
-
-    @field_validator("rdma_resource_name")
-    @classmethod
-    def _rdma_is_an_extended_resource(cls, name: str) -> str:
-        check_extended_resource(name, may_be_empty=True)
-        return name
 
 
 class NetworkSpec(ApiModel):
@@ -445,28 +431,17 @@ class NetworkSpec(ApiModel):
         description="Run engine pods on the host network (RDMA in most clusters); the operator "
         "then gives co-located instances distinct ports.",
     )
-    nvlink_domain_key: str = Field(
+    # Each is a pod's topologyKey: the apiserver refuses a pod whose key is no label key.
+    nvlink_domain_key: LabelKey = Field(
         default="hybridserving.io/nvlink-domain",
-        max_length=253,
         description="Node label whose value names an NVLink domain; all pods of an instance share one value.",
-        json_schema_extra={"pattern": LABEL_KEY_PATTERN},
     )
-    rdma_fabric_key: str = Field(
+    rdma_fabric_key: LabelKey = Field(
         default="hybridserving.io/rdma-fabric",
-        max_length=253,
         description="Node label whose value names an RDMA fabric; prefill and decode share one value.",
-        json_schema_extra={"pattern": LABEL_KEY_PATTERN},
     )
-    rack_key: str = Field(default="hybridserving.io/rack", max_length=253, description="Node label of the rack.",
-                          json_schema_extra={"pattern": LABEL_KEY_PATTERN})
+    rack_key: LabelKey = Field(default="hybridserving.io/rack", description="Node label of the rack.")
     spread_across_racks: bool = Field(default=False, description="Spread instances of a role across racks.")
-
-    @field_validator("nvlink_domain_key", "rdma_fabric_key", "rack_key")
-    @classmethod
-    def _keys_are_label_keys(cls, key: str) -> str:
-        """Each is a pod's topologyKey: the apiserver refuses a pod whose key is no label key."""
-        check_key(key, "node label")
-        return key
 
 
 def _int_or_string(value: object) -> int | str:
@@ -482,8 +457,11 @@ def _int_or_string(value: object) -> int | str:
 Quantity = Annotated[
     int | str,
     PlainValidator(_int_or_string),
+    # CEL sees an int-or-string as either type: the rule reads a string only.
     WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}], "minimum": 0, "maxLength": 64,
-                    "pattern": QUANTITY_PATTERN}),
+                    "pattern": QUANTITY.pattern,
+                    "x-kubernetes-validations": [
+                        cel(f"type(self) == int || {QUANTITY.condition()}", QUANTITY.message)]}),
 ]
 
 
@@ -528,14 +506,14 @@ class Resources(ApiModel):
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"]
 
 # An image reference has no whitespace; the apiserver refuses a container with an empty image.
-IMAGE_PATTERN = r"^[^\s]+$"
+ROUTER_IMAGE = Format(r"^[^\s]+$", "an image reference", "a name without spaces, tagged or by digest, e.g. "
+                      "lightseekorg/smg:1.13.0 (leave router.image out for that default)")
 
 
 class RouterSpec(ApiModel):
     enabled: bool = Field(default=True, description="Deploy an smg router with Kubernetes service discovery.")
-    image: str = Field(default="lightseekorg/smg:1.13.0", max_length=512,
-                       description="smg router image; pin it by tag or digest.",
-                       json_schema_extra={"pattern": IMAGE_PATTERN})
+    image: Annotated[str, Field(max_length=512), ROUTER_IMAGE] = Field(
+        default="lightseekorg/smg:1.13.0", description="smg router image; pin it by tag or digest.")
     replicas: int = Field(default=1, ge=0, le=64, description="Router replicas; two or more get a PodDisruptionBudget "
                           "and are spread over nodes.")
     resources: Resources = Field(
@@ -552,14 +530,6 @@ class RouterSpec(ApiModel):
         default="power_of_two",
         description="How smg picks the decode worker of a request (--decode-policy), with prefillPolicy's values; "
         "the default, power_of_two, balances load.")
-
-    @field_validator("image")
-    @classmethod
-    def _image_is_a_reference(cls, image: str) -> str:
-        if not re.fullmatch(IMAGE_PATTERN, image):
-            raise ValueError(f"{image!r} is not an image reference: name the router image without spaces, "
-                             "e.g. lightseekorg/smg:1.13.0, or leave router.image out for that default")
-        return image
 
 
 class SloSpec(ApiModel):
@@ -805,18 +775,26 @@ WEIGHTS_ERROR_DETAIL = 200
 """Characters of a node's download error kept after `<node>: `."""
 
 
+# metav1.Condition's grammars: a qualified name as type, a CamelCase word as reason.
+CONDITION_TYPE = Format(
+    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+    "a condition type", "an optional DNS subdomain prefix and '/', then letters, digits, '-', '_' or '.' that "
+    "start and end with a letter or digit (CamelCase by convention), e.g. Ready")
+CONDITION_REASON = Format(
+    "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", "a condition reason",
+    "a CamelCase word: a letter first, then letters, digits, '_', ',' or ':', not ending in ',' or ':', "
+    "e.g. InstancesNotReady")
+
+
 class Condition(ApiModel):
     """A Kubernetes API convention condition, with metav1.Condition's validation."""
 
-    type: str = Field(
-        max_length=316,
-        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+    type: Annotated[str, Field(max_length=316), CONDITION_TYPE] = Field(
         description="type of the condition, in CamelCase (Ready, Progressing, Degraded, ...).",
     )
     status: Literal["True", "False", "Unknown"] = Field(
         description="status: True, False, or Unknown (the operator cannot tell yet, e.g. no valid spec applied).")
-    reason: str = Field(
-        min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+    reason: Annotated[str, Field(min_length=1, max_length=1024), CONDITION_REASON] = Field(
         description="reason: a CamelCase word for the last transition, for machines and alerts.",
     )
     message: str = Field(default="", max_length=32768, description="message: the transition in words, for people.")

@@ -17,16 +17,26 @@ write: one URI whose scheme names the source, plus the secret that unlocks it.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from hybridserving.api.base import ApiModel, FieldInvalid, cel
+from hybridserving.api.base import ApiModel, FieldInvalid, Format, cel
 
 URI_MAX_LENGTH = 1024
 WeightsCache = Literal["None", "Node"]
 
-URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|oci://[^\s]+)$"
+URI = Format(
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?"
+    r"|oci://[^\s]+)$",
+    "a weights URI",
+    "hf://org/model (a hub repository), pvc://claim[/path] (a PersistentVolumeClaim, its name in lowercase) or "
+    "oci://registry/repo:tag (an image), without spaces, e.g. hf://deepseek-ai/DeepSeek-V3")
+REVISION = Format("^[A-Za-z0-9._/-]+$", "a hub revision",
+                  "a branch, tag or commit of letters, digits, '.', '_', '/' or '-', e.g. main or a commit hash")
+ENDPOINT = Format(r"^https?://[^\s]+$", "a hub endpoint",
+                  "an http:// or https:// URL without spaces, e.g. https://hf-mirror.example.com")
+HOST_PATH = Format(r"^/[^\s]*$", "an absolute host path", "'/' first and no spaces, e.g. /var/lib/hybridserving/models")
 
 
 class SecretKeyRef(ApiModel):
@@ -48,21 +58,19 @@ class WeightsSpec(ApiModel):
         },
     )
 
-    uri: str = Field(
-        max_length=URI_MAX_LENGTH,
-        pattern=URI_PATTERN,
+    uri: Annotated[str, Field(max_length=URI_MAX_LENGTH), URI] = Field(
         description="hf://org/model (hub), pvc://claim[/path] (PersistentVolumeClaim, mounted read-only) or "
         "oci://image (image volume).",
     )
-    revision: str | None = Field(
-        default=None, max_length=128, pattern=r"^[A-Za-z0-9._/-]+$",
+    revision: Annotated[str, Field(max_length=128), REVISION] | None = Field(
+        default=None,
         description="Hub revision (branch, tag or commit); pin a commit for reproducible fleets.",
     )
     token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Hub token from a Secret key; passed to pods by reference only."
     )
-    endpoint: str | None = Field(
-        default=None, max_length=512, pattern=r"^https?://[^\s]+$",
+    endpoint: Annotated[str, Field(max_length=512), ENDPOINT] | None = Field(
+        default=None,
         description="Hub endpoint (HF_ENDPOINT) for a mirror or an in-cluster hub proxy.",
     )
     cache: WeightsCache = Field(
@@ -70,8 +78,8 @@ class WeightsSpec(ApiModel):
         description="hf:// only. None: each engine downloads at start. Node: fill a node-local directory once "
         "per node (an init step) and reuse it for every later pod there.",
     )
-    node_cache_path: str = Field(
-        default="/var/lib/hybridserving/models", max_length=512, pattern=r"^/[^\s]*$",
+    node_cache_path: Annotated[str, Field(max_length=512), HOST_PATH] = Field(
+        default="/var/lib/hybridserving/models",
         description="Host directory of the node-local cache (cache: Node).",
     )
     size_bytes: int | None = Field(
