@@ -393,10 +393,15 @@ BAD_FLEETS = {
         "spec.engine.capabilities[1]",
         'Duplicate value: "dsa-dcp-pd"',
     ),
+    "pod template containers that are not a list": (
+        _set("spec.podTemplate", {"spec": {"containers": 5}}),
+        "spec.podTemplate.spec.containers",
+        "must be of type array",
+    ),
 }
 
 GOOD_FLEETS = {
-    # The apiserver prunes a null field (none is nullable) and fills its default.
+    # The apiserver prunes a null field of the operator's own (none is nullable) and fills its default.
     "null where a field has a default or is optional": _both(
         _set("spec.hardware", None), _set("spec.engine", {"extraArgs": None}), _set("spec.prefill.speculative", None),
         _set("metadata.labels", None),
@@ -437,6 +442,15 @@ def test_what_the_apiserver_accepts_the_cli_accepts_with_the_same_spec(objects, 
     hs = manifests.parse_document(body)
     assert not [i for i in assess(hs.spec).issues if i.severity == "error"]
     assert stored["spec"] == hs.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def test_nulls_in_a_pod_template_are_stored_as_written(objects, namespace):
+    """The typed keys of a pod template keep a null as the open pod spec always has (a pod reads it as
+    absent): a fleet that wrote one renders the same pods once the CRD types the key."""
+    pod = {"tolerations": None, "hostAliases": None,
+           "containers": [{"name": "sidecar", "image": "registry.example/sidecar:1", "env": None}]}
+    body = with_changes(FLEET, _set("spec.podTemplate", {"spec": pod}))
+    assert create(objects, namespace, copy.deepcopy(body))["spec"]["podTemplate"]["spec"] == pod
 
 
 def test_router_quantities_may_be_whole_numbers_as_in_a_pod(objects, namespace):

@@ -2,9 +2,10 @@
 
 Field names are Kubernetes' own, so a user copies a toleration or a volume from any pod
 manifest. The pod spec patch is kept open (unknown fields preserved) because clusters differ
-in what they need (tolerations, runtime classes, device plugins' volumes); the fields the
-operator owns are refused by CEL at admission where the rule is static, and by
-`core.podtemplate.check` (operator, `hybridserving validate`, webhook) for the rest.
+in what they need (tolerations, runtime classes, device plugins' volumes); the keys the
+operator merges or reads must have Kubernetes' shape (`api.podshape`, in the model and the
+CRD), and the fields the operator owns are refused by CEL at admission where the rule is
+static, and by `core.podtemplate.check` (operator, `hybridserving validate`, webhook) for the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from hybridserving.api.base import ApiModel, Format, cel
+from hybridserving.api.base import ApiModel, FieldInvalid, Format, cel
+from hybridserving.api.podshape import POD_SPEC, properties, shape_errors
 
 # Pod spec fields the operator renders from other parts of the spec: a template setting one
 # would silently fight the planner. Each maps to the field that owns it, for the error.
@@ -57,8 +59,9 @@ _POD_SPEC_SCHEMA: dict[str, Any] = {
     "engine container (resources, env, envFrom, volumeMounts), any other container is added as a sidecar.",
     "x-kubernetes-preserve-unknown-fields": True,
     "properties": {
-        field: {"description": f"Refused at admission: {OWNED_POD_SPEC_FIELDS[field]} sets it.", **schema}
-        for field, schema in _OWNED_SPEC_SCHEMAS.items()
+        **{field: {"description": f"Refused at admission: {OWNED_POD_SPEC_FIELDS[field]} sets it.", **schema}
+           for field, schema in _OWNED_SPEC_SCHEMAS.items()},
+        **properties(POD_SPEC),
     },
     "x-kubernetes-validations": _owned_spec_rules(),
 }
@@ -351,11 +354,14 @@ class PodTemplate(ApiModel):
     @field_validator("spec")
     @classmethod
     def _spec_can_be_rendered(cls, spec: dict[str, Any]) -> dict[str, Any]:
-        # The rest of the pod spec's shape is `core.podtemplate.check`'s; these two would fail later, when
-        # the fleet is hashed or its pods are created, rather than at admission.
+        # What a template overrides is `core.podtemplate.check`'s; these would fail later, when the
+        # fleet is checked, hashed or its pods are created, rather than at admission.
         if _too_deep(spec):
             raise ValueError(f"the pod spec is nested more than {MAX_POD_SPEC_DEPTH} levels deep; a pod spec needs "
                              "about ten: remove the extra nesting")
+        if wrong := shape_errors(spec):
+            first, *rest = wrong
+            raise FieldInvalid(first.path, "; ".join([first.message, *(f"{e.path}: {e.message}" for e in rest)]))
         if errors := _quantity_errors(spec):
             raise ValueError("; ".join(errors))
         return spec

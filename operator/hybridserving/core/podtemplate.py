@@ -124,33 +124,24 @@ def _check_template(spec: HybridServingSpec, template: PodTemplate, at: str,
                 yield _issue(f"{at}.metadata.{kind}[{key}]",
                              f"{key} is set by the operator (role, instance and routing metadata)",
                              f"remove it, or use a key outside {OPERATOR_PREFIX}")
-    pod = template.spec
+    pod = template.spec  # of Kubernetes' shape where read here: the model checks it (api.podshape)
     for field, owner in OWNED_POD_SPEC_FIELDS.items():
         if field in pod:
             yield _issue(f"{at}.spec.{field}", f"{field} is set by the operator from {owner}",
                          f"remove {field} from the pod template")
-    for list_name in ("volumes", *_NAMED_LISTS):
-        value = pod.get(list_name)
-        if value is None:
-            continue
-        if not isinstance(value, list) or not all(isinstance(v, Mapping) and v.get("name") for v in value):
-            yield _issue(f"{at}.spec.{list_name}", f"{list_name} must be a list of objects, each with a name",
-                         "give every entry a name, as in a pod manifest", rule="pod-template-shape")
     for volume in pod.get("volumes") or []:
-        if isinstance(volume, Mapping) and volume.get("name") in reserved_volumes:
+        if volume["name"] in reserved_volumes:
             yield _issue(f"{at}.spec.volumes[{volume['name']}]",
                          f"volume name {volume['name']!r} is used by the operator",
                          "rename the volume (and its mounts)")
     for container in pod.get("initContainers") or []:
-        if isinstance(container, Mapping) and container.get("name") in ("weights",):
+        if container["name"] == "weights":
             yield _issue(f"{at}.spec.initContainers[{container['name']}]",
                          "the init container 'weights' is the operator's (node cache fill)",
                          "rename the init container")
     yield from _limit_breaches(spec, pod, f"{at}.spec")
     for container in pod.get("containers") or []:
-        if not isinstance(container, Mapping):
-            continue
-        name = container.get("name")
+        name = container["name"]
         cpath = f"{at}.spec.containers[{name}]"
         if name != ENGINE_CONTAINER:
             if not container.get("image"):
@@ -163,10 +154,6 @@ def _check_template(spec: HybridServingSpec, template: PodTemplate, at: str,
                 yield _issue(f"{cpath}.{field}", f"the engine container's {field} is set from {owner}",
                              f"remove {field} from the engine container in the pod template")
         resources = container.get("resources") or {}
-        if not isinstance(resources, Mapping):
-            yield _issue(f"{cpath}.resources", "resources must be an object", "use requests/limits maps",
-                         rule="pod-template-shape")
-            resources = {}
         owned = _owned_resources(spec)
         for section in ("requests", "limits"):
             for resource in resources.get(section) or {}:
@@ -175,11 +162,11 @@ def _check_template(spec: HybridServingSpec, template: PodTemplate, at: str,
                                  f"{resource} is set by the operator from {owned[resource]}",
                                  "remove it; change the layout or spec.hardware instead")
         for env in container.get("env") or []:
-            if isinstance(env, Mapping) and str(env.get("name", "")).startswith("HYBRIDSERVING_"):
+            if str(env.get("name", "")).startswith("HYBRIDSERVING_"):
                 yield _issue(f"{cpath}.env[{env['name']}]", "HYBRIDSERVING_* variables are the launcher's",
                              "rename the variable")
         for mount in container.get("volumeMounts") or []:
-            if isinstance(mount, Mapping) and mount.get("mountPath") in reserved_mounts:
+            if mount.get("mountPath") in reserved_mounts:
                 yield _issue(f"{cpath}.volumeMounts[{mount.get('name')}]",
                              f"{mount['mountPath']} is mounted by the operator", "mount it elsewhere")
 
