@@ -62,6 +62,7 @@ RESOLVED_FIELDS = (
     "max_running_requests", "page_size", "chunked_prefill_size", "max_prefill_tokens",
     "mem_fraction_static", "attention_backend", "prefill_attention_backend", "decode_attention_backend",
     "kv_cache_dtype", "disable_radix_cache", "speculative_algorithm", "speculative_num_draft_tokens",
+    "speculative_num_steps", "speculative_eagle_topk",
     "dcp_replicate_q_proj", "enable_symm_mem", "moe_a2a_backend", "disable_cuda_graph",
 )
 

@@ -321,6 +321,35 @@ def test_unified_generate_streams_and_answers_openai_shapes():
     run(check, server)
 
 
+@pytest.mark.parametrize("flags, reserved", [
+    ((), 0),
+    (("--speculative-algorithm", "EAGLE"), 4),
+    (("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "4",
+      "--speculative-num-draft-tokens", "6"), 8),
+])
+def test_eagle_counts_its_draft_slots_against_the_context(flags, reserved):
+    # managers/tokenizer_manager.py:1333-1352 adds compute_num_reserved_tokens() (managers/utils.py:484-500:
+    # max(topk * steps, draft tokens) under EAGLE, the auto shape 3/1/4 of speculative_hook.py:1430-1462)
+    # to the prompt before comparing it with the context length.
+    server = make_server("--context-length", "256", *flags)
+
+    async def check(session, url):
+        async with session.post(url + "/generate", json={"input_ids": [1] * (255 - reserved),
+                                                         "sampling_params": {"max_new_tokens": 1}}) as r:
+            assert r.status == 200, await r.text()
+        async with session.post(url + "/generate", json={"input_ids": [1] * (256 - reserved)}) as r:
+            assert (r.status, await r.json()) == (400, {"error": {"message": "The input (256 tokens) is longer "
+                                                                             "than the model's context length "
+                                                                             "(256 tokens)."}})
+        async with session.post(url + "/v1/completions", json={"prompt": [1] * 8, "max_tokens": 249}) as r:
+            total = 8 + reserved + 249
+            assert r.status == (400 if total > 256 else 200), await r.text()
+            if total > 256:
+                assert f"You requested a total of {total} tokens: {8 + reserved} tokens" in (await r.json())["message"]
+
+    run(check, server)
+
+
 def test_pd_server_refuses_a_request_without_bootstrap_room_unless_its_backend_is_fake():
     # managers/scheduler.py:3048-3059: aborted with 400, which /generate answers as a ValueError
     # (managers/tokenizer_manager.py:1916-1918, entrypoints/http_server.py:988-990, 2246-2250); the

@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-cache-dtype", default="auto")
     a("--speculative-algorithm", default=None)
     a("--speculative-num-draft-tokens", type=int, default=None)
+    a("--speculative-num-steps", type=int, default=None)
+    a("--speculative-eagle-topk", type=int, default=None)
     a("--disable-radix-cache", action="store_true")
     a("--trust-remote-code", action="store_true")
     a("--api-key", default=None)
@@ -180,6 +182,28 @@ def check_server_args(args: argparse.Namespace) -> None:
         bad = [name for name, hit in blockers.items() if hit]
         if bad:
             raise FlagError(f"--enable-pd-role-switch is not supported with {', '.join(bad)}")
+
+
+# Draft depth, branching and width SGLang picks when `--speculative-num-steps` is not given, for
+# every model architecture of the simulator's profiles (`arg_groups/speculative_hook.py:1430-1462`).
+AUTO_DRAFT_SHAPE = (3, 1, 4)
+
+
+def reserved_tokens(args: argparse.Namespace) -> int:
+    """The output slots an EAGLE request holds on top of its input, which the tokenizer manager
+    adds to the prompt's length before checking it against the context
+    (`managers/tokenizer_manager.py:1333-1335`, `managers/utils.py:484-500`): EAGLE stores its draft
+    tokens there. NEXTN is EAGLE under another name (`arg_groups/speculative_hook.py:109-115`);
+    without `--speculative-num-steps` the draft shape is chosen for the model (lines 1159-1173),
+    and a single branch verifies one token past its steps (lines 1255-1266)."""
+    if args.speculative_algorithm not in ("EAGLE", "EAGLE3", "NEXTN"):
+        return 0
+    steps, topk, draft = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
+    if steps is None:
+        steps, topk, draft = AUTO_DRAFT_SHAPE
+    if topk == 1:
+        draft = steps + 1
+    return int(max(topk * steps, draft))
 
 
 def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> ResolvedArgs:

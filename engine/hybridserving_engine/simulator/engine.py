@@ -127,6 +127,7 @@ class SimulatedEngine:
         max_running_requests: int | None = None,
         attn_dp_size: int = 1,
         chunked_prefill_size: int | None = None,
+        reserved_tokens: int = 0,
     ) -> None:
         self.role = role
         self.perf = perf
@@ -135,6 +136,7 @@ class SimulatedEngine:
         self.role_switch_enabled = role_switch_enabled
         self.transfer_backend = transfer_backend
         self.context_length = context_length
+        self.reserved_tokens = reserved_tokens
         self.max_prefill_tokens = max_prefill_tokens
         self.bootstrap = bootstrap
         self.receiver = receiver
@@ -213,15 +215,17 @@ class SimulatedEngine:
 
     def check_lengths(self, prompt_tokens: int, max_new_tokens: int | None) -> None:
         """The tokenizer manager's length checks (`managers/tokenizer_manager.py:1333-1378`, without
-        `--allow-auto-truncate`): the prompt must be shorter than the context, and with it the
-        tokens asked for must fit; a request that names no maximum is not checked against it."""
-        if prompt_tokens >= self.context_length:
-            raise InvalidRequest(f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+        `--allow-auto-truncate`): the prompt, with the slots EAGLE reserves for its drafts, must be
+        shorter than the context, and with it the tokens asked for must fit; a request that names
+        no maximum is not checked against it."""
+        input_tokens = prompt_tokens + self.reserved_tokens
+        if input_tokens >= self.context_length:
+            raise InvalidRequest(f"The input ({input_tokens} tokens) is longer than the model's context length "
                                  f"({self.context_length} tokens).")
-        if max_new_tokens is not None and max_new_tokens + prompt_tokens > self.context_length:
+        if max_new_tokens is not None and max_new_tokens + input_tokens > self.context_length:
             raise InvalidRequest(
                 f"Requested token count exceeds the model's maximum context length of {self.context_length} "
-                f"tokens. You requested a total of {max_new_tokens + prompt_tokens} tokens: {prompt_tokens} tokens "
+                f"tokens. You requested a total of {max_new_tokens + input_tokens} tokens: {input_tokens} tokens "
                 f"from the input messages and {max_new_tokens} tokens for the completion. Please reduce the number "
                 "of tokens in the input messages or the completion to fit within the limit.")
 

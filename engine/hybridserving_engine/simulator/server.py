@@ -41,6 +41,7 @@ from hybridserving_engine.simulator.args import (
     FlagError,
     SimulatorOptions,
     parse_server_args,
+    reserved_tokens,
     resolve_server_args,
 )
 from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
@@ -216,6 +217,7 @@ class SimulatorServer:
             max_running_requests=self.resolved.max_running_requests,
             attn_dp_size=args.attn_dp_size,
             chunked_prefill_size=self.resolved.chunked_prefill_size,
+            reserved_tokens=reserved_tokens(args),
         )
         self.startup_time = time.time()
         self.server_status = ServerStatus.UP
