@@ -6,6 +6,7 @@ the simulator cites are read from the wheel, so a cited line that moves or chang
 
 from __future__ import annotations
 
+import json
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from hybridserving.api.profiles import PROFILES
 from hybridserving_engine.simulator.args import AUTO_DRAFT_SHAPE, parse_server_args, reserved_tokens
+from hybridserving_engine.simulator.contract import generate_contract_error
 from support.sglang_parser import SGLangParserUnavailable, sglang_python
 from support.sglang_resolver import GPUS, Resolved, resolve_many, with_model
 
@@ -34,6 +36,68 @@ def _srt() -> Path:
 def cited(path: str, first: int, last: int) -> str:
     """Lines `first` to `last` of `sglang/srt/<path>`, as a citation `path:first-last` names them."""
     return "".join((_srt() / path).read_text().splitlines(keepends=True)[first - 1:last])
+
+
+def _in_wheel(script: str, stdin: object) -> object:
+    """Run `script` with the cached wheel's interpreter; it reads JSON on stdin and prints JSON."""
+    proc = subprocess.run([str(sglang_python()), "-c", script], input=json.dumps(stdin), capture_output=True,
+                          text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+# ------------------------------------------------------------------ /generate's JSON contract
+
+# The generated decoder imports msgspec only; it is loaded from its file, without `sglang/__init__.py`.
+_CONTRACT = """
+import importlib.util, json, os, sys
+root = importlib.util.find_spec("sglang").submodule_search_locations[0]
+spec = importlib.util.spec_from_file_location("api_types", os.path.join(root, "api", "v1", "api_types.py"))
+mod = sys.modules["api_types"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+bodies = json.load(sys.stdin)
+fields = {"generate": list(mod.GenerateRequest.__struct_fields__),
+          "sampling": list(mod.SamplingParams.__struct_fields__)}
+if bodies is None:
+    print(json.dumps(fields))
+    sys.exit()
+out = []
+for body in bodies:
+    try:
+        mod.GenerateRequest.from_json_value(body)
+        out.append(None)
+    except mod.JsonContractError as e:
+        out.append(str(e))
+    except TypeError:
+        out.append("TypeError")
+print(json.dumps(out))
+"""
+
+VALUES = [None, True, 0, -1, 1.5, "s", [], [1], [1.5], ["s"], [None], [True], [[1]], [["s"]], [[None]], [{}],
+          [{"url": "u"}], {}, {"url": "u"}, {"url": "u", "fps": "x"}, {"x": 1}, {"k": "v"}, {"k": 1},
+          {"enabled": True, "x": 1}, {"protocol_version": "1", "message_id": "m", "actions": [{"action_id": 1}]}]
+
+
+def test_generate_refuses_what_the_wheels_json_contract_refuses_with_its_text() -> None:
+    # entrypoints/http_server.py:937-939 run entrypoints/api_contract.py:12-18 on every /generate body.
+    assert "contract_error = generate_contract_error(await request.json())" in cited(
+        "entrypoints/http_server.py", 937, 939)
+    gate = cited("entrypoints/api_contract.py", 12, 18)
+    assert "GenerateRequest.from_json_value(body)" in gate and "return str(e)" in gate
+    fields = _in_wheel(_CONTRACT, None)
+    assert isinstance(fields, dict)
+    bodies: list[object] = [{"text": "hi", field: value} for field in fields["generate"] for value in VALUES]
+    bodies += [{"text": "hi", "sampling_params": {field: value}} for field in fields["sampling"] for value in VALUES]
+    bodies += [{"text": "hi", "sampling_params": [{"max_new_tokens": 1}, {"max_tokens": 1}]},
+               {"text": "hi", "no_such_field": 1, "stream": "yes"}, {"text": "hi", "stream": 1, "rid": 2},
+               {"input_ids": [[1], "x"]}, {"image_data": [[{"url": "u", "x": 1}]]}, {"mm_hashes": [["a"], "b"]}]
+    expected = _in_wheel(_CONTRACT, bodies)
+    assert isinstance(expected, list)
+    compared = 0
+    for body, wheel in zip(bodies, expected, strict=True):
+        if wheel != "TypeError":  # a required field left out: outside the gate, not modelled
+            assert generate_contract_error(body) == wheel, body
+            compared += 1
+    assert compared > 0.9 * len(bodies)
 
 
 # ------------------------------------------------------------------ EAGLE's reserved slots

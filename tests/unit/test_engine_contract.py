@@ -304,7 +304,8 @@ def test_prefill_born_engine_needs_decode_graph_memory_to_become_decode_and_keep
 #
 # What a client (and the router, which passes them on) sees for a request SGLang refuses. Three
 # shapes: FastAPI's validation error and the OpenAI routes' refusals are an ErrorResponse
-# (entrypoints/openai/protocol.py:106-111); /generate answers a ValueError with a bare message.
+# (entrypoints/openai/protocol.py:106-111); /generate answers a ValueError with a bare message, and
+# a body outside its JSON contract with the schema's text as the whole "error".
 
 ERROR_RESPONSE_KEYS = {"object", "message", "type", "param", "code"}
 
@@ -368,6 +369,21 @@ def test_generate_answers_a_tokenizer_value_error_with_a_bare_message(engine):
     assert resp.status_code == 200 and sse(resp) == [
         {"error": {"message": cases[0][1], "type": "invalid_request_error", "code": 400, "retryable": False}},
         "[DONE]"]
+
+
+def test_generate_refuses_a_body_outside_its_json_contract_with_the_schemas_text(engine):
+    # entrypoints/http_server.py:937-939: a body the GenerateReqInput dataclass admits is decoded again
+    # by the API schema's decoder (entrypoints/api_contract.py:12-18, sglang/api/v1/api_types.py), whose
+    # first violation is 400 {"error": "<text>"}, before anything streams; SamplingParams rejects
+    # unknown keys (api_types.py:1256-1321), and pydantic's lax bool takes "yes" where the schema does not.
+    for stream in (False, True):
+        resp = httpx.post(engine + "/generate", json={"text": "hi", "stream": stream,
+                                                      "sampling_params": {"max_tokens": 4}}, timeout=30)
+        body = resp.json()
+        assert resp.status_code == 400 and set(body) == {"error"}, body
+        assert body["error"].startswith("unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`, ")
+    resp = httpx.post(engine + "/generate", json={"text": "hi", "stream": "yes"}, timeout=30)
+    assert (resp.status_code, resp.json()) == (400, {"error": 'invalid type: string "yes", expected a boolean'})
 
 
 def test_openai_routes_answer_a_refusal_with_a_bad_request_error_response(engine):

@@ -45,6 +45,7 @@ from hybridserving_engine.simulator.args import (
     resolve_server_args,
 )
 from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
+from hybridserving_engine.simulator.contract import generate_contract_error
 from hybridserving_engine.simulator.engine import (
     InvalidRequest,
     RequestAborted,
@@ -663,7 +664,9 @@ class SimulatorServer:
         return self._request(body, prompt, max_new, DEFAULT_GENERATE_MAX_NEW_TOKENS, stream)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        """`/generate` (`entrypoints/http_server.py:928-990`). A ValueError of the tokenizer manager
+        """`/generate` (`entrypoints/http_server.py:928-990`). A body the dataclass parse admits but
+        the API schema does not is 400 `{"error": "<the schema's text>"}`, streamed or not
+        (lines 937-939, `simulator.contract`). A ValueError of the tokenizer manager
         is 400 `{"error": {"message"}}` (line 990, `_create_error_response`, lines 2246-2250), and so
         is a scheduler's abort with 400 (`managers/tokenizer_manager.py:1916-1918`); an abort with
         another status goes through the HTTPException handler (lines 578-630). A stream is 200
@@ -673,6 +676,9 @@ class SimulatorServer:
             body = _generate_schema(await self._json_body(request))
         except InvalidBody as e:
             return _validation_error(str(e))
+        contract_error = generate_contract_error(body)
+        if contract_error is not None:
+            return web.json_response({"error": contract_error}, status=400)
         if not bool(body.get("stream")):
             try:
                 req = self._generate_request(body, False)
