@@ -15,6 +15,7 @@ import pytest
 
 from hybridserving.api.profiles import PROFILES
 from hybridserving_engine.simulator.args import AUTO_DRAFT_SHAPE, parse_server_args, reserved_tokens
+from hybridserving_engine.simulator import validation
 from hybridserving_engine.simulator.contract import generate_contract_error
 from support.sglang_parser import SGLangParserUnavailable, sglang_python
 from support.sglang_resolver import GPUS, Resolved, resolve_many, with_model
@@ -41,8 +42,127 @@ def cited(path: str, first: int, last: int) -> str:
 def _in_wheel(script: str, stdin: object) -> object:
     """Run `script` with the cached wheel's interpreter; it reads JSON on stdin and prints JSON."""
     proc = subprocess.run([str(sglang_python()), "-c", script], input=json.dumps(stdin), capture_output=True,
-                          text=True, check=True)
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)
+
+
+# ------------------------------------------------------------------ FastAPI's validation of the bodies
+
+# In the cached wheel's interpreter (its pydantic is the pin SGLang runs with there), the request
+# types are built from SGLang's own source: each field the simulator declares, with its annotation
+# and default as SGLang writes them, `input_ids`' validator from `utils/field_validators.py`, and
+# `CompletionRequest`'s max_tokens validator; a chat message is any object on both sides. The errors
+# are compared as a set: the order of a union's alternatives is the one of the first equal union
+# `typing` cached in the process, which depends on what it imported before.
+_VALIDATE = r"""
+import ast, importlib.util, json, os, sys
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Dict, List, Optional, Union
+from pydantic import BaseModel, Field, PlainValidator, TypeAdapter, ValidationError, field_validator
+
+srt = os.path.join(importlib.util.find_spec("sglang").submodule_search_locations[0], "srt")
+spec = importlib.util.spec_from_file_location("fv", os.path.join(srt, "utils", "field_validators.py"))
+fv = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fv)
+request = json.load(sys.stdin)
+
+def members(path, classes, names):
+    source = open(os.path.join(srt, path)).read()
+    lines = source.splitlines()
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name in classes:
+            for item in node.body:
+                name = item.target.id if isinstance(item, ast.AnnAssign) else getattr(item, "name", None)
+                if name in names:
+                    first = min([item.lineno] + [d.lineno for d in getattr(item, "decorator_list", [])])
+                    found[name] = "\n".join(lines[first - 1:item.end_lineno])
+    return "\n".join(found[n] for n in names)
+
+namespace = dict(globals(), validate_optional_list_i64_1d_2d=fv.validate_optional_list_i64_1d_2d,
+                 DEFAULT_MODEL_NAME="default")
+exec("@dataclass\nclass GenerateReqInput:\n" + members("managers/io_struct.py", ["GenerateReqInput"],
+     request["fields"]["GenerateReqInput"]), namespace)
+exec("class CompletionRequest(BaseModel):\n" + members("entrypoints/openai/protocol.py",
+     ["PDRoutingFields", "CompletionRequest"], request["fields"]["CompletionRequest"]), namespace)
+exec("class ChatCompletionRequest(BaseModel):\n    messages: List[Dict[str, Any]]\n" + members(
+     "entrypoints/openai/protocol.py", ["PDRoutingFields", "ChatCompletionRequest"],
+     [n for n in request["fields"]["ChatCompletionRequest"] if n != "messages"]), namespace)
+out = []
+for kind, body in request["cases"]:
+    if isinstance(body, dict) and set(body) == {"bytes"}:
+        body = body["bytes"].encode()
+    try:
+        TypeAdapter(namespace[kind]).validate_python(body, from_attributes=True)
+        out.append(None)
+    except ValidationError as e:
+        out.append(sorted(str({**err, "loc": ("body", *err["loc"])}) for err in e.errors(include_url=False)))
+print(json.dumps(out))
+"""
+
+BAD = [None, 5, -1, 1.5, "s", True, [], [1], [1, "a"], [2**63], [[1], [2]], [[1], 2], [[1, "a"]], ["s"], [None],
+       [{}], {}, {"k": 1}]
+KINDS = (validation.GenerateReqInput, validation.CompletionRequest, validation.ChatCompletionRequest)
+
+
+def _fields(kind: type) -> list[str]:
+    return list(getattr(kind, "model_fields", None) or kind.__dataclass_fields__)
+
+
+def test_the_bodies_fastapi_refuses_are_refused_with_pydantics_errors_under_sglangs_types() -> None:
+    base = {"GenerateReqInput": {"text": "hi"}, "CompletionRequest": {"prompt": "hi"},
+            "ChatCompletionRequest": {"messages": [{"role": "user", "content": "hi"}]}}
+    cases: list[tuple[str, object]] = []
+    for kind in KINDS:
+        name = kind.__name__
+        cases += [(name, {**base[name], field: value}) for field in _fields(kind) for value in BAD]
+        cases += [(name, body) for body in (None, [], "s", {"bytes": '{"text": "hi"}'}, {},
+                                            {"stream": "maybe", "max_tokens": "x", "text": 1, "prompt": 1,
+                                             "messages": 1, "input_ids": "x", "bootstrap_port": "p"})]
+    fields = {kind.__name__: _fields(kind) for kind in KINDS}
+    fields["CompletionRequest"].append("validate_max_tokens_positive")
+    request = {"fields": fields, "cases": cases}
+    expected = _in_wheel(_VALIDATE, request)
+    assert isinstance(expected, list)
+    refused = 0
+    for (name, body), wheel in zip(cases, expected, strict=True):
+        kind = getattr(validation, name)
+        value = body["bytes"].encode() if isinstance(body, dict) and set(body) == {"bytes"} else body
+        try:
+            validation.validate_body(kind, value, endpoint="")
+            simulated = None
+        except validation.RequestValidationError as e:
+            simulated = sorted(str(err) for err in e.errors)
+            refused += 1
+        assert simulated == wheel, (name, body)
+    assert refused > len(cases) / 2
+
+
+def test_a_refusal_reads_as_fastapis_validation_error_in_sglangs_error_response() -> None:
+    # entrypoints/http_server.py:635-692: the exception's text, then its error list when that differs.
+    handler = cited("entrypoints/http_server.py", 635, 692)
+    assert "@app.exception_handler(RequestValidationError)" in handler
+    assert 'message = f"{exc_str} {errors_str}"' in cited("entrypoints/http_server.py", 666, 671)
+    assert "if media_type != \"application/json\":" in cited("entrypoints/http_server.py", 695, 707)
+    for path, (function, line) in validation.ENDPOINTS.items():
+        decorated = cited("entrypoints/http_server.py", line, line + 6)
+        assert decorated.startswith("@app.") and f'"{path}"' in decorated, path
+        assert f"async def {function}(" in decorated, path
+    endpoint = validation.endpoint_context("PUT", "/generate")
+    with pytest.raises(validation.RequestValidationError) as refused:
+        validation.validate_body(validation.GenerateReqInput, {"text": 5}, endpoint)
+    errors = refused.value.errors
+    assert sorted(e["loc"] for e in errors) == [("body", "text", "list[str]"), ("body", "text", "str")]
+    text = ("2 validation errors:\n" + "".join(f"  {e}\n" for e in errors)
+            + f'\n  File "{validation.SGLANG_HTTP_SERVER}", line 928, in generate_request\n    PUT /generate')
+    assert refused.value.message == f"{text} {errors}"
+    with pytest.raises(validation.RequestValidationError) as media:
+        validation.require_json_media("text/plain")
+    assert media.value.message == (
+        "1 validation error:\n  {'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only "
+        "'application/json' is allowed\", 'type': 'value_error'} [{'loc': ['header', 'content-type'], 'msg': "
+        "\"Unsupported Media Type: Only 'application/json' is allowed\", 'type': 'value_error'}]")
 
 
 # ------------------------------------------------------------------ /generate's JSON contract

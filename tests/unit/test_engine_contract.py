@@ -316,35 +316,69 @@ def sse(resp: httpx.Response) -> list:
     return [line if line == "[DONE]" else json.loads(line) for line in lines]
 
 
+HANDLERS = {"/generate": "generate_request", "/v1/completions": "openai_v1_completions",
+            "/v1/chat/completions": "openai_v1_chat_completions"}
+
+
+def validation_message(answer: dict, path: str) -> tuple[str, str]:
+    """FastAPI's RequestValidationError text as SGLang's handler words it (entrypoints/http_server.py:
+    666-671): "N validation error(s):", one pydantic error a line, the handler's file, line and route,
+    then the error list again. Returns the error lines and the list."""
+    text, _, listed = answer["message"].partition(f", in {HANDLERS[path]}\n    POST {path} ")
+    assert listed.startswith("[{") and "\n  File " in text, answer["message"]
+    return text.split("\n  File ")[0], listed
+
+
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
 def test_a_body_that_is_no_json_is_a_bad_request_error_response(engine, path):
     # FastAPI raises RequestValidationError, which SGLang answers with 400 and an ErrorResponse typed
-    # "Bad Request" (entrypoints/http_server.py:635-687); so it does for a /generate field of the
-    # wrong type (GenerateReqInput, managers/io_struct.py), streamed or not.
-    answers = [httpx.post(engine + path, content=b"{not json", headers={"Content-Type": "application/json"},
-                          timeout=30)]
+    # "Bad Request" (entrypoints/http_server.py:635-692); so it does for a /generate field of the
+    # wrong type (GenerateReqInput, managers/io_struct.py:177-191), streamed or not, and for a
+    # /generate body sent without a JSON Content-Type, which FastAPI leaves as bytes.
+    resp = httpx.post(engine + path, content=b"{not json", headers={"Content-Type": "application/json"}, timeout=30)
+    errors, _ = validation_message(resp.json(), path)
+    assert errors == ("1 validation error:\n  {'type': 'json_invalid', 'loc': ('body', 1), 'msg': 'JSON decode "
+                      "error', 'input': {}, 'ctx': {'error': 'Expecting property name enclosed in double quotes'}}\n")
+    answers = [resp]
     if path == "/generate":
-        answers += [httpx.post(engine + path, json={"text": 5, "stream": stream}, timeout=30)
-                    for stream in (False, True)]
+        for stream in (False, True):
+            answers.append(httpx.post(engine + path, json={"text": 5, "stream": stream}, timeout=30))
+            errors, _ = validation_message(answers[-1].json(), path)
+            assert errors.startswith("2 validation errors:\n") and "'loc': ('body', 'text', 'str'), 'msg': " \
+                "'Input should be a valid string', 'input': 5}" in errors
+        answers.append(httpx.post(engine + path, content=b'{"text": "hi"}', timeout=30))
+        assert "'type': 'dataclass_type', 'loc': ('body',)" in validation_message(answers[-1].json(), path)[0]
     for resp in answers:
         body = resp.json()
         assert resp.status_code == 400 and set(body) == ERROR_RESPONSE_KEYS, body
         assert (body["object"], body["type"], body["param"], body["code"]) == ("error", "Bad Request", None, 400)
 
 
-@pytest.mark.parametrize("path, body", [("/v1/completions", {"max_tokens": 1}), ("/v1/chat/completions", {}),
-                                        ("/v1/chat/completions", {"messages": "hi"})])
-def test_an_openai_request_outside_its_schema_or_not_sent_as_json_is_a_bad_request(engine, path, body):
-    # CompletionRequest.prompt and ChatCompletionRequest.messages are required
-    # (entrypoints/openai/protocol.py:372, 919); both routes insist on application/json
-    # (http_server.py:690-702, 1860, 1870); either is the validation error of lines 635-687.
-    for resp in (httpx.post(engine + path, json=body, timeout=30),
-                 httpx.post(engine + path, content=json.dumps({"prompt": "hi", "messages": [{"role": "user",
-                                                                                             "content": "hi"}]}),
-                            headers={"Content-Type": "text/plain"}, timeout=30)):
-        answer = resp.json()
-        assert resp.status_code == 400 and set(answer) == ERROR_RESPONSE_KEYS, answer
+@pytest.mark.parametrize("path, body, error", [
+    ("/v1/completions", {"max_tokens": 1}, "{'type': 'missing', 'loc': ('body', 'prompt'), 'msg': 'Field required', "
+                                           "'input': {'max_tokens': 1}}"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "'msg': 'Value error, max_tokens must be positive'"),
+    ("/v1/chat/completions", {}, "{'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required', "
+                                 "'input': {}}"),
+    ("/v1/chat/completions", {"messages": "hi"}, "{'type': 'list_type', 'loc': ('body', 'messages'), "
+                                                 "'msg': 'Input should be a valid list', 'input': 'hi'}")])
+def test_an_openai_request_outside_its_schema_or_not_sent_as_json_is_a_bad_request(engine, path, body, error):
+    # CompletionRequest.prompt and ChatCompletionRequest.messages are required, max_tokens must be
+    # positive (entrypoints/openai/protocol.py:372, 448-453, 919); both routes insist on
+    # application/json (http_server.py:695-707, 1860, 1870), a check raised outside the route, so
+    # its text names no handler; either is the validation error of lines 635-692.
+    resp = httpx.post(engine + path, json=body, timeout=30)
+    assert error in validation_message(resp.json(), path)[0]
+    media = httpx.post(engine + path, content=json.dumps({"prompt": "hi", "messages": [{"role": "user",
+                                                                                      "content": "hi"}]}),
+                       headers={"Content-Type": "text/plain"}, timeout=30)
+    wrong = ("{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' is "
+             "allowed\", 'type': 'value_error'}")
+    assert media.json()["message"] == f"1 validation error:\n  {wrong} [{wrong}]"
+    for answer in (resp.json(), media.json()):
+        assert set(answer) == ERROR_RESPONSE_KEYS, answer
         assert (answer["type"], answer["code"]) == ("Bad Request", 400)
+    assert resp.status_code == media.status_code == 400
 
 
 def test_generate_answers_a_tokenizer_value_error_with_a_bare_message(engine):

@@ -55,6 +55,16 @@ from hybridserving_engine.simulator.engine import (
 )
 from hybridserving_engine.simulator.faults import Faults
 from hybridserving_engine.simulator.metrics import EngineMetrics, env_bool, local_schedulers
+from hybridserving_engine.simulator.validation import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateReqInput,
+    RequestValidationError,
+    endpoint_context,
+    read_body,
+    require_json_media,
+    validate_body,
+)
 
 log = logging.getLogger("hybridserving.simulator")
 
@@ -79,7 +89,7 @@ def _advertised_ip(host: str) -> str:
 
 
 class InvalidBody(Exception):
-    """A body FastAPI refuses before SGLang's handler runs: no JSON, or not of the request's schema."""
+    """A control route's body that is no JSON object."""
 
 
 class InvalidQuery(Exception):
@@ -116,7 +126,7 @@ def _query_int(request: web.Request, name: str) -> int | None:
 
 
 def _validation_error(message: str) -> web.Response:
-    """FastAPI's RequestValidationError as SGLang answers it (`entrypoints/http_server.py:635-687`)."""
+    """FastAPI's RequestValidationError as SGLang answers it (`entrypoints/http_server.py:635-692`)."""
     return web.json_response(_error_body(message, "Bad Request", 400), status=400)
 
 
@@ -133,23 +143,6 @@ def _http_exception(status: int, message: str) -> web.Response:
 def _generate_error(message: str) -> web.Response:
     """`/generate`'s answer to a ValueError (`entrypoints/http_server.py:988-990, 2246-2250`)."""
     return web.json_response({"error": {"message": message}}, status=400)
-
-
-def _generate_schema(body: dict[str, Any]) -> dict[str, Any]:
-    """The types `GenerateReqInput` declares for the fields the simulator reads
-    (`managers/io_struct.py`), which FastAPI checks before the handler runs."""
-    def ids(value: Any) -> bool:
-        return isinstance(value, list) and all(isinstance(i, int) for i in value)
-
-    text, input_ids, params = body.get("text"), body.get("input_ids"), body.get("sampling_params")
-    texts = isinstance(text, list) and all(isinstance(t, str) for t in text)
-    if not (text is None or isinstance(text, str) or texts):
-        raise InvalidBody("text: a string or a list of strings is required")
-    if not (input_ids is None or ids(input_ids) or (isinstance(input_ids, list) and all(map(ids, input_ids)))):
-        raise InvalidBody("input_ids: a list of token ids, or a list of them, is required")
-    if not (params is None or isinstance(params, (dict, list))):
-        raise InvalidBody("sampling_params: an object is required")
-    return body
 
 
 class ServerStatus(enum.Enum):
@@ -634,13 +627,21 @@ class SimulatorServer:
         return resp
 
     @staticmethod
-    async def _json_body(request: web.Request, openai: bool = False) -> dict[str, Any]:
-        """The body FastAPI hands SGLang's handler. It decodes JSON when the Content-Type says so
-        or is absent; the OpenAI routes insist on `application/json`
-        (`entrypoints/http_server.py:690-702`)."""
+    async def _validated_body(request: web.Request, kind: type) -> dict[str, Any]:
+        """The body of a generation route once FastAPI admits it as `kind` (`simulator.validation`):
+        read, the OpenAI routes' Content-Type check, then the schema."""
+        content_type = request.headers.get("Content-Type")
+        endpoint = endpoint_context(request.method, request.path)
+        body = read_body(await request.read(), content_type, endpoint)
+        if kind is not GenerateReqInput:
+            require_json_media(content_type)
+        validate_body(kind, body, endpoint)
+        return dict(body)
+
+    @staticmethod
+    async def _json_body(request: web.Request) -> dict[str, Any]:
+        """A control route's body: JSON when the Content-Type says so or is absent."""
         media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
-        if openai and media != "application/json":
-            raise InvalidBody("Unsupported Media Type: Only 'application/json' is allowed")
         if media and media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
             raise InvalidBody(f"the body is {media}, not JSON")
         try:
@@ -673,9 +674,9 @@ class SimulatorServer:
         whatever happens: a ValueError is its last chunk, `invalid_request_error` (lines 957-974),
         and an abort is a chunk whose `finish_reason` says so (tokenizer_manager.py:1924)."""
         try:
-            body = _generate_schema(await self._json_body(request))
-        except InvalidBody as e:
-            return _validation_error(str(e))
+            body = await self._validated_body(request, GenerateReqInput)
+        except RequestValidationError as e:
+            return _validation_error(e.message)
         contract_error = generate_contract_error(body)
         if contract_error is not None:
             return web.json_response({"error": contract_error}, status=400)
@@ -730,7 +731,7 @@ class SimulatorServer:
         return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.generated,
                 "completion_tokens": req.generated, "prompt_tokens_details": None}
 
-    async def _openai(self, request: web.Request, parse: Callable[[dict[str, Any]], SimRequest],
+    async def _openai(self, request: web.Request, kind: type, parse: Callable[[dict[str, Any]], SimRequest],
                       answer: Callable[[SimRequest, str, int, int], dict[str, Any]],
                       chunk: Callable[[SimRequest, str, int, int | None], dict[str, Any]]) -> web.StreamResponse:
         """`OpenAIServingBase.handle_request` (`entrypoints/openai/serving_base.py:80-142`) for
@@ -743,10 +744,10 @@ class SimulatorServer:
         error chunk typed with the status's name, after which the usage chunk still comes
         (`serving_completions.py:355-371, 479-496`, `serving_chat.py:2568-2578`)."""
         try:
-            body = await self._json_body(request, openai=True)
+            body = await self._validated_body(request, kind)
             req = parse(body)
-        except InvalidBody as e:
-            return _validation_error(str(e))
+        except RequestValidationError as e:
+            return _validation_error(e.message)
         except InvalidRequest as e:
             return _openai_error(str(e))
         model = body.get("model") or self.args.served_model_name
@@ -773,11 +774,7 @@ class SimulatorServer:
         return await self._stream(request, chunks())
 
     def _completion_request(self, body: dict[str, Any]) -> SimRequest:
-        prompt = body.get("prompt")
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and (
-                all(isinstance(t, int) for t in prompt) or all(isinstance(p, str) for p in prompt)
-                or all(isinstance(p, list) for p in prompt)))):
-            raise InvalidBody("prompt: a string, a list of strings or a list of token ids is required")
+        prompt = body["prompt"]
         if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
             raise InvalidRequest("Prompt cannot be empty")  # serving_completions.py:63-69
         if isinstance(prompt, list) and not isinstance(prompt[0], int):
@@ -801,12 +798,10 @@ class SimulatorServer:
                     "choices": [{"index": 0, "text": "" if n is None else token_text(n - 1), "logprobs": None,
                                  "finish_reason": req.finish_reason if n is None else None, "matched_stop": None}]}
 
-        return await self._openai(request, self._completion_request, answer, chunk)
+        return await self._openai(request, CompletionRequest, self._completion_request, answer, chunk)
 
     def _chat_request(self, body: dict[str, Any]) -> SimRequest:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise InvalidBody("messages: a list of message objects is required")
+        messages = body["messages"]
         if not messages:
             raise InvalidRequest("Messages cannot be empty.")  # serving_chat.py:1103-1106
         text = "".join(f"<|{m.get('role', 'user')}|>{m.get('content') or ''}" for m in messages)
@@ -831,7 +826,7 @@ class SimulatorServer:
                 delta = {"role": "assistant", **delta}
             return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
 
-        return await self._openai(request, self._chat_request, answer, chunk)
+        return await self._openai(request, ChatCompletionRequest, self._chat_request, answer, chunk)
 
     # ------------------------------------------------------------------ control
 

@@ -1,0 +1,197 @@
+"""FastAPI's request validation on SGLang 0.5.23's generation routes, and SGLang's answer to it.
+
+FastAPI reads the body (JSON only under a JSON Content-Type: a body sent without one stays bytes),
+runs the route's dependencies (the OpenAI routes' `validate_json_request`,
+`entrypoints/http_server.py:695-707`) and validates the body against the handler's parameter type
+with pydantic. A failure is a RequestValidationError, which SGLang answers with 400 and an
+ErrorResponse whose message is the exception's text followed by its error list
+(`entrypoints/http_server.py:635-692`). The text is FastAPI's (`fastapi/exceptions.py`,
+`ValidationException.__str__`, with the endpoint's file, line and route since 0.124; strict
+Content-Type since 0.132; as in 0.163, the release the unpinned requirement installs): the count,
+one pydantic error dict a line, then where the handler is. The file is where the lmsysorg/sglang
+image installs SGLang; the rest is the same on every install.
+
+The request types below declare the fields the simulator reads with SGLang's own annotations, in
+SGLang's order, and pydantic validates them as it does there, so their errors are SGLang's; a
+field the simulator does not read is not checked. Chat messages are checked as a list of objects,
+not against each message type of the OpenAI schema.
+"""
+
+from __future__ import annotations
+
+import email.message
+import json
+from array import array
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Dict, List, Optional, Union
+
+from pydantic import BaseModel, PlainValidator, TypeAdapter, ValidationError, field_validator
+
+SGLANG_HTTP_SERVER = "/sgl-workspace/sglang/python/sglang/srt/entrypoints/http_server.py"
+ENDPOINTS = {
+    # The route and the line `inspect.getsourcelines` gives for its handler: its first decorator's.
+    "/generate": ("generate_request", 928),
+    "/v1/completions": ("openai_v1_completions", 1860),
+    "/v1/chat/completions": ("openai_v1_chat_completions", 1870),
+}
+
+
+class RequestValidationError(Exception):
+    """FastAPI's RequestValidationError: pydantic-style error dicts, and where the handler is
+    (None for an error raised by a dependency, which FastAPI gives no endpoint)."""
+
+    def __init__(self, errors: list[dict[str, Any]], endpoint: str | None) -> None:
+        super().__init__(errors)
+        self.errors = errors
+        self.endpoint = endpoint
+
+    def __str__(self) -> str:
+        """`ValidationException.__str__` (fastapi 0.163.2 `exceptions.py`)."""
+        n = len(self.errors)
+        text = f"{n} validation error{'s' if n != 1 else ''}:\n" + "".join(f"  {err}\n" for err in self.errors)
+        return (text + (self.endpoint or "")).rstrip()
+
+    @property
+    def message(self) -> str:
+        """SGLang's ErrorResponse message: the text, then the error list when it differs
+        (`entrypoints/http_server.py:666-671`)."""
+        text, listed = str(self), str(self.errors)
+        return f"{text} {listed}" if listed and listed != text else text
+
+
+def endpoint_context(method: str, path: str) -> str:
+    """`ValidationException._format_endpoint_context` for one of SGLang's generation routes."""
+    function, line = ENDPOINTS[path]
+    return f'\n  File "{SGLANG_HTTP_SERVER}", line {line}, in {function}\n    {method} {path}'
+
+
+def read_body(raw: bytes, content_type: str | None, endpoint: str) -> Any:
+    """The body FastAPI validates: None when empty; decoded JSON under `application/json` or
+    `application/*+json`; else the bytes themselves, a Content-Type being required
+    (`strict_content_type`). Undecodable JSON is a `json_invalid` error."""
+    if not raw:
+        return None
+    if not content_type:
+        return raw
+    header = email.message.Message()
+    header["content-type"] = content_type
+    subtype = header.get_content_subtype()
+    if header.get_content_maintype() != "application" or not (subtype == "json" or subtype.endswith("+json")):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
+                            "input": {}, "ctx": {"error": e.msg}}], endpoint) from e
+
+
+def require_json_media(content_type: str | None) -> None:
+    """`validate_json_request` (`entrypoints/http_server.py:695-707`), the OpenAI routes' dependency."""
+    if (content_type or "").lower().split(";", maxsplit=1)[0] != "application/json":
+        raise RequestValidationError([{"loc": ["header", "content-type"],
+                            "msg": "Unsupported Media Type: Only 'application/json' is allowed",
+                            "type": "value_error"}], None)
+
+
+def validate_list_i64_1d(v: Any) -> list[int]:
+    """`utils/field_validators.py:41-55`."""
+    if v is None:
+        raise ValueError("must not be None")
+    if not isinstance(v, list):
+        raise ValueError(f"must be list; got {type(v).__name__}")
+    if not v:
+        return v
+    if not isinstance(v[0], int):
+        raise ValueError(f"elements must be int; got {type(v[0]).__name__}")
+    try:
+        array("q", v)
+    except (TypeError, OverflowError) as e:
+        raise ValueError(f"contains non-int64 element: {e}") from None
+    return v
+
+
+def validate_optional_list_i64_1d_2d(v: Any) -> list[int] | list[list[int]] | None:
+    """`utils/field_validators.py:58-81`: `GenerateReqInput.input_ids`' validator."""
+    if v is None:
+        return v
+    if not isinstance(v, list):
+        raise ValueError(f"must be list or null; got {type(v).__name__}")
+    if not v:
+        return v
+    if isinstance(v[0], int):
+        return validate_list_i64_1d(v)
+    if isinstance(v[0], list):
+        for i, row in enumerate(v):
+            try:
+                validate_list_i64_1d(row)
+            except ValueError as e:
+                raise ValueError(f"row {i}: {e}") from None
+        return v
+    raise ValueError(f"elements must be int or list; got {type(v[0]).__name__}")
+
+
+@dataclass
+class GenerateReqInput:
+    """`managers/io_struct.py:177`, the fields the simulator reads."""
+
+    rid: Optional[Union[str, List[str]]] = field(default=None, kw_only=True)
+    text: Optional[Union[List[str], str]] = None
+    input_ids: Annotated[
+        Optional[Union[List[List[int]], List[int]]],
+        PlainValidator(validate_optional_list_i64_1d_2d),
+    ] = None
+    sampling_params: Optional[Union[List[Dict[str, Any]], Dict[str, Any]]] = None
+    stream: bool = False
+    bootstrap_host: Optional[Union[List[Optional[str]], str]] = None
+    bootstrap_port: Optional[Union[List[Optional[int]], int]] = None
+    bootstrap_room: Optional[Union[List[Optional[int]], int]] = None
+
+
+class PDRoutingFields(BaseModel):
+    """`entrypoints/openai/protocol.py:348-354`."""
+
+    bootstrap_host: Optional[Union[List[str], str]] = None
+    bootstrap_port: Optional[Union[List[Optional[int]], int]] = None
+    bootstrap_room: Optional[Union[List[int], int]] = None
+
+
+class CompletionRequest(PDRoutingFields):
+    """`entrypoints/openai/protocol.py:365-453`, the fields the simulator reads."""
+
+    model: str = "default"
+    prompt: Union[List[int], List[List[int]], str, List[str]]
+    max_tokens: int = 16
+    stream: bool = False
+
+    @field_validator("max_tokens")
+    @classmethod
+    def validate_max_tokens_positive(cls, v: int) -> int:
+        """Lines 448-453."""
+        if v is not None and v <= 0:
+            raise ValueError("max_tokens must be positive")
+        return v
+
+
+class ChatCompletionRequest(PDRoutingFields):
+    """`entrypoints/openai/protocol.py:909`, the fields the simulator reads; a message is any object."""
+
+    messages: List[Dict[str, Any]]
+    model: str = "default"
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    stream: bool = False
+
+
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {
+    kind: TypeAdapter(kind) for kind in (GenerateReqInput, CompletionRequest, ChatCompletionRequest)
+}
+
+
+def validate_body(kind: type, body: Any, endpoint: str) -> None:
+    """FastAPI's validation of the one body parameter: pydantic's errors under `("body", ...)`
+    (`fastapi/_compat/v2.py`, `_regenerate_error_with_loc`)."""
+    try:
+        _ADAPTERS[kind].validate_python(body, from_attributes=True)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)],
+                          endpoint) from e
