@@ -445,8 +445,9 @@ def test_what_the_apiserver_accepts_the_cli_accepts_with_the_same_spec(objects, 
 
 
 def test_nulls_in_a_pod_template_are_stored_as_written(objects, namespace):
-    """The typed keys of a pod template keep a null as the open pod spec always has (a pod reads it as
-    absent): a fleet that wrote one renders the same pods once the CRD types the key."""
+    """The typed keys of a pod template keep a null as the open pod spec always has: an object stored
+    with one stays readable and updatable once the CRD types the key, and the webhook and the reconcile
+    see the null, to refuse it where it would replace the pod's value (api.podshape)."""
     pod = {"tolerations": None, "hostAliases": None,
            "containers": [{"name": "sidecar", "image": "registry.example/sidecar:1", "env": None}]}
     body = with_changes(FLEET, _set("spec.podTemplate", {"spec": pod}))

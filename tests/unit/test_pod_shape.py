@@ -8,6 +8,7 @@ validate`, the webhook and the reconcile with a TypeError; it is refused as any 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,11 +22,11 @@ from pydantic import ValidationError
 from hybridserving.api.base import field_errors
 from hybridserving.api.pods import PodTemplate
 from hybridserving.api.podshape import POD_SPEC, Items, Obj
-from hybridserving.api.v1alpha1 import KIND
+from hybridserving.api.v1alpha1 import KIND, HybridServing
 from hybridserving.controller import admission
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import Kube
-from hybridserving.core import planner, surface
+from hybridserving.core import planner, rendering, surface
 from hybridserving.core.observed import Observed
 from hybridserving.manifests import ManifestInvalid, load_text
 from support.apiserver import NS, MemoryApi
@@ -124,13 +125,6 @@ def test_the_reconcile_reports_a_wrong_type_and_leaves_the_running_fleet_alone()
     assert {k: o for k, o in api.store.items() if k[0] not in ("Event", KIND)} == before, "no child was touched"
 
 
-def test_a_null_is_kept_as_written_as_kubernetes_reads_it_as_absent() -> None:
-    pod = {"tolerations": None, "containers": [{"name": "engine", "env": None, "resources": {"requests": None}}]}
-    hs = fleet(podTemplate={"spec": pod})
-    assert hs.spec.pod_template is not None and hs.spec.pod_template.spec == pod
-    assert not [i for i in surface.check(hs.spec) if i.severity == "error"]
-
-
 # --------------------------------------------------------------------------- any value
 
 JSON = st.recursive(
@@ -180,3 +174,129 @@ def test_any_value_at_a_key_the_operator_reads_is_refused_as_a_field_or_checked_
         return
     surface.check(hs.spec)
     planner.plan(hs, Observed())
+
+
+# --------------------------------------------------------------------------- nulls
+
+# (the pod spec of the template, the field refused, how the message says it merges)
+NULLS = [
+    ({"containers": None}, "containers", "the template's containers merge into the pod's by name"),
+    ({"initContainers": None}, "initContainers", "the template's init containers merge into the pod's by name"),
+    ({"volumes": None}, "volumes", "the template's lists are appended, so leave the key out to keep the pod's"),
+    ({"tolerations": None}, "tolerations", "the template's lists are appended"),
+    ({"topologySpreadConstraints": None}, "topologySpreadConstraints", "the template's lists are appended"),
+    ({"nodeSelector": None}, "nodeSelector", "the template's objects merge key by key"),
+    ({"nodeSelector": {"pool": None}}, "nodeSelector.pool", "write a string of at most 63 characters to change it"),
+    ({"affinity": None}, "affinity", "the template's objects merge key by key"),
+    ({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": None}}},
+     "affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution", "the template's lists are appended"),
+    ({"securityContext": None}, "securityContext", "the template's objects merge key by key"),
+    ({"automountServiceAccountToken": None}, "automountServiceAccountToken", "write true or false to change it"),
+    ({"containers": [{"name": "engine", "env": None}]}, "containers[0].env", "the template's lists are appended"),
+    ({"containers": [{"name": "engine", "volumeMounts": None}]}, "containers[0].volumeMounts", "lists are appended"),
+    ({"containers": [{"name": "engine", "resources": {"requests": None}}]}, "containers[0].resources.requests",
+     "the template's objects merge key by key"),
+    ({"initContainers": [{"name": "warm", "image": "x", "env": None}]}, "initContainers[0].env", "are appended"),
+]
+
+
+@pytest.mark.parametrize(("pod", "field", "text"), NULLS, ids=[n[1] for n in NULLS])
+def test_a_null_where_the_template_merges_is_refused_at_admission_saying_to_leave_the_key_out(
+    pod: dict[str, Any], field: str, text: str
+) -> None:
+    with pytest.raises(kopf.AdmissionError) as refused:
+        admission.review(body_with(pod), None, "CREATE", [])
+    message = str(refused.value)
+    assert message.startswith(f"spec.podTemplate.spec.{field}: remove the key: null would replace any "), message
+    assert text in message and refused.value.code == 422
+
+
+def _merged(path: tuple[str, ...]) -> bool:
+    """Whether a template's value under `path` merges onto the pod's: through objects, and through the
+    items of the lists that merge by name; an item a list appends replaces nothing."""
+    shape: object = POD_SPEC
+    for key in path:
+        if isinstance(shape, Items):
+            if not shape.by_name:
+                return False
+            shape = shape.item
+        else:
+            assert isinstance(shape, Obj)
+            shape = shape.fields[key]
+    return True
+
+
+# Each key of the table a template merges onto the pod (a container's name is required: a null is missing).
+MERGED = [p for p in PATHS if p[-1] != "0" and p[-2:] != ("0", "name") and _merged(p[:-1])]
+
+
+@pytest.mark.parametrize("path", MERGED, ids=[".".join(p) for p in MERGED])
+def test_every_key_the_template_merges_refuses_a_null(path: tuple[str, ...]) -> None:
+    with pytest.raises(ValidationError) as refused:
+        fleet(podTemplate={"spec": _template_with(path, None)})
+    (error,) = field_errors(refused.value)
+    assert error.message.startswith("remove the key: null would replace any "), error
+    assert error.path == "spec.podTemplate.spec." + ".".join(path).replace(".0.", "[0].")
+
+
+def _leader_pod(hs: HybridServing) -> dict[str, Any]:
+    """The pod spec of an instance's leader, templates merged."""
+    instance = next(iter(planner.plan(hs, Observed()).instances.values()))
+    return rendering.pod_spec(hs, instance.name, 0, instance.role, instance.ports)
+
+
+def test_every_key_of_the_table_the_operator_renders_refuses_a_null() -> None:
+    pod = _leader_pod(fleet())
+    (engine,) = pod["containers"]
+    rendered = {(key,) for key in pod} | {("containers", "0", key) for key in engine if key != "name"}
+    assert {("containers",), ("volumes",), ("affinity",), ("containers", "0", "env")} <= rendered & set(PATHS)
+    assert rendered & set(PATHS) <= set(MERGED)
+
+
+def test_a_null_elsewhere_is_kept_as_written_as_kubernetes_reads_it_as_absent() -> None:
+    """A key the table leaves open, or one of an item a list appends, replaces nothing of the operator's."""
+    pod = {"hostAliases": None, "tolerations": [{"key": "gpu", "operator": "Exists", "value": None}],
+           "containers": [{"name": "engine", "env": [{"name": "TRACE", "value": None}]}],
+           "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": None}}]}
+    hs = fleet(podTemplate={"spec": pod})
+    assert hs.spec.pod_template is not None and hs.spec.pod_template.spec == pod
+    assert not [i for i in surface.check(hs.spec) if i.severity == "error"]
+    rendered = _leader_pod(hs)
+    assert rendered["hostAliases"] is None and rendered["tolerations"] == pod["tolerations"]
+    (engine,) = rendered["containers"]
+    assert engine["env"][-1] == {"name": "TRACE", "value": None} and len(engine["env"]) > 1
+    assert rendered["volumes"][-1] == pod["volumes"][0] and len(rendered["volumes"]) > 1
+
+
+@pytest.mark.parametrize(("pod", "field"), [({"containers": None}, "containers"),
+                                            ({"tolerations": None}, "tolerations"),
+                                            ({"nodeSelector": {"pool": None}}, "nodeSelector.pool")])
+def test_the_reconcile_reports_a_null_and_leaves_the_running_fleet_alone(pod: dict[str, Any], field: str) -> None:
+    api = MemoryApi()
+    api.user_apply({**SPEC, "podTemplate": {"spec": {"nodeSelector": {"pool": "gpu"}}}})
+    settle(api)
+    before = {k: copy.deepcopy(o) for k, o in api.store.items() if k[0] not in ("Event", KIND)}
+    api.user_apply({**SPEC, "podTemplate": {"spec": pod}})
+    for _ in range(2):
+        rec.reconcile(cast(Kube, api), NS, "fleet")  # MemoryApi has Kube's methods
+    layout_valid = api.condition("LayoutValid")
+    assert layout_valid["status"] == "False"
+    assert f"spec.podTemplate.spec.{field}: remove the key: null would replace any" in layout_valid["message"]
+    assert {k: o for k, o in api.store.items() if k[0] not in ("Event", KIND)} == before, "no child was touched"
+
+
+def test_a_fleet_stored_with_a_null_before_it_was_refused_runs_on_untouched() -> None:
+    """Its spec and the spec last applied both hold the null; neither reads now, so nothing is planned."""
+    api = MemoryApi()
+    api.user_apply({**SPEC, "podTemplate": {"spec": {"hostAliases": None}}})
+    settle(api)
+    api.store[(KIND, "fleet")]["spec"]["podTemplate"]["spec"]["tolerations"] = None
+    applied = api.store[("ConfigMap", "fleet-applied")]["data"]
+    spec = json.loads(applied["spec.json"])
+    spec["podTemplate"]["spec"]["tolerations"] = None
+    applied["spec.json"] = json.dumps(spec)
+    before = {k: copy.deepcopy(o) for k, o in api.store.items() if k[0] not in ("Event", KIND)}
+    outcome = rec.reconcile(cast(Kube, api), NS, "fleet")  # MemoryApi has Kube's methods
+    assert not outcome.applied
+    assert {k: o for k, o in api.store.items() if k[0] not in ("Event", KIND)} == before, "no child was touched"
+    assert "spec.podTemplate.spec.tolerations: remove the key" in api.condition("LayoutValid")["message"]

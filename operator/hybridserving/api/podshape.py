@@ -8,7 +8,16 @@ apiserver, so an instance deleted for a rollout could not come back. One table s
 the model checks it for every reader (`hybridserving validate`, the webhook, the reconcile) and
 the CRD carries it, so the apiserver refuses a wrong type with the webhook off.
 
-A null is what Kubernetes reads it as, an absent value, and is kept as written.
+A null where the template merges onto the pod is refused too. A template is a patch, and a patch's
+null means "remove" (a JSON merge patch, `kubectl apply`): merged, it would replace the operator's
+containers with nothing the apiserver takes, or its affinity, security context and volumes with
+nothing, and a role's template would drop spec.podTemplate's tolerations or node selector. Read as
+"not set", it would mean something other than it says. Either way the user learns nothing, so it
+is refused with the fix (leave the key out). Elsewhere (a key the table does not name, a key of an
+item a list appends) nothing is replaced: the null is kept as written and a pod reads it as absent.
+The CRD admits every null, so an object stored with one stays readable and updatable; the model
+refuses it, so the webhook refuses it at apply and the reconcile reports it, keeping the fleet on
+its last valid spec.
 """
 
 from __future__ import annotations
@@ -56,6 +65,8 @@ class Items:
     """What each item is, in the plural: `containers (objects with a name)`."""
     item: Obj
     max_items: int
+    by_name: bool = False
+    """A template's item merges into the pod's item of the same name (containers); otherwise it is appended."""
 
     @property
     def expected(self) -> str:
@@ -98,8 +109,8 @@ def _affinity(kind: str, required: Shape) -> Obj:
 POD_SPEC = Obj(
     "a partial pod spec",
     {
-        "containers": Items("containers (objects with a name)", _CONTAINER, 64),
-        "initContainers": Items("init containers (objects with a name)", _CONTAINER, 64),
+        "containers": Items("containers (objects with a name)", _CONTAINER, 64, by_name=True),
+        "initContainers": Items("init containers (objects with a name)", _CONTAINER, 64, by_name=True),
         "volumes": Items("volumes (objects with a name)", Obj("a volume (an object with a name)", {"name": _NAME},
                                                               required=("name",)), 256),
         "tolerations": Items("tolerations (objects)", Obj("a toleration"), 256),
@@ -137,13 +148,47 @@ class ShapeError:
         return f"must be {self.expected}, got {self.got}; write it as `kubectl explain pod.spec.{self.field}` describes"
 
 
-def shape_errors(pod: Mapping[str, Any]) -> list[ShapeError]:
-    """Each key of `pod` (a partial pod spec) that has another shape than `POD_SPEC` gives it."""
-    return list(_walk(POD_SPEC, pod, "", ""))
+@dataclasses.dataclass(frozen=True)
+class NullOverride:
+    """A null at a key a template merges onto the pod, where it would replace what the pod has there."""
+
+    path: str
+    """From the pod spec, as the apiserver writes it: `tolerations`, `containers[0].env`."""
+    what: str
+    """The key, as `kubectl explain pod.spec.<what>` names it: `containers.env`, `nodeSelector.pool`."""
+    merge: str
+    """How a value there merges, and so what to do instead."""
+
+    @property
+    def message(self) -> str:
+        return (f"remove the key: null would replace any {self.what} the pod has from the operator or "
+                f"spec.podTemplate; {self.merge}")
 
 
-def _walk(shape: Shape, value: Any, path: str, field: str) -> Iterator[ShapeError]:
-    """`path` is where `value` is, `field` the key of the table it is checked against."""
+PodSpecError: TypeAlias = ShapeError | NullOverride
+
+
+def shape_errors(pod: Mapping[str, Any]) -> list[PodSpecError]:
+    """Each key of `pod` (a partial pod spec) that has another shape than `POD_SPEC` gives it, or that is null
+    where the template merges onto the pod."""
+    return list(_walk(POD_SPEC, pod, "", "", merged=True))
+
+
+def _merge(shape: Shape) -> str:
+    """How a template's value of `shape` merges onto the pod's, ending in what to do instead of a null."""
+    keep = "so leave the key out to keep the pod's"
+    if isinstance(shape, Items) and shape.by_name:
+        return f"the template's {shape.noun.split(' (')[0]} merge into the pod's by name, {keep}"
+    if isinstance(shape, Items):
+        return f"the template's lists are appended, {keep}"
+    if isinstance(shape, Obj):
+        return f"the template's objects merge key by key, {keep}"
+    return f"write {shape.expected} to change it, or leave the key out to keep the pod's"
+
+
+def _walk(shape: Shape, value: Any, path: str, field: str, *, merged: bool) -> Iterator[PodSpecError]:
+    """`path` is where `value` is, `field` the key of the table it is checked against; `merged`, whether
+    `value` merges onto the pod's value at `path` rather than being added beside it."""
     if isinstance(shape, Text):
         if not isinstance(value, str):
             yield ShapeError(path, field, shape.expected, _kind(value))
@@ -159,7 +204,7 @@ def _walk(shape: Shape, value: Any, path: str, field: str) -> Iterator[ShapeErro
             yield ShapeError(path, field, f"a list of at most {shape.max_items} {shape.noun}", str(len(value)))
         else:
             for index, item in enumerate(value):
-                yield from _walk(shape.item, item, f"{path}[{index}]", field)
+                yield from _walk(shape.item, item, f"{path}[{index}]", field, merged=merged and shape.by_name)
     elif not isinstance(value, Mapping):
         yield ShapeError(path, field, shape.expected, _kind(value))
     else:
@@ -168,11 +213,15 @@ def _walk(shape: Shape, value: Any, path: str, field: str) -> Iterator[ShapeErro
                 yield ShapeError(_join(path, key), _join(field, key), shape.fields[key].expected, "nothing")
         for key, sub in shape.fields.items():
             if value.get(key) is not None:
-                yield from _walk(sub, value[key], _join(path, key), _join(field, key))
+                yield from _walk(sub, value[key], _join(path, key), _join(field, key), merged=merged)
+            elif merged and key in value and key not in shape.required:
+                yield NullOverride(_join(path, key), _join(field, key), _merge(sub))
         if shape.values is not None:
             for key, item in value.items():
                 if item is not None:
-                    yield from _walk(shape.values, item, _join(path, key), field)
+                    yield from _walk(shape.values, item, _join(path, key), field, merged=merged)
+                elif merged:
+                    yield NullOverride(_join(path, key), _join(field, key), _merge(shape.values))
 
 
 def _join(path: str, key: str) -> str:
@@ -220,7 +269,8 @@ def schema(shape: Shape, description: str) -> dict[str, Any]:
 
 
 def properties(shape: Obj) -> dict[str, Any]:
-    """The structural nodes of `shape`'s keys; a key that may be left out may also be null."""
+    """The structural nodes of `shape`'s keys; a key that may be left out may also be null, so that the
+    apiserver keeps a null as written (the model refuses one where it would replace the pod's value)."""
     out = {key: schema(sub, _sentence(sub.expected)) for key, sub in shape.fields.items()}
     for key in shape.fields.keys() - set(shape.required):
         out[key]["nullable"] = True

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hybridserving.api.pods import OWNED_POD_SPEC_FIELDS, PodTemplate, pod_resources, requests_vs_limits
+from hybridserving.api.podshape import POD_SPEC, Items
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.core.layout import LayoutIssue
 
@@ -26,7 +27,7 @@ ENGINE_CONTAINER = "engine"
 OPERATOR_PREFIX = "hybridserving.io/"
 # Keys outside our prefix that the router reads from engine pods.
 ROUTER_KEYS = frozenset({"sglang.ai/bootstrap-port", "smg.ai/worker-ports"})
-_NAMED_LISTS = ("containers", "initContainers")
+_NAMED_LISTS = frozenset(key for key, shape in POD_SPEC.fields.items() if isinstance(shape, Items) and shape.by_name)
 
 # Engine container fields the operator renders, with the spec field that sets each.
 OWNED_ENGINE_FIELDS: dict[str, str] = {
@@ -47,7 +48,12 @@ def templates(spec: HybridServingSpec, role: Role) -> list[PodTemplate]:
 
 
 def merge(base: Any, patch: Any) -> Any:
-    """`patch` over `base` by the module's rule; neither argument is changed."""
+    """`patch` over `base` by the module's rule; neither argument is changed.
+
+    A null in `patch` replaces what `base` has, as a patch's null does. The model refuses one at
+    every key of `api.podshape`'s table that merges onto the pod, so a template's null only reaches
+    keys the table leaves open and the items a list appends, and the pod reads it as absent.
+    """
     if isinstance(base, Mapping) and isinstance(patch, Mapping):
         out = dict(base)
         for key, value in patch.items():
