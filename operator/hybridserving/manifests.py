@@ -6,9 +6,11 @@ type or a hostile name must come back as "field path: problem; fix", never a tra
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from hybridserving.api.base import field_errors
+from hybridserving.api.crd import render_schema
 from hybridserving.api.v1alpha1 import HybridServing
 
 
@@ -94,13 +97,37 @@ class _NotSent(Exception):
         self.error = error
 
 
-def _as_kubectl_sends(value: Any, path: str = "", budget: list[int] | None = None, depth: int = 0) -> Any:
-    """The document as kubectl's YAML-to-JSON step writes it and the apiserver then reads it: a whole
-    float (`8.0`) becomes `8`; a field set to null is left out, as the apiserver prunes nulls from a
-    custom object (none of its fields is nullable) and then fills the default. Raises _NotSent past
-    MAX_VALUES values, counted as expanded, before the expansion costs the memory and time an alias
-    bomb asks for, or past MAX_DEPTH levels; and for a number JSON cannot carry (.inf, .nan), which
-    kubectl fails to convert."""
+@functools.cache
+def _crd_schema() -> Mapping[str, Any]:
+    return render_schema(HybridServing)
+
+
+def _keeps_null(parent: Mapping[str, Any] | None, node: Mapping[str, Any] | None) -> bool:
+    """Whether the apiserver stores a null at a key of schema `node` (None: the schema does not name
+    the key) in an object of schema `parent` (None: inside such a key). It prunes a null where the
+    schema is not nullable, before defaulting; it keeps one the schema marks nullable, and one at a
+    key it keeps unknown (x-kubernetes-preserve-unknown-fields)."""
+    if node is not None:
+        return bool(node.get("nullable"))
+    return parent is None or bool(parent.get("x-kubernetes-preserve-unknown-fields"))
+
+
+def _field_schema(node: Mapping[str, Any] | None, key: str) -> Mapping[str, Any] | None:
+    if node is None:
+        return None
+    sub = (node.get("properties") or {}).get(key, node.get("additionalProperties"))
+    return sub if isinstance(sub, Mapping) else None
+
+
+def _as_kubectl_sends(value: Any, schema: Mapping[str, Any] | None, path: str = "", budget: list[int] | None = None,
+                      depth: int = 0) -> Any:
+    """The document as kubectl's YAML-to-JSON step writes it and the apiserver then reads it against
+    the CRD's `schema`: a whole float (`8.0`) becomes `8`; a field set to null is left out where the
+    apiserver prunes it (the operator's own fields, none nullable, whose defaults then fill in) and
+    kept where it stores it (the keys of a pod template's spec), so the model judges the nulls the
+    webhook and the reconcile see. Raises _NotSent past MAX_VALUES values, counted as expanded,
+    before the expansion costs the memory and time an alias bomb asks for, or past MAX_DEPTH levels;
+    and for a number JSON cannot carry (.inf, .nan), which kubectl fails to convert."""
     budget = [MAX_VALUES] if budget is None else budget
     budget[0] -= 1
     if budget[0] < 0:
@@ -111,10 +138,12 @@ def _as_kubectl_sends(value: Any, path: str = "", budget: list[int] | None = Non
     if depth > MAX_DEPTH:
         raise _NotSent(_TOO_DEEP)
     if isinstance(value, dict):
-        return {k: _as_kubectl_sends(v, f"{path}.{k}" if path else str(k), budget, depth + 1)
-                for k, v in value.items() if v is not None}
+        subs = {k: _field_schema(schema, str(k)) for k in value}
+        return {k: _as_kubectl_sends(v, subs[k], f"{path}.{k}" if path else str(k), budget, depth + 1)
+                for k, v in value.items() if v is not None or _keeps_null(schema, subs[k])}
     if isinstance(value, list):
-        return [_as_kubectl_sends(v, f"{path}[{i}]", budget, depth + 1) for i, v in enumerate(value)]
+        items = schema.get("items") if schema is not None else None
+        return [_as_kubectl_sends(v, items, f"{path}[{i}]", budget, depth + 1) for i, v in enumerate(value)]
     if isinstance(value, float) and not math.isfinite(value):
         raise _NotSent(ManifestError(path or "(document)", f"{value} is not a number JSON can carry",
                                       "write a finite number, or quote the value if it is a string"))
@@ -134,7 +163,7 @@ def parse_document(doc: Any, source: str = "<input>") -> HybridServing:
             source, [ManifestError("kind", f"expected HybridServing, got {kind!r}", "set kind: HybridServing")]
         )
     try:
-        sent = _as_kubectl_sends(doc)
+        sent = _as_kubectl_sends(doc, _crd_schema())
     except _NotSent as exc:
         raise ManifestInvalid(source, [exc.error]) from None
     try:

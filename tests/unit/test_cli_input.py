@@ -18,6 +18,7 @@ import yaml
 
 from hybridserving.cli import main
 from hybridserving.commands import status
+from hybridserving.manifests import load_text
 
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
@@ -339,6 +340,20 @@ def test_null_is_what_leaving_the_field_out_is(tmp_path: Path) -> None:
     assert code == 0, out
     code, out = validate(tmp_path, FLEET.replace("  decode: {replicas: 1, layout: {tp: 8}}\n", "  decode: null\n"))
     assert code == 1 and "error: spec.decode: Field required" in out
+
+
+def test_a_pod_templates_nulls_are_kept_where_the_apiserver_keeps_them(tmp_path: Path) -> None:
+    """The CRD marks a pod spec's typed keys nullable and keeps its unknown keys, so the apiserver stores
+    those nulls for the webhook to judge; it prunes the null of a key that is not nullable, such as an
+    owned field's or a label's."""
+    template = ("  podTemplate:\n    metadata: {labels: {team: null}}\n"
+                "    spec: {hostAliases: null, hostNetwork: null, containers: [{name: s, image: x, ports: null}]}\n")
+    code, out = validate(tmp_path, FLEET + template)
+    assert code == 1 and out.count("error: ") == 1, out
+    assert "error: spec.podTemplate.spec.containers[0].ports: remove the key: null would replace any" in out
+    (hs,) = load_text(FLEET + template.replace(", ports: null", ""))
+    assert hs.spec.pod_template is not None and hs.spec.pod_template.metadata.labels == {}
+    assert hs.spec.pod_template.spec == {"hostAliases": None, "containers": [{"name": "s", "image": "x"}]}
 
 
 def test_a_capability_given_twice_is_refused_as_by_the_apiserver(tmp_path: Path) -> None:

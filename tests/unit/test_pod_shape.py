@@ -211,6 +211,19 @@ def test_a_null_where_the_template_merges_is_refused_at_admission_saying_to_leav
     assert text in message and refused.value.code == 422
 
 
+@pytest.mark.parametrize(("pod", "field", "text"), NULLS, ids=[n[1] for n in NULLS])
+def test_validate_refuses_a_null_in_a_role_template_as_the_webhook_does(pod: dict[str, Any], field: str,
+                                                                        text: str) -> None:
+    """The CLI keeps the nulls of a pod template's spec, as the apiserver stores them for the webhook to see."""
+    doc = body_with({})
+    del doc["spec"]["podTemplate"]
+    doc["spec"]["decode"]["podTemplate"] = {"spec": pod}
+    with pytest.raises(ManifestInvalid) as refused:
+        load_text(yaml.safe_dump(doc))
+    assert any(e.path == f"spec.decode.podTemplate.spec.{field}" and text in e.message
+               for e in refused.value.errors), refused.value
+
+
 def _merged(path: tuple[str, ...]) -> bool:
     """Whether a template's value under `path` merges onto the pod's: through objects, and through the
     items of the lists that merge by name; an item a list appends replaces nothing."""
