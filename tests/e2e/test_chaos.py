@@ -11,7 +11,8 @@ out) and names the instance the fault hit. The scenarios:
 * **operator kill**: the operator SIGKILLed and restarted while the fleet serves;
 * **control-plane outage**: the kube-apiserver stopped for 20 s and started again with the same
   command line (an upgrade or a restart). The router keeps its workers throughout; the leader,
-  which cannot renew its Lease, exits and is restarted as its kubelet would; afterwards the
+  which cannot renew its Lease, exits and is restarted as its kubelet would (so are the local
+  cluster's scheduler and controller manager, which lose theirs too); afterwards the
   operator acts on a spec edit and on a deleted NetworkPolicy, and no engine, pod or container
   restarted, no role switched and the Degraded condition never changed;
 * **pod deletion**: a prefill leader pod deleted (its gang restarts);
@@ -423,8 +424,10 @@ def _scenarios(chaos: Chaos) -> None:
     # Control-plane outage: the kube-apiserver stopped for OUTAGE_SECONDS and started again with
     # the same command line, as an upgrade or a restart does. The router, the engines and their
     # launchers serve without it; the operator acts again once it is back, and nothing restarts.
-    # Last: the local cluster's scheduler runs without leader election, so unlike a real one it
-    # does not restart with the apiserver, and its informers may miss a pod created afterwards.
+    # Last: as on a real control plane, the scheduler and the controller manager lose their leases
+    # and are restarted, and the scheduler places pods again only after its informers' back-off
+    # and the lease it waits out (up to about 45 s after the apiserver is back): no later
+    # scenario waits on that.
     def control_plane_outage() -> list[str]:
         def healthy() -> dict | None:  # the crash loop before has ended: the fleet says so too
             hs = chaos.fleet()

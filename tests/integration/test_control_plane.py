@@ -5,6 +5,10 @@ from __future__ import annotations
 import collections
 import ipaddress
 import json
+import os
+import pathlib
+import signal
+import time
 import uuid
 
 import pytest
@@ -12,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hybridserving.devcluster import Cluster, FleetSpec, read_versions
+from hybridserving.devcluster.supervise import SETTLE_SECONDS
 from hybridserving.devcluster.nodes import (
     GPU_RESOURCE,
     KWOK_SELECTOR,
@@ -333,3 +338,84 @@ def test_a_cluster_for_the_pod_runner_leaves_a_probed_pod_unready_until_its_prob
             api.close()
     finally:
         probed.down()
+
+
+
+# What a kubelet restarts on a real control plane.
+RESTARTED = ("kube-scheduler", "kube-controller-manager")
+
+
+def component_process(c: Cluster, comp: str) -> int | None:
+    """The component's own process, in the process group its supervisor leads."""
+    group = c.pids()[comp]
+    for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+        try:
+            program = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            if os.path.basename(program) == comp and os.getpgid(pid) == group:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def dep_replicas(apps, replicas: int) -> None:
+    apps.patch_namespaced_deployment_scale("dep", "default", {"spec": {"replicas": replicas}})
+
+
+@pytest.mark.multicluster
+def test_the_scheduler_and_controller_manager_come_back_after_they_exit_and_after_an_apiserver_outage(
+        make_cluster):
+    # A real control plane's kubelet starts them again when they exit: on a corrupted cache (the
+    # scheduler), on a lease they could not renew while the apiserver was away (both, with leader
+    # election). Without that, every pod created afterwards stays Pending.
+    # Its own cluster: the outage would stall every other test on the session's.
+    c = make_cluster(FleetSpec(nodes=2, gpus_per_node=2), prefix="outage")
+    try:
+        c.up()
+        up = time.monotonic()
+        api = c.api_client()
+        try:
+            core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+            apps.create_namespaced_deployment("default", {
+                "metadata": {"name": "dep"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": "dep"}},
+                    "template": {"metadata": {"labels": {"app": "dep"}},
+                                 "spec": {"containers": [gpu_container("main", 1)]}},
+                },
+            })
+            wait_for(lambda: pods_ready(core, "default", "app=dep", 1), 60, "the replica Ready")
+
+            # Both exit on their own once they came up (sooner, the supervisor takes the command
+            # line for one that does not start and reports it dead); SIGKILL releases no lease:
+            # the next process waits out its duration.
+            time.sleep(max(0.0, up + SETTLE_SECONDS - time.monotonic()))
+            for comp in RESTARTED:
+                pid = component_process(c, comp)
+                assert pid is not None, comp
+                os.kill(pid, signal.SIGKILL)
+            dep_replicas(apps, 2)
+            (before, _) = wait_for(lambda: pods_ready(core, "default", "app=dep", 2), 60,
+                                   "a replica added after the scheduler and controller manager exited Ready")
+            processes = {comp: component_process(c, comp) for comp in RESTARTED}
+
+            # Longer than the leader election's renew deadline (10 s): both lose their leases.
+            c.restart("kube-apiserver", down_seconds=25)
+
+            core.delete_namespaced_pod(before.metadata.name, "default")
+            dep_replicas(apps, 3)
+            # As on a real control plane, the restarted scheduler lists once its informers' back-off
+            # (up to 30 s) has passed, and both wait out the lease their predecessors held (15 s).
+            after = wait_for(lambda: pods_ready(core, "default", "app=dep", 3), 90,
+                             "a replacement and a new replica scheduled onto kwok nodes and Ready")
+            assert before.metadata.name not in {p.metadata.name for p in after}
+            nodes = {n.metadata.name for n in core.list_node(label_selector=KWOK_SELECTOR).items}
+            assert {p.spec.node_name for p in after} <= nodes
+            restarted = {comp: component_process(c, comp) for comp in RESTARTED}
+            assert all(restarted[comp] not in (None, processes[comp]) for comp in RESTARTED), (processes, restarted)
+        finally:
+            api.close()
+        assert c.is_running() and not c.crashed(), c.crash_report(c.crashed())
+    finally:
+        c.down()

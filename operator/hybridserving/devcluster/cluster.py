@@ -37,6 +37,13 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Run with leader election, as in a real control plane, and so, as there, under a supervisor that
+# starts them again when they exit (`supervise.py`, the kubelet's part): they exit on a lost lease
+# (an apiserver outage past the renew deadline) and the scheduler on a corrupted cache, and only a
+# fresh process has a fresh cache. etcd, the apiserver and kwok hold no lease and do not exit on an
+# outage of another component: their exit stays a fault the cluster reports (`ComponentDied`).
+SUPERVISED = ("kube-controller-manager", "kube-scheduler")
+SUPERVISOR = pathlib.Path(__file__).with_name("supervise.py")
 # Gang admission through the Workload API (scheduling.k8s.io/v1alpha1, alpha in 1.35): the
 # apiserver serves Workloads and pods' spec.workloadRef, the scheduler's gang plugin holds a
 # pod group until all of its pods fit. Pods without a workloadRef schedule as before.
@@ -254,6 +261,28 @@ def _pid_rss_kib(pid: int) -> int:
     return 0
 
 
+def _is_supervisor(cmd: list[str]) -> bool:
+    """A supervisor's command line (`_supervised`), whichever checkout started it: a stray one
+    would start its component again after `down` killed it."""
+    return len(cmd) > 2 and pathlib.PurePath(cmd[2]).parts[-2:] == SUPERVISOR.parts[-2:]
+
+
+def _group_rss_kib(pgid: int) -> int:
+    """The resident memory of a process group: a supervised component's is its supervisor's."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                group = int(fh.read().rpartition(")")[2].split()[2])
+        except (OSError, ValueError, IndexError):
+            continue
+        if group == pgid:
+            total += _pid_rss_kib(int(entry))
+    return total
+
+
 def _pids_referencing(marker: str) -> list[int]:
     """Control-plane processes whose command line mentions ``marker`` (a cluster's state dir)."""
     out = []
@@ -265,9 +294,15 @@ def _pids_referencing(marker: str) -> list[int]:
         if pid == me or not _pid_alive(pid):
             continue
         cmd = _pid_cmdline(pid)
-        if cmd and os.path.basename(cmd[0]) in COMPONENTS and any(marker in arg for arg in cmd[1:]):
+        ours = bool(cmd) and (os.path.basename(cmd[0]) in COMPONENTS or _is_supervisor(cmd))
+        if ours and any(marker in arg for arg in cmd[1:]):
             out.append(pid)
     return out
+
+
+def _supervised(cmd: list[str]) -> list[str]:
+    """`cmd` under its supervisor, run isolated from this process's import path (it needs none)."""
+    return [sys.executable, "-I", str(SUPERVISOR), "--", *cmd]
 
 
 def tail(path: pathlib.Path, lines: int = 30) -> str:
@@ -433,7 +468,7 @@ class Cluster:
         return bool(alive) and all(alive.get(c, False) for c in COMPONENTS)
 
     def rss_mib(self) -> dict[str, float]:
-        return {c: _pid_rss_kib(p) / 1024 for c, p in self.pids().items() if _pid_alive(p)}
+        return {c: _group_rss_kib(p) / 1024 for c, p in self.pids().items() if _pid_alive(p)}
 
     def status(self) -> dict[str, Any]:
         st = self.state()
@@ -628,7 +663,11 @@ class Cluster:
             f"--kubeconfig={kc}",
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
-            "--leader-elect=false",
+            # as kubeadm runs it: the CA bundles from files, so that a restart while the apiserver
+            # is away waits for it instead of exiting on the lookup of their ConfigMap
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+            "--leader-elect=true",
             "--controllers=*",
             "--bind-address=127.0.0.1",
             f"--secure-port={p.controller_manager}",
@@ -656,7 +695,7 @@ class Cluster:
             "clientConnection:\n"
             f"  kubeconfig: {kc}\n"
             "leaderElection:\n"
-            "  leaderElect: false\n"
+            "  leaderElect: true\n"
         )
         self._spawn(state, "kube-scheduler", [
             str(bins["kube-scheduler"]),
@@ -709,10 +748,12 @@ class Cluster:
         self._say(f"up in {state['up_seconds']}s; KUBECONFIG={self.kubeconfig}")
 
     def _spawn(self, state: dict[str, Any], comp: str, cmd: list[str]) -> None:
+        """Start `comp` in its own process group, under its supervisor if it has one; `<comp>.cmd`
+        records the component's own command line, which `restart` runs again."""
         log = open(self.log_path(comp), "ab")
         try:
             proc = subprocess.Popen(
-                cmd,
+                _supervised(cmd) if comp in SUPERVISED else cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -757,7 +798,9 @@ class Cluster:
         """Stop one component and, `down_seconds` later, start it again with the command line it
         was started with (`<comp>.cmd`): the outage of an upgrade or a restart of that component,
         as its clients meet it (same address, same data). Returns once it serves again (etcd and
-        the apiserver; the others once started)."""
+        the apiserver; the others once started). An apiserver down for longer than the leader
+        election's renew deadline (10 s) costs the scheduler and the controller manager their
+        leases: they exit and their supervisors start them again, as on a real control plane."""
         if comp not in COMPONENTS:
             raise ValueError(f"unknown component {comp!r}; one of {', '.join(COMPONENTS)}")
         state = self.state()
@@ -888,8 +931,10 @@ class Cluster:
         if not (_pid_alive(pid) and self._marker in " ".join(_pid_cmdline(pid))):
             return
         say(f"stopping {comp} (pid {pid})")
+        # a supervisor hands SIGTERM on: the component must get it once (`supervise.py`)
+        terminate = os.kill if comp in SUPERVISED else os.killpg
         try:
-            os.killpg(pid, signal.SIGTERM)
+            terminate(pid, signal.SIGTERM)
         except ProcessLookupError:
             return
         except PermissionError:
