@@ -216,9 +216,7 @@ def requests_vs_limits(resources: Mapping[str, Any]) -> list[LimitBreach]:
     """Each request the apiserver would refuse against its limit (`ValidateResourceRequirements`): above
     it, or, for a resource that cannot be overcommitted, unequal to it or without one. Values that are
     no quantity are left to the quantity check."""
-    requests, limits = resources.get("requests"), resources.get("limits")
-    requests = requests if isinstance(requests, Mapping) else {}
-    limits = limits if isinstance(limits, Mapping) else {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
     breaches = []
     for resource, request in requests.items():
         limit = limits.get(resource)
@@ -314,31 +312,31 @@ class PodResources(NamedTuple):
     """Where it is, from the pod spec: `resources` or `containers[NAME].resources`."""
     list_name: str | None
     """`containers` or `initContainers`; None for the pod's own."""
-    name: object
-    """The container's name as written (None for the pod's own)."""
+    name: str | None
+    """The container's name (None for the pod's own)."""
     resources: Mapping[str, Any]
 
 
 def pod_resources(pod: Mapping[str, Any]) -> Iterator[PodResources]:
-    """Every `resources` object of a partial pod spec that is an object, skipping what has another
-    shape (the shape checks report that): quantities and limits are judged per object."""
-    if isinstance(resources := pod.get("resources"), Mapping):
+    """Every `resources` object of a partial pod spec of `api.podshape`'s shape (`shape_errors` finds
+    none: a template's spec once the model admits it), so that quantities and limits are judged per
+    object."""
+    if (resources := pod.get("resources")) is not None:
         yield PodResources("resources", None, None, resources)
     for list_name in ("initContainers", "containers"):
-        containers = pod.get(list_name)
-        for container in containers if isinstance(containers, list) else ():
-            if isinstance(container, Mapping) and isinstance(resources := container.get("resources"), Mapping):
-                name = container.get("name")
+        for container in pod.get(list_name) or ():
+            if (resources := container.get("resources")) is not None:
+                name = container["name"]
                 yield PodResources(f"{list_name}[{name}].resources", list_name, name, resources)
 
 
 def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
-    """Resource quantities of the pod and of its containers that the apiserver would refuse."""
+    """Resource quantities of the pod and of its containers that the apiserver would refuse; `pod`
+    has `api.podshape`'s shape."""
     errors = []
     for at, _, _, resources in pod_resources(pod):
         for section in ("requests", "limits"):
-            values = resources.get(section)
-            for resource, value in values.items() if isinstance(values, Mapping) else ():
+            for resource, value in (resources.get(section) or {}).items():
                 if not is_quantity(value):
                     errors.append(quantity_error(value, f"{at}.{section}[{resource}]"))
     return errors
