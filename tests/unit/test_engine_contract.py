@@ -354,6 +354,18 @@ def test_a_body_that_is_no_json_is_a_bad_request_error_response(engine, path):
         assert (body["object"], body["type"], body["param"], body["code"]) == ("error", "Bad Request", None, 400)
 
 
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
+def test_a_json_body_that_is_no_text_is_an_http_exception_error_response(engine, path):
+    # FastAPI reads a JSON body with json.loads; any failure but a JSONDecodeError (here the bytes are
+    # no UTF-8) is its HTTPException(400, "There was an error parsing the body") (fastapi/routing.py),
+    # which SGLang's handler answers as an ErrorResponse typed with the status (http_server.py:578-630).
+    resp = httpx.post(engine + path, content=b'{"text": "\xff"}', headers={"Content-Type": "application/json"},
+                      timeout=30)
+    assert resp.status_code == 400
+    assert resp.json() == {"object": "error", "message": "There was an error parsing the body", "type": "400",
+                           "param": None, "code": 400}
+
+
 @pytest.mark.parametrize("path, body, error", [
     ("/v1/completions", {"max_tokens": 1}, "{'type': 'missing', 'loc': ('body', 'prompt'), 'msg': 'Field required', "
                                            "'input': {'max_tokens': 1}}"),

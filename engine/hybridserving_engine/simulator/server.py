@@ -56,6 +56,7 @@ from hybridserving_engine.simulator.engine import (
 from hybridserving_engine.simulator.faults import Faults
 from hybridserving_engine.simulator.metrics import EngineMetrics, env_bool, local_schedulers
 from hybridserving_engine.simulator.validation import (
+    BodyUnreadable,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateReqInput,
@@ -675,6 +676,8 @@ class SimulatorServer:
         and an abort is a chunk whose `finish_reason` says so (tokenizer_manager.py:1924)."""
         try:
             body = await self._validated_body(request, GenerateReqInput)
+        except BodyUnreadable as e:
+            return _http_exception(400, str(e))
         except RequestValidationError as e:
             return _validation_error(e.message)
         contract_error = generate_contract_error(body)
@@ -746,6 +749,8 @@ class SimulatorServer:
         try:
             body = await self._validated_body(request, kind)
             req = parse(body)
+        except BodyUnreadable as e:
+            return _http_exception(400, str(e))
         except RequestValidationError as e:
             return _validation_error(e.message)
         except InvalidRequest as e:

@@ -59,6 +59,14 @@ class RequestValidationError(Exception):
         return f"{text} {listed}" if listed and listed != text else text
 
 
+class BodyUnreadable(Exception):
+    """A JSON body FastAPI fails to read other than as invalid JSON (bytes that are no UTF-8, UTF-16
+    or UTF-32 text, nesting past the recursion limit): it answers any such failure with
+    `HTTPException(400, MESSAGE)` (`fastapi/routing.py`), through SGLang's HTTPException handler."""
+
+    MESSAGE = "There was an error parsing the body"
+
+
 def endpoint_context(method: str, path: str) -> str:
     """`ValidationException._format_endpoint_context` for one of SGLang's generation routes."""
     function, line = ENDPOINTS[path]
@@ -68,7 +76,8 @@ def endpoint_context(method: str, path: str) -> str:
 def read_body(raw: bytes, content_type: str | None, endpoint: str) -> Any:
     """The body FastAPI validates: None when empty; decoded JSON under `application/json` or
     `application/*+json`; else the bytes themselves, a Content-Type being required
-    (`strict_content_type`). Undecodable JSON is a `json_invalid` error."""
+    (`strict_content_type`). Undecodable JSON is a `json_invalid` error; a body that is no text,
+    or nests too deep, is BodyUnreadable."""
     if not raw:
         return None
     if not content_type:
@@ -83,6 +92,8 @@ def read_body(raw: bytes, content_type: str | None, endpoint: str) -> Any:
     except json.JSONDecodeError as e:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
                             "input": {}, "ctx": {"error": e.msg}}], endpoint) from e
+    except (ValueError, RecursionError) as e:
+        raise BodyUnreadable(BodyUnreadable.MESSAGE) from e
 
 
 def require_json_media(content_type: str | None) -> None:
