@@ -69,3 +69,31 @@ def test_the_cluster_knows_its_supervisors_by_their_command_line() -> None:
     other_checkout = [cmd[0], "-I", "/elsewhere/hybridserving/devcluster/supervise.py", *cmd[3:]]
     assert _is_supervisor(other_checkout)
     assert not _is_supervisor(["/bin/kube-scheduler", "--config=/c/scheduler.yaml"])
+
+
+# Records each SIGTERM or SIGINT it gets, as its name, in `signals`; exits 0 a second after the first.
+RECORDER = """
+import signal, sys, time
+got = []
+def record(signum, _frame):
+    got.append(signal.Signals(signum).name)
+for s in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, record)
+open("started", "w").close()
+while not got:
+    time.sleep(0.01)
+time.sleep(1)
+open("signals", "w").write(" ".join(got))
+"""
+
+
+def test_a_stop_request_reaches_the_component_once_as_the_signal_it_was(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-I", str(SUPERVISOR), "--settle", "0.3", "--", sys.executable, "-c",
+                             RECORDER], cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "started").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(10) == 0
+    assert (tmp_path / "signals").read_text() == "SIGINT"

@@ -35,6 +35,8 @@ SETTLE_SECONDS = 10.0
 # Back-off doubles per run that did not come up, capped as the kubelet caps a crash loop's
 # (there at 5 min; a local cluster wants its scheduler back within a test's patience).
 MAX_BACKOFF_SECONDS = 8.0
+# How soon a signal reaches the component, and a stop request ends a back-off.
+POLL_SECONDS = 0.1
 
 
 def exit_status(returncode: int) -> int:
@@ -49,16 +51,16 @@ def _say(name: str, msg: str) -> None:
 
 def supervise(cmd: list[str], settle: float, backoff: float, burst: int) -> int:
     """Run `cmd` until the supervisor is asked to stop (SIGTERM, SIGINT) or `cmd` stops coming
-    up; the exit status is the component's last."""
+    up; the exit status is the component's last.
+
+    The handler only records a signal, and the loop hands each one on to the running component
+    exactly once: a handler that signalled the component itself would race the start of a run, and
+    a signal arriving just after it could reach the component twice."""
     name = os.path.basename(cmd[0])
-    child: subprocess.Popen[bytes] | None = None
-    stopping = False
+    received: list[int] = []
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
+        received.append(signum)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -67,10 +69,17 @@ def supervise(cmd: list[str], settle: float, backoff: float, burst: int) -> int:
     while True:
         started = time.monotonic()
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-        if stopping:  # asked to stop while it was being started: the signal missed it
-            child.terminate()
-        code = child.wait()
-        if stopping:
+        handed_on = 0
+        code = None
+        while code is None:
+            while handed_on < len(received):
+                child.send_signal(received[handed_on])
+                handed_on += 1
+            try:
+                code = child.wait(POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        if received:
             return exit_status(code)
         ran = time.monotonic() - started
         failed_starts = failed_starts + 1 if ran < settle else 0
@@ -82,9 +91,9 @@ def supervise(cmd: list[str], settle: float, backoff: float, burst: int) -> int:
         delay = min(backoff * 2 ** max(failed_starts - 1, 0), MAX_BACKOFF_SECONDS)
         _say(name, f"exited {code} after {ran:.1f} s; starting it again in {delay:.1f} s")
         until = time.monotonic() + delay
-        while not stopping and time.monotonic() < until:
-            time.sleep(0.1)
-        if stopping:
+        while not received and time.monotonic() < until:
+            time.sleep(POLL_SECONDS)
+        if received:
             return exit_status(code)
 
 
