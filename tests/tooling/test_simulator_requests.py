@@ -145,9 +145,9 @@ def test_a_refusal_reads_as_fastapis_validation_error_in_sglangs_error_response(
     assert "@app.exception_handler(RequestValidationError)" in handler
     assert 'message = f"{exc_str} {errors_str}"' in cited("entrypoints/http_server.py", 666, 671)
     assert "if media_type != \"application/json\":" in cited("entrypoints/http_server.py", 695, 707)
-    for path, (function, line) in validation.ENDPOINTS.items():
-        decorated = cited("entrypoints/http_server.py", line, line + 6)
-        assert decorated.startswith("@app.") and f'"{path}"' in decorated, path
+    for path, (file, function, line) in validation.ENDPOINTS.items():
+        decorated = cited(f"entrypoints/{file}", line, line + 6)
+        assert decorated.startswith(("@app.", "@router.")) and f'"{path}"' in decorated, path
         assert f"async def {function}(" in decorated, path
     endpoint = validation.endpoint_context("PUT", "/generate")
     with pytest.raises(validation.RequestValidationError) as refused:
@@ -155,7 +155,8 @@ def test_a_refusal_reads_as_fastapis_validation_error_in_sglangs_error_response(
     errors = refused.value.errors
     assert sorted(e["loc"] for e in errors) == [("body", "text", "list[str]"), ("body", "text", "str")]
     text = ("2 validation errors:\n" + "".join(f"  {e}\n" for e in errors)
-            + f'\n  File "{validation.SGLANG_HTTP_SERVER}", line 928, in generate_request\n    PUT /generate')
+            + f'\n  File "{validation.SGLANG_ENTRYPOINTS}/http_server.py", line 928, in generate_request\n'
+            '    PUT /generate')
     assert refused.value.message == f"{text} {errors}"
     with pytest.raises(validation.RequestValidationError) as media:
         validation.require_json_media("text/plain")

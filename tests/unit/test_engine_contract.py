@@ -252,12 +252,17 @@ def test_loads_of_one_dp_rank_keep_its_entry_and_of_no_rank_none(engine):
         assert resp.status_code == 200 and resp.json()["loads"] == [], rank
     assert loads(dp_rank=ranks, include="bogus").json()["loads"] == []
     assert loads(dp_rank=ranks, format="prometheus").text == "\n"
-    # A rank that is no integer fails FastAPI's validation: SGLang's 400 ErrorResponse (http_server.py:635-687).
+    # A rank that is no integer fails FastAPI's validation: SGLang's 400 ErrorResponse (http_server.py:635-687),
+    # worded as for a body, the handler being v1_loads.py's get_loads.
     for rank in ("one", "0.5", ""):
         resp = loads(dp_rank=rank)
         body = resp.json()
         assert resp.status_code == 400 and set(body) == ERROR_RESPONSE_KEYS, (rank, body)
         assert (body["object"], body["type"], body["code"]) == ("error", "Bad Request", 400)
+        assert body["message"].startswith(
+            f"1 validation error:\n  {{'type': 'int_parsing', 'loc': ('query', 'dp_rank'), 'msg': 'Input should be a "
+            f"valid integer, unable to parse string as an integer', 'input': '{rank}'}}\n\n  File "), body
+        assert "/sglang/srt/entrypoints/v1_loads.py\", line 96, in get_loads\n    GET /v1/loads [{" in body["message"]
 
 
 def test_default_metrics_have_no_forward_timer_and_no_prefill_utilization(engine):

@@ -29,7 +29,6 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import TypeAdapter, ValidationError
 
 from hybridserving.contract import SGLANG_VERSION
 from hybridserving.core.perfmodel import PerformanceModel
@@ -65,6 +64,7 @@ from hybridserving_engine.simulator.validation import (
     read_body,
     require_json_media,
     validate_body,
+    validate_query_int,
 )
 
 log = logging.getLogger("hybridserving.simulator")
@@ -93,10 +93,6 @@ class InvalidBody(Exception):
     """A control route's body that is no JSON object."""
 
 
-class InvalidQuery(Exception):
-    """A query parameter FastAPI refuses before SGLang's handler runs: not of its declared type."""
-
-
 def _error_body(message: str, err_type: str, status: int) -> dict[str, Any]:
     """SGLang's `ErrorResponse` (`entrypoints/openai/protocol.py:106-111`)."""
     return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
@@ -106,24 +102,6 @@ def _query(request: web.Request, name: str) -> str | None:
     """A query parameter as FastAPI reads it: Starlette's `QueryParams` keeps the last of repeated values."""
     values = request.query.getall(name, [])
     return values[-1] if values else None
-
-
-_INT = TypeAdapter(int)
-
-
-def _query_int(request: web.Request, name: str) -> int | None:
-    """An `Optional[int]` query parameter as FastAPI validates it before the handler runs: pydantic's
-    lax integer parsing of the string ("+1", " 1 ", "1.0" and "1_0" are integers; an empty value is
-    not). A value it refuses is a RequestValidationError, `_validation_error`."""
-    value = _query(request, name)
-    if value is None:
-        return None
-    try:
-        return _INT.validate_python(value)
-    except ValidationError as e:
-        errors = [{"type": err["type"], "loc": ("query", name), "msg": err["msg"], "input": value}
-                  for err in e.errors(include_url=False)]
-        raise InvalidQuery(str(errors)) from None
 
 
 def _validation_error(message: str) -> web.Response:
@@ -534,9 +512,10 @@ class SimulatorServer:
         attention-DP groups, one without either) leaves none, a 200 with no loads
         (`managers/tokenizer_control_mixin.py:1001-1028`)."""
         try:
-            dp_rank = _query_int(request, "dp_rank")
-        except InvalidQuery as e:
-            return _validation_error(str(e))
+            dp_rank = validate_query_int(_query(request, "dp_rank"), "dp_rank",
+                                         endpoint_context(request.method, "/v1/loads"))
+        except RequestValidationError as e:
+            return _validation_error(e.message)
         include = _query(request, "include")
         sections = {s.strip() for s in include.split(",")} if include else None
         loads = [load for load in self.engine.loads() if dp_rank in (None, load["dp_rank"])]

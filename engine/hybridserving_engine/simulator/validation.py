@@ -1,4 +1,5 @@
-"""FastAPI's request validation on SGLang 0.5.23's generation routes, and SGLang's answer to it.
+"""FastAPI's request validation on SGLang 0.5.23's generation routes and `/v1/loads`, and SGLang's
+answer to it.
 
 FastAPI reads the body (JSON only under a JSON Content-Type: a body sent without one stays bytes),
 runs the route's dependencies (the OpenAI routes' `validate_json_request`,
@@ -27,12 +28,14 @@ from typing import Annotated, Any, Dict, List, Optional, Union
 
 from pydantic import BaseModel, PlainValidator, TypeAdapter, ValidationError, field_validator
 
-SGLANG_HTTP_SERVER = "/sgl-workspace/sglang/python/sglang/srt/entrypoints/http_server.py"
+SGLANG_ENTRYPOINTS = "/sgl-workspace/sglang/python/sglang/srt/entrypoints"
 ENDPOINTS = {
-    # The route and the line `inspect.getsourcelines` gives for its handler: its first decorator's.
-    "/generate": ("generate_request", 928),
-    "/v1/completions": ("openai_v1_completions", 1860),
-    "/v1/chat/completions": ("openai_v1_chat_completions", 1870),
+    # The route, the file of its handler under `entrypoints/`, the handler, and the line
+    # `inspect.getsourcelines` gives for it: its first decorator's.
+    "/generate": ("http_server.py", "generate_request", 928),
+    "/v1/completions": ("http_server.py", "openai_v1_completions", 1860),
+    "/v1/chat/completions": ("http_server.py", "openai_v1_chat_completions", 1870),
+    "/v1/loads": ("v1_loads.py", "get_loads", 96),
 }
 
 
@@ -68,9 +71,9 @@ class BodyUnreadable(Exception):
 
 
 def endpoint_context(method: str, path: str) -> str:
-    """`ValidationException._format_endpoint_context` for one of SGLang's generation routes."""
-    function, line = ENDPOINTS[path]
-    return f'\n  File "{SGLANG_HTTP_SERVER}", line {line}, in {function}\n    {method} {path}'
+    """`ValidationException._format_endpoint_context` for one of the routes of `ENDPOINTS`."""
+    file, function, line = ENDPOINTS[path]
+    return f'\n  File "{SGLANG_ENTRYPOINTS}/{file}", line {line}, in {function}\n    {method} {path}'
 
 
 def read_body(raw: bytes, content_type: str | None, endpoint: str) -> Any:
@@ -102,6 +105,22 @@ def require_json_media(content_type: str | None) -> None:
         raise RequestValidationError([{"loc": ["header", "content-type"],
                             "msg": "Unsupported Media Type: Only 'application/json' is allowed",
                             "type": "value_error"}], None)
+
+
+_INT = TypeAdapter(int)
+
+
+def validate_query_int(value: str | None, name: str, endpoint: str) -> int | None:
+    """An `Optional[int]` query parameter as FastAPI validates it before the handler runs: pydantic's
+    lax integer parsing of the string ("+1", " 1 ", "1.0" and "1_0" are integers; an empty value is
+    not), its errors under `("query", name)`."""
+    if value is None:
+        return None
+    try:
+        return _INT.validate_python(value)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("query", name)} for err in e.errors(include_url=False)],
+                                     endpoint) from e
 
 
 def validate_list_i64_1d(v: Any) -> list[int]:
