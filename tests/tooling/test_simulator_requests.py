@@ -117,7 +117,8 @@ def test_the_bodies_fastapi_refuses_are_refused_with_pydantics_errors_under_sgla
     for kind in KINDS:
         name = kind.__name__
         cases += [(name, {**base[name], field: value}) for field in _fields(kind) for value in BAD]
-        cases += [(name, body) for body in (None, [], "s", {"bytes": '{"text": "hi"}'}, {},
+        # No body (None) never reaches pydantic: FastAPI reports it missing (test_engine_contract.py).
+        cases += [(name, body) for body in ([], "s", {"bytes": '{"text": "hi"}'}, {},
                                             {"stream": "maybe", "max_tokens": "x", "text": 1, "prompt": 1,
                                              "messages": 1, "input_ids": "x", "bootstrap_port": "p"})]
     fields = {kind.__name__: _fields(kind) for kind in KINDS}

@@ -360,6 +360,18 @@ def test_a_body_that_is_no_json_is_a_bad_request_error_response(engine, path):
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("content", [b"", b"null"])
+def test_no_body_is_a_missing_body_not_one_of_another_type(engine, path, content):
+    # FastAPI hands an empty body, or JSON's null, to no validator: the handler's one body
+    # parameter is required, so it is missing (fastapi/dependencies/utils.py).
+    resp = httpx.post(engine + path, content=content, headers={"Content-Type": "application/json"}, timeout=30)
+    assert resp.status_code == 400
+    errors, _ = validation_message(resp.json(), path)
+    assert errors == ("1 validation error:\n  {'type': 'missing', 'loc': ('body',), 'msg': 'Field required', "
+                      "'input': None}\n")
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
 def test_a_json_body_that_is_no_text_is_an_http_exception_error_response(engine, path):
     # FastAPI reads a JSON body with json.loads; any failure but a JSONDecodeError (here the bytes are
     # no UTF-8) is its HTTPException(400, "There was an error parsing the body") (fastapi/routing.py),

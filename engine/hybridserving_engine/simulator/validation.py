@@ -219,7 +219,12 @@ _ADAPTERS: dict[type, TypeAdapter[Any]] = {
 
 def validate_body(kind: type, body: Any, endpoint: str) -> None:
     """FastAPI's validation of the one body parameter: pydantic's errors under `("body", ...)`
-    (`fastapi/_compat/v2.py`, `_regenerate_error_with_loc`)."""
+    (`fastapi/_compat/v2.py`, `_regenerate_error_with_loc`). No body (an empty one, or JSON's null)
+    is never handed to pydantic: the required parameter is missing
+    (`fastapi/dependencies/utils.py`, `_validate_value_with_model_field`)."""
+    if body is None:
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}],
+                                     endpoint)
     try:
         _ADAPTERS[kind].validate_python(body, from_attributes=True)
     except ValidationError as e:
