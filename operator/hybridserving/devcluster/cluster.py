@@ -926,12 +926,12 @@ class Cluster:
             say(f"stopped; state kept in {self.dir}")
 
     def _stop_component(self, comp: str, pid: int, say: Progress, grace: float = 5.0) -> None:
-        """SIGTERM to the component's process group (it leads its own), SIGKILL after `grace`
-        seconds; a pid that is no longer this cluster's component is left alone."""
+        """SIGTERM to the component's process group (it leads its own), or to its supervisor alone,
+        which hands it on (the component must get it once, `supervise.py`); SIGKILL to the group
+        after `grace` seconds. A pid that is no longer this cluster's component is left alone."""
         if not (_pid_alive(pid) and self._marker in " ".join(_pid_cmdline(pid))):
             return
         say(f"stopping {comp} (pid {pid})")
-        # a supervisor hands SIGTERM on: the component must get it once (`supervise.py`)
         terminate = os.kill if comp in SUPERVISED else os.killpg
         try:
             terminate(pid, signal.SIGTERM)
