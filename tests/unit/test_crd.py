@@ -308,6 +308,18 @@ def test_every_pattern_comes_with_a_rule_that_says_how_to_write_the_value(name):
     assert found
 
 
+@pytest.mark.parametrize("name", [HS_FILE, HSI_FILE])
+def test_every_pattern_means_the_same_to_python_and_to_the_apiserver(name):
+    """Python reads `\\s`, `\\d`, `\\w` and `\\b` as Unicode classes, RE2 (the apiserver's `pattern` and CEL)
+    as ASCII ones: with either, the CLI and the webhook could refuse what the CRD admits, or the reverse."""
+    patterns = [node["pattern"] for _, node in walk(schema_of(name)) if "pattern" in node]
+    assert patterns
+    for pattern in patterns:
+        assert not re.search(r"\\[sSdDwWbB]", pattern), pattern
+    with pytest.raises(AssertionError, match="write the class's characters out"):
+        Format(r"^[^\s]+$", "a word", "no spaces, e.g. word")
+
+
 @pytest.mark.parametrize("name, valid", [
     ("a", True), ("fleet-1", True), ("f" * 40, True),
     ("1abc", False), ("9x", False), ("a.b", False), ("-a", False), ("a-", False), ("Fleet", False), ("f" * 41, False),

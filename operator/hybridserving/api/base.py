@@ -50,6 +50,8 @@ class Format:
         assert self.pattern.startswith("^") and self.pattern.endswith("$"), self.pattern
         for regex in (self.pattern, *self.forbids):
             assert "'" not in regex, f"{regex}: a CEL raw string literal cannot hold '"
+            # Python reads these classes as Unicode, RE2 as ASCII: spell the characters out.
+            assert not re.search(r"\\[sSdDwWbB]", regex), f"{regex}: write the class's characters out"
 
     @property
     def message(self) -> str:

@@ -15,9 +15,9 @@ nothing, and a role's template would drop spec.podTemplate's tolerations or node
 "not set", it would mean something other than it says. Either way the user learns nothing, so it
 is refused with the fix (leave the key out). Elsewhere (a key the table does not name, a key of an
 item a list appends) nothing is replaced: the null is kept as written and a pod reads it as absent.
-The CRD admits every null, so an object stored with one stays readable and updatable; the model
-refuses it, so the webhook refuses it at apply and the reconcile reports it, keeping the fleet on
-its last valid spec.
+The CRD admits a null at every key that may be left out, so an object stored with one stays
+readable and updatable; the model refuses it, so the webhook refuses it at apply and the reconcile
+reports it, keeping the fleet on its last valid spec.
 """
 
 from __future__ import annotations

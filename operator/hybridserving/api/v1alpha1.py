@@ -506,7 +506,7 @@ class Resources(ApiModel):
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "least_load"]
 
 # An image reference has no whitespace; the apiserver refuses a container with an empty image.
-ROUTER_IMAGE = Format(r"^[^\s]+$", "an image reference", "a name without spaces, tagged or by digest, e.g. "
+ROUTER_IMAGE = Format(r"^[^\t\n\f\r ]+$", "an image reference", "a name without spaces, tagged or by digest, e.g. "
                       "lightseekorg/smg:1.13.0 (leave router.image out for that default)")
 
 

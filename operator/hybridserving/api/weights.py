@@ -27,16 +27,17 @@ URI_MAX_LENGTH = 1024
 WeightsCache = Literal["None", "Node"]
 
 URI = Format(
-    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?"
-    r"|oci://[^\s]+)$",
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
+    r"(/[^\t\n\f\r ]*)?|oci://[^\t\n\f\r ]+)$",
     "a weights URI",
     "hf://org/model (a hub repository), pvc://claim[/path] (a PersistentVolumeClaim, its name in lowercase) or "
     "oci://registry/repo:tag (an image), without spaces, e.g. hf://deepseek-ai/DeepSeek-V3")
 REVISION = Format("^[A-Za-z0-9._/-]+$", "a hub revision",
                   "a branch, tag or commit of letters, digits, '.', '_', '/' or '-', e.g. main or a commit hash")
-ENDPOINT = Format(r"^https?://[^\s]+$", "a hub endpoint",
+ENDPOINT = Format(r"^https?://[^\t\n\f\r ]+$", "a hub endpoint",
                   "an http:// or https:// URL without spaces, e.g. https://hf-mirror.example.com")
-HOST_PATH = Format(r"^/[^\s]*$", "an absolute host path", "'/' first and no spaces, e.g. /var/lib/hybridserving/models")
+HOST_PATH = Format(r"^/[^\t\n\f\r ]*$", "an absolute host path",
+                   "'/' first and no spaces, e.g. /var/lib/hybridserving/models")
 
 
 class SecretKeyRef(ApiModel):
