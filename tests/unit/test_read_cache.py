@@ -178,6 +178,17 @@ def test_a_deletion_during_an_outage_is_seen_once_the_watch_lists_again(api: Mem
     assert ("create", "Pod", "fleet-0-0") in {(a.verb, a.kind, a.name) for a in outcome.actions}
 
 
+def test_a_kind_the_outage_emptied_is_seen_once_any_watch_lists_again(api: MemoryApi, kube: Cached) -> None:
+    """A fleet's one NetworkPolicy deleted while the apiserver was away: its kind lists nothing when
+    its watch restarts, so no event tells of the gap; the fleets' own listing does."""
+    settle(api, kube)
+    assert [key for key in api.store if key[0] == "NetworkPolicy"] == [("NetworkPolicy", "fleet-engines")]
+    del api.store[("NetworkPolicy", "fleet-engines")]  # deleted while the watches were reconnecting
+    kube.cache.apply_event(KIND, None, copy.deepcopy(api.store[(KIND, "fleet")]))  # kopf's listing
+    outcome = rec.reconcile(kube, NS, "fleet")
+    assert ("create", "NetworkPolicy", "fleet-engines") in {(a.verb, a.kind, a.name) for a in outcome.actions}
+
+
 def test_a_refused_write_makes_the_next_read_fresh(api: MemoryApi, kube: Cached) -> None:
     settle(api, kube)
     assert kube.cache.list(INSTANCE_KIND, NS, SELECTOR) is not None

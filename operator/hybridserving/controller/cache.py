@@ -12,9 +12,11 @@ Why it cannot make the planner act twice on stale state:
   too), so a late watch event never undoes a write the pass already saw;
 - a slice (kind, namespace, label selector) is served only after a LIST primed it, and only for
   `max_age` seconds; the next read LISTs again. A watch that restarts (an apiserver restart, an
-  expired resourceVersion) lists again but reports no deletion that fell into the gap: kopf's
-  listing events drop that kind's slices, so the next read LISTs and forgets what the gap
-  deleted; a deletion no watch and no listing reported is believed at most `max_age`;
+  expired resourceVersion) lists again but reports no deletion that fell into the gap, and a kind
+  the gap emptied lists nothing at all, so it yields no event: kopf's listing event of any kind
+  drops the slices of every kind (after an outage every watch restarts, and the fleets' own
+  listing is never empty), so the next read LISTs and forgets what the gap deleted; a deletion no
+  watch and no listing reported is believed at most `max_age`;
 - a write refused with 409 or 404 means the cache was behind: that kind's slices in that
   namespace are dropped, so the retry plans from a fresh LIST;
 - every write stays conditional (resourceVersion or uid, kube.py) and a create of a name that
@@ -86,7 +88,8 @@ class ObjectCache:
         key = self._key(kind, obj)
         with self._lock:
             if type_ is None:
-                self._drop_primed(kind)
+                self._primed.clear()
+                self._named.clear()
             if type_ == "DELETED":
                 self._objects.pop(key, None)
                 self._gone[key] = (version(obj), self.clock())
@@ -163,11 +166,11 @@ class ObjectCache:
         with self._lock:
             self._drop_primed(kind, namespace)
 
-    def _drop_primed(self, kind: str, namespace: str | None = None) -> None:
-        """The next read of `kind` (in `namespace`; None: in any) LISTs or GETs again."""
-        for s in [s for s in self._primed if s[0] == kind and namespace in (None, s[1])]:
+    def _drop_primed(self, kind: str, namespace: str) -> None:
+        """The next read of `kind` in `namespace` LISTs or GETs again."""
+        for s in [s for s in self._primed if s[:2] == (kind, namespace)]:
             del self._primed[s]
-        for k in [k for k in self._named if k[0] == kind and namespace in (None, k[1])]:
+        for k in [k for k in self._named if k[:2] == (kind, namespace)]:
             del self._named[k]
 
     # -- reading
