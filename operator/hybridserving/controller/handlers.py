@@ -14,8 +14,10 @@ It does serve the admission webhook, whose checks read and write nothing.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,25 @@ class Options:
 
 
 OPTIONS = Options()
+
+
+class RetryForever:
+    """kopf's back-off between failed API calls of its own (discovery, listings, watches), its
+    last step repeated without end. kopf gives up on a call once its back-offs run out (about
+    54 s by default) and what follows does not come back: a failed discovery ends the operator, so
+    a replica started while the apiserver is away crash-loops through the kubelet's growing
+    back-off (up to 5 min after the apiserver returns), and a watch request refused with a 5xx or
+    a 403 (a load balancer in front of absent apiservers, an apiserver still starting) past them
+    ends that watch for good while the process runs on. Iterated afresh for each call."""
+
+    def __init__(self, seconds: tuple[float, ...]) -> None:
+        self.seconds = seconds
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(self.seconds, itertools.repeat(self.seconds[-1]))
+
+
+KOPF_BACKOFFS = RetryForever((1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0))
 
 
 STOP_GRACE_SECONDS = 20.0
@@ -130,6 +151,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
+    settings.networking.error_backoffs = KOPF_BACKOFFS
     # The reconcile posts its own Events; kopf's log-to-Event posting would double them.
     settings.posting.enabled = False
     direct = OPTIONS.kube or Kube.from_environment(OPTIONS.kubeconfig, pool_size=OPTIONS.workers * 2 + 2)
