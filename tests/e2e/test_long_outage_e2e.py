@@ -127,8 +127,13 @@ class Fleet:
         return out.returncode == 0
 
 
-def test_single_replica_survives_a_long_apiserver_outage(local_cluster, pod_runner,
+def test_single_replica_survives_a_long_apiserver_outage(local_cluster, pod_runner, fleet_operator,
                                                          tmp_path: pathlib.Path) -> None:
+    # The session's operator watches every namespace: it would manage these fleets beside their own
+    # replicas, and its leader would exit at the outage's renew deadline with no kubelet to start it
+    # again. It stops for this test; a fresh replica takes its Lease afterwards.
+    for shared in fleet_operator.replicas:
+        stack.stop(shared.proc)
     replicas = {ns: Replica(local_cluster, ns, tmp_path, leader_elect=ns.endswith("elect"))
                 for ns in ("outage-solo", "outage-elect")}
     fleets = {ns: Fleet(local_cluster, ns) for ns in replicas}
@@ -188,3 +193,5 @@ def test_single_replica_survives_a_long_apiserver_outage(local_cluster, pod_runn
 
         # The next test's pods may get these fleets' loopback IPs: their engines must be gone.
         wait_for(lambda: not pods_left(), 120, "the fleets' pods gone", interval=1)
+        fleet_operator.start()
+        fleet_operator.leader(timeout=120)
