@@ -255,6 +255,16 @@ BAD_FLEETS = {
         "spec.transfer.ibDevices",
         "ibDevicesPerGpu splits ibDevices",
     ),
+    "a draft width without the steps it drafts": (
+        _set("spec.decode.speculative", {"algorithm": "EAGLE", "eagleTopk": 1, "numDraftTokens": 4}),
+        "spec.decode.speculative.numSteps",
+        "eagleTopk and numDraftTokens need numSteps",
+    ),
+    "draft steps without a draft width": (
+        _set("spec.prefill.speculative", {"algorithm": "NEXTN", "numSteps": 3}),
+        "spec.prefill.speculative.eagleTopk",
+        "numSteps needs eagleTopk",
+    ),
     "a rollout that can never roll": (
         _both(_set("spec.rollout.maxUnavailable", 0), _set("spec.rollout.maxSurge", 0)),
         "spec.rollout.maxUnavailable",
@@ -405,6 +415,11 @@ GOOD_FLEETS = {
     "null where a field has a default or is optional": _both(
         _set("spec.hardware", None), _set("spec.engine", {"extraArgs": None}), _set("spec.prefill.speculative", None),
         _set("metadata.labels", None),
+    ),
+    # NGRAM reads no draft width; an EAGLE draft shape given whole.
+    "a whole draft shape, and NGRAM with its steps alone": _both(
+        _set("spec.decode.speculative", {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1, "numDraftTokens": 4}),
+        _set("spec.prefill.speculative", {"algorithm": "NGRAM", "numSteps": 3}),
     ),
     # spec.replicas, when set, is the fleet's size; the roles' replicas are only the initial shares.
     "role floors within spec.replicas though above the roles' replicas": _both(

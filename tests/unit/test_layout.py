@@ -20,6 +20,7 @@ from hybridserving.core.layout import (
     role_switch_capability,
     validate,
 )
+from hybridserving.core import resolution
 from support.patches import overlaid
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +59,9 @@ GLM = _model("glm-5.3")
 KIMI = _model("kimi-k3")
 V32 = _model("deepseek-v3.2")
 RDMA = {"transfer": {"rdmaResourceCount": 8}}
+# An EAGLE draft tree four wide: DeepSeek V3 pages it on an H200 (fa3, page size 1), not on a B200
+# (trtllm_mla, page size 64).
+TREE_DRAFT = {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 4, "numDraftTokens": 8}
 DSA_SPLIT = overlaid(GLM, {"prefill": {"layout": {"attnCp": 8, "cpStrategy": "interleave", "layerSplit": True}}})
 SWITCH = {"roleSwitch": {"enabled": True}}
 
@@ -169,6 +173,20 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"decode": {"layout": {"attnDp": 8}, "speculative": {"algorithm": "NEXTN"}}},
         {"decode": {"layout": {"attnDp": 8}, "speculative": {"algorithm": "NEXTN"}, "maxRunningRequests": 256}},
         "spec.decode.maxRunningRequests"),
+    "speculative-params-together": (
+        {"decode": {"maxRunningRequests": 128, "speculative": {"algorithm": "EAGLE", "numSteps": 3}}},
+        {"decode": {"maxRunningRequests": 128, "speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1}}},
+        "spec.decode.speculative.eagleTopk"),
+    "speculative-tree-page-size": (
+        {"hardware": {"gpuType": "B200"}, "decode": {"maxRunningRequests": 128, "speculative": TREE_DRAFT}},
+        {"hardware": {"gpuType": "H200"}, "decode": {"maxRunningRequests": 128, "speculative": TREE_DRAFT}},
+        "spec.decode.speculative.eagleTopk"),
+    "speculative-attn-dp": (
+        {"decode": {"layout": {"attnDp": 8}, "maxRunningRequests": 128,
+                    "speculative": {"algorithm": "STANDALONE", "draftModelPath": "org/draft"}}},
+        {"decode": {"layout": {"attnDp": 8}, "maxRunningRequests": 128,
+                    "speculative": {"algorithm": "EAGLE3", "draftModelPath": "org/draft"}}},
+        "spec.decode.layout.attnDp"),
     "gpu-architecture-supported": (
         overlaid(KIMI, {"hardware": {"gpuType": "H200"}, "decode": {"layout": {"dcp": 8}}}),
         overlaid(KIMI, {"hardware": {"gpuType": "B300"}, "decode": {"layout": {"dcp": 8}}}),
@@ -315,6 +333,48 @@ def test_eagle3_needs_a_draft_even_with_mtp() -> None:
     assert _with_rule(validate(spec), "speculative-needs-draft")
     assert not _with_rule(validate(make({"decode": {"speculative": {"algorithm": "EAGLE"}}})),
                           "speculative-needs-draft")
+
+
+@pytest.mark.parametrize("given, path, named", [
+    ({"eagleTopk": 1}, "numSteps", "eagleTopk without numSteps"),
+    ({"numDraftTokens": 4}, "numSteps", "numDraftTokens without numSteps"),
+    ({"eagleTopk": 1, "numDraftTokens": 4}, "numSteps", "eagleTopk and numDraftTokens without numSteps"),
+    ({"numSteps": 3, "numDraftTokens": 4}, "eagleTopk", "numSteps without eagleTopk"),
+])
+def test_a_partial_draft_shape_names_what_is_missing(given: dict[str, int], path: str, named: str) -> None:
+    spec = make({"decode": {"maxRunningRequests": 128, "speculative": {"algorithm": "NEXTN", **given}}})
+    found = _with_rule(validate(spec), "speculative-params-together")
+    assert [issue.path for issue in found] == [f"spec.decode.speculative.{path}"]
+    assert named in found[0].message
+
+
+def test_the_engine_picks_the_whole_draft_shape_and_ngram_takes_none() -> None:
+    for speculative in ({"algorithm": "EAGLE"}, {"algorithm": "NGRAM", "numSteps": 3},
+                        {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 2}):
+        spec = make({"decode": {"maxRunningRequests": 128, "speculative": speculative}})
+        assert not _with_rule(validate(spec), "speculative-params-together"), speculative
+
+
+@pytest.mark.parametrize("extra, refused", [
+    ([], True),
+    (["--speculative-ngram-max-bfs-breadth", "1"], False),
+    (["--speculative-ngram-max-bfs=1"], False),  # argparse reads the unique prefix
+    (["--speculative-ngram-max-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth=3"], True),  # last wins
+])
+def test_ngram_drafts_a_tree_as_wide_as_its_bfs_breadth(extra: list[str], refused: bool) -> None:
+    spec = make({"hardware": {"gpuType": "B200"}, "engine": {"extraArgs": extra},
+                 "decode": {"maxRunningRequests": 128, "speculative": {"algorithm": "NGRAM"}}})
+    found = _with_rule(validate(spec), "speculative-tree-page-size")
+    assert bool(found) == refused
+    if refused:
+        assert found[0].path == "spec.decode.speculative.algorithm"
+        assert "trtllm_mla" in found[0].message and "--speculative-ngram-max-bfs-breadth 1" in found[0].fix
+
+
+def test_ngram_without_a_cap_runs_48_requests_like_eagle() -> None:
+    spec = make({"decode": {"speculative": {"algorithm": "NGRAM"}}})
+    assert resolution.resolve(spec, "decode").max_running_requests == 48
+    assert _with_rule(validate(spec), "eagle-running-request-cap")
 
 
 def test_custom_build_suffix_keeps_release_rules() -> None:

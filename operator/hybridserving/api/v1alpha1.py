@@ -319,6 +319,29 @@ class LayoutSpec(ApiModel):
 
 
 class SpeculativeSpec(ApiModel):
+    # The EAGLE family's draft shape is given whole or left to the engine (core.layout
+    # speculative-params-together cites the engine lines); NGRAM reads none of it.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.algorithm == 'NGRAM' || has(self.numSteps) || "
+                    "(!has(self.eagleTopk) && !has(self.numDraftTokens))",
+                    "eagleTopk and numDraftTokens need numSteps: without it the engine picks all three and fails "
+                    "at startup when only some are set; set numSteps as well, or remove eagleTopk and "
+                    "numDraftTokens",
+                    "numSteps",
+                ),
+                cel(
+                    "self.algorithm == 'NGRAM' || !has(self.numSteps) || has(self.eagleTopk)",
+                    "numSteps needs eagleTopk: the engine fails at startup without a draft width; set eagleTopk "
+                    "(1 drafts a chain), or remove numSteps",
+                    "eagleTopk",
+                ),
+            ]
+        }
+    )
+
     algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] = Field(
         description="--speculative-algorithm; EAGLE/NEXTN reuse the model's MTP layer."
     )

@@ -20,11 +20,18 @@ from dataclasses import dataclass
 
 from hybridserving.api.v1alpha1 import HardwareSpec, HybridServingSpec, Role, RoleSpec
 from hybridserving.api.profiles import ModelArchitecture
+from hybridserving.core import sglang_options
 
 MIB_PER_GIB = 1024
-# speculative_hook.py:1086-1094: EAGLE-family decoding without --max-running-requests.
-EAGLE_DEFAULT_MAX_RUNNING_REQUESTS = 48
+# Speculative decoding without --max-running-requests: speculative_hook.py:1086-1094 (EAGLE
+# family), 1294-1302 (NGRAM).
+SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS = 48
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")  # speculative/spec_info.py:262-264
+# _auto_choose_speculative_params (speculative_hook.py:1430-1465): (steps, topk, draft tokens) is
+# (5, 4, 8) for these architectures and (3, 1, 4) for every other one and for STANDALONE.
+_TREE_DRAFTING_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
+NGRAM_BFS_BREADTH_FLAG = "--speculative-ngram-max-bfs-breadth"
+NGRAM_DEFAULT_BFS_BREADTH = 10  # arg_groups/fields/spec.py:256-259
 KIMI_K3 = "KimiK3ForConditionalGeneration"
 DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
 SM100_MAJOR = 10
@@ -210,6 +217,24 @@ def resolve(spec: HybridServingSpec, role: Role) -> ResolvedArgs:
     return resolve_role(spec.architecture(), spec.role(role), spec.hardware, role)
 
 
+def draft_tree_width(spec: HybridServingSpec, role: Role) -> int | None:
+    """The role's resolved `speculative_eagle_topk`: candidates kept per draft step, so above 1 the
+    draft is a tree, which SGLang pages only on some attention backends. None without speculative
+    decoding, and where the engine refuses the settings (numSteps without eagleTopk)."""
+    speculative = spec.role(role).speculative
+    if speculative is None:
+        return None
+    if speculative.algorithm == "NGRAM":
+        # _handle_ngram drafts its BFS breadth wide (speculative_hook.py:1309-1313).
+        breadth = sglang_options.int_value(spec.engine.extra_args, NGRAM_BFS_BREADTH_FLAG)
+        return NGRAM_DEFAULT_BFS_BREADTH if breadth is None else breadth
+    if speculative.num_steps is not None:
+        return speculative.eagle_topk
+    if speculative.algorithm != "STANDALONE" and spec.architecture().hf_architecture in _TREE_DRAFTING_ARCHITECTURES:
+        return 4
+    return 1
+
+
 def resolve_role(arch: ModelArchitecture, rs: RoleSpec, hardware: HardwareSpec, role: Role) -> ResolvedArgs:
     """`resolve` for one role's spec, model and hardware."""
     layout = rs.layout
@@ -242,8 +267,8 @@ def resolve_values(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp
     if max_running_requests is not None and decode_max_bs > max_running_requests:
         decode_max_bs = max_running_requests  # memory_hook.py:182-188
     cap = max_running_requests
-    if cap is None and speculative_algorithm in EAGLE_FAMILY:
-        cap = EAGLE_DEFAULT_MAX_RUNNING_REQUESTS
+    if cap is None and speculative_algorithm is not None:
+        cap = SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS
     backends = attention_backends(arch, dcp, compute_capability_major)
     backend = attention_backend(arch, backends, compute_capability_major)
     fraction = mem_fraction_static

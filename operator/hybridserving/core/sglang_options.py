@@ -63,3 +63,19 @@ def resolve(token: str, options: frozenset[str] | None = None) -> Resolution | N
 
 # Every option string of `sglang serve`'s parser: the dumped flag table plus argparse's own help options.
 OPTIONS: frozenset[str] = frozenset(sglang_flags()) | {"-h", "--help"}
+
+
+def int_value(args: list[str] | tuple[str, ...], flag: str) -> int | None:
+    """The integer the parser ends with for `flag` in `args`: its last occurrence wins, however
+    abbreviated or written (`--flag N`, `--flag=N`); None when absent or not a number."""
+    value = None
+    for index, arg in enumerate(args):
+        read = resolve(arg)
+        if read is None or read.flag != flag:
+            continue
+        raw = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
+        try:
+            value = int(raw)
+        except ValueError:
+            value = None
+    return value
