@@ -194,7 +194,7 @@ class OperatorReplica:
     proc: subprocess.Popen
     log: pathlib.Path
     metrics_url: str
-    health_url: str  # kopf's liveness endpoint (--health-port)
+    health_url: str  # the operator's liveness endpoint (--health-port)
 
 
 class OperatorReplicas:

@@ -7,7 +7,7 @@ second replica, which stands by. An on-call switch relaunches a decode instance 
 no in-place switch; the relaunch takes the model's restart time x 0.01, about 8 s), the leader is
 SIGKILLed while the instance is draining or relaunching, and the standby must take the Lease after
 it runs out (8 s) and finish the switch. Both replicas answer their liveness probe throughout
-(kopf's /healthz, served once the startup handler returns, which a standby's does at once).
+(the operator's /healthz, healthy once the startup handler returns, which a standby's does at once).
 "No duplicate action" is counted three ways: one RoleSwitchStarted Event, one entry in
 status.switches, and one switch in the engine's launcher.
 """

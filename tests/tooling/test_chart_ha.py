@@ -12,7 +12,7 @@ def test_two_replicas_elect_a_leader_on_a_lease_of_their_own() -> None:
     assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
                                               "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     container = operator_container(docs)
-    # A standby answers its liveness probe (kopf's /healthz, up once the startup handler returns).
+    # A standby answers its liveness probe (the operator's /healthz, healthy once the startup handler returns).
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert "--leader-elect" in container["args"]
     env = {e["name"]: e for e in container["env"]}

@@ -216,6 +216,23 @@ def test_debug_logging_is_verbose() -> None:
     assert "--verbose" in operator_container(render("logLevel=debug"))["args"]
 
 
+def test_the_stuck_pass_limit_reaches_the_operator_as_it_parses_it() -> None:
+    """The liveness probe fails once a pass has run `stuckPassSeconds` (0: never), the operator's
+    own default unless set."""
+    from hybridserving.controller.__main__ import arguments
+
+    def limit(*sets: str) -> float:
+        args = [a for a in operator_container(render(*sets))["args"] if a.startswith("--stuck-pass-seconds=")]
+        assert len(args) == 1
+        seconds: float = arguments().parse_args(args).stuck_pass_seconds
+        return seconds
+
+    assert limit() == arguments().parse_args([]).stuck_pass_seconds == 600
+    assert limit("stuckPassSeconds=0") == 0
+    assert limit("stuckPassSeconds=90") == 90
+    assert "/stuckPassSeconds" in render_error("stuckPassSeconds=-1")
+
+
 def test_engine_privileges_are_off_by_default() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["enginePolicy"] == {"allowHostNetwork": False, "allowIpcLock": False, "allowedImages": []}

@@ -1,5 +1,5 @@
 """The kopf wiring with --leader-elect, against the in-memory apiserver and real (short) lease
-timing: a standby's startup returns at once (kopf serves /healthz only after it), the standby
+timing: a standby's startup returns at once (/healthz fails until it has), the standby
 takes no work from the queue, ticks no fleet and writes nothing until it takes the Lease, and a
 graceful stop hands the Lease over only after the pass under way has ended."""
 

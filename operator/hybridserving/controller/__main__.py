@@ -12,10 +12,11 @@ import kopf
 from kubernetes.config import kube_config
 from prometheus_client import start_http_server
 
-from hybridserving.controller import handlers
+from hybridserving.controller import handlers, health
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
 from hybridserving.controller.leadership import Election
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
+from hybridserving.core.liveness import STUCK_PASS_SECONDS
 from hybridserving.core.privileges import EnginePolicy
 
 
@@ -39,6 +40,8 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server binds")
     ap.add_argument("--health-port", type=int, default=0,
                     help="liveness endpoint /healthz on this port (0: off)")
+    ap.add_argument("--stuck-pass-seconds", type=float, default=STUCK_PASS_SECONDS,
+                    help="/healthz fails once a reconcile pass or role-switch tick has run this long (0: never)")
     ap.add_argument("--engine-allow-host-network", type=_flag, default=False, metavar="true|false",
                     help="whether engine pods may use the host network (refused fleets get LayoutValid=False)")
     ap.add_argument("--engine-allow-ipc-lock", type=_flag, default=False, metavar="true|false",
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers.OPTIONS.relist_seconds = args.relist_seconds
     handlers.OPTIONS.engine_policy = engine_policy(args)
     handlers.OPTIONS.progress_deadline_seconds = args.progress_deadline_seconds
+    handlers.OPTIONS.stuck_pass_seconds = args.stuck_pass_seconds
     if args.leader_elect:
         if not args.leader_elect_namespace:
             arguments().error("--leader-elect needs --leader-elect-namespace (or $POD_NAMESPACE)")
@@ -136,13 +140,18 @@ def main(argv: list[str] | None = None) -> int:
                                 certfile=f"{cert_dir}/tls.crt", keyfile=f"{cert_dir}/tls.key")
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
-    asyncio.run(kopf.operator(
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
-    ))
+    asyncio.run(run(args))
     return 0
+
+
+async def run(args: argparse.Namespace) -> None:
+    """kopf, with the liveness endpoint (controller/health.py) beside it in the same event loop."""
+    probe = await health.listen(handlers.unhealthy, "0.0.0.0", args.health_port) if args.health_port else None
+    try:
+        await kopf.operator(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace)
+    finally:
+        if probe is not None:
+            await probe.cleanup()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ from hybridserving.controller.kube import OWNED_KINDS, RESOURCES, Kube
 from hybridserving.controller.queue import Key, Pass, WorkQueue
 from hybridserving.controller.reconcile import reconcile
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
+from hybridserving.core import liveness
 from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.privileges import EnginePolicy
 
@@ -53,6 +56,7 @@ class Options:
     switch_interval_seconds: float = role_switching.TICK_SECONDS  # role-switch controller tick
     election: Election | None = None  # leader election (several replicas); None: this replica always acts
     operator_key: bytes = field(default=b"", repr=False)  # derives each fleet's engine key (core/enginekey.py)
+    stuck_pass_seconds: float = liveness.STUCK_PASS_SECONDS  # a pass or tick this old fails liveness; 0: never
 
 
 OPTIONS = Options()
@@ -82,27 +86,53 @@ STOP_GRACE_SECONDS = 20.0
 
 
 class InFlight:
-    """Counts the blocking passes and ticks running on threads: cancelling the asyncio task that
-    awaits one leaves the thread running and writing, so a graceful stop waits for this to empty
-    before it hands the Lease over."""
+    """The blocking passes and ticks running on threads, each with its fleet and start time.
+    Cancelling the asyncio task that awaits one leaves the thread running and writing, so a
+    graceful stop waits for this to empty before it hands the Lease over; and one that never ends
+    makes the liveness endpoint fail (core/liveness.py)."""
 
-    def __init__(self) -> None:
-        self._count = 0
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._running: dict[int, liveness.Running] = {}
+        self._tokens = itertools.count()
+        self._reported: set[liveness.Running] = set()
         self._idle = threading.Condition()
 
-    def __enter__(self) -> None:
+    @contextmanager
+    def running(self, key: Key, work: liveness.Work) -> Iterator[None]:
+        """Count the pass or tick over fleet `key` while the block runs."""
+        token = next(self._tokens)
+        entry = liveness.Running(*key, work, self._clock())
         with self._idle:
-            self._count += 1
+            self._running[token] = entry
+        try:
+            yield
+        finally:
+            with self._idle:
+                del self._running[token]
+                self._reported.discard(entry)
+                self._idle.notify_all()
 
-    def __exit__(self, *_: object) -> None:
+    def oldest_seconds(self) -> float:
         with self._idle:
-            self._count -= 1
-            self._idle.notify_all()
+            return liveness.oldest_seconds(self._running.values(), self._clock())
+
+    def stuck(self, limit: float) -> liveness.StuckPass | None:
+        """The pass or tick run longer than `limit` seconds, if any; logged at ERROR the first time."""
+        with self._idle:
+            stuck = liveness.stuck_pass(self._running.values(), self._clock(), limit)
+            if stuck is None:
+                return None
+            first = stuck.running not in self._reported
+            self._reported.add(stuck.running)
+        if first:
+            log.error("%s: it holds its fleet until the operator restarts", stuck.describe())
+        return stuck
 
     def wait_idle(self, timeout: float) -> bool:
         """True once nothing runs; False when some pass or tick still runs after `timeout` seconds."""
         with self._idle:
-            return self._idle.wait_for(lambda: self._count == 0, timeout)
+            return self._idle.wait_for(lambda: not self._running, timeout)
 
 
 class CountedSwitches(role_switching.SwitchController):
@@ -114,7 +144,7 @@ class CountedSwitches(role_switching.SwitchController):
         self.inflight = inflight
 
     def tick(self, namespace: str, name: str) -> role_switching.TickReport:
-        with self.inflight:
+        with self.inflight.running((namespace, name), "role-switch tick"):
             return super().tick(namespace, name)
 
 
@@ -141,8 +171,9 @@ def runtime() -> Runtime:
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Build the runtime and return at once: kopf serves /healthz and the webhook only after the
-    startup handlers end, so a standby that waited here for the Lease would fail its liveness probe.
+    """Build the runtime and return at once: /healthz fails until the runtime is built (`unhealthy`)
+    and kopf serves the webhook only after the startup handlers end, so a standby that waited here
+    for the Lease would fail its liveness probe.
     A standby's watches feed the cache and the queue, but nothing takes work from the queue and no
     role switch runs until it leads (`act`)."""
     global _runtime
@@ -161,12 +192,13 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     # The reconcile's own reads of engine pods: the progress of running weights downloads.
     engines = Engines()
     inflight = InFlight()
+    metrics.OLDEST_PASS_SECONDS.set_function(inflight.oldest_seconds)
 
     async def work(key: Key) -> Pass:
         namespace, name = key
 
         def one_pass() -> Any:
-            with inflight:
+            with inflight.running(key, "reconcile pass"):
                 return reconcile(kube, namespace, name, None, OPTIONS.engine_policy,
                                  OPTIONS.progress_deadline_seconds, operator_key=OPTIONS.operator_key,
                                  fill_probe=engines.fill_progress_many)
@@ -196,6 +228,13 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     _runtime.leadership = Leadership(
         Kube(direct.api, "lease", request_timeout=OPTIONS.election.request_timeout_seconds), OPTIONS.election)
     _runtime.tasks.append(asyncio.create_task(elect(_runtime, _runtime.leadership), name="leader-election"))
+
+
+def unhealthy() -> liveness.Unhealthy | None:
+    """What the liveness endpoint fails on: the operator not started (a startup handler that keeps
+    failing), or a pass or tick run past `Options.stuck_pass_seconds`."""
+    rt = _runtime
+    return liveness.NotRunning() if rt is None else rt.inflight.stuck(OPTIONS.stuck_pass_seconds)
 
 
 async def elect(rt: Runtime, leadership: Leadership) -> None:

@@ -26,6 +26,11 @@ ROLE_SWITCHES = Counter(
     ["from_role", "to_role"],
 )
 QUEUE_DEPTH = Gauge("hybridserving_queue_depth", "HybridServings waiting for a reconcile.")
+OLDEST_PASS_SECONDS = Gauge(
+    "hybridserving_oldest_pass_seconds",
+    "How long the oldest reconcile pass or role-switch tick still running has run (0: none runs); "
+    "past --stuck-pass-seconds the liveness endpoint fails.",
+)
 LEADER = Gauge("hybridserving_leader", "1 while this replica acts (holds the leader lease, or runs without election).")
 
 # Role-switch controller (controller/switching.py). `reason` is policy or on-call.

@@ -1,0 +1,73 @@
+"""When the operator is alive but no longer works: a reconcile pass or role-switch tick that never ends.
+
+Both run on threads, and nothing can stop a thread from outside: a pass blocked in a deadlock or a
+call without a timeout holds its fleet's key for good (the work queue never runs two passes of one
+fleet), and as many of them as there are workers stop every fleet, while the event loop, and with
+it the liveness endpoint, goes on as if nothing were wrong. Only a restart frees them, so the
+liveness endpoint fails once the oldest of them has run longer than any pass should.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+STUCK_PASS_SECONDS = 600.0
+"""Every API call of a pass or tick times out after 30 s and every engine read after 2 s; ten minutes is no pass."""
+
+Work = Literal["reconcile pass", "role-switch tick"]
+
+
+@dataclass(frozen=True)
+class Running:
+    """One pass or tick under way: over which fleet, and since when (seconds on a monotonic clock)."""
+
+    namespace: str
+    name: str
+    work: Work
+    started: float
+
+
+@dataclass(frozen=True)
+class StuckPass:
+    """The oldest pass or tick, run longer than the limit: what the liveness endpoint answers with."""
+
+    running: Running
+    seconds: float
+    limit: float
+
+    def describe(self) -> str:
+        r = self.running
+        return (f"the {r.work} of {r.namespace}/{r.name} has run for {self.seconds:.0f}s "
+                f"(a pass running longer than {self.limit:g}s is stuck)")
+
+
+@dataclass(frozen=True)
+class NotRunning:
+    """The operator has not started yet (its startup handlers have not finished) or has stopped."""
+
+    def describe(self) -> str:
+        return "the operator is not running: starting up or stopped"
+
+
+Unhealthy = StuckPass | NotRunning
+
+
+def oldest(running: Iterable[Running]) -> Running | None:
+    return min(running, key=lambda r: r.started, default=None)
+
+
+def oldest_seconds(running: Iterable[Running], now: float) -> float:
+    """How long the oldest pass or tick has run; 0 when none runs."""
+    first = oldest(running)
+    return 0.0 if first is None else max(0.0, now - first.started)
+
+
+def stuck_pass(running: Iterable[Running], now: float, limit: float) -> StuckPass | None:
+    """The oldest pass or tick when it has run longer than `limit` seconds; None when none has, or
+    when `limit` is 0 (the check is off)."""
+    first = oldest(running)
+    if limit <= 0 or first is None or now - first.started <= limit:
+        return None
+    return StuckPass(first, now - first.started, limit)
