@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from hybridserving.api.profiles import PROFILES
-from hybridserving_engine.simulator.args import AUTO_DRAFT_SHAPE, parse_server_args, reserved_tokens
+from hybridserving.api.profiles import PROFILES, resolve_profile
+from hybridserving.core.resolution import auto_draft_shape
+from hybridserving_engine.simulator.args import (
+    FlagError,
+    SimulatorOptions,
+    parse_server_args,
+    reserved_tokens,
+    resolve_server_args,
+)
 from hybridserving_engine.simulator import validation
 from hybridserving_engine.simulator.contract import generate_contract_error
 from support.sglang_parser import SGLangParserUnavailable, sglang_python
@@ -260,6 +267,53 @@ def test_the_draft_slots_reserved_against_the_context_are_the_wheels() -> None:
         steps, topk, draft = (result[f"speculative_{k}"] for k in ("num_steps", "eagle_topk", "num_draft_tokens"))
         # spec_info.py:102-109: EAGLE and EAGLE3 (NEXTN resolves to EAGLE; FROZEN_KV_MTP is Gemma4's drafts only).
         expected = max(topk * steps, draft) if algorithm in ("EAGLE", "EAGLE3") else 0
-        assert reserved_tokens(parse_server_args(["--model-path", "m", *argv])) == expected, (profile, argv)
+        arch = resolve_profile(profile)
+        assert reserved_tokens(parse_server_args(["--model-path", "m", *argv]), arch) == expected, (profile, argv)
         if algorithm is not None and "--speculative-num-steps" not in argv:
-            assert (steps, topk, draft) == AUTO_DRAFT_SHAPE, (profile, argv)
+            assert (steps, topk, draft) == auto_draft_shape(arch, algorithm), (profile, argv)
+
+
+_BASE = ["--model-path", "m", "--tp-size", "8", "--disaggregation-mode", "decode", "--max-running-requests", "128"]
+_EAGLE_TREE = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+               "--speculative-num-draft-tokens", "8"]
+# Draft shapes given whole, in part and as trees, with and without a backend chosen outright, and
+# the algorithms that exclude attention DP.
+DRAFT_SETTINGS = [
+    ["--speculative-algorithm", "EAGLE"],
+    ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3"],
+    ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1"],
+    ["--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "4"],
+    ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"],
+    _EAGLE_TREE,
+    [*_EAGLE_TREE, "--attention-backend", "triton"],
+    [*_EAGLE_TREE, "--decode-attention-backend", "triton"],
+    ["--speculative-algorithm", "NGRAM"],
+    ["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-bfs-breadth", "1"],
+    ["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-bfs-breadth", "1", "--attn-dp-size", "8"],
+    ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "m", "--attn-dp-size", "8"],
+    ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+     "--speculative-num-draft-tokens", "3", "--attn-dp-size", "8"],
+]
+
+
+@pytest.mark.parametrize("gpu", ["H200", "B200"])
+def test_the_simulator_refuses_the_speculative_settings_the_wheel_refuses_with_its_error(gpu: str) -> None:
+    """`core.resolution.draft_refusals`, which the operator's layout rules read too: the simulator
+    starts where the wheel resolves and fails with the wheel's own exception where it refuses."""
+    cases = [(profile, [*_BASE, *argv]) for profile in PROFILES for argv in DRAFT_SETTINGS]
+    results = resolve_many([with_model(argv, profile) for profile, argv in cases], GPUS[gpu])
+    refused = 0
+    for (profile, argv), result in zip(cases, results, strict=True):
+        options = SimulatorOptions(profile=profile, time_scale=1.0, startup_seconds=None, faults="", gpu_type=gpu)
+        try:
+            resolve_server_args(parse_server_args(argv), options)
+            simulated = None
+        except FlagError as exc:
+            simulated = str(exc)
+        if isinstance(result, Resolved):
+            assert simulated is None, (profile, argv, simulated)
+            continue
+        refused += 1
+        assert simulated is not None, (profile, argv, result)
+        assert simulated.startswith(f"{result.type}: {result.message} ("), (profile, argv, simulated, result)
+    assert refused >= 2 * len(PROFILES)

@@ -324,8 +324,9 @@ def test_unified_generate_streams_and_answers_openai_shapes():
 @pytest.mark.parametrize("flags, reserved", [
     ((), 0),
     (("--speculative-algorithm", "EAGLE"), 4),
+    # A draft tree four wide: the DSA backend the profile resolves does not page one, triton does.
     (("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "4",
-      "--speculative-num-draft-tokens", "6"), 8),
+      "--speculative-num-draft-tokens", "6", "--attention-backend", "triton"), 8),
 ])
 def test_eagle_counts_its_draft_slots_against_the_context(flags, reserved):
     # managers/tokenizer_manager.py:1333-1352 adds compute_num_reserved_tokens() (managers/utils.py:484-500:

@@ -371,6 +371,15 @@ def test_ngram_drafts_a_tree_as_wide_as_its_bfs_breadth(extra: list[str], refuse
         assert "trtllm_mla" in found[0].message and "--speculative-ngram-max-bfs-breadth 1" in found[0].fix
 
 
+@pytest.mark.parametrize("extra", [["--attention-backend", "triton"], ["--decode-attention-back=triton"]])
+def test_a_backend_chosen_in_extra_args_is_not_second_guessed(extra: list[str]) -> None:
+    """The mirror resolves the engine's own backend; one named outright (which the wheel accepts a
+    tree on, test_simulator_requests.py) is not refused for the backend it replaces."""
+    spec = make({"hardware": {"gpuType": "B200"}, "engine": {"extraArgs": extra},
+                 "decode": {"maxRunningRequests": 128, "speculative": TREE_DRAFT}})
+    assert not _with_rule(validate(spec), "speculative-tree-page-size")
+
+
 def test_ngram_without_a_cap_runs_48_requests_like_eagle() -> None:
     spec = make({"decode": {"speculative": {"algorithm": "NGRAM"}}})
     assert resolution.resolve(spec, "decode").max_running_requests == 48

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from hybridserving.api.v1alpha1 import GPU_TYPES
 from hybridserving.contract import sglang_flags
 from hybridserving.core import resolution
-from hybridserving.api.profiles import resolve_profile
+from hybridserving.api.profiles import ModelArchitecture, resolve_profile
 from hybridserving.core.resolution import ResolvedArgs
 
 log = logging.getLogger("hybridserving.simulator")
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-num-draft-tokens", type=int, default=None)
     a("--speculative-num-steps", type=int, default=None)
     a("--speculative-eagle-topk", type=int, default=None)
+    a("--speculative-ngram-max-bfs-breadth", type=int, default=resolution.NGRAM_DEFAULT_BFS_BREADTH)
     a("--disable-radix-cache", action="store_true")
     a("--trust-remote-code", action="store_true")
     a("--api-key", default=None)
@@ -184,12 +185,15 @@ def check_server_args(args: argparse.Namespace) -> None:
             raise FlagError(f"--enable-pd-role-switch is not supported with {', '.join(bad)}")
 
 
-# Draft depth, branching and width SGLang picks when `--speculative-num-steps` is not given, for
-# every model architecture of the simulator's profiles (`arg_groups/speculative_hook.py:1430-1462`).
-AUTO_DRAFT_SHAPE = (3, 1, 4)
+def speculative_draft(args: argparse.Namespace) -> resolution.Draft | None:
+    """The speculative flags, as `core.resolution` reads them for the operator's fleets too."""
+    if args.speculative_algorithm is None:
+        return None
+    return resolution.Draft(args.speculative_algorithm, args.speculative_num_steps, args.speculative_eagle_topk,
+                            args.speculative_num_draft_tokens, args.speculative_ngram_max_bfs_breadth)
 
 
-def reserved_tokens(args: argparse.Namespace) -> int:
+def reserved_tokens(args: argparse.Namespace, arch: ModelArchitecture) -> int:
     """The output slots an EAGLE request holds on top of its input, which the tokenizer manager
     adds to the prompt's length before checking it against the context
     (`managers/tokenizer_manager.py:1333-1335`, `managers/utils.py:484-500`): EAGLE stores its draft
@@ -200,7 +204,7 @@ def reserved_tokens(args: argparse.Namespace) -> int:
         return 0
     steps, topk, draft = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
     if steps is None:
-        steps, topk, draft = AUTO_DRAFT_SHAPE
+        steps, topk, draft = resolution.auto_draft_shape(arch, args.speculative_algorithm)
     if topk == 1:
         draft = steps + 1
     return int(max(topk * steps, draft))
@@ -213,8 +217,9 @@ def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> 
     if gpu is None:
         raise FlagError(f"unknown simulated GPU type {options.gpu_type!r}; use one of {', '.join(GPU_TYPES)}")
     memory_gib = options.gpu_memory_gib or gpu.memory_gib
+    arch = resolve_profile(options.profile)
     resolved = resolution.resolve_values(
-        resolve_profile(options.profile), role=args.disaggregation_mode, gpu_mem_mib=memory_gib * 1024,
+        arch, role=args.disaggregation_mode, gpu_mem_mib=memory_gib * 1024,
         tp=args.tp_size, pp=args.pp_size, attn_dp=args.attn_dp_size, attn_cp=args.attn_cp_size, dcp=args.dcp_size,
         compute_capability_major=gpu.compute_capability_major,
         max_running_requests=args.max_running_requests, page_size_flag=args.page_size,
@@ -227,4 +232,9 @@ def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> 
         backends = sorted({b for b in (resolved.prefill_attention_backend, resolved.decode_attention_backend) if b})
         raise FlagError(f"{' and '.join(backends)} attention is only supported on Blackwell GPUs (SM100); "
                         f"the simulated GPU is {options.gpu_type} (arg_groups/overrides.py:1210-1213, 1243-1246)")
+    chosen = any(getattr(args, "unmodelled_" + flag.lstrip("-").replace("-", "_")) is not None
+                 for flag in resolution.ATTENTION_BACKEND_FLAGS)
+    refusals = resolution.draft_refusals(arch, speculative_draft(args), resolved, backend_chosen=chosen)
+    if refusals:
+        raise FlagError(f"{refusals[0].error} ({refusals[0].source})")
     return resolved

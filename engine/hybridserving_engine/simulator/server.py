@@ -190,7 +190,7 @@ class SimulatorServer:
             max_running_requests=self.resolved.max_running_requests,
             attn_dp_size=args.attn_dp_size,
             chunked_prefill_size=self.resolved.chunked_prefill_size,
-            reserved_tokens=reserved_tokens(args),
+            reserved_tokens=reserved_tokens(args, self.arch),
         )
         self.startup_time = time.time()
         self.server_status = ServerStatus.UP

@@ -23,11 +23,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic.alias_generators import to_camel
 
-from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, LayoutSpec, Role, RoleSpec, SpeculativeSpec
+from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, LayoutSpec, Role, RoleSpec
 from hybridserving.core import ports, resolution, sglang_options
 from hybridserving.contract import ENV_ENGINE_API_KEY, PLACEHOLDERS
 from hybridserving.api.profiles import PROFILES, ModelArchitecture
-from hybridserving.core.resolution import EAGLE_FAMILY, SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS
+from hybridserving.core.resolution import SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS
 
 Severity = Literal["error", "warning"]
 
@@ -595,14 +595,6 @@ def _check_speculative(spec: HybridServingSpec, role: Role, arch: ModelArchitect
                      f"{SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS} running requests, {per_rank} per attention-DP rank "
                      f"at attnDp {rs.layout.attn_dp}",
                      f"set spec.{role}.maxRunningRequests to the batch the instance should run")
-    if speculative.algorithm in EAGLE_FAMILY:
-        yield from _check_speculative_params(speculative, path)
-    if rs.layout.attn_dp > 1 and speculative.algorithm in ("NGRAM", "STANDALONE"):
-        # speculative_hook.py:1078-1084 (STANDALONE), 1366-1370 (NGRAM)
-        yield _issue("speculative-attn-dp", f"spec.{role}.layout.attnDp",
-                     f"SGLang {VERIFIED_SGLANG} refuses {speculative.algorithm} speculative decoding with "
-                     f"attention data parallelism (attnDp {rs.layout.attn_dp})",
-                     f"set spec.{role}.layout.attnDp to 1, or use algorithm EAGLE, EAGLE3 or NEXTN")
     if speculative.draft_model_path:
         return
     reuses_mtp = speculative.algorithm in ("EAGLE", "NEXTN")
@@ -611,25 +603,6 @@ def _check_speculative(spec: HybridServingSpec, role: Role, arch: ModelArchitect
         yield _issue("speculative-needs-draft", f"{path}.draftModelPath",
                      f"{speculative.algorithm} without draftModelPath: the model {source}",
                      "set draftModelPath to a draft model for this model, or use algorithm NGRAM")
-
-
-def _check_speculative_params(speculative: SpeculativeSpec, path: str) -> Issues:
-    """An EAGLE-family draft shape is given whole or not at all: without numSteps SGLang picks all
-    three values and asserts the other two are unset (speculative_hook.py:1159-1163); with numSteps
-    and no eagleTopk it compares the unset width and raises TypeError (speculative_hook.py:1273-1277)."""
-    given = [name for name, value in (("eagleTopk", speculative.eagle_topk),
-                                      ("numDraftTokens", speculative.num_draft_tokens)) if value is not None]
-    if speculative.num_steps is None and given:
-        named = " and ".join(given)
-        yield _issue("speculative-params-together", f"{path}.numSteps",
-                     f"{named} without numSteps: SGLang chooses numSteps, eagleTopk and numDraftTokens together "
-                     "when numSteps is unset, and fails at startup when only some of them are set",
-                     f"set {path}.numSteps as well, or remove {named}")
-    elif speculative.num_steps is not None and speculative.eagle_topk is None:
-        yield _issue("speculative-params-together", f"{path}.eagleTopk",
-                     "numSteps without eagleTopk: SGLang fails at startup comparing the unset draft width",
-                     f"set {path}.eagleTopk (1 drafts a chain, the engine's own choice for these models), or "
-                     "remove numSteps" + (" and numDraftTokens" if speculative.num_draft_tokens is not None else ""))
 
 
 def _check_model_split(spec: HybridServingSpec, role: Role, arch: ModelArchitecture) -> Issues:
@@ -668,7 +641,7 @@ def _check_resolved(spec: HybridServingSpec, arch: ModelArchitecture) -> Issues:
                          f"{why}, and {spec.hardware.gpu_type} is {gpu.architecture}",
                          f"run this role on B200, B300, GB200 or GB300, or set spec.{role}.layout.dcp to 1")
     for role in ROLES:
-        yield from _check_draft_tree(spec, role, resolved[role])
+        yield from _check_draft(spec, role, arch, resolved[role])
     prefill, decode = resolved["prefill"], resolved["decode"]
     if prefill.page_size != decode.page_size:
         yield _issue("roles-page-size-agree", "spec.prefill.pageSize",
@@ -683,30 +656,50 @@ def _check_resolved(spec: HybridServingSpec, arch: ModelArchitecture) -> Issues:
                      "set spec.prefill.kvCacheDtype and spec.decode.kvCacheDtype to the same value")
 
 
-def _check_draft_tree(spec: HybridServingSpec, role: Role, resolved: resolution.ResolvedArgs) -> Issues:
-    """A draft tree over paged KV runs only on the backends that page one: flashinfer, fa3 and
-    triton for the EAGLE family (speculative_hook.py:1268-1283), flashinfer for NGRAM (1355-1365)."""
+def _check_draft(spec: HybridServingSpec, role: Role, arch: ModelArchitecture,
+                 resolved: resolution.ResolvedArgs) -> Issues:
+    """The speculative settings the engine refuses at startup (`resolution.draft_refusals`), each
+    said for the field to change."""
     speculative = spec.role(role).speculative
-    width = resolution.draft_tree_width(spec, role)
-    if speculative is None or width is None or width <= 1 or resolved.page_size <= 1:
-        return
-    ngram = speculative.algorithm == "NGRAM"
-    backends = ("flashinfer",) if ngram else ("flashinfer", "fa3", "triton")
-    if resolved.attention_backend in backends:
+    draft = resolution.role_draft(spec, role)
+    if speculative is None or draft is None:
         return
     path = f"spec.{role}.speculative"
-    why = (f"on the {resolved.attention_backend} attention backend with page size {resolved.page_size}, which this "
-           f"role resolves to; SGLang pages a draft tree only on {', '.join(backends)}")
-    if ngram:
-        yield _issue("speculative-tree-page-size", f"{path}.algorithm",
-                     f"NGRAM drafts a tree {width} wide (its BFS breadth) {why}",
-                     f"add {resolution.NGRAM_BFS_BREADTH_FLAG} 1 to spec.engine.extraArgs, or use algorithm EAGLE "
-                     "or NEXTN with eagleTopk 1")
-    else:
-        yield _issue("speculative-tree-page-size", f"{path}.eagleTopk",
-                     f"eagleTopk {width} drafts a tree {why}",
-                     f"set {path}.eagleTopk to 1" + ("" if speculative.num_steps is not None else
-                                                      f" with {path}.numSteps and numDraftTokens (numSteps + 1)"))
+    chosen = resolution.chooses_attention_backend(spec.engine.extra_args)
+    for refusal in resolution.draft_refusals(arch, draft, resolved, backend_chosen=chosen):
+        if refusal.kind == "attn-dp":
+            yield _issue("speculative-attn-dp", f"spec.{role}.layout.attnDp",
+                         f"SGLang {VERIFIED_SGLANG} refuses {draft.algorithm} speculative decoding with attention "
+                         f"data parallelism (attnDp {resolved.attn_dp})",
+                         f"set spec.{role}.layout.attnDp to 1, or use algorithm EAGLE, EAGLE3 or NEXTN")
+        elif refusal.kind == "shape-without-steps":
+            named = " and ".join(name for name, value in (("eagleTopk", draft.eagle_topk),
+                                                          ("numDraftTokens", draft.num_draft_tokens))
+                                 if value is not None)
+            yield _issue("speculative-params-together", f"{path}.numSteps",
+                         f"{named} without numSteps: SGLang chooses numSteps, eagleTopk and numDraftTokens "
+                         "together when numSteps is unset, and fails at startup when only some of them are set",
+                         f"set {path}.numSteps as well, or remove {named}")
+        elif refusal.kind == "steps-without-width":
+            yield _issue("speculative-params-together", f"{path}.eagleTopk",
+                         "numSteps without eagleTopk: SGLang fails at startup comparing the unset draft width",
+                         f"set {path}.eagleTopk (1 drafts a chain, the engine's own choice for these models), or "
+                         "remove numSteps" + (" and numDraftTokens" if draft.num_draft_tokens is not None else ""))
+        else:
+            width = resolution.draft_width(arch, draft)
+            why = (f"on the {resolved.attention_backend} attention backend with page size {resolved.page_size}, "
+                   "which this role resolves to; SGLang pages a draft tree only on "
+                   + ", ".join(resolution.NGRAM_TREE_PAGING_BACKENDS if draft.algorithm == "NGRAM"
+                                else resolution.TREE_PAGING_BACKENDS))
+            if draft.algorithm == "NGRAM":
+                yield _issue("speculative-tree-page-size", f"{path}.algorithm",
+                             f"NGRAM drafts a tree {width} wide (its BFS breadth) {why}",
+                             f"add {resolution.NGRAM_BFS_BREADTH_FLAG} 1 to spec.engine.extraArgs, or use "
+                             "algorithm EAGLE or NEXTN with eagleTopk 1")
+            else:
+                whole = "" if draft.num_steps is not None else " with numSteps and numDraftTokens (numSteps + 1)"
+                yield _issue("speculative-tree-page-size", f"{path}.eagleTopk",
+                             f"eagleTopk {width} drafts a tree {why}", f"set {path}.eagleTopk to 1{whole}")
 
 
 def _check_reshard(spec: HybridServingSpec, arch: ModelArchitecture | None) -> Issues:

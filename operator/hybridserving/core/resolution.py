@@ -17,6 +17,7 @@ fleets and a matrix of layouts and GPUs and holds this mirror to it field by fie
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from hybridserving.api.v1alpha1 import HardwareSpec, HybridServingSpec, Role, RoleSpec
 from hybridserving.api.profiles import ModelArchitecture
@@ -32,6 +33,11 @@ EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")  # speculative/spec_in
 _TREE_DRAFTING_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
 NGRAM_BFS_BREADTH_FLAG = "--speculative-ngram-max-bfs-breadth"
 NGRAM_DEFAULT_BFS_BREADTH = 10  # arg_groups/fields/spec.py:256-259
+# Attention backends that page a draft tree: speculative_hook.py:1271 (EAGLE family), 1355-1358 (NGRAM).
+TREE_PAGING_BACKENDS = ("flashinfer", "fa3", "triton")
+NGRAM_TREE_PAGING_BACKENDS = ("flashinfer",)
+# Flags that choose the attention backends outright (not mirrored: `resolve` gives the engine's own choice).
+ATTENTION_BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
 KIMI_K3 = "KimiK3ForConditionalGeneration"
 DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
 SM100_MAJOR = 10
@@ -217,22 +223,112 @@ def resolve(spec: HybridServingSpec, role: Role) -> ResolvedArgs:
     return resolve_role(spec.architecture(), spec.role(role), spec.hardware, role)
 
 
-def draft_tree_width(spec: HybridServingSpec, role: Role) -> int | None:
-    """The role's resolved `speculative_eagle_topk`: candidates kept per draft step, so above 1 the
-    draft is a tree, which SGLang pages only on some attention backends. None without speculative
-    decoding, and where the engine refuses the settings (numSteps without eagleTopk)."""
+@dataclass(frozen=True)
+class Draft:
+    """A role's speculative settings as the engine reads them (flag values; None: not given)."""
+
+    algorithm: str
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+    ngram_bfs_breadth: int = NGRAM_DEFAULT_BFS_BREADTH
+
+
+DraftRefusalKind = Literal["shape-without-steps", "steps-without-width", "tree-on-unpaged-backend", "attn-dp"]
+
+
+@dataclass(frozen=True)
+class DraftRefusal:
+    """A speculative setting SGLang refuses at startup, with the error the engine raises there."""
+
+    kind: DraftRefusalKind
+    error: str
+    """The engine's exception as `Type: message`."""
+    source: str
+
+
+def role_draft(spec: HybridServingSpec, role: Role) -> Draft | None:
+    """What the engine reads of the role's speculative settings; `engine.extraArgs` can widen NGRAM."""
     speculative = spec.role(role).speculative
     if speculative is None:
         return None
-    if speculative.algorithm == "NGRAM":
-        # _handle_ngram drafts its BFS breadth wide (speculative_hook.py:1309-1313).
-        breadth = sglang_options.int_value(spec.engine.extra_args, NGRAM_BFS_BREADTH_FLAG)
-        return NGRAM_DEFAULT_BFS_BREADTH if breadth is None else breadth
-    if speculative.num_steps is not None:
-        return speculative.eagle_topk
-    if speculative.algorithm != "STANDALONE" and spec.architecture().hf_architecture in _TREE_DRAFTING_ARCHITECTURES:
-        return 4
-    return 1
+    breadth = sglang_options.int_value(spec.engine.extra_args, NGRAM_BFS_BREADTH_FLAG)
+    return Draft(speculative.algorithm, speculative.num_steps, speculative.eagle_topk, speculative.num_draft_tokens,
+                 NGRAM_DEFAULT_BFS_BREADTH if breadth is None else breadth)
+
+
+def auto_draft_shape(arch: ModelArchitecture, algorithm: str) -> tuple[int, int, int]:
+    """(steps, topk, draft tokens) the engine picks when --speculative-num-steps is unset."""
+    if algorithm != "STANDALONE" and arch.hf_architecture in _TREE_DRAFTING_ARCHITECTURES:
+        return 5, 4, 8
+    return 3, 1, 4
+
+
+def draft_width(arch: ModelArchitecture, draft: Draft | None) -> int | None:
+    """The resolved `speculative_eagle_topk`: candidates kept per draft step, so above 1 the draft
+    is a tree, which SGLang pages only on some attention backends. None without speculative
+    decoding, and where the engine refuses the settings (numSteps without eagleTopk)."""
+    if draft is None:
+        return None
+    if draft.algorithm == "NGRAM":
+        return draft.ngram_bfs_breadth  # _handle_ngram drafts its BFS breadth wide (speculative_hook.py:1309-1313)
+    if draft.num_steps is not None:
+        return draft.eagle_topk
+    return auto_draft_shape(arch, draft.algorithm)[1]
+
+
+def draft_tree_width(spec: HybridServingSpec, role: Role) -> int | None:
+    """`draft_width` of one role of a fleet."""
+    return draft_width(spec.architecture(), role_draft(spec, role))
+
+
+def chooses_attention_backend(args: list[str] | tuple[str, ...]) -> bool:
+    """Whether `args` (an argv, or `engine.extraArgs`) name an attention backend themselves,
+    however abbreviated."""
+    reads = (sglang_options.resolve(arg) for arg in args)
+    return any(read is not None and read.flag in ATTENTION_BACKEND_FLAGS for read in reads)
+
+
+def draft_refusals(arch: ModelArchitecture, draft: Draft | None, resolved: ResolvedArgs, *,
+                   backend_chosen: bool = False) -> list[DraftRefusal]:
+    """What SGLang refuses of these speculative settings at startup, in the order its hooks check:
+    the first is what a start fails with. `backend_chosen`: an attention backend flag overrides
+    `resolved`'s backend and page size, so no paging refusal is claimed."""
+    if draft is None:
+        return []
+    refusals: list[DraftRefusal] = []
+    width = draft_width(arch, draft)
+    tree = width is not None and width > 1 and resolved.page_size > 1 and not backend_chosen
+    if draft.algorithm == "NGRAM":
+        if tree and resolved.attention_backend not in NGRAM_TREE_PAGING_BACKENDS:
+            refusals.append(DraftRefusal(
+                "tree-on-unpaged-backend",
+                f"ValueError: speculative_eagle_topk({width}) > 1 with page_size({resolved.page_size}) > 1 is "
+                "unstable and produces incorrect results for paged attention backends. This combination is only "
+                "supported for the 'flashinfer' backend.", "arg_groups/speculative_hook.py:1355-1365"))
+        if resolved.attn_dp > 1:
+            refusals.append(DraftRefusal(
+                "attn-dp", "ValueError: Currently ngram speculative decoding does not support dp attention.",
+                "arg_groups/speculative_hook.py:1366-1370"))
+        return refusals
+    if draft.algorithm == "STANDALONE" and resolved.attn_dp > 1:
+        refusals.append(DraftRefusal(
+            "attn-dp", "ValueError: Currently standalone speculative decoding does not support dp attention.",
+            "arg_groups/speculative_hook.py:1078-1084"))
+    if draft.num_steps is None and (draft.eagle_topk is not None or draft.num_draft_tokens is not None):
+        refusals.append(DraftRefusal("shape-without-steps", "AssertionError: ",
+                                     "arg_groups/speculative_hook.py:1159-1163"))
+    elif draft.num_steps is not None and draft.eagle_topk is None:
+        refusals.append(DraftRefusal(
+            "steps-without-width", "TypeError: '>' not supported between instances of 'NoneType' and 'int'",
+            "arg_groups/speculative_hook.py:1273-1277"))
+    elif tree and resolved.attention_backend not in TREE_PAGING_BACKENDS:
+        refusals.append(DraftRefusal(
+            "tree-on-unpaged-backend",
+            f"ValueError: speculative_eagle_topk > 1 with page_size > 1 is only supported on {TREE_PAGING_BACKENDS}; "
+            f"got attention_backend={resolved.attention_backend!r}. Use page_size == 1 or one of those backends.",
+            "arg_groups/speculative_hook.py:1268-1283"))
+    return refusals
 
 
 def resolve_role(arch: ModelArchitecture, rs: RoleSpec, hardware: HardwareSpec, role: Role) -> ResolvedArgs:
