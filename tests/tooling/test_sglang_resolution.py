@@ -42,6 +42,8 @@ LAYOUTS |= {
                                         **_DECODE_CAP}},
     "speculative-tree": {"decode": {"speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 4,
                                                     "numDraftTokens": 8}, **_DECODE_CAP}},
+    "speculative-chain-draft-tokens": {"decode": {"speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1,
+                                                                  "numDraftTokens": 8}, **_DECODE_CAP}},
     "speculative-attn-dp": {"decode": {"layout": {"attnDp": 8}, **_DECODE_CAP,
                                        "speculative": {"algorithm": "EAGLE", "numSteps": 2, "eagleTopk": 1,
                                                        "numDraftTokens": 3}}},
@@ -239,6 +241,22 @@ def test_the_roles_page_size_rule_is_the_wheels(resolved: Mapping[str, Resolved 
         assert fires == (prefill["page_size"] != decode["page_size"]), (name, gpu)
         checked += 1
     assert checked > 100
+
+
+def test_the_chain_draft_tokens_warning_is_the_wheels(resolved: Mapping[str, Resolved | Refused]) -> None:
+    """speculative-chain-draft-tokens warns exactly where the wheel rewrites numDraftTokens
+    (arg_groups/speculative_hook.py:1255-1266 logs it)."""
+    fired = 0
+    for case in CASES:
+        result = resolved[case.id]
+        if not isinstance(result, Resolved):
+            continue
+        warns = any(issue.rule == "speculative-chain-draft-tokens" and issue.path.split(".")[1] == case.role
+                    for issue in validate(case.spec))
+        rewrites = any("speculative_num_draft_tokens is adjusted" in line for line in result.warnings)
+        assert warns == rewrites, case.id
+        fired += warns
+    assert fired >= 2 * len(MATRIX_GPUS)
 
 
 def test_every_named_difference_is_observed_and_the_matrix_covers_refusals(

@@ -177,6 +177,12 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"decode": {"maxRunningRequests": 128, "speculative": {"algorithm": "EAGLE", "numSteps": 3}}},
         {"decode": {"maxRunningRequests": 128, "speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1}}},
         "spec.decode.speculative.eagleTopk"),
+    "speculative-chain-draft-tokens": (
+        {"decode": {"maxRunningRequests": 128, "speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1,
+                                                               "numDraftTokens": 8}}},
+        {"decode": {"maxRunningRequests": 128, "speculative": {"algorithm": "EAGLE", "numSteps": 3, "eagleTopk": 1,
+                                                               "numDraftTokens": 4}}},
+        "spec.decode.speculative.numDraftTokens"),
     "speculative-tree-page-size": (
         {"hardware": {"gpuType": "B200"}, "decode": {"maxRunningRequests": 128, "speculative": TREE_DRAFT}},
         {"hardware": {"gpuType": "H200"}, "decode": {"maxRunningRequests": 128, "speculative": TREE_DRAFT}},

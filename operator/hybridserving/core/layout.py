@@ -139,6 +139,8 @@ _RULES: tuple[Rule, ...] = (
          "late: asserted at startup", _FROM_VERIFIED),
     Rule("speculative-params-together", "error", "numSteps, eagleTopk and numDraftTokens are set together (or "
          "numSteps and eagleTopk, or none)", "late: asserts, or raises TypeError, at startup", _FROM_VERIFIED),
+    Rule("speculative-chain-draft-tokens", "warning", "with eagleTopk 1, numDraftTokens is numSteps + 1 (or unset)",
+         "rewrites: sets num-draft-tokens to num-steps + 1", _FROM_VERIFIED),
     Rule("speculative-tree-page-size", "error", "a draft tree (eagleTopk > 1, NGRAM's BFS breadth) with a resolved "
          "page size > 1 runs only on the attention backends that page it", "late: rejected at startup",
          _FROM_VERIFIED),
@@ -595,6 +597,13 @@ def _check_speculative(spec: HybridServingSpec, role: Role, arch: ModelArchitect
                      f"{SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS} running requests, {per_rank} per attention-DP rank "
                      f"at attnDp {rs.layout.attn_dp}",
                      f"set spec.{role}.maxRunningRequests to the batch the instance should run")
+    steps = speculative.num_steps
+    if steps is not None and speculative.eagle_topk == 1 and speculative.num_draft_tokens not in (None, steps + 1):
+        # speculative_hook.py:1255-1266: a chain verifies one token past its steps, whatever is asked.
+        yield _issue("speculative-chain-draft-tokens", f"{path}.numDraftTokens",
+                     f"numDraftTokens {speculative.num_draft_tokens} with eagleTopk 1: SGLang drafts a chain and "
+                     f"verifies numSteps + 1 = {steps + 1} tokens instead",
+                     f"set {path}.numDraftTokens to {steps + 1} (or remove it), or raise eagleTopk for a tree")
     if speculative.draft_model_path:
         return
     reuses_mtp = speculative.algorithm in ("EAGLE", "NEXTN")
