@@ -274,8 +274,7 @@ def test_faults_under_steady_load(local_cluster, fleet_operator, pod_runner, dis
     finally:
         REPORT.write_text(json.dumps([o.__dict__ for o in chaos.outcomes] if chaos else [], indent=1))
         bound = _bound_ports(local_cluster)
-        local_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s", check=False,
-                              timeout=200)
+        stack.delete_namespace(local_cluster, NAMESPACE)
         # Pod objects go before their processes stop; the next test's pods may get the same loopback
         # IPs, so wait until the fleet's engines and launchers have let go of their ports.
         wait_for(lambda: not any(_listening(addr) for addr in bound), 120, "the fleet's ports released")

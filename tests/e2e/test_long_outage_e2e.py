@@ -185,13 +185,10 @@ def test_single_replica_survives_a_long_apiserver_outage(local_cluster, pod_runn
             thread.join(5)
         for replica in replicas.values():
             replica.stop()
+        # The next test's pods may get these fleets' loopback IPs: their engines must be gone, and
+        # so must the fleets before the session's operator, which watches every namespace, starts
+        # again. Fleets first: a namespace deleted with them stays Terminating for minutes.
         for ns in replicas:
-            local_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-
-        def pods_left() -> str:
-            return "".join(local_cluster.kubectl("-n", ns, "get", "pods", "-o", "name").stdout for ns in replicas)
-
-        # The next test's pods may get these fleets' loopback IPs: their engines must be gone.
-        wait_for(lambda: not pods_left(), 120, "the fleets' pods gone", interval=1)
+            stack.delete_namespace(local_cluster, ns)
         fleet_operator.start()
         fleet_operator.leader(timeout=120)

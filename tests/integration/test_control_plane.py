@@ -8,14 +8,16 @@ import json
 import os
 import pathlib
 import signal
+import threading
 import time
 import uuid
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from hybridserving.devcluster import Cluster, FleetSpec, read_versions
+from hybridserving.devcluster import Cluster, FleetSpec, read_versions, stack
 from hybridserving.devcluster.supervise import SETTLE_SECONDS
 from hybridserving.devcluster.nodes import (
     GPU_RESOURCE,
@@ -27,10 +29,12 @@ from hybridserving.devcluster.nodes import (
     LABEL_ZONE,
     RDMA_RESOURCE,
 )
+from support.crds import apply_crds
 from support.polling import wait_for
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 FAKE_IMAGE = "registry.invalid/hybridserving/fake:0"
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def gpu_container(name: str, gpus: int) -> dict:
@@ -201,6 +205,47 @@ def test_namespace_deletion_completes(core_v1, wait_for):
         return False
 
     wait_for(deleted, 90, what=f"namespace {name} removed")
+
+
+HOLD_SECONDS = 10.0  # how long the pod runner keeps a deleted engine pod: SIGTERM, drain, exit
+
+
+def hold_until_stopped(core_v1, namespace: str, pod: str, finalizer: str) -> None:
+    """The pod runner's part: the deleted pod's finalizer goes once its process has stopped."""
+    while not core_v1.read_namespaced_pod(pod, namespace).metadata.deletion_timestamp:
+        time.sleep(0.2)
+    time.sleep(HOLD_SECONDS)
+    core_v1.patch_namespaced_pod(pod, namespace, {"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}})
+
+
+def test_a_namespace_deleted_with_its_fleet_goes_soon_after_the_fleets_pods(cluster: Cluster, core_v1):
+    # The namespace controller deletes pods first and, while one is left, looks again only after
+    # half the longest grace period among them: 301 s for this pod, whose grace is an engine's
+    # under the default drain (600 s + 30 s). Its look 5 s after its first (its own status write)
+    # finds the pod still held. Deleting the fleet first leaves it no pod to wait for.
+    apply_crds(cluster)
+    name = f"fleetdel-{uuid.uuid4().hex[:8]}"
+    core_v1.create_namespace({"metadata": {"name": name}})
+    fleet = yaml.safe_load((REPO / "examples" / "role-switch.yaml").read_text())
+    fleet["metadata"] = {"name": "fleet", "namespace": name}
+    owner = json.loads(cluster.kubectl("apply", "-o", "json", "-f", "-", input=json.dumps(fleet)).stdout)
+    core_v1.create_namespaced_config_map(name, {"metadata": {"name": "cm"}})
+    finalizer = "hybridserving.io/pod-runner"
+    core_v1.create_namespaced_pod(name, {
+        "metadata": {"name": "engine", "finalizers": [finalizer], "ownerReferences": [{
+            "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": "fleet",
+            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"terminationGracePeriodSeconds": 630, "containers": [gpu_container("m", 1)]},
+    })
+    wait_for(lambda: core_v1.read_namespaced_pod("engine", name).status.phase == "Running", 60, what="pod Running")
+    runner = threading.Thread(target=hold_until_stopped, args=(core_v1, name, "engine", finalizer), daemon=True)
+    runner.start()
+
+    started = time.monotonic()
+    stack.delete_namespace(cluster, name, timeout=120)
+    assert name not in {ns.metadata.name for ns in core_v1.list_namespace().items}
+    print(f"\n[namespace] {name} and its fleet gone {time.monotonic() - started:.0f} s after the delete")
+    runner.join(5)
 
 
 def test_kubectl_server_side_apply(kubectl, core_v1, namespace):

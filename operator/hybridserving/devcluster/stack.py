@@ -24,7 +24,7 @@ from typing import Any
 
 from hybridserving.contract import ENV_ENGINE_API_KEY, expand_references
 
-from .cluster import Cluster, free_ports
+from .cluster import Cluster, DevClusterError, free_ports
 
 
 def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -99,6 +99,33 @@ def start_pod_runner(cluster: Cluster, state_dir: pathlib.Path) -> subprocess.Po
          "--volume-refresh-seconds", "1", "--shutdown-grace-seconds", str(POD_SHUTDOWN_GRACE_SECONDS)],
         state_dir / "runner.log",
     )
+
+
+def delete_namespace(cluster: Cluster, namespace: str, timeout: float = 180) -> None:
+    """Delete a namespace that holds fleets and return once it is gone, its pods first.
+
+    The namespace controller deletes a namespace's pods before anything else, and while one is
+    left it looks again only after half the longest `terminationGracePeriodSeconds` among them,
+    plus a second (kube-controller-manager, pkg/controller/namespace: OrderedNamespaceDeletion,
+    on by default since 1.33, and its requeue of a `ResourcesRemainingError`). An engine
+    pod's grace is its fleet's `drainTimeoutSeconds` + 30 s, a router's 120 s: a namespace deleted
+    with its fleets stays Terminating for one to five minutes after their pods are gone. Deleted
+    first, in the foreground, the fleets hand their pods to the garbage collector, and the
+    namespace controller's first look finds none left and removes the rest at once.
+    """
+    deadline = time.monotonic() + timeout
+
+    def left() -> int:
+        return max(1, int(deadline - time.monotonic()))
+
+    cluster.kubectl("-n", namespace, "delete", "hybridservings.hybridserving.io", "--all", "--cascade=foreground",
+                    "--wait=true", f"--timeout={left()}s", timeout=left() + 10)
+    while cluster.kubectl("-n", namespace, "get", "pods", "-o", "name").stdout.strip():
+        if time.monotonic() > deadline:
+            raise DevClusterError(f"namespace {namespace}: pods left {timeout:.0f} s after its fleets were deleted")
+        time.sleep(0.5)
+    cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", f"--timeout={left()}s",
+                    timeout=left() + 10)
 
 
 def router_binary() -> str:
