@@ -81,7 +81,8 @@ which it derives from its own key and the fleet's uid instead of storing (docs/s
 
 {{/* Rules that only exist cluster-wide (a ClusterRole), always read-only. */}}
 {{- define "hybridserving.clusterRules" -}}
-# kopf discovers and follows custom resource definitions.
+# kopf discovers and follows custom resource definitions; the operator compares the installed
+# CRDs' schema digests with its own (a LIST by name; never written).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]

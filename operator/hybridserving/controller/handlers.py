@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_KIND, KIND, PLURAL, VERSION
-from hybridserving.controller import metrics
+from hybridserving.controller import crdcheck, metrics
 from hybridserving.controller.leadership import Election, Leadership
 from hybridserving.controller import switching as role_switching
 from hybridserving.controller.cache import CachedKube, ObjectCache
@@ -57,6 +57,7 @@ class Options:
     election: Election | None = None  # leader election (several replicas); None: this replica always acts
     operator_key: bytes = field(default=b"", repr=False)  # derives each fleet's engine key (core/enginekey.py)
     stuck_pass_seconds: float = liveness.STUCK_PASS_SECONDS  # a pass or tick this old fails liveness; 0: never
+    crd_check_seconds: float = crdcheck.CHECK_SECONDS  # how often the installed CRDs' schema digests are compared
 
 
 OPTIONS = Options()
@@ -158,7 +159,7 @@ class Runtime:
     leading: asyncio.Event  # set once this replica acts: at once alone, on taking the Lease with --leader-elect
     leadership: Leadership | None = None
     switch_engines: Engines | None = None  # the role switches' engine reads, from when this replica acts
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # the resync, role switches, the election
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # resync, role switches, election, CRD check
 
 
 _runtime: Runtime | None = None
@@ -222,6 +223,9 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     queue = WorkQueue(work, workers=OPTIONS.workers)
     _runtime = Runtime(kube=kube, queue=queue, cache=cache, engines=engines, inflight=inflight,
                        leading=asyncio.Event())
+    # Every replica, leader or standby: it reads only, and an alert should not wait for a failover.
+    _runtime.tasks.append(asyncio.create_task(crdcheck.run(direct.sibling("crd"), OPTIONS.crd_check_seconds),
+                                              name="crd-schema-check"))
     if OPTIONS.election is None:
         act(_runtime)
         return

@@ -35,9 +35,10 @@ class Resource:
     version: str
     plural: str
 
-    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        """The URL path; `namespace` None for a cluster-scoped kind."""
         base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
-        path = f"{base}/namespaces/{quote(namespace)}/{self.plural}"
+        path = f"{base}/{self.plural}" if namespace is None else f"{base}/namespaces/{quote(namespace)}/{self.plural}"
         if name is not None:
             path += f"/{quote(name)}"
         if subresource:
@@ -62,6 +63,8 @@ RESOURCES: dict[str, Resource] = {
     "Secret": Resource("", "v1", "secrets"),  # written, never read (reconcile.write_engine_key)
     "Lease": Resource("coordination.k8s.io", "v1", "leases"),  # leader election (leadership.py)
     "Workload": Resource("scheduling.k8s.io", "v1alpha1", "workloads"),
+    # Cluster-scoped, read only by name to compare schema digests (crdcheck.py).
+    "CustomResourceDefinition": Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"),
 }
 
 # Kinds the operator owns besides instances and pods, observed on every reconcile.
@@ -175,6 +178,13 @@ class Kube:
             item.setdefault("kind", kind)
             item.setdefault("apiVersion", result.get("apiVersion", ""))
         return items, (result.get("metadata") or {}).get("resourceVersion")
+
+    def list_cluster_named(self, kind: str, name: str) -> Objects:
+        """The cluster-scoped object `name` of `kind`, as a list of none or one: a LIST with a field
+        selector, which a role granting `list` without `get` allows."""
+        self._count_read("list", kind)
+        result = self._call("GET", RESOURCES[kind].path(None), query={"fieldSelector": f"metadata.name={name}"})
+        return list(result.get("items") or [])
 
     # -- writes
 

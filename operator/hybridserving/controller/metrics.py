@@ -17,7 +17,8 @@ ACTIONS = Counter(
 ACTION_ERRORS = Counter("hybridserving_action_errors_total", "Writes the API refused (not conflicts).", ["kind"])
 API_READS = Counter(
     "hybridserving_api_reads_total",
-    "GETs and LISTs sent to the API server, by the part of the operator that made them (reconcile, switch, lease).",
+    "GETs and LISTs sent to the API server, by the part of the operator that made them "
+    "(reconcile, switch, lease, crd).",
     ["component", "verb", "kind"],
 )
 CONFLICTS = Counter("hybridserving_conflicts_total", "Passes cut short by a 409/404 (retried from a fresh read).")
@@ -30,6 +31,12 @@ OLDEST_PASS_SECONDS = Gauge(
     "hybridserving_oldest_pass_seconds",
     "How long the oldest reconcile pass or role-switch tick still running has run (0: none runs); "
     "past --stuck-pass-seconds the liveness endpoint fails.",
+)
+CRD_SCHEMA_CURRENT = Gauge(
+    "hybridserving_crd_schema_current",
+    "1 when the installed CRD carries the schema digest this operator was built with; 0 when it carries "
+    "another, none (an earlier release's) or is missing. Set by every replica, leader or not.",
+    ["crd"],
 )
 LEADER = Gauge("hybridserving_leader", "1 while this replica acts (holds the leader lease, or runs without election).")
 

@@ -63,7 +63,8 @@ RULES: tuple[Rule, ...] = (
     Rule("Application: each fleet's engine API key, written (server-side apply), never read: the key is "
          "derived, not stored (docs/security.md)", "", ("secrets",), ("create", "patch")),
     Rule("Application: an Event for every decision", "", ("events",), ("create",)),
-    Rule("Framework: kopf discovers and follows custom resource definitions", "apiextensions.k8s.io",
+    Rule("Framework: kopf discovers and follows custom resource definitions; the operator compares the "
+         "installed CRDs' schema digests with its own (a LIST by name; never written)", "apiextensions.k8s.io",
          ("customresourcedefinitions",), ("list", "watch")),
     Rule("Framework: kopf resolves --namespace patterns against the namespaces that exist", "",
          ("namespaces",), ("list", "watch")),
