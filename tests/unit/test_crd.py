@@ -145,21 +145,23 @@ def test_committed_crds_match_the_models():
 
 
 def test_check_all_names_edited_and_missing_files(tmp_path):
-    dirs = [tmp_path / "a", tmp_path / "b"]
-    crdgen.write_all(dirs)
-    assert crdgen.check_all(dirs) == []
+    dirs, digests = [tmp_path / "a", tmp_path / "b"], tmp_path / crdgen.DIGESTS_FILE
+    crdgen.write_all(dirs, digests)
+    assert crdgen.check_all(dirs, digests) == []
     edited = dirs[1] / HS_FILE
     edited.write_text(edited.read_text().replace("maximum: 1024", "maximum: 2048", 1))
     (dirs[0] / HSI_FILE).unlink()
-    assert sorted(crdgen.check_all(dirs)) == sorted([edited, dirs[0] / HSI_FILE])
+    digests.write_text("{}")
+    assert sorted(crdgen.check_all(dirs, digests)) == sorted([edited, dirs[0] / HSI_FILE, digests])
 
 
 def test_cli_check_fails_on_drift_and_write_repairs_it(tmp_path, capsys):
     target = str(tmp_path)
-    assert crdgen.main(["--check", "--dir", target]) == 1
+    digests = ["--digests", str(tmp_path / crdgen.DIGESTS_FILE)]
+    assert crdgen.main(["--check", "--dir", target, *digests]) == 1
     assert "run `make crds`" in capsys.readouterr().err
-    assert crdgen.main(["--dir", target]) == 0
-    assert crdgen.main(["--check", "--dir", target]) == 0
+    assert crdgen.main(["--dir", target, *digests]) == 0
+    assert crdgen.main(["--check", "--dir", target, *digests]) == 0
 
 
 def test_files_carry_the_header_and_parse_back_to_the_rendered_crd():

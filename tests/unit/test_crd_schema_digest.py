@@ -55,16 +55,15 @@ def test_the_package_ships_the_digests_the_models_render() -> None:
     assert crdcheck.EXPECTED == crdgen.expected_digests() == crdgen.render_digests()
 
 
-def test_check_names_stale_package_digests(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_names_stale_package_digests(tmp_path: pathlib.Path) -> None:
     stale = tmp_path / crdgen.DIGESTS_FILE
     stale.write_text(crdgen.dump_digests({FLEETS: "sha256:old", INSTANCES: "sha256:old"}))
-    monkeypatch.setattr(crdgen, "_digests_path", lambda: stale)
     dirs = [tmp_path / "a"]
-    crdgen.write_all(dirs)
-    assert crdgen.check_all(dirs) == []
+    crdgen.write_all(dirs, stale)
+    assert crdgen.check_all(dirs, stale) == []
     assert crdgen.expected_digests() == crdgen.render_digests()  # the package's own file is untouched
     stale.write_text(crdgen.dump_digests({FLEETS: "sha256:old"}))
-    assert crdgen.check_all(dirs) == [stale]
+    assert crdgen.check_all(dirs, stale) == [stale]
 
 
 @pytest.mark.parametrize("folder", crdgen.CRD_DIRS)

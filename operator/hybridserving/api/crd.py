@@ -347,20 +347,24 @@ def dump(crd: Mapping[str, Any]) -> str:
     return HEADER + yaml.safe_dump(crd, sort_keys=False)
 
 
-def write_all(dirs: Iterable[pathlib.Path | str] = CRD_DIRS) -> list[pathlib.Path]:
-    """Write every CRD into each folder, and the package's digests; returns the files written."""
+def write_all(dirs: Iterable[pathlib.Path | str] = CRD_DIRS,
+              digests: pathlib.Path | str | None = None) -> list[pathlib.Path]:
+    """Write every CRD into each folder, and their digests (by default into the package);
+    returns the files written."""
     written = []
     for folder in map(pathlib.Path, dirs):
         folder.mkdir(parents=True, exist_ok=True)
         for name, crd in render_all().items():
             (folder / name).write_text(dump(crd))
             written.append(folder / name)
-    _digests_path().write_text(dump_digests(render_digests()))
-    written.append(_digests_path())
+    digests_path = pathlib.Path(digests) if digests is not None else _digests_path()
+    digests_path.write_text(dump_digests(render_digests()))
+    written.append(digests_path)
     return written
 
 
-def check_all(dirs: Iterable[pathlib.Path | str] = CRD_DIRS) -> list[pathlib.Path]:
+def check_all(dirs: Iterable[pathlib.Path | str] = CRD_DIRS,
+              digests: pathlib.Path | str | None = None) -> list[pathlib.Path]:
     """The files that differ from what the models generate (missing ones included), the
     package's digests among them."""
     drifted = []
@@ -369,9 +373,9 @@ def check_all(dirs: Iterable[pathlib.Path | str] = CRD_DIRS) -> list[pathlib.Pat
             path = folder / name
             if not path.is_file() or path.read_text() != dump(crd):
                 drifted.append(path)
-    digests = _digests_path()
-    if not digests.is_file() or digests.read_text() != dump_digests(render_digests()):
-        drifted.append(digests)
+    digests_path = pathlib.Path(digests) if digests is not None else _digests_path()
+    if not digests_path.is_file() or digests_path.read_text() != dump_digests(render_digests()):
+        drifted.append(digests_path)
     return drifted
 
 
@@ -381,14 +385,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dir", action="append", dest="dirs", metavar="DIR", help=f"output folder (default: {', '.join(CRD_DIRS)})"
     )
+    parser.add_argument("--digests", metavar="FILE", default=None,
+                        help=f"the digests file (default: the package's {DIGESTS_FILE})")
     args = parser.parse_args(argv)
     dirs = args.dirs or CRD_DIRS
     if args.check:
-        drifted = check_all(dirs)
+        drifted = check_all(dirs, args.digests)
         for path in drifted:
             print(f"{path}: out of date with the API models; run `make crds`", file=sys.stderr)
         return 1 if drifted else 0
-    for path in write_all(dirs):
+    for path in write_all(dirs, args.digests):
         print(path)
     return 0
 

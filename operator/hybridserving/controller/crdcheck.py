@@ -61,5 +61,8 @@ async def run(kube: Kube, interval: float = CHECK_SECONDS) -> None:
     """Check now and then every `interval` seconds, each reading on a thread."""
     check = SchemaCheck(kube, EXPECTED)
     while True:
-        await asyncio.to_thread(check.once)
+        try:
+            await asyncio.to_thread(check.once)
+        except Exception:  # noqa: BLE001 - a check that fails must not end the checks after it
+            log.exception("the CRD schema check failed; the next check tries again")
         await asyncio.sleep(interval)
