@@ -19,6 +19,8 @@ from hybridserving.api.crd import ANNOTATION_SCHEMA_DIGEST
 FIX = ("kubectl apply --server-side --force-conflicts --field-manager=hybridserving-crds "
        "-f charts/hybridserving/crds/")
 """The upgrade step of docs/install.md that installs the chart's CRDs (then `helm upgrade`)."""
+_CONSEQUENCE = ("the apiserver prunes the fields this operator writes that the installed schema lacks. "
+                f"Apply the chart's CRDs: {FIX}")
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,7 @@ class Differs:
 
     def describe(self) -> str:
         return (f"CRD {self.crd} has schema digest {self.installed}, this operator was built with {self.expected}: "
-                f"the apiserver prunes the fields this operator writes that the installed schema lacks. "
-                f"Apply the chart's CRDs: {FIX}")
+                f"{_CONSEQUENCE}")
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,7 @@ class Unstamped:
 
     def describe(self) -> str:
         return (f"CRD {self.crd} carries no schema digest (installed by an earlier release), this operator was "
-                f"built with {self.expected}: the apiserver prunes the fields this operator writes that the "
-                f"installed schema lacks. Apply the chart's CRDs: {FIX}")
+                f"built with {self.expected}: {_CONSEQUENCE}")
 
 
 @dataclass(frozen=True)
