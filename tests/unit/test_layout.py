@@ -507,6 +507,8 @@ def test_ambiguous_or_unknown_flags_are_rejected(token: str) -> None:
     (["--tokenizer-worker", "8"], True),
     (["--tokenizer-worker-num", "1"], False),
     (["--detokenizer-worker-num", "4"], False),
+    (["--tokenizer-worker-num", "4", "--tokenizer-worker-num=1"], False),  # the parser keeps the last
+    (["--tokenizer-worker-num", "1", "--tokenizer-worker", "2"], True),
 ])
 def test_several_tokenizer_workers_are_refused_since_every_engine_has_an_api_key(extra: list[str],
                                                                                  refused: bool) -> None:

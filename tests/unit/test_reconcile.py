@@ -21,9 +21,11 @@ from hybridserving.controller import reconcile as rec
 from hybridserving.controller.kube import KubeError
 from hybridserving.core.actions import Cause
 from hybridserving.core import backoff
+from hybridserving.core import rendering
 from hybridserving.core.backoff import ANNOTATION_GANG_RESTARTS, GangRestarts
 from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_NAME
 from hybridserving.core.observed import parse_time
+from hybridserving.core.rollout import RERENDERED
 from hybridserving.core.switching import SwitchState
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
@@ -533,6 +535,69 @@ def test_a_canary_held_for_hours_then_promoted_has_its_whole_progress_deadline(a
     progressing = api.condition("Progressing")
     assert progressing["status"] == "True" and progressing["reason"] == "RollingOut", progressing
     assert api.condition("Degraded")["status"] == "False"
+
+
+def render_as_a_newer_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on the operator renders every engine pod with one more env var, as a new operator
+    version may: the spec and its configuration revision stay what they were."""
+    older = rendering.pod_spec
+
+    def newer(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        pod = older(*args, **kwargs)
+        pod["containers"][0].setdefault("env", []).append({"name": "HYBRIDSERVING_NEWER", "value": "1"})
+        return pod
+
+    monkeypatch.setattr(rendering, "pod_spec", newer)
+
+
+def newer_pods(api: MemoryApi) -> set[str]:
+    return {name for (kind, name), pod in api.store.items() if kind == "Pod"
+            and {"name": "HYBRIDSERVING_NEWER", "value": "1"} in pod["spec"]["containers"][0].get("env", [])}
+
+
+def test_an_operator_that_renders_the_pods_anew_rolls_them_and_says_the_configuration_is_unchanged(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    settle(api)
+    revisions = {k for k in api.store if k[0] == "ControllerRevision"}
+    update = api.status()["rollout"]["updateRevision"]
+    render_as_a_newer_operator(monkeypatch)
+    outcome = rec.reconcile(api, NS, "fleet")
+    rolls = [a for a in outcome.actions if a.kind == INSTANCE_KIND]
+    assert len(rolls) == 1 and Cause.ROLLOUT in rolls[0].causes, "within maxUnavailable 1, as a spec change"
+    assert rolls[0].reason.startswith(f"rolling prefill instance to {RERENDERED} ("), rolls[0].reason
+    rollout = api.status()["rollout"]
+    assert rollout["currentRevision"] == rollout["updateRevision"] == update
+    assert rollout["message"].startswith(f"configuration {update} unchanged, rolling to the pod template "
+                                         "this operator now renders (its version or settings changed): "), rollout
+    progressing = api.condition("Progressing")
+    assert progressing["reason"] == "RollingOut"
+    assert progressing["message"].startswith(f"3 instance(s) to roll to {RERENDERED}, one role at a time: ")
+    settle(api)
+    assert newer_pods(api) == {"fleet-0-0", "fleet-1-0", "fleet-2-0", "fleet-3-0"}
+    assert {k for k in api.store if k[0] == "ControllerRevision"} == revisions, "no new configuration recorded"
+    assert api.condition("Progressing")["reason"] == "Complete"
+    assert api.status()["rollout"]["message"] == f"every instance runs {update}"
+
+
+def test_a_paused_or_canaried_fleet_holds_an_operator_upgrades_roll_as_it_holds_a_spec_change(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    settle(api)
+    api.user_apply({**SPEC, "rollout": {"paused": True}})
+    settle(api)
+    render_as_a_newer_operator(monkeypatch)
+    settle(api)
+    assert newer_pods(api) == set(), "paused: no engine restarts"
+    progressing = api.condition("Progressing")
+    assert progressing["reason"] == "RolloutPaused"
+    assert progressing["message"] == (f"rollout paused with 4 instance(s) to roll to {RERENDERED}: "
+                                      "fleet-0, fleet-1, fleet-2, fleet-3")
+    api.user_apply({**SPEC, "rollout": {"canary": 1}})
+    settle(api)
+    assert len(newer_pods(api)) == 2, "one instance of each role"
+    assert api.condition("Progressing")["reason"] == "RolloutHeldByCanary"
+    api.user_apply(SPEC)
+    settle(api)
+    assert len(newer_pods(api)) == 4
 
 
 def test_a_rollout_that_keeps_bringing_instances_up_is_not_called_stuck(api: MemoryApi) -> None:

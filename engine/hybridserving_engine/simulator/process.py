@@ -16,15 +16,25 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_ports(n: int) -> list[int]:
-    """`n` distinct free ports: each stays bound until all are chosen, so none is handed out twice."""
+    """`n` distinct free ports, none handed out before by this process: a port chosen for a server
+    not started yet is free again to the kernel, which may offer it to the next caller, and the
+    second server to bind it would fail."""
     sockets = []
+    ports: list[int] = []
     try:
-        for _ in range(n):
+        while len(ports) < n:
             s = socket.socket()
-            sockets.append(s)
+            sockets.append(s)  # held bound until all are chosen, so no two here are the same
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
+            port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                ports.append(port)
+        _HANDED_OUT.update(ports)
+        return ports
     finally:
         for s in sockets:
             s.close()

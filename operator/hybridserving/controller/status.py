@@ -34,7 +34,7 @@ from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
 from hybridserving.core.naming import LABEL_COMPONENT, LABEL_REVISION, engine_selector, revision_name
 from hybridserving.core.observed import Observed, format_time, parse_time
-from hybridserving.core.rollout import held_by, instance_pairing_key
+from hybridserving.core.rollout import RERENDERED, held_by, instance_pairing_key, rerendered
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
 
@@ -321,18 +321,23 @@ def fleet_status(
     serving = all_ready and (routing is None or routing.available)
     conds.append(ready_condition(all_ready, routing, per_role, generation, previous))
     outdated = [v.plan.name for v in views.values() if not v.current]
+    # Instances that roll with their configuration unchanged say so: engines restarting after
+    # an operator upgrade, with nothing changed in the spec, must not read as a spec rollout.
+    to_roll = (f"{len(outdated)} instance(s) to roll to {RERENDERED}"
+               if outdated and all(rerendered(v, desired.revision_hash) for v in views.values() if not v.current)
+               else f"{len(outdated)} instance(s) to roll")
     progressing = bool(outdated) or pending_actions > 0 or not all_ready
     held = held_by(desired.spec.rollout, views)
     rollout = rollout_status(desired, views, per_role, all_ready and len(views) == total, held,
                              (previous_status or {}).get("rollout") or {})
     if held == "Paused":
         reason = "RolloutPaused"
-        message = f"rollout paused with {len(outdated)} instance(s) to roll: {', '.join(outdated)}"
+        message = f"rollout paused with {to_roll}: {', '.join(outdated)}"
     elif held == "Canary":
         reason, message = "RolloutHeldByCanary", rollout.message
     elif outdated:
         reason = "RollingOut"
-        message = f"{len(outdated)} instance(s) to roll, one role at a time: {', '.join(outdated)}"
+        message = f"{to_roll}, one role at a time: {', '.join(outdated)}"
     elif progressing:
         reason, message = "Reconciling", f"{pending_actions} change(s) in flight, {ready_total}/{total} instances ready"
     else:
@@ -520,6 +525,9 @@ def rollout_status(desired: DesiredState, views: Mapping[str, InstanceView], per
         message = f"paused: {progress}; set spec.rollout.paused to false to roll the rest"
     elif current != update:
         message = f"rolling from {current or 'an unrecorded revision'} to {update}: {progress}"
+    elif any(rerendered(v, desired.revision_hash) for v in views.values() if not v.plan.surge):
+        message = (f"configuration {update} unchanged, rolling to the pod template this operator now renders "
+                   f"(its version or settings changed): {progress}")
     else:
         message = f"every instance runs {update}"
     keys = list(desired.router_keys) if desired.spec.router.enabled else []

@@ -932,20 +932,10 @@ def _check_extra_args(spec: HybridServingSpec) -> Issues:
                          _REJECTED_FLAGS[flag])
         elif flag in _DEPRECATED_FLAGS:
             yield _issue("extra-args-deprecated-flag", path, f"{spelled} is deprecated", _DEPRECATED_FLAGS[flag])
-        elif flag == "--tokenizer-worker-num" and _int_value(arg, args[index + 1:index + 2]) > 1:
+        elif flag == "--tokenizer-worker-num" and (sglang_options.int_value(args, flag) or 0) > 1:
             # Every engine gets --api-key from the launcher, and each tokenizer worker asserts there is
             # none (entrypoints/http_server.py:258-261): the server never comes up.
             yield _issue("extra-args-rejected-flag", path,
                          f"{spelled} above 1 starts SGLang {VERIFIED_SGLANG} in multi-tokenizer mode, which "
                          "refuses the --api-key the launcher always passes: every engine fails at startup",
                          "remove it, or set it to 1 (the fleet's engines are always started with --api-key)")
-
-
-def _int_value(arg: str, rest: list[str]) -> int:
-    """The integer an option token carries (`--flag=N`) or the next token holds; 0 when none
-    (a missing or non-numeric value is the parser's to refuse)."""
-    value = arg.split("=", 1)[1] if "=" in arg else (rest[0] if rest else "")
-    try:
-        return int(value)
-    except ValueError:
-        return 0

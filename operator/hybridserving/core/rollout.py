@@ -27,6 +27,7 @@ from hybridserving.core.naming import (
     ANNOTATION_RESTART_GENERATION,
     ANNOTATION_WORKER_PORTS,
     LABEL_PAIRING,
+    LABEL_REVISION,
     split_config_hash,
 )
 
@@ -59,11 +60,11 @@ def pod_actions(v: InstanceView, config_hash: str, restarting: bool, spec_key: s
     live = [pod for pod in v.pods if not pod.deleting]
     if any(is_stale(pod, target) for pod in live):
         if restarting:
-            cause, why = Cause.GANG_RESTART, "gang restart"
+            cause, why = Cause.GANG_RESTART, f"gang restart of {p.name} (whole gang)"
         else:
-            cause, why = Cause.ROLLOUT, "rolling to the new configuration"
+            cause, why = Cause.ROLLOUT, f"rolling {p.name} to what its spec now says (whole gang)"
         for pod in live:
-            actions.append(Action("delete", "Pod", pod.name, (cause,), f"{why} of {p.name} (whole gang)", uid=pod.uid))
+            actions.append(Action("delete", "Pod", pod.name, (cause,), why, uid=pod.uid))
         return actions
     desired_pods = {pod["metadata"]["name"]: pod for pod in p.pods}
     for pod in live:
@@ -129,6 +130,21 @@ def _metadata_patch(
     if annotations:
         meta["annotations"] = annotations
     return {"metadata": meta} if meta else {}
+
+
+RERENDERED = "the pod template this operator now renders (configuration unchanged)"
+
+
+def rerendered(v: InstanceView, revision_hash: str) -> bool:
+    """Whether the instance is to roll although it runs the spec's configuration already: what
+    differs is how this operator renders it (an operator upgrade, or a change of the operator's
+    own settings), not anything in the spec, and the on-call reading status must be told so."""
+    return not v.current and v.observed.labels.get(LABEL_REVISION) == revision_hash
+
+
+def roll_target(v: InstanceView, revision_hash: str) -> str:
+    """What rolling the instance moves it to, in words for its reason."""
+    return RERENDERED if rerendered(v, revision_hash) else "the new configuration"
 
 
 def updated(views: Mapping[str, InstanceView], role: Role) -> int:
@@ -307,7 +323,7 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
                         continue
                     return selected
             selected[v.plan.name] = (
-                f"rolling {role} instance to the new configuration "
+                f"rolling {role} instance to {roll_target(v, desired.revision_hash)} "
                 f"({down + 1}/{desired.max_unavailable + surging} of the role's budget"
                 + (f", {surging} surge instance(s) serving" if surging else "")
                 + (f", canary {desired.canary}" if desired.canary is not None else "") + ")"
@@ -324,7 +340,8 @@ def select_rollout(desired: DesiredState, views: Mapping[str, InstanceView],
         new_roles = {v.plan.role for v in views.values() if v.available and instance_pairing_key(v, key) == key}
         role, v, down = min(blocked, key=lambda b: (b[0] in new_roles, ROLES.index(b[0])))
         selected[v.plan.name] = (
-            f"rolling {role} instance to the new configuration ({down + 1}/{desired.max_unavailable} of the "
-            "role's budget; too few instances to keep a compatible prefill and decode serving meanwhile)"
+            f"rolling {role} instance to {roll_target(v, desired.revision_hash)} "
+            f"({down + 1}/{desired.max_unavailable} of the role's budget; too few instances to keep a "
+            "compatible prefill and decode serving meanwhile)"
         )
     return selected
