@@ -447,7 +447,7 @@ def test_status_strings_and_lists_carry_the_bounds_their_writers_keep():
                 assert "maxItems" in node, f"{name} {path}: list without maxItems"
     errors = resolve(schema_of(HS_FILE), ".status.weights.errors")
     assert errors["maxItems"] == 5 and errors["items"]["maxLength"] == 253 + len(": ") + 200
-    assert resolve(schema_of(HS_FILE), ".status.ready")["enum"] == ["True", "False"]
+    assert resolve(schema_of(HS_FILE), ".status.ready")["enum"] == ["True", "False", "Unknown"]
 
 
 # --------------------------------------------------------------------------- CEL rules

@@ -970,8 +970,8 @@ class HybridServingStatus(ApiModel):
                                      description="KV cache capacity the layout gives, per instance and in all.")
     switches: list[SwitchRecord] = Field(default_factory=list, max_length=20,
                                          description="Recent role switches, newest last (the last 20).")
-    ready: Literal["True", "False"] = Field(default="False", description="Ready condition status, for printer "
-                                           "columns.")
+    ready: Literal["True", "False", "Unknown"] = Field(
+        default="False", description="Ready condition status, for printer columns.")
     last_progress_time: str | None = Field(
         default=None, max_length=TIME_MAX_LENGTH,
         description="When the fleet last made progress (more instances ready or updated, a rollout "

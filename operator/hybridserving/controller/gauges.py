@@ -47,6 +47,16 @@ def record(namespace: str, name: str, status: Mapping[str, Any], views: Mapping[
     _instances[key] = names
 
 
+def record_failing(namespace: str, name: str) -> None:
+    """Ready Unknown and Degraded True for a fleet whose passes keep failing, whether or not its
+    status could be written: the alerts on these series are what is left when the apiserver
+    refuses the operator everything."""
+    for type_, now_ in (("Ready", "Unknown"), ("Degraded", "True")):
+        for value in STATUSES:
+            metrics.FLEET_CONDITION.labels(namespace, name, type_, value).set(1 if value == now_ else 0)
+        _conditions.setdefault((namespace, name), set()).add(type_)
+
+
 def forget(namespace: str, name: str) -> None:
     """Drop every series of a fleet that is gone."""
     key = (namespace, name)

@@ -31,9 +31,9 @@ from hybridserving.controller.leadership import Election, Leadership
 from hybridserving.controller import switching as role_switching
 from hybridserving.controller.cache import CachedKube, ObjectCache
 from hybridserving.controller.engines import Engines
-from hybridserving.controller.kube import OWNED_KINDS, RESOURCES, Kube
+from hybridserving.controller.kube import OWNED_KINDS, RESOURCES, Kube, KubeError
 from hybridserving.controller.queue import Key, Pass, WorkQueue
-from hybridserving.controller.reconcile import reconcile
+from hybridserving.controller.reconcile import reconcile, report_failing
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
 from hybridserving.core import liveness
 from hybridserving.core.naming import LABEL_NAME
@@ -195,6 +195,8 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     inflight = InFlight()
     metrics.OLDEST_PASS_SECONDS.set_function(inflight.oldest_seconds)
 
+    failing: dict[Key, liveness.FailingPasses] = {}
+
     async def work(key: Key) -> Pass:
         namespace, name = key
 
@@ -206,9 +208,13 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
 
         try:
             outcome = await asyncio.to_thread(one_pass)
-        except Exception:
+        except Exception as exc:
             metrics.RECONCILES.labels("error").inc()
+            streak = failing[key] = liveness.failed_again(failing.get(key), describe(exc), time.monotonic())
+            if streak.reported(time.monotonic()):
+                await asyncio.to_thread(report_failing, kube, namespace, name, streak.describe(time.monotonic()))
             raise
+        failing.pop(key, None)
         if outcome.gone:
             queue.forget(key)
             metrics.RECONCILES.labels("gone").inc()
@@ -232,6 +238,12 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     _runtime.leadership = Leadership(
         Kube(direct.api, "lease", request_timeout=OPTIONS.election.request_timeout_seconds), OPTIONS.election)
     _runtime.tasks.append(asyncio.create_task(elect(_runtime, _runtime.leadership), name="leader-election"))
+
+
+def describe(exc: Exception) -> str:
+    """An exception as status may name it: an API error as the apiserver said it, anything else
+    with its type (the traceback is in the operator's log)."""
+    return str(exc) if isinstance(exc, KubeError) else f"{type(exc).__name__}: {exc}"
 
 
 def unhealthy() -> liveness.Unhealthy | None:

@@ -45,6 +45,7 @@ from hybridserving.controller.status import (
     PlanFallback,
     Validation,
     changed,
+    failing_status,
     fleet_status,
     instance_status,
     now,
@@ -332,6 +333,23 @@ def degraded_warning(previous: Mapping[str, Any], status: Mapping[str, Any]) -> 
     if now_.get("status") != "True" or (was.get("status"), was.get("reason")) == ("True", now_.get("reason")):
         return ()
     return ((str(now_["reason"]), str(now_.get("message", ""))),)
+
+
+def report_failing(kube: Kube, namespace: str, name: str, message: str) -> None:
+    """Say on the fleet that its passes keep failing: status (`status.failing_status`) and a Warning
+    when Degraded turns to it. Best effort: the apiserver that fails the passes may refuse this too,
+    and a pass that completes rewrites the whole status anyway."""
+    gauges.record_failing(namespace, name)
+    try:
+        body = kube.get(KIND, namespace, name)
+        previous = body.get("status") or {}
+        status = failing_status(previous, message, body["metadata"].get("generation"))
+        kube.patch(KIND, namespace, name, {"status": status}, subresource="status")
+        warnings = degraded_warning(previous, status)
+        if warnings:
+            post_events(kube, body, [], None, warnings)
+    except KubeError as exc:
+        log.warning("%s/%s: could not report failing passes (%s)", namespace, name, exc)
 
 
 def weights_warnings(previous: dict[str, Any] | None, current: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:

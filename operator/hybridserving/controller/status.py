@@ -578,6 +578,19 @@ def _past_deadline(progressing: Mapping[str, Any], generation: int | None, clock
     return progressing.get("status") == "True" and clock - progressed_at > deadline
 
 
+def failing_status(previous_status: Mapping[str, Any], message: str, generation: int | None) -> dict[str, Any]:
+    """The status of a fleet whose passes keep failing before they can report: Ready turns Unknown
+    (nothing observed it since) and Degraded True, both `ReconcileFailed` with `message`; the other
+    conditions stay as last written, and the next pass that completes rewrites them all."""
+    previous = {c.get("type"): c for c in previous_status.get("conditions") or []}
+    replaced = {"Ready": condition("Ready", None, "ReconcileFailed", message, generation, previous),
+                "Degraded": condition("Degraded", True, "ReconcileFailed", message, generation, previous)}
+    conditions = [wire(replaced.pop(c["type"])) if c.get("type") in replaced else dict(c)
+                  for c in previous_status.get("conditions") or []]
+    conditions += [wire(c) for c in replaced.values()]
+    return {"conditions": conditions, "ready": "Unknown"}
+
+
 def changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether writing `new` would change anything a reader sees (times of unchanged conditions aside)."""
     def strip(status: Mapping[str, Any] | None) -> dict[str, Any]:

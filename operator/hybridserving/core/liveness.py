@@ -71,3 +71,33 @@ def stuck_pass(running: Iterable[Running], now: float, limit: float) -> StuckPas
     if limit <= 0 or first is None or now - first.started <= limit:
         return None
     return StuckPass(first, now - first.started, limit)
+
+
+FAILING_REPORTED_AFTER_SECONDS = 60.0
+"""A pass that raises leaves what status last said in place. One failed pass is an apiserver blip;
+passes failing for a minute (five retries on the back-off) mean status no longer describes what
+runs, and the fleet says so."""
+
+
+@dataclass(frozen=True)
+class FailingPasses:
+    """The passes over one fleet that have raised in a row: since when (monotonic seconds), how
+    many, and the last error."""
+
+    since: float
+    passes: int
+    error: str
+
+    def reported(self, now: float) -> bool:
+        return now - self.since >= FAILING_REPORTED_AFTER_SECONDS
+
+    def describe(self, now: float) -> str:
+        return (f"{self.passes} reconcile pass(es) in a row failed over {now - self.since:.0f}s, so what this status "
+                f"last said is no longer observed: {self.error}; retried with a growing back-off")
+
+
+def failed_again(streak: FailingPasses | None, error: str, now: float) -> FailingPasses:
+    """The streak after one more failed pass (a new one when none was running)."""
+    if streak is None:
+        return FailingPasses(now, 1, error)
+    return FailingPasses(streak.since, streak.passes + 1, error)

@@ -1,0 +1,148 @@
+"""A fleet whose reconcile passes keep raising stops saying Ready.
+
+A pass that raises (a LIST refused after an RBAC change, an apiserver answering 500, a bug) never
+reaches the point where it writes status, so what status last said stayed in place: a fleet
+nobody could observe for an hour still said Ready. Once passes have failed for
+`FAILING_REPORTED_AFTER_SECONDS` in a row, Ready turns Unknown and Degraded True with the error,
+and the next pass that completes says what it observes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import kopf
+import pytest
+from prometheus_client import REGISTRY
+
+from hybridserving.controller import handlers, queue, switching
+from hybridserving.controller import reconcile as rec
+from hybridserving.controller.kube import Kube, KubeError
+from hybridserving.controller.status import failing_status
+from hybridserving.core import liveness
+from hybridserving.core.liveness import FAILING_REPORTED_AFTER_SECONDS, failed_again
+from support.apiserver import NS, MemoryApi
+from support.fleets import settle
+
+FORBIDDEN = ('403: pods is forbidden: User "system:serviceaccount:hs:hybridserving" cannot list '
+             'resource "pods" in API group "" in the namespace "default"')
+
+
+def test_a_streak_is_reported_once_it_has_lasted_a_minute_and_names_the_last_error() -> None:
+    streak = failed_again(None, "500: etcdserver: request timed out", 100.0)
+    assert not streak.reported(100.0 + FAILING_REPORTED_AFTER_SECONDS - 1)
+    streak = failed_again(streak, FORBIDDEN, 100.0 + FAILING_REPORTED_AFTER_SECONDS)
+    assert streak.passes == 2 and streak.since == 100.0
+    assert streak.reported(100.0 + FAILING_REPORTED_AFTER_SECONDS)
+    assert streak.describe(175.0) == (
+        "2 reconcile pass(es) in a row failed over 75s, so what this status last said is no longer observed: "
+        f"{FORBIDDEN}; retried with a growing back-off")
+
+
+def test_ready_turns_unknown_and_degraded_names_the_failure_the_rest_stays_as_it_was(api: MemoryApi) -> None:
+    settle(api)
+    before = {c["type"]: c for c in api.status()["conditions"]}
+    status = failing_status(api.status(), "it failed", 1)
+    after = {c["type"]: c for c in status["conditions"]}
+    assert list(after) == list(before), "the same conditions, in the same order"
+    assert (after["Ready"]["status"], after["Ready"]["reason"]) == ("Unknown", "ReconcileFailed")
+    assert (after["Degraded"]["status"], after["Degraded"]["reason"]) == ("True", "ReconcileFailed")
+    assert after["Ready"]["message"] == after["Degraded"]["message"] == "it failed"
+    for kept in ("LayoutValid", "Progressing", "RoleSwitching"):
+        assert after[kept] == before[kept]
+    assert status["ready"] == "Unknown"
+
+
+def test_the_fleet_says_so_with_one_warning_and_the_next_pass_that_completes_says_ready_again(
+        api: MemoryApi) -> None:
+    settle(api)
+
+    def warnings() -> list[dict[str, Any]]:
+        return [o for (k, _), o in sorted(api.store.items()) if k == "Event" and o["type"] == "Warning"]
+
+    message = failed_again(None, FORBIDDEN, 0.0).describe(61.0)
+    rec.report_failing(api, NS, "fleet", message)
+    ready, degraded = api.condition("Ready"), api.condition("Degraded")
+    assert (ready["status"], ready["reason"], ready["message"]) == ("Unknown", "ReconcileFailed", message)
+    assert (degraded["status"], degraded["reason"]) == ("True", "ReconcileFailed")
+    assert api.status()["ready"] == "Unknown"
+    assert [(w["reason"], w["message"]) for w in warnings()] == [("ReconcileFailed", message)]
+    rec.report_failing(api, NS, "fleet", message.replace("1 reconcile", "2 reconcile"))
+    assert len(warnings()) == 1, "one Warning for the streak, not one per pass"
+
+    rec.reconcile(api, NS, "fleet")
+    assert (api.condition("Ready")["status"], api.condition("Degraded")["status"]) == ("True", "False")
+    assert api.status()["ready"] == "True"
+
+
+def condition_gauge(type_: str, status: str) -> float | None:
+    return REGISTRY.get_sample_value("hybridserving_fleet_condition",
+                                     {"namespace": NS, "hybridserving": "fleet", "type": type_, "status": status})
+
+
+def test_a_refused_report_is_logged_and_the_condition_gauges_say_it_anyway(
+        api: MemoryApi, caplog: pytest.LogCaptureFixture) -> None:
+    settle(api)
+    assert condition_gauge("Ready", "True") == 1.0
+    api.down = True
+    rec.report_failing(api, NS, "fleet", "it failed")
+    assert "could not report failing passes (0: connection refused)" in caplog.text
+    assert (condition_gauge("Ready", "True"), condition_gauge("Ready", "Unknown")) == (0.0, 1.0)
+    assert condition_gauge("Degraded", "True") == 1.0, "the fleet-not-ready alerts read these"
+    assert condition_gauge("LayoutValid", "True") == 1.0, "the other series stay"
+    api.down = False
+    rec.reconcile(api, NS, "fleet")
+    assert (condition_gauge("Ready", "True"), condition_gauge("Degraded", "True")) == (1.0, 0.0)
+
+
+# The operator's real wiring: passes that raise, on the work queue's back-off, then one that completes.
+
+FLEET = {"apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
+         "metadata": {"name": "f", "namespace": "ns", "resourceVersion": "1"}, "spec": {}}
+
+
+def test_the_operator_reports_a_streak_past_the_limit_and_forgets_it_after_a_pass_that_completes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    failures: list[Exception | None] = [KubeError(403, FORBIDDEN[5:]), RuntimeError("boom"),
+                                        KubeError(500, "etcdserver: timeout"), None, RuntimeError("again")]
+    reports: list[str] = []
+    passes: list[float] = []
+
+    def reconcile(*_: Any, **__: Any) -> SimpleNamespace:
+        passes.append(time.monotonic())
+        failure = failures.pop(0) if failures else None
+        if failure is not None:
+            raise failure
+        return SimpleNamespace(gone=False, conflict=False, errors=[], requeue_after=None)
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+    monkeypatch.setattr(handlers, "report_failing", lambda kube, ns, name, message: reports.append(message))
+    monkeypatch.setattr(liveness, "FAILING_REPORTED_AFTER_SECONDS", 0.15)
+    monkeypatch.setattr(queue, "FAILURE_BACKOFF_SECONDS", 0.1)
+    monkeypatch.setattr(switching.SwitchController, "tick", lambda *_: switching.TickReport())
+    monkeypatch.setattr(handlers, "OPTIONS", handlers.Options(kube=Kube(None)))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        await handlers.start(settings=kopf.OperatorSettings())
+        try:
+            handlers.fleet_changed(event={"type": "ADDED", "object": FLEET}, namespace="ns", name="f")
+            for count in (4, 6):
+                deadline = time.monotonic() + 5
+                while len(passes) < count:
+                    assert time.monotonic() < deadline, f"only {len(passes)} passes"
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.05)
+                # the fourth pass completed: nothing comes back until the fleet changes
+                handlers.fleet_changed(event={"type": "MODIFIED", "object": FLEET}, namespace="ns", name="f")
+        finally:
+            await handlers.stop()
+
+    asyncio.run(scenario())
+    # Passes at 0, 0.1 and 0.3 s: only the third has failed for longer than the limit.
+    assert len(reports) == 1 and reports[0].startswith("3 reconcile pass(es) in a row failed over ")
+    assert reports[0].endswith(": 500: etcdserver: timeout; retried with a growing back-off")
+    # The fifth pass failed after one that completed: a new streak, too young to report.
+    assert handlers._runtime is None
