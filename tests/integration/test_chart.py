@@ -367,3 +367,66 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
     finally:
         cluster.kubectl("delete", FLEETS, "--all", "-n", fleet_ns, "--wait=false", check=False)
         helm(cluster, "uninstall", "hs", "-n", release_ns, check=False)
+
+
+def test_a_fleet_the_operator_can_no_longer_observe_stops_saying_ready(cluster: Cluster, core_v1, wait_for,
+                                                                         delete_namespaces,
+                                                                         tmp_path: pathlib.Path) -> None:
+    """An RBAC edit takes the chart's `list pods` away: every pass then fails before it can write
+    status, which used to leave the fleet saying what it said before. Within about a minute and a
+    half Ready is Unknown and Degraded names the 403; giving the permission back makes the next pass
+    say what it observes again. (The operator relists every 3 s here, so the cache asks the apiserver
+    at once rather than after 10 minutes.)"""
+    release_ns = make_namespace(core_v1)
+    fleet_ns = make_namespace(core_v1)
+    delete_namespaces += [release_ns, fleet_ns]
+    helm(cluster, "install", "hs", str(CHART), "-n", release_ns, "--set", f"watchNamespaces={{{fleet_ns}}}",
+         "--set", f"metrics.port={free_port()}", "--set", f"healthPort={free_port()}")
+    try:
+        docs = manifest(cluster, "hs", release_ns)
+        (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+        (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"].get("namespace") == fleet_ns]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        token = cluster.kubectl("create", "token", sa, "-n", release_ns, "--duration=3600s").stdout.strip()
+        kubeconfig = token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
+        key_ref = {e["name"]: e for e in container["env"]}["HYBRIDSERVING_OPERATOR_KEY"]["valueFrom"]["secretKeyRef"]
+        operator_key = base64.b64decode(core_v1.read_namespaced_secret(key_ref["name"], release_ns)
+                                        .data[key_ref["key"]]).decode()
+        cluster.kubectl("apply", "-n", fleet_ns, "-f", str(EXAMPLE))
+        log = tmp_path / "operator.log"
+        with operator_process([*container["args"], "--relist-seconds=3"], kubeconfig, release_ns, log,
+                              operator_key) as operator:
+            def condition(type_: str) -> dict:
+                if operator.poll() is not None:
+                    pytest.fail(f"the operator exited ({operator.returncode}):\n{log.read_text()[-4000:]}")
+                body = json.loads(cluster.kubectl("get", FLEETS, "dsv3-flex", "-n", fleet_ns, "-o", "json").stdout)
+                return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+            first = wait_for(lambda: condition("Ready") or None, timeout=120,
+                             what=f"the fleet's first status; operator log: {log}")
+            assert first["reason"] != "ReconcileFailed"
+
+            without = json.loads(json.dumps(role))
+            for rule in without["rules"]:
+                rule["resources"] = [r for r in rule["resources"] if r != "pods"]
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(without))
+            cluster.kubectl("annotate", FLEETS, "dsv3-flex", "-n", fleet_ns, "poke=1")  # a pass now, not at resync
+            failing = wait_for(lambda: (c := condition("Ready")).get("reason") == "ReconcileFailed" and c, timeout=180,
+                               interval=2, what=f"Ready turning Unknown; operator log: {log}")
+            assert failing["status"] == "Unknown"
+            assert "reconcile pass(es) in a row failed" in failing["message"], failing
+            assert "403" in failing["message"] and '"pods"' in failing["message"], failing
+            degraded = condition("Degraded")
+            assert (degraded["status"], degraded["reason"]) == ("True", "ReconcileFailed")
+            events = json.loads(cluster.kubectl("get", "events", "-n", fleet_ns, "-o", "json",
+                                                "--field-selector", "reason=ReconcileFailed").stdout)["items"]
+            assert len(events) == 1 and events[0]["type"] == "Warning"
+
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(role))
+            wait_for(lambda: condition("Ready").get("reason") != "ReconcileFailed", timeout=240, interval=2,
+                     what=f"status observed again once the permission is back; operator log: {log}")
+            assert condition("Degraded").get("reason") != "ReconcileFailed"
+    finally:
+        cluster.kubectl("delete", FLEETS, "--all", "-n", fleet_ns, "--wait=false", check=False)
+        helm(cluster, "uninstall", "hs", "-n", release_ns, check=False)
