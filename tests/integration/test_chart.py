@@ -415,7 +415,7 @@ def test_a_fleet_the_operator_can_no_longer_observe_stops_saying_ready(cluster: 
             failing = wait_for(lambda: (c := condition("Ready")).get("reason") == "ReconcileFailed" and c, timeout=180,
                                interval=2, what=f"Ready turning Unknown; operator log: {log}")
             assert failing["status"] == "Unknown"
-            assert "reconcile pass(es) in a row failed" in failing["message"], failing
+            assert "reconcile passes in a row failed" in failing["message"], failing
             assert "403" in failing["message"] and '"pods"' in failing["message"], failing
             degraded = condition("Degraded")
             assert (degraded["status"], degraded["reason"]) == ("True", "ReconcileFailed")

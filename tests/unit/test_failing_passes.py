@@ -38,7 +38,7 @@ def test_a_streak_is_reported_once_it_has_lasted_a_minute_and_names_the_last_err
     assert streak.passes == 2 and streak.since == 100.0
     assert streak.reported(100.0 + FAILING_REPORTED_AFTER_SECONDS)
     assert streak.describe(175.0) == (
-        "2 reconcile pass(es) in a row failed over 75s, so what this status last said is no longer observed: "
+        "2 reconcile passes in a row failed over 75s, so what this status last said is no longer observed: "
         f"{FORBIDDEN}; retried with a growing back-off")
 
 
@@ -142,7 +142,68 @@ def test_the_operator_reports_a_streak_past_the_limit_and_forgets_it_after_a_pas
 
     asyncio.run(scenario())
     # Passes at 0, 0.1 and 0.3 s: only the third has failed for longer than the limit.
-    assert len(reports) == 1 and reports[0].startswith("3 reconcile pass(es) in a row failed over ")
+    assert len(reports) == 1 and reports[0].startswith("3 reconcile passes in a row failed over ")
     assert reports[0].endswith(": 500: etcdserver: timeout; retried with a growing back-off")
     # The fifth pass failed after one that completed: a new streak, too young to report.
     assert handlers._runtime is None
+
+
+# Role-switch ticks that keep failing: RoleSwitching stops saying Idle.
+
+def test_a_fleet_whose_role_switch_ticks_keep_failing_says_so_in_role_switching_once(api: MemoryApi) -> None:
+    settle(api)
+    trouble = failed_again(None, FORBIDDEN, 0.0, "role-switch tick").describe(61.0)
+    assert trouble.startswith("1 role-switch tick in a row failed over 61s, so no role switch starts, advances or "
+                              "finishes: 403: ")
+    for _ in range(2):
+        rec.reconcile(api, NS, "fleet", switch_trouble=trouble)
+    switching_ = api.condition("RoleSwitching")
+    assert (switching_["status"], switching_["reason"], switching_["message"]) == (
+        "Unknown", "SwitchTicksFailing", trouble)
+    assert api.condition("Ready")["status"] == "True", "the fleet serves; only its switching is in doubt"
+    warnings = [o for (k, _), o in api.store.items() if k == "Event" and o["type"] == "Warning"]
+    assert [(w["reason"], w["message"]) for w in warnings] == [("SwitchTicksFailing", trouble)]
+    rec.reconcile(api, NS, "fleet")
+    assert (api.condition("RoleSwitching")["status"], api.condition("RoleSwitching")["reason"]) == ("False", "Idle")
+
+
+def test_the_operator_hands_a_reported_tick_streak_to_the_fleets_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real role-switch loop and work queue: ticks that raise, then the fleet's next pass."""
+    seen: list[str | None] = []
+
+    def reconcile(*_: Any, switch_trouble: str | None = None, **__: Any) -> SimpleNamespace:
+        seen.append(switch_trouble)
+        return SimpleNamespace(gone=False, conflict=False, errors=[], requeue_after=None)
+
+    def tick(*_: Any) -> switching.TickReport:
+        raise KubeError(403, 'hybridservings.hybridserving.io "f" is forbidden')
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+    monkeypatch.setattr(switching.SwitchController, "tick", tick)
+    monkeypatch.setattr(liveness, "FAILING_REPORTED_AFTER_SECONDS", 0.6)
+    monkeypatch.setattr(handlers, "OPTIONS", handlers.Options(kube=Kube(None),  # type: ignore[arg-type]
+                                                              switch_interval_seconds=0.02))
+
+    async def one_pass() -> None:
+        count = len(seen)
+        handlers.fleet_changed(event={"type": "MODIFIED", "object": FLEET}, namespace="ns", name="f")
+        deadline = time.monotonic() + 5
+        while len(seen) == count:
+            assert time.monotonic() < deadline, "no pass"
+            await asyncio.sleep(0.02)
+
+    async def scenario() -> None:
+        await handlers.start(settings=kopf.OperatorSettings())
+        try:
+            await one_pass()  # the fleet is known from here: its ticks start, and fail
+            await asyncio.sleep(0.05)
+            await one_pass()  # failing for less than the limit: not reported
+            await asyncio.sleep(0.8)
+            await one_pass()
+        finally:
+            await handlers.stop()
+
+    asyncio.run(scenario())
+    assert seen[:2] == [None, None]
+    assert seen[2] is not None and " role-switch ticks in a row failed over " in seen[2], seen
+    assert seen[2].endswith('403: hybridservings.hybridserving.io "f" is forbidden; retried with a growing back-off')

@@ -10,6 +10,7 @@ from collections import Counter
 from hybridserving.controller import switching
 from hybridserving.controller.kube import KubeError
 from hybridserving.controller.switching import TickReport
+from hybridserving.core.liveness import FailingPasses
 
 INTERVAL = 0.02
 
@@ -34,11 +35,13 @@ class Ticks:
         self.forgotten.append(name)
 
 
-def run_for(ticks: Ticks, fleets: list[str], seconds: float) -> None:
+def run_for(ticks: Ticks, fleets: list[str], seconds: float,
+            failing: dict[tuple[str, str], FailingPasses] | None = None) -> None:
     async def scenario() -> None:
         loop = asyncio.create_task(switching.run(
             None,  # type: ignore[arg-type]
-            lambda: [("ns", f) for f in fleets], interval=INTERVAL, controller=ticks))  # type: ignore[arg-type]
+            lambda: [("ns", f) for f in fleets], interval=INTERVAL, controller=ticks,  # type: ignore[arg-type]
+            failing=failing))
         await asyncio.sleep(seconds)
         ticks.release.set()
         loop.cancel()
@@ -76,3 +79,27 @@ def test_a_fleet_that_leaves_stops_ticking_and_is_forgotten() -> None:
 
     asyncio.run(scenario())
     assert ticks.forgotten == ["b"]
+
+
+def test_the_fleets_whose_ticks_are_failing_are_kept_for_status_until_a_tick_succeeds_or_they_leave() -> None:
+    ticks = Ticks()
+    failing: dict[tuple[str, str], FailingPasses] = {("ns", "recovered"): FailingPasses(0.0, 9, "old")}
+    run_for(ticks, ["failing", "healthy", "recovered"], seconds=0.5, failing=failing)
+    assert set(failing) == {("ns", "failing")}, "a tick that succeeds ends its fleet's streak"
+    streak = failing[("ns", "failing")]
+    assert streak.work == "role-switch tick" and streak.passes == ticks.count["failing"] >= 2
+    assert streak.error == "500: injected"
+    fleets = ["failing"]
+
+    async def leave() -> None:
+        loop = asyncio.create_task(switching.run(
+            None, lambda: [("ns", f) for f in fleets], interval=INTERVAL,  # type: ignore[arg-type]
+            controller=Ticks(), failing=failing))  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        fleets.clear()
+        await asyncio.sleep(0.1)
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+    asyncio.run(leave())
+    assert ("ns", "failing") not in failing, "a fleet that left is forgotten"

@@ -31,7 +31,7 @@ from hybridserving.controller.leadership import Election, Leadership
 from hybridserving.controller import switching as role_switching
 from hybridserving.controller.cache import CachedKube, ObjectCache
 from hybridserving.controller.engines import Engines
-from hybridserving.controller.kube import OWNED_KINDS, RESOURCES, Kube, KubeError
+from hybridserving.controller.kube import OWNED_KINDS, RESOURCES, Kube, describe_failure
 from hybridserving.controller.queue import Key, Pass, WorkQueue
 from hybridserving.controller.reconcile import reconcile, report_failing
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
@@ -160,6 +160,8 @@ class Runtime:
     leadership: Leadership | None = None
     switch_engines: Engines | None = None  # the role switches' engine reads, from when this replica acts
     tasks: list[asyncio.Task[None]] = field(default_factory=list)  # resync, role switches, election, CRD check
+    # Fleets whose role-switch ticks are failing now (switching.run keeps it), for status to say so.
+    failing_ticks: dict[Key, liveness.FailingPasses] = field(default_factory=dict)
 
 
 _runtime: Runtime | None = None
@@ -200,17 +202,21 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     async def work(key: Key) -> Pass:
         namespace, name = key
 
+        ticks = _runtime.failing_ticks.get(key) if _runtime is not None else None
+        now = time.monotonic()
+        switch_trouble = ticks.describe(now) if ticks is not None and ticks.reported(now) else None
+
         def one_pass() -> Any:
             with inflight.running(key, "reconcile pass"):
                 return reconcile(kube, namespace, name, None, OPTIONS.engine_policy,
                                  OPTIONS.progress_deadline_seconds, operator_key=OPTIONS.operator_key,
-                                 fill_probe=engines.fill_progress_many)
+                                 fill_probe=engines.fill_progress_many, switch_trouble=switch_trouble)
 
         try:
             outcome = await asyncio.to_thread(one_pass)
         except Exception as exc:
             metrics.RECONCILES.labels("error").inc()
-            streak = failing[key] = liveness.failed_again(failing.get(key), describe(exc), time.monotonic())
+            streak = failing[key] = liveness.failed_again(failing.get(key), describe_failure(exc), time.monotonic())
             if streak.reported(time.monotonic()):
                 await asyncio.to_thread(report_failing, kube, namespace, name, streak.describe(time.monotonic()))
             raise
@@ -238,12 +244,6 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     _runtime.leadership = Leadership(
         Kube(direct.api, "lease", request_timeout=OPTIONS.election.request_timeout_seconds), OPTIONS.election)
     _runtime.tasks.append(asyncio.create_task(elect(_runtime, _runtime.leadership), name="leader-election"))
-
-
-def describe(exc: Exception) -> str:
-    """An exception as status may name it: an API error as the apiserver said it, anything else
-    with its type (the traceback is in the operator's log)."""
-    return str(exc) if isinstance(exc, KubeError) else f"{type(exc).__name__}: {exc}"
 
 
 def unhealthy() -> liveness.Unhealthy | None:
@@ -281,7 +281,8 @@ def act(rt: Runtime) -> None:
                                engine_policy=OPTIONS.engine_policy)
     rt.tasks.append(asyncio.create_task(
         role_switching.run(kube, lambda: list(rt.queue.known),
-                           interval=OPTIONS.switch_interval_seconds, controller=switches),
+                           interval=OPTIONS.switch_interval_seconds, controller=switches,
+                           failing=rt.failing_ticks),
         name="role-switch"))
     rt.leading.set()
     metrics.LEADER.set(1)

@@ -86,6 +86,12 @@ class KubeError(Exception):
         return self.status in (404, 409)
 
 
+def describe_failure(exc: Exception) -> str:
+    """An exception as status may name it: an API error as the apiserver said it, anything else
+    with its type (the traceback is in the operator's log)."""
+    return str(exc) if isinstance(exc, KubeError) else f"{type(exc).__name__}: {exc}"
+
+
 class Kube:
     """Typed-by-kind JSON access to the API, with a count of reads and writes by (verb, kind).
 

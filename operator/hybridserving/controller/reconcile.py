@@ -41,6 +41,7 @@ from hybridserving.controller import gauges, metrics
 from hybridserving.controller.kube import OWNED_KINDS, Kube, KubeError
 from hybridserving.controller.status import (
     PROGRESS_DEADLINE_SECONDS,
+    SWITCH_TICKS_FAILING,
     PlanFailure,
     PlanFallback,
     Validation,
@@ -335,6 +336,18 @@ def degraded_warning(previous: Mapping[str, Any], status: Mapping[str, Any]) -> 
     return ((str(now_["reason"]), str(now_.get("message", ""))),)
 
 
+def switching_warning(previous: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A Warning when RoleSwitching turns to say that the role-switch ticks keep failing: once a
+    streak, as `degraded_warning` does for Degraded."""
+    def switching(s: Mapping[str, Any]) -> Mapping[str, Any]:
+        return next((c for c in s.get("conditions") or [] if c.get("type") == "RoleSwitching"), {})
+
+    was, now_ = switching(previous), switching(status)
+    if now_.get("reason") != SWITCH_TICKS_FAILING or was.get("reason") == SWITCH_TICKS_FAILING:
+        return ()
+    return ((SWITCH_TICKS_FAILING, str(now_.get("message", ""))),)
+
+
 def report_failing(kube: Kube, namespace: str, name: str, message: str) -> None:
     """Say on the fleet that its passes keep failing: status (`status.failing_status`) and a Warning
     when Degraded turns to it. Best effort: the apiserver that fails the passes may refuse this too,
@@ -501,10 +514,12 @@ def reconcile(kube: Kube, namespace: str, name: str,
               plan_hook: Callable[[list[Action]], list[Action]] | None = None,
               engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY,
               progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS,
-              *, operator_key: bytes = b"", fill_probe: FillProbe | None = None) -> Outcome:
+              *, operator_key: bytes = b"", fill_probe: FillProbe | None = None,
+              switch_trouble: str | None = None) -> Outcome:
     """One pass over one HybridServing. `plan_hook` lets tests cut a pass short (a crash).
     `operator_key` derives the fleet's engine key (`core.enginekey`); an empty one is refused.
-    `fill_probe` reads the progress of running weights downloads (none read without it)."""
+    `fill_probe` reads the progress of running weights downloads (none read without it).
+    `switch_trouble` says why the fleet's role-switch ticks keep failing, when they do."""
     started = time.monotonic()
     outcome = Outcome()
     try:
@@ -563,7 +578,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
     status = fleet_status(desired, observed, views, validation, generation, previous,
                           len(outcome.actions) - len(outcome.applied), outcome.errors,
                           error_reason=outcome.error_reason, plan_failure=outcome.plan_failure,
-                          progress_deadline_seconds=progress_deadline_seconds)
+                          progress_deadline_seconds=progress_deadline_seconds, switch_trouble=switch_trouble)
     gauges.record(namespace, name, status, views)
     if desired is not None and desired.spec.model.weights is not None:
         status["weights"] = weights_status(desired.spec.model.weights, observed, previous.get("weights"), fill_probe)
@@ -577,7 +592,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
                 refused = exc
                 more += (("StatusNotWritten", f"status not written ({exc}); it would say: "
                           + "; ".join(f"{c['type']}={c['status']} ({c['reason']})" for c in status["conditions"])),)
-    more += degraded_warning(previous, status)
+    more += degraded_warning(previous, status) + switching_warning(previous, status)
     if outcome.applied or warning or more:
         post_events(kube, body, outcome.applied, warning, more)
     if refused is not None:

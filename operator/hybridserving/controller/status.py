@@ -38,6 +38,8 @@ from hybridserving.core.rollout import RERENDERED, held_by, instance_pairing_key
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
 
+# RoleSwitching's reason while the fleet's role-switch ticks keep failing.
+SWITCH_TICKS_FAILING = "SwitchTicksFailing"
 # How long a fleet may keep Progressing before status says it is stuck (a Deployment's
 # progressDeadlineSeconds). Generous: a large model takes many minutes to load.
 PROGRESS_DEADLINE_SECONDS = 1800.0
@@ -269,6 +271,7 @@ def fleet_status(
     plan_failure: PlanFailure | None = None,
     progress_deadline_seconds: float = PROGRESS_DEADLINE_SECONDS,
     at: float | None = None,
+    switch_trouble: str | None = None,
 ) -> dict[str, Any]:
     """The HybridServing's status: conditions, per-role counts, instances, capacity.
 
@@ -277,7 +280,8 @@ def fleet_status(
     not be planned (`plan_failure`), is not applied: Progressing is False and says why. A
     fleet Progressing for longer than `progress_deadline_seconds` turns
     Progressing=False/ProgressDeadlineExceeded and Degraded, naming the instances that are not
-    ready, until it completes or its spec changes.
+    ready, until it completes or its spec changes. `switch_trouble` (the role-switch ticks keep
+    failing) makes RoleSwitching Unknown: whether a switch would start or finish is not known.
     """
     previous = {c.get("type"): c for c in (previous_status or {}).get("conditions") or []}
     clock = time.time() if at is None else at
@@ -401,11 +405,17 @@ def fleet_status(
         if v.observed.phase in SWITCH_PHASES
         or any(p.annotations.get(ANNOTATION_ROLE) != v.plan.role for p in v.pods)
     ]
-    conds.append(condition(
-        "RoleSwitching", bool(switching), "Switching" if switching else "Idle",
-        f"switching: {', '.join(switching)}" if switching else "no instance is changing role",
-        generation, previous,
-    ))
+    if switch_trouble is not None:
+        conds.append(condition(
+            "RoleSwitching", None, SWITCH_TICKS_FAILING,
+            switch_trouble + (f"; switching: {', '.join(switching)}" if switching else ""), generation, previous,
+        ))
+    else:
+        conds.append(condition(
+            "RoleSwitching", bool(switching), "Switching" if switching else "Idle",
+            f"switching: {', '.join(switching)}" if switching else "no instance is changing role",
+            generation, previous,
+        ))
     return wire(HybridServingStatus(
         observed_generation=generation,
         conditions=conds,

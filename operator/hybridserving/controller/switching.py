@@ -35,9 +35,9 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServing
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.controller import metrics
 from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engines, Scrape, instance_metrics
-from hybridserving.controller.kube import KubeError
+from hybridserving.controller.kube import KubeError, describe_failure
 from hybridserving.controller.reconcile import DEFAULT_ENGINE_POLICY, spec_of_applied, validate
-from hybridserving.core import enginekey, flags, switching
+from hybridserving.core import enginekey, flags, liveness, switching
 from hybridserving.core.assignment import prefill_share
 from hybridserving.core.observed import format_time, parse_time
 from hybridserving.core.perfmodel import PerformanceModel
@@ -774,14 +774,17 @@ class SwitchHistory:
 async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *,
               interval: float = TICK_SECONDS, engines: EnginesLike | None = None,
               controller: SwitchController | None = None, threads: int = TICK_THREADS,
-              operator_key: bytes = b"", engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY) -> None:
+              operator_key: bytes = b"", engine_policy: EnginePolicy = DEFAULT_ENGINE_POLICY,
+              failing: dict[tuple[str, str], liveness.FailingPasses] | None = None) -> None:
     """Tick every known fleet every `interval` seconds until cancelled, each fleet on its own.
 
     One asyncio task per fleet, its ticks in a thread pool of `threads`: a fleet whose API calls
     or engines hang holds one thread and delays only itself, and a fleet whose tick fails retries
     after a backoff while the others keep their pace. The set of fleets is read every interval;
-    a fleet that left it has its task cancelled and its memory dropped.
+    a fleet that left it has its task cancelled and its memory dropped. `failing` holds the
+    fleets whose ticks are failing now, for the reconcile to report in status.
     """
+    failing = {} if failing is None else failing
     own = None
     if controller is None:
         own = Engines() if engines is None else None
@@ -793,11 +796,12 @@ async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *
         while True:
             known = set(fleets())
             for key in known - tasks.keys():
-                tasks[key] = asyncio.create_task(_tick_fleet(controller, key, interval, pool),
+                tasks[key] = asyncio.create_task(_tick_fleet(controller, key, interval, pool, failing),
                                                  name=f"role-switch {key[0]}/{key[1]}")
             for key in tasks.keys() - known:
                 tasks.pop(key).cancel()
                 controller.forget(*key)
+                failing.pop(key, None)
             await asyncio.sleep(interval)
     finally:
         for task in tasks.values():
@@ -809,21 +813,21 @@ async def run(kube: KubeLike, fleets: Callable[[], Iterable[tuple[str, str]]], *
 
 
 async def _tick_fleet(controller: SwitchController, key: tuple[str, str], interval: float,
-                      pool: ThreadPoolExecutor) -> None:
+                      pool: ThreadPoolExecutor, failing: dict[tuple[str, str], liveness.FailingPasses]) -> None:
     """One fleet's ticks, forever: every interval, less often while idle, backing off while failing."""
     loop = asyncio.get_running_loop()
-    failures = 0
     while True:
         started = time.monotonic()
         try:
             report = await loop.run_in_executor(pool, controller.tick, *key)
-        except Exception:  # noqa: BLE001 - a failing tick is retried; it never ends the fleet's task
-            failures += 1
+        except Exception as exc:  # noqa: BLE001 - a failing tick is retried; it never ends the fleet's task
+            streak = failing[key] = liveness.failed_again(failing.get(key), describe_failure(exc), time.monotonic(),
+                                                          "role-switch tick")
             metrics.ROLE_SWITCH_TICKS.labels("error").inc()
-            log.exception("%s/%s: role-switch tick failed (%d in a row)", *key, failures)
-            delay = min(ERROR_BACKOFF_MAX_SECONDS, interval * 2 ** min(failures, 16))
+            log.exception("%s/%s: role-switch tick failed (%d in a row)", *key, streak.passes)
+            delay = min(ERROR_BACKOFF_MAX_SECONDS, interval * 2 ** min(streak.passes, 16))
         else:
-            failures = 0
+            failing.pop(key, None)
             metrics.ROLE_SWITCH_TICKS.labels("skipped" if report.skipped else "ran").inc()
             # A fleet with switching off and nothing in flight is looked at less often.
             delay = interval * (IDLE_FLEET_EVERY if report.skipped else 1) - (time.monotonic() - started)

@@ -79,25 +79,37 @@ passes failing for a minute (five retries on the back-off) mean status no longer
 runs, and the fleet says so."""
 
 
+_PLURAL: dict[Work, str] = {"reconcile pass": "reconcile passes", "role-switch tick": "role-switch ticks"}
+# What a streak of failures of each kind of work leaves undone.
+_CONSEQUENCE: dict[Work, str] = {
+    "reconcile pass": "what this status last said is no longer observed",
+    "role-switch tick": "no role switch starts, advances or finishes",
+}
+
+
 @dataclass(frozen=True)
 class FailingPasses:
-    """The passes over one fleet that have raised in a row: since when (monotonic seconds), how
-    many, and the last error."""
+    """The passes (or ticks) over one fleet that have raised in a row: since when (monotonic
+    seconds), how many, and the last error."""
 
     since: float
     passes: int
     error: str
+    work: Work = "reconcile pass"
 
     def reported(self, now: float) -> bool:
         return now - self.since >= FAILING_REPORTED_AFTER_SECONDS
 
     def describe(self, now: float) -> str:
-        return (f"{self.passes} reconcile pass(es) in a row failed over {now - self.since:.0f}s, so what this status "
-                f"last said is no longer observed: {self.error}; retried with a growing back-off")
+        noun = self.work if self.passes == 1 else _PLURAL[self.work]
+        return (f"{self.passes} {noun} in a row failed over {now - self.since:.0f}s, so "
+                f"{_CONSEQUENCE[self.work]}: {self.error}; retried with a growing back-off")
 
 
-def failed_again(streak: FailingPasses | None, error: str, now: float) -> FailingPasses:
-    """The streak after one more failed pass (a new one when none was running)."""
+def failed_again(streak: FailingPasses | None, error: str, now: float,
+                 work: Work = "reconcile pass") -> FailingPasses:
+    """The streak after one more failed pass or tick (a new one when none was running)."""
     if streak is None:
-        return FailingPasses(now, 1, error)
-    return FailingPasses(streak.since, streak.passes + 1, error)
+        return FailingPasses(now, 1, error, work)
+    return FailingPasses(streak.since, streak.passes + 1, error, work)
+
