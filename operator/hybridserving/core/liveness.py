@@ -1,10 +1,14 @@
-"""When the operator is alive but no longer works: a reconcile pass or role-switch tick that never ends.
+"""When the operator is alive but no longer works: a reconcile pass or role-switch tick that never
+ends, or one that keeps failing.
 
 Both run on threads, and nothing can stop a thread from outside: a pass blocked in a deadlock or a
 call without a timeout holds its fleet's key for good (the work queue never runs two passes of one
 fleet), and as many of them as there are workers stop every fleet, while the event loop, and with
 it the liveness endpoint, goes on as if nothing were wrong. Only a restart frees them, so the
 liveness endpoint fails once the oldest of them has run longer than any pass should.
+
+Passes and ticks that end by raising are retried on a back-off, and a restart would not help
+them; what they leave undone is said on the fleet instead, once they have failed for a while.
 """
 
 from __future__ import annotations
@@ -79,12 +83,12 @@ passes failing for a minute (five retries on the back-off) mean status no longer
 runs, and the fleet says so."""
 
 
-_PLURAL: dict[Work, str] = {"reconcile pass": "reconcile passes", "role-switch tick": "role-switch ticks"}
 # What a streak of failures of each kind of work leaves undone.
 _CONSEQUENCE: dict[Work, str] = {
     "reconcile pass": "what this status last said is no longer observed",
     "role-switch tick": "no role switch starts, advances or finishes",
 }
+_PLURAL: dict[Work, str] = {"reconcile pass": "reconcile passes", "role-switch tick": "role-switch ticks"}
 
 
 @dataclass(frozen=True)
@@ -112,4 +116,3 @@ def failed_again(streak: FailingPasses | None, error: str, now: float,
     if streak is None:
         return FailingPasses(now, 1, error, work)
     return FailingPasses(streak.since, streak.passes + 1, error, work)
-
