@@ -28,9 +28,7 @@ def record(namespace: str, name: str, status: Mapping[str, Any], views: Mapping[
     types = set()
     for cond in status.get("conditions") or []:
         types.add(cond["type"])
-        for value in STATUSES:
-            metrics.FLEET_CONDITION.labels(namespace, name, cond["type"], value).set(
-                1 if cond.get("status") == value else 0)
+        _set_condition(namespace, name, cond["type"], cond.get("status"))
     for gone in _conditions.get(key, set()) - types:
         for value in STATUSES:
             metrics.FLEET_CONDITION.remove(namespace, name, gone, value)
@@ -52,9 +50,14 @@ def record_failing(namespace: str, name: str) -> None:
     status could be written: the alerts on these series are what is left when the apiserver
     refuses the operator everything."""
     for type_, now_ in (("Ready", "Unknown"), ("Degraded", "True")):
-        for value in STATUSES:
-            metrics.FLEET_CONDITION.labels(namespace, name, type_, value).set(1 if value == now_ else 0)
+        _set_condition(namespace, name, type_, now_)
         _conditions.setdefault((namespace, name), set()).add(type_)
+
+
+def _set_condition(namespace: str, name: str, type_: str, status: str | None) -> None:
+    """One condition's series: 1 for the status it has, 0 for the others."""
+    for value in STATUSES:
+        metrics.FLEET_CONDITION.labels(namespace, name, type_, value).set(1 if status == value else 0)
 
 
 def forget(namespace: str, name: str) -> None:

@@ -216,9 +216,10 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
             outcome = await asyncio.to_thread(one_pass)
         except Exception as exc:
             metrics.RECONCILES.labels("error").inc()
-            streak = failing[key] = liveness.failed_again(failing.get(key), describe_failure(exc), time.monotonic())
-            if streak.reported(time.monotonic()):
-                await asyncio.to_thread(report_failing, kube, namespace, name, streak.describe(time.monotonic()))
+            failed_at = time.monotonic()
+            streak = failing[key] = liveness.failed_again(failing.get(key), describe_failure(exc), failed_at)
+            if streak.reported(failed_at):
+                await asyncio.to_thread(report_failing, kube, namespace, name, streak.describe(failed_at))
             raise
         failing.pop(key, None)
         if outcome.gone:

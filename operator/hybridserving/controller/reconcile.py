@@ -324,13 +324,14 @@ def announce_restarts(kube: Kube, namespace: str, applied: list[Action]) -> None
                                 action.reason)
 
 
+def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
 def degraded_warning(previous: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """A Warning when the fleet turns Degraded or is Degraded for another reason: once, when it
     starts (on every pass while the status that would say it cannot be written)."""
-    def degraded(s: Mapping[str, Any]) -> Mapping[str, Any]:
-        return next((c for c in s.get("conditions") or [] if c.get("type") == "Degraded"), {})
-
-    was, now_ = degraded(previous), degraded(status)
+    was, now_ = _condition(previous, "Degraded"), _condition(status, "Degraded")
     if now_.get("status") != "True" or (was.get("status"), was.get("reason")) == ("True", now_.get("reason")):
         return ()
     return ((str(now_["reason"]), str(now_.get("message", ""))),)
@@ -339,10 +340,7 @@ def degraded_warning(previous: Mapping[str, Any], status: Mapping[str, Any]) -> 
 def switching_warning(previous: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """A Warning when RoleSwitching turns to say that the role-switch ticks keep failing: once a
     streak, as `degraded_warning` does for Degraded."""
-    def switching(s: Mapping[str, Any]) -> Mapping[str, Any]:
-        return next((c for c in s.get("conditions") or [] if c.get("type") == "RoleSwitching"), {})
-
-    was, now_ = switching(previous), switching(status)
+    was, now_ = _condition(previous, "RoleSwitching"), _condition(status, "RoleSwitching")
     if now_.get("reason") != SWITCH_TICKS_FAILING or was.get("reason") == SWITCH_TICKS_FAILING:
         return ()
     return ((SWITCH_TICKS_FAILING, str(now_.get("message", ""))),)
