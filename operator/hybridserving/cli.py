@@ -17,7 +17,7 @@ from typing import TextIO
 
 from hybridserving.api.profiles import PROFILES
 from hybridserving.api.v1alpha1 import HardwareSpec
-from hybridserving.commands import render, rollback, simulate, status
+from hybridserving.commands import render, rollback, simulate, status, upgrade
 from hybridserving.commands.output import (
     EXIT_INVALID,
     EXIT_OK,
@@ -254,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.register(sub)
     rollback.register(sub)
     render.register(sub)
+    upgrade.register(sub)
     return parser
 
 

@@ -498,6 +498,52 @@ def _revisions(fleet: Fleet) -> dict[str, int]:
     return {r["metadata"]["name"]: r["revision"] for r in items}
 
 
+# A newer operator version, played by this one rendering one more env var into every engine pod.
+NEWER_VERSION = """
+import sys
+from hybridserving import cli
+from hybridserving.core import rendering
+older = rendering.pod_spec
+def newer(*args, **kwargs):
+    pod = older(*args, **kwargs)
+    pod["containers"][0].setdefault("env", []).append({"name": "HYBRIDSERVING_NEWER", "value": "1"})
+    return pod
+rendering.pod_spec = newer
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _upgrade_check(fleet: Fleet, *args: str, newer: bool = False) -> dict[str, Any]:
+    run = ["-c", NEWER_VERSION] if newer else ["-m", "hybridserving.cli"]
+    done = subprocess.run([sys.executable, *run, "upgrade-check", fleet.name, "-n", fleet.ns, "-o", "json",
+                           "--kubeconfig", str(fleet.cluster.kubeconfig), *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [preview] = json.loads(done.stdout)
+    return preview
+
+
+def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes_nothing(fleet: Fleet) -> None:
+    fleet.apply(fixed_split())
+    fleet.wait_settled()
+    before = fleet.uids()
+    assert [i["rolls"] for i in _upgrade_check(fleet)["instances"]] == [False] * 4
+
+    # The pods as the apiserver holds them (defaulted, quantities rewritten) differ from the newer
+    # rendering in the one field it adds, and in nothing else.
+    newer = _upgrade_check(fleet, newer=True)["instances"]
+    assert [(i["cause"], i["changes"]) for i in newer] == [
+        ("rendering", ["pod spec.containers[engine].env[HYBRIDSERVING_NEWER]"])] * 4
+    image = _upgrade_check(fleet, "--default-engine-image", "registry.example/engine:next")["instances"]
+    assert {i["cause"] for i in image} == {"configuration"}
+    assert all(i["changes"][0].endswith("→ registry.example/engine:next (the operator's default; the fleet names "
+                                        "none)") for i in image), image
+    assert fleet.uids() == before, "a check restarts nothing"
+    table = _cli(fleet, "upgrade-check", fleet.name)
+    assert table == f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)\n" \
+                    "this version rolls 0 of 4 instance(s) in 1 fleet(s)\n", table
+
+
 def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns_the_previous_configuration(
     fleet: Fleet,
 ) -> None:
@@ -536,6 +582,9 @@ def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns
     progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
     assert progressing["reason"] == "RolloutHeldByCanary"
     assert "Rollout [held: Canary]: held by canary 1" in _cli(fleet, "status", fleet.name)
+    held_back = _upgrade_check(fleet)
+    assert sorted(i["cause"] for i in held_back["instances"]) == ["current", "current", "rollout", "rollout"]
+    assert held_back["pace"].startswith("held at the canary")
     canary_revision = status["rollout"]["updateRevision"]
 
     fleet.edit(lambda s: s["rollout"].update(canary=None))  # null removes it (merge patch)

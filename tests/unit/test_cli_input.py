@@ -240,7 +240,7 @@ def apiserver(tmp_path: Path) -> Iterator[str]:
     server.server_close()
 
 
-@pytest.mark.parametrize("command", ["status", "rollback"])
+@pytest.mark.parametrize("command", ["status", "rollback", "upgrade-check"])
 def test_a_fleet_that_is_not_there_is_an_error_naming_it_and_the_namespace(apiserver: str, command: str) -> None:
     code, out = run(command, "nope", "-n", "team-a", "--kubeconfig", apiserver)
     assert code == 1
@@ -248,14 +248,15 @@ def test_a_fleet_that_is_not_there_is_an_error_naming_it_and_the_namespace(apise
                    "  fix: check the name and -n; `kubectl get hybridservings -n team-a` lists them\n")
 
 
-def test_a_cluster_without_the_crd_is_an_error_saying_to_install_it(apiserver: str) -> None:
-    code, out = run("status", "-n", "nocrd", "--kubeconfig", apiserver)
+@pytest.mark.parametrize("command", ["status", "upgrade-check"])
+def test_a_cluster_without_the_crd_is_an_error_saying_to_install_it(apiserver: str, command: str) -> None:
+    code, out = run(command, "-n", "nocrd", "--kubeconfig", apiserver)
     assert code == 1
     assert "error: the cluster does not serve HybridServings: the server could not find the requested resource" in out
     assert "fix: install the operator's chart" in out
 
 
-@pytest.mark.parametrize("command", [("status",), ("rollback", "t")])
+@pytest.mark.parametrize("command", [("status",), ("rollback", "t"), ("upgrade-check", "-A")])
 def test_a_cluster_that_does_not_answer_is_an_error_with_the_fix(tmp_path: Path, command: tuple[str, ...]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -266,12 +267,17 @@ def test_a_cluster_that_does_not_answer_is_an_error_with_the_fix(tmp_path: Path,
     assert "fix: check the cluster is up" in out
 
 
-@pytest.mark.parametrize("command", [("status",), ("rollback", "t")])
+@pytest.mark.parametrize("command", [("status",), ("rollback", "t"), ("upgrade-check",)])
 def test_a_missing_kubeconfig_is_an_error_naming_the_flag(tmp_path: Path, command: tuple[str, ...]) -> None:
     code, out = run(*command, "--kubeconfig", str(tmp_path / "none"))
     assert code == 1
     assert out.startswith(f"error: cannot load the kubeconfig from {tmp_path / 'none'}: ")
     assert "fix: pass --kubeconfig with the cluster's kubeconfig, or set KUBECONFIG" in out
+
+
+def test_upgrade_check_of_one_fleet_in_every_namespace_is_an_error_with_the_fix() -> None:
+    code, out = run("upgrade-check", "t", "-A")
+    assert (code, out) == (1, "error: a fleet name needs its namespace\n  fix: give -n NAMESPACE instead of -A\n")
 
 
 def test_status_switches_0_shows_none_and_a_negative_count_is_a_usage_error(

@@ -5,7 +5,10 @@ the way the offline commands report bad input, rather than the client's tracebac
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
+
+from hybridserving.commands.output import EXIT_INVALID
 
 if TYPE_CHECKING:
     from kubernetes.client import CustomObjectsApi
@@ -60,3 +63,18 @@ def explain(exc: Exception, name: str | None, namespace: str) -> ClusterError | 
                             "check the cluster is up and the kubeconfig's server and context "
                             "(kubectl cluster-info)")
     return None
+
+
+def answered(command: Callable[[], int], name: str | None, namespace: str, out: TextIO) -> int:
+    """`command`'s exit code; where the cluster cannot answer it, the reason and its fix, and 1."""
+    try:
+        return command()
+    except ClusterError as err:
+        failure = err
+    except Exception as exc:
+        explained = explain(exc, name, namespace)
+        if explained is None:
+            raise
+        failure = explained
+    out.write(f"error: {failure.message}\n  fix: {failure.fix}\n")
+    return EXIT_INVALID

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TextIO, cast
 from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION, HybridServingSpec
-from hybridserving.commands.cluster import ClusterError, custom_objects, explain
+from hybridserving.commands.cluster import answered, custom_objects
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number
 from hybridserving.core import revisions
 from hybridserving.core.naming import LABEL_NAME, revision_name
@@ -131,16 +131,13 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
 def run(args: argparse.Namespace, out: TextIO) -> int:
     from kubernetes.client.exceptions import ApiException
 
-    try:
-        return rollback(custom_objects(args.kubeconfig), args.namespace, args.name, args.to_revision, out)
-    except ClusterError as err:
-        out.write(f"error: {err.message}\n  fix: {err.fix}\n")
-    except Exception as exc:
-        if isinstance(exc, ApiException) and exc.status == 409:
+    def once() -> int:
+        try:
+            return rollback(custom_objects(args.kubeconfig), args.namespace, args.name, args.to_revision, out)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
             out.write(f"error: {args.name} changed while rolling back; run the command again\n")
             return EXIT_INVALID
-        explained = explain(exc, args.name, args.namespace)
-        if explained is None:
-            raise
-        out.write(f"error: {explained.message}\n  fix: {explained.fix}\n")
-    return EXIT_INVALID
+
+    return answered(once, args.name, args.namespace, out)

@@ -12,8 +12,8 @@ import argparse
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
-from hybridserving.commands.cluster import ClusterError, custom_objects, explain
-from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number, write_table
+from hybridserving.commands.cluster import answered, custom_objects
+from hybridserving.commands.output import EXIT_OK, whole_number, write_table
 from hybridserving.core.naming import LABEL_SURGE
 
 if TYPE_CHECKING:
@@ -102,17 +102,7 @@ def weights_line(w: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        api = custom_objects(args.kubeconfig)
-        return _show(api, args, out)
-    except ClusterError as err:
-        out.write(f"error: {err.message}\n  fix: {err.fix}\n")
-    except Exception as exc:
-        explained = explain(exc, args.name, args.namespace)
-        if explained is None:
-            raise
-        out.write(f"error: {explained.message}\n  fix: {explained.fix}\n")
-    return EXIT_INVALID
+    return answered(lambda: _show(custom_objects(args.kubeconfig), args, out), args.name, args.namespace, out)
 
 
 def _show(api: CustomObjectsApi, args: argparse.Namespace, out: TextIO) -> int:

@@ -1,0 +1,227 @@
+"""What this version of the operator would roll in a running fleet, known before it runs.
+
+An operator upgrade rolls every instance whose pods the new version renders differently
+(`rollout.rerendered`), each fleet within its own `spec.rollout`. The engineer about to run
+`helm upgrade` wants that answer first, fleet by fleet, with its reason: a pod field, an engine
+flag, a new default engine image. The answer is the planner's own verdict
+(`InstanceView.current`) on the objects the cluster holds, computed with this version's code, so
+the preview and the upgrade cannot disagree; the reasons are read from the same objects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from hybridserving.api.base import field_errors
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, HybridServing, Role
+from hybridserving.core import fleet, layout, planner, privileges
+from hybridserving.core.health import InstanceView, views_of
+from hybridserving.core.naming import LABEL_REVISION, config_map_name, revision_name, split_config_hash
+from hybridserving.core.observed import Observed
+from hybridserving.core.rendering import ENGINE_CONTAINER
+from hybridserving.core.rollout import RERENDERED, rerendered
+
+Cause = Literal["current", "rendering", "configuration", "rollout"]
+
+# Why an instance rolls, in words; the first three are what an upgrade does, the last is not.
+CAUSES: dict[Cause, str] = {
+    "current": "up to date",
+    "rendering": RERENDERED,
+    "configuration": "a new configuration this version derives from the same spec",
+    "rollout": "the spec's new configuration (a rollout under way before this version)",
+}
+
+# Pod fields the cluster rewrites after creation: a difference there is not this version's.
+_SET_BY_THE_CLUSTER = frozenset({"schedulingGates", "nodeName"})
+
+
+@dataclass(frozen=True)
+class InstancePreview:
+    name: str
+    role: Role
+    cause: Cause
+    changes: tuple[str, ...] = ()  # what differs, in words (empty when current)
+
+
+@dataclass(frozen=True)
+class FleetPreview:
+    name: str
+    namespace: str
+    revision: str = ""  # the configuration revision this version derives from the spec
+    instances: tuple[InstancePreview, ...] = ()
+    pace: str = ""  # how fast the roll goes: spec.rollout in words
+    invalid: tuple[str, ...] = ()  # why this version would not plan the fleet at all
+
+    @property
+    def rolling(self) -> tuple[InstancePreview, ...]:
+        return tuple(i for i in self.instances if i.cause != "current")
+
+    @property
+    def upgrade_rolls(self) -> tuple[InstancePreview, ...]:
+        """The instances the upgrade itself rolls (a rollout under way rolls them anyway)."""
+        return tuple(i for i in self.rolling if i.cause != "rollout")
+
+
+def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+            objects: Iterable[Mapping[str, Any]], default_image: str = DEFAULT_ENGINE_IMAGE) -> FleetPreview:
+    """The fleet `body` as this version would reconcile it, given its children as read (listed by
+    the fleet's label; only those it owns count, as for the reconcile) and the default engine
+    image of the installation about to run. What the installation grants engine pods (host
+    network, IPC_LOCK, allowed images) is left to the cluster, as `hybridserving validate` does."""
+    meta = body.get("metadata") or {}
+    name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
+    try:
+        hs = HybridServing.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
+    except ValidationError as exc:
+        return FleetPreview(name, namespace, invalid=tuple(f"{e.path}: {e.message}" for e in field_errors(exc)))
+    hs = privileges.with_default_image(hs, privileges.EnginePolicy(default_image=default_image))
+    errors = layout.errors(fleet.check(hs.spec))
+    if errors:
+        return FleetPreview(name, namespace, invalid=tuple(f"{i.path}: {i.message}" for i in errors))
+
+    owned_instances = [i for i in instances if _owned_by(i, {meta.get("uid")})]
+    uids = {meta.get("uid")} | {i["metadata"].get("uid") for i in owned_instances}
+    owned_pods = [p for p in pods if _owned_by(p, uids)]
+    observed = Observed.from_manifests(owned_instances, owned_pods, [o for o in objects if _owned_by(o, uids)])
+    desired = planner.plan(hs, observed)
+    views = views_of(desired.instances, observed, hs.spec.rollout.min_ready_seconds)
+    revision = revision_name(name, desired.revision_hash)
+    running = ((body.get("status") or {}).get("rollout") or {}).get("updateRevision")
+    live = {p["metadata"]["name"]: p for p in owned_pods}
+    out = []
+    for v in sorted(views.values(), key=lambda v: v.plan.index):
+        if v.current:
+            out.append(InstancePreview(v.plan.name, v.plan.role, "current"))
+        elif rerendered(v, desired.revision_hash):
+            out.append(InstancePreview(v.plan.name, v.plan.role, "rendering",
+                                       _rendering_changes(v, name, live, observed, desired.objects)))
+        elif running == revision:
+            out.append(InstancePreview(v.plan.name, v.plan.role, "rollout"))
+        else:
+            out.append(InstancePreview(v.plan.name, v.plan.role, "configuration",
+                                       _configuration_changes(v, body, hs, live, revision)))
+    return FleetPreview(name, namespace, revision, tuple(out), _pace(hs))
+
+
+def _owned_by(obj: Mapping[str, Any], uids: set[Any]) -> bool:
+    return bool(uids & {r.get("uid") for r in obj.get("metadata", {}).get("ownerReferences") or []})
+
+
+def _pace(hs: HybridServing) -> str:
+    r = hs.spec.rollout
+    if r.paused:
+        return "held: spec.rollout.paused is set, nothing rolls until it is removed"
+    if r.canary is not None:
+        return (f"held at the canary: {r.canary} instance(s) of each role roll, the rest when "
+                "spec.rollout.canary is removed")
+    return f"within spec.rollout: {r.max_unavailable} instance(s) of a role at a time, one role at a time"
+
+
+def _rendering_changes(v: InstanceView, fleet_name: str, live: Mapping[str, Mapping[str, Any]], observed: Observed,
+                       desired_objects: Mapping[tuple[str, str], Mapping[str, Any]]) -> tuple[str, ...]:
+    """What this version renders differently for the instance: pod fields, engine flags, ports."""
+    inst = v.observed.spec
+    template, flags = split_config_hash(inst.config_hash)
+    changes: list[str] = []
+    if template != v.plan.template_hash:
+        paths = sorted({path for pod in v.plan.pods
+                        for path in _pod_differences(live.get(pod["metadata"]["name"]), pod)})
+        changes += [f"pod spec.{p}" for p in paths] or ["the pod template (a field this version no longer sets)"]
+    if flags != split_config_hash(v.plan.config_hash)[1]:
+        key = ("ConfigMap", config_map_name(fleet_name, v.plan.role))
+        changes += _flag_changes(v.plan.role, observed.objects.get(key), desired_objects.get(key))
+    if inst.ports != v.plan.ports:
+        changes.append(f"ports {inst.ports.to_wire()} → {v.plan.ports.to_wire()}")
+    if inst.nodes != v.plan.nodes:
+        changes.append(f"nodes per instance {inst.nodes} → {v.plan.nodes}")
+    return tuple(changes)
+
+
+def _pod_differences(live: Mapping[str, Any] | None, planned: Mapping[str, Any]) -> list[str]:
+    if live is None:
+        return []
+    spec, want = live.get("spec") or {}, planned.get("spec") or {}
+    return [p for key, value in want.items() if key not in _SET_BY_THE_CLUSTER
+            for p in _differences(spec.get(key), value, key)]
+
+
+def _differences(have: Any, want: Any, path: str) -> list[str]:
+    """Where `want` is not in `have`: fields the cluster added or defaulted are not differences,
+    and a quantity the apiserver wrote back as a string (`8` as "8") is the same quantity."""
+    if isinstance(want, Mapping):
+        if not isinstance(have, Mapping):
+            return [path]
+        return [p for k, w in want.items() for p in _differences(have.get(k), w, f"{path}.{k}")]
+    if isinstance(want, list):
+        if not isinstance(have, list):
+            return [path]
+        if all(isinstance(w, Mapping) and "name" in w for w in want):
+            by_name = {h.get("name"): h for h in have if isinstance(h, Mapping)}
+            return [p for w in want for p in _differences(by_name.get(w["name"]), w, f"{path}[{w['name']}]")]
+        if len(have) != len(want):
+            return [path]
+        return [p for i, (h, w) in enumerate(zip(have, want, strict=True)) for p in _differences(h, w, f"{path}[{i}]")]
+    if have == want or (have is not None and str(have) == str(want)):
+        return []
+    return [path]
+
+
+def _flag_changes(role: Role, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
+    """The engine flags (and other launcher settings) of `role` that change, one per item."""
+    before, after = _role_document(old, role), _role_document(new, role)
+    if before is None or after is None:
+        return [f"the {role} engine flags"]
+    was, now = _flags(before.get("argv")), _flags(after.get("argv"))
+    changes = [f"{role} flag {flag}: {_words(was.get(flag))} → {_words(args)}"
+               for flag, args in now.items() if was.get(flag) != args]
+    changes += [f"{role} flag {flag} removed" for flag in was if flag not in now]
+    changes += [f"{role} launcher setting {key}: {before.get(key)} → {after.get(key)}"
+                for key in sorted(set(before) | set(after)) if key != "argv" and before.get(key) != after.get(key)]
+    return changes or [f"the {role} engine flags"]
+
+
+def _role_document(configmap: Mapping[str, Any] | None, role: Role) -> dict[str, Any] | None:
+    try:
+        document = json.loads(((configmap or {}).get("data") or {})[f"{role}.json"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def _flags(argv: Any) -> dict[str, tuple[str, ...]]:
+    """`--flag value...` groups of an argv, by flag (the last occurrence wins, as in argparse)."""
+    out: dict[str, tuple[str, ...]] = {}
+    flag: str | None = None
+    for token in argv if isinstance(argv, list) else []:
+        token = str(token)
+        if token.startswith("--"):
+            flag = token.split("=", 1)[0]
+            out[flag] = (token.split("=", 1)[1],) if "=" in token else ()
+        elif flag is not None:
+            out[flag] = (*out[flag], token)
+    return out
+
+
+def _words(args: tuple[str, ...] | None) -> str:
+    if args is None:
+        return "(unset)"
+    return " ".join(args) or "(set)"
+
+
+def _configuration_changes(v: InstanceView, body: Mapping[str, Any], hs: HybridServing,
+                           live: Mapping[str, Mapping[str, Any]], revision: str) -> tuple[str, ...]:
+    """Why the same spec gives another revision under this version: the one input of a revision
+    from outside the spec is the operator's default engine image (for a fleet that names none)."""
+    named = ((body.get("spec") or {}).get("engine") or {}).get("image")
+    leader = next((live[p["metadata"]["name"]] for p in v.plan.pods if p["metadata"]["name"] in live), None)
+    running = next((c.get("image") for c in ((leader or {}).get("spec") or {}).get("containers") or []
+                    if c.get("name") == ENGINE_CONTAINER), None)
+    if not named and running and running != hs.spec.engine.image:
+        return (f"engine image {running} → {hs.spec.engine.image} (the operator's default; the fleet names none)",)
+    old = v.observed.labels.get(LABEL_REVISION)
+    return (f"revision {revision_name(hs.metadata.name, old) if old else '(none)'} → {revision}",)

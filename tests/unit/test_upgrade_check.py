@@ -1,0 +1,164 @@
+"""`hybridserving upgrade-check` (core.upgrade): what this version would roll, read from a fleet the
+reconcile built in the in-memory API, with "a newer version" played by patching the renderer as
+tests/unit/test_reconcile.py does. Against the real apiserver (its defaulting of pods included):
+tests/integration/test_operator.py."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from typing import Any
+
+import pytest
+
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
+from hybridserving.commands import upgrade as command
+from hybridserving.core import flags, rendering
+from hybridserving.core.rollout import RERENDERED
+from hybridserving.core.upgrade import FleetPreview, preview
+from support.apiserver import NS, MemoryApi
+from support.fleets import SPEC, settle
+
+NEXT_IMAGE = "registry.example/engine:next"
+
+
+def check(api: MemoryApi, default_image: str | None = None) -> FleetPreview:
+    """The preview of the fleet from what the API holds, children listed by label as the CLI does."""
+    body = api.store[("HybridServing", "fleet")]
+    children = [o for k, o in api.store.items() if k in api.children()]
+    by_kind = {kind: [o for o in children if o["kind"] == kind] for kind in ("HybridServingInstance", "Pod")}
+    others = [o for o in children if o["kind"] not in by_kind]
+    extra = {"default_image": default_image} if default_image else {}
+    return preview(body, by_kind["HybridServingInstance"], by_kind["Pod"], others, **extra)
+
+
+def causes(p: FleetPreview) -> dict[str, str]:
+    return {i.name: i.cause for i in p.instances}
+
+
+def test_a_settled_fleet_rolls_nothing(api: MemoryApi) -> None:
+    settle(api)
+    p = check(api)
+    assert causes(p) == dict.fromkeys(("fleet-0", "fleet-1", "fleet-2", "fleet-3"), "current")
+    assert p.revision == api.status()["rollout"]["updateRevision"]
+    out = io.StringIO()
+    command.render([p], out)
+    assert out.getvalue() == (f"{NS}/fleet: nothing rolls (4 instance(s) up to date)\n"
+                              "this version rolls 0 of 4 instance(s) in 1 fleet(s)\n")
+
+
+def test_a_version_that_renders_the_pods_anew_rolls_every_instance_and_names_the_fields(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    settle(api)
+    older = rendering.pod_spec
+
+    def newer(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        pod = older(*args, **kwargs)
+        pod["containers"][0].setdefault("env", []).append({"name": "HYBRIDSERVING_NEWER", "value": "1"})
+        pod["containers"][0]["readinessProbe"]["periodSeconds"] = 7
+        return pod
+
+    monkeypatch.setattr(rendering, "pod_spec", newer)
+    p = check(api)
+    assert set(causes(p).values()) == {"rendering"}
+    assert {i.changes for i in p.instances} == {(
+        "pod spec.containers[engine].env[HYBRIDSERVING_NEWER]",
+        "pod spec.containers[engine].readinessProbe.periodSeconds",
+    )}
+    out = io.StringIO()
+    command.render([p], out)
+    text = out.getvalue()
+    assert text.startswith(f"{NS}/fleet: 4 of 4 instance(s) would roll, within spec.rollout: 1 instance(s) of a role "
+                           "at a time, one role at a time\n"), text
+    assert RERENDERED in text and "this version rolls 4 of 4 instance(s) in 1 fleet(s): set spec.rollout" in text
+
+
+def test_a_changed_engine_flag_rolls_only_its_role_and_names_the_flag(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    settle(api)
+    older = flags.render_template
+
+    def newer(spec: Any, role: str) -> list[str]:
+        argv = older(spec, role)
+        return [*argv, "--enable-metrics-for-all-schedulers"] if role == "decode" else argv
+
+    monkeypatch.setattr(flags, "render_template", newer)
+    p = check(api)
+    roles = {i.name: i.role for i in p.instances}
+    assert {n: c for n, c in causes(p).items() if c != "current"} == {
+        n: "rendering" for n, r in roles.items() if r == "decode"}
+    assert {i.changes for i in p.rolling} == {("decode flag --enable-metrics-for-all-schedulers: (unset) → (set)",)}
+
+
+def test_a_new_default_engine_image_is_a_new_configuration_for_fleets_that_name_none(api: MemoryApi) -> None:
+    settle(api)
+    p = check(api, NEXT_IMAGE)
+    assert set(causes(p).values()) == {"configuration"}
+    assert {i.changes for i in p.instances} == {(
+        f"engine image {DEFAULT_ENGINE_IMAGE} → {NEXT_IMAGE} "
+        "(the operator's default; the fleet names none)",)}
+    assert p.revision != api.status()["rollout"]["updateRevision"]
+
+    api.user_apply({**SPEC, "engine": {"image": "registry.example/engine:pinned"}})
+    settle(api, passes=40)  # the whole roll, one instance of a role at a time
+    assert set(causes(check(api, NEXT_IMAGE)).values()) == {"current"}, "a fleet naming its image keeps it"
+
+
+def test_a_rollout_under_way_is_told_apart_from_what_the_upgrade_rolls(api: MemoryApi) -> None:
+    settle(api)
+    api.user_apply({**SPEC, "engine": {"image": "registry.example/engine:v2"}, "rollout": {"canary": 1}})
+    settle(api)
+    p = check(api)
+    assert sorted(causes(p).values()) == ["current", "current", "rollout", "rollout"]
+    assert p.upgrade_rolls == ()
+    assert p.pace.startswith("held at the canary: 1 instance(s) of each role roll")
+
+
+def test_a_paused_fleet_says_nothing_rolls_until_it_is_resumed(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    api.user_apply({**SPEC, "rollout": {"paused": True}})
+    settle(api)
+    monkeypatch.setattr(rendering, "pod_spec", lambda *a, **k: {})
+    p = check(api)
+    assert set(causes(p).values()) == {"rendering"}
+    assert p.pace == "held: spec.rollout.paused is set, nothing rolls until it is removed"
+
+
+def test_a_spec_this_version_refuses_is_reported_and_not_planned(api: MemoryApi) -> None:
+    settle(api)
+    body = api.store[("HybridServing", "fleet")]
+    broken = copy.deepcopy(body)
+    broken["spec"]["decode"]["layout"]["tp"] = "eight"
+    api.store[("HybridServing", "fleet")] = broken
+    p = check(api)
+    assert p.instances == () and p.invalid and p.invalid[0].startswith("spec.decode.layout.tp: ")
+    unsupported = copy.deepcopy(body)
+    unsupported["spec"]["decode"]["layout"]["tp"] = 3
+    api.store[("HybridServing", "fleet")] = unsupported
+    p = check(api)
+    assert p.instances == () and any(i.startswith("spec.decode.layout") for i in p.invalid), p.invalid
+    out = io.StringIO()
+    command.render([p], out)
+    assert out.getvalue().startswith(f"{NS}/fleet: not planned by this version, its instances stay as they are")
+
+
+def test_children_of_another_fleet_or_owner_do_not_count(api: MemoryApi) -> None:
+    settle(api)
+    stray = copy.deepcopy(api.store[("HybridServingInstance", "fleet-0")])
+    stray["metadata"].update(name="fleet-9", uid="someone-else", ownerReferences=[{"uid": "another-owner"}])
+    api.store[("HybridServingInstance", "fleet-9")] = stray
+    assert "fleet-9" not in causes(check(api))
+
+
+def test_the_json_output_is_stable() -> None:
+    p = preview({"metadata": {"name": "x", "namespace": "ns"}, "spec": {}}, [], [], [])
+    assert json.loads(json.dumps(command.to_dict(p))) == {
+        "name": "x", "namespace": "ns", "revision": "", "pace": "", "invalid": list(p.invalid), "instances": []}
+    assert p.invalid and all(i.startswith("spec.") for i in p.invalid)
+
+
+def test_no_fleet_is_said_in_words() -> None:
+    out = io.StringIO()
+    command.render([], out)
+    assert out.getvalue() == "no HybridServing found: nothing to roll\n"
