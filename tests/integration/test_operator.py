@@ -533,7 +533,7 @@ def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes
     # rendering in the one field it adds, and in nothing else.
     newer = _upgrade_check(fleet, newer=True)["instances"]
     assert [(i["cause"], i["changes"]) for i in newer] == [
-        ("rendering", ["pod spec.containers[engine].env[HYBRIDSERVING_NEWER]"])] * 4
+        ("rendering", ["pod spec.containers[engine].env[HYBRIDSERVING_NEWER] (new)"])] * 4
     image = _upgrade_check(fleet, "--default-engine-image", "registry.example/engine:next")["instances"]
     assert {i["cause"] for i in image} == {"configuration"}
     assert all(i["changes"][0].endswith("→ registry.example/engine:next (the operator's default; the fleet names "

@@ -63,8 +63,8 @@ def test_a_version_that_renders_the_pods_anew_rolls_every_instance_and_names_the
     p = check(api)
     assert set(causes(p).values()) == {"rendering"}
     assert {i.changes for i in p.instances} == {(
-        "pod spec.containers[engine].env[HYBRIDSERVING_NEWER]",
-        "pod spec.containers[engine].readinessProbe.periodSeconds",
+        "pod spec.containers[engine].env[HYBRIDSERVING_NEWER] (new)",
+        "pod spec.containers[engine].readinessProbe.periodSeconds: 10 → 7",
     )}
     out = io.StringIO()
     command.render([p], out)

@@ -151,24 +151,32 @@ def _pod_differences(live: Mapping[str, Any] | None, planned: Mapping[str, Any])
 
 
 def _differences(have: Any, want: Any, path: str) -> list[str]:
-    """Where `want` is not in `have`: fields the cluster added or defaulted are not differences,
-    and a quantity the apiserver wrote back as a string (`8` as "8") is the same quantity."""
+    """Where `want` is not in `have`, each as `path: old → new` (or `path (new)`): fields the
+    cluster added or defaulted are not differences, and a quantity the apiserver wrote back as a
+    string (`8` as "8") is the same quantity."""
+    if have is None:
+        return [f"{path} (new)"]
     if isinstance(want, Mapping):
         if not isinstance(have, Mapping):
-            return [path]
+            return [f"{path}: {_short(have)} → {_short(want)}"]
         return [p for k, w in want.items() for p in _differences(have.get(k), w, f"{path}.{k}")]
     if isinstance(want, list):
         if not isinstance(have, list):
-            return [path]
+            return [f"{path}: {_short(have)} → {_short(want)}"]
         if all(isinstance(w, Mapping) and "name" in w for w in want):
             by_name = {h.get("name"): h for h in have if isinstance(h, Mapping)}
             return [p for w in want for p in _differences(by_name.get(w["name"]), w, f"{path}[{w['name']}]")]
         if len(have) != len(want):
-            return [path]
+            return [f"{path}: {_short(have)} → {_short(want)}"]
         return [p for i, (h, w) in enumerate(zip(have, want, strict=True)) for p in _differences(h, w, f"{path}[{i}]")]
-    if have == want or (have is not None and str(have) == str(want)):
+    if have == want or str(have) == str(want):
         return []
-    return [path]
+    return [f"{path}: {_short(have)} → {_short(want)}"]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _flag_changes(role: Role, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:

@@ -160,7 +160,11 @@ def run(args: argparse.Namespace) -> int:
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
         return 0 if failed == 0 else 1
     finally:
-        say("tearing down")
+        # A second Ctrl-C (the terminal's first one reached the operator and the pod runner too;
+        # they drain on their own) must not cut the teardown short: that would leave the control
+        # plane running. Each process stop is bounded (SIGKILL after its grace).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        say("tearing down (Ctrl-C is ignored until it is done; it takes seconds)")
         stack.stop()
         cluster.down(quiet=True)
 
