@@ -1,7 +1,8 @@
 """`hybridserving`: the pure core from a terminal, before anything is applied to a cluster.
 
 Exit codes: 0 success, 1 the input is invalid (every error printed with its field and fix),
-2 a usage error, 141 the reader of the output closed it early. `-o json` output is stable: keys
+2 a usage error, 3 `upgrade-check --exit-code` found an instance this version would roll, 141 the
+reader of the output closed it early. `-o json` output is stable: keys
 are camelCase and only ever added to.
 """
 

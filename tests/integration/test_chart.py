@@ -340,6 +340,13 @@ def test_service_account_token_is_enough_and_no_more(cluster: Cluster, core_v1, 
                             what=f"engine pods in {fleet_ns}; operator log: {log}")
             assert len(instances) >= 4
             assert pods
+            # `upgrade-check` in a pod with the operator's account reads all it needs (docs/install.md).
+            check = subprocess.run([sys.executable, "-m", "hybridserving.cli", "upgrade-check", "-n", fleet_ns,
+                                    "-o", "json", "--kubeconfig", str(kubeconfig)],
+                                   capture_output=True, text=True, timeout=60, check=False)
+            assert check.returncode == 0, check.stdout + check.stderr
+            [preview] = json.loads(check.stdout)
+            assert (preview["name"], len(preview["instances"])) == ("dsv3-flex", 4), check.stdout
             if webhook:
                 ca = base64.b64decode([d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"][0]
                                       ["webhooks"][0]["clientConfig"]["caBundle"])

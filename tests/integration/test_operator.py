@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
 from hybridserving.devcluster import stack
 from support.cluster_fleet import GROUP, VERSION, Fleet, Operator
 from support.crds import apply_crds
@@ -513,35 +514,58 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def _upgrade_check(fleet: Fleet, *args: str, newer: bool = False) -> dict[str, Any]:
+# In a pod: the service account's token and CA where the kubelet would mount them; the rest is the
+# real client finding the apiserver from the pod's environment.
+IN_A_POD = """
+import sys
+from kubernetes.config import incluster_config
+incluster_config.SERVICE_TOKEN_FILENAME, incluster_config.SERVICE_CERT_FILENAME = sys.argv[1:3]
+from hybridserving import cli
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def _upgrade_check(fleet: Fleet, *args: str, newer: bool = False, code: int = 0) -> dict[str, Any]:
     run = ["-c", NEWER_VERSION] if newer else ["-m", "hybridserving.cli"]
     done = subprocess.run([sys.executable, *run, "upgrade-check", fleet.name, "-n", fleet.ns, "-o", "json",
                            "--kubeconfig", str(fleet.cluster.kubeconfig), *args],
                           capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == code, done.stdout + done.stderr
     [preview] = json.loads(done.stdout)
     return preview
 
 
-def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes_nothing(fleet: Fleet) -> None:
+def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes_nothing(
+        fleet: Fleet, tmp_path: pathlib.Path) -> None:
     fleet.apply(fixed_split())
     fleet.wait_settled()
     before = fleet.uids()
-    assert [i["rolls"] for i in _upgrade_check(fleet)["instances"]] == [False] * 4
+    assert [i["rolls"] for i in _upgrade_check(fleet, "--exit-code")["instances"]] == [False] * 4
 
     # The pods as the apiserver holds them (defaulted, quantities rewritten) differ from the newer
     # rendering in the one field it adds, and in nothing else.
-    newer = _upgrade_check(fleet, newer=True)["instances"]
+    newer = _upgrade_check(fleet, "--exit-code", newer=True, code=3)["instances"]
     assert [(i["cause"], i["changes"]) for i in newer] == [
         ("rendering", ["pod spec.containers[engine].env[HYBRIDSERVING_NEWER] (new)"])] * 4
     image = _upgrade_check(fleet, "--default-engine-image", "registry.example/engine:next")["instances"]
     assert {i["cause"] for i in image} == {"configuration"}
-    assert all(i["changes"][0].endswith("→ registry.example/engine:next (the operator's default; the fleet names "
-                                        "none)") for i in image), image
+    assert all(i["changes"][0].startswith("revision ") and "pod spec.containers[engine].image: "
+               f"{DEFAULT_ENGINE_IMAGE} → registry.example/engine:next" in i["changes"] for i in image), image
     assert fleet.uids() == before, "a check restarts nothing"
     table = _cli(fleet, "upgrade-check", fleet.name)
     assert table == f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)\n" \
                     "this version rolls 0 of 4 instance(s) in 1 fleet(s)\n", table
+
+    # From inside the cluster (the new operator image in a pod): no kubeconfig, the pod's account.
+    (tmp_path / "token").write_text(fleet.cluster.token)
+    host, port = fleet.cluster.server.removeprefix("https://").split(":")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": host,
+           "KUBERNETES_SERVICE_PORT": port}
+    done = subprocess.run([sys.executable, "-c", IN_A_POD, str(tmp_path / "token"),
+                           str(fleet.cluster.dir / "pki" / "ca.crt"), "upgrade-check", "-A"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False)
+    assert (done.returncode, done.stdout.splitlines()[0]) == (
+        0, f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)"), done.stdout + done.stderr
 
 
 def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns_the_previous_configuration(
@@ -582,7 +606,7 @@ def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns
     progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
     assert progressing["reason"] == "RolloutHeldByCanary"
     assert "Rollout [held: Canary]: held by canary 1" in _cli(fleet, "status", fleet.name)
-    held_back = _upgrade_check(fleet)
+    held_back = _upgrade_check(fleet, "--exit-code")  # a rollout under way is not the upgrade's doing
     assert sorted(i["cause"] for i in held_back["instances"]) == ["current", "current", "rollout", "rollout"]
     assert held_back["pace"].startswith("held at the canary")
     canary_revision = status["rollout"]["updateRevision"]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes.config import incluster_config
 import yaml
 
 from hybridserving.cli import main
@@ -273,6 +274,18 @@ def test_a_missing_kubeconfig_is_an_error_naming_the_flag(tmp_path: Path, comman
     assert code == 1
     assert out.startswith(f"error: cannot load the kubeconfig from {tmp_path / 'none'}: ")
     assert "fix: pass --kubeconfig with the cluster's kubeconfig, or set KUBECONFIG" in out
+
+
+def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used_and_its_absence_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "1")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "no-token"))  # none mounted
+    code, out = run("upgrade-check", "-A")
+    assert code == 1 and out.startswith("error: cannot use the pod's service account: "), out
+    assert "fix: mount its token (automountServiceAccountToken), or pass --kubeconfig" in out
 
 
 def test_upgrade_check_of_one_fleet_in_every_namespace_is_an_error_with_the_fix() -> None:

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
+from hybridserving.cli import build_parser
 from hybridserving.commands import upgrade as command
-from hybridserving.core import flags, rendering
+from hybridserving.core import flags, rendering, revisions
 from hybridserving.core.rollout import RERENDERED
 from hybridserving.core.upgrade import FleetPreview, preview
 from support.apiserver import NS, MemoryApi
@@ -96,9 +97,8 @@ def test_a_new_default_engine_image_is_a_new_configuration_for_fleets_that_name_
     p = check(api, NEXT_IMAGE)
     assert set(causes(p).values()) == {"configuration"}
     assert {i.changes for i in p.instances} == {(
-        f"engine image {DEFAULT_ENGINE_IMAGE} → {NEXT_IMAGE} "
-        "(the operator's default; the fleet names none)",)}
-    assert p.revision != api.status()["rollout"]["updateRevision"]
+        f"revision {api.status()['rollout']['updateRevision']} → {p.revision}",
+        f"pod spec.containers[engine].image: {DEFAULT_ENGINE_IMAGE} → {NEXT_IMAGE}")}
 
     api.user_apply({**SPEC, "engine": {"image": "registry.example/engine:pinned"}})
     settle(api, passes=40)  # the whole roll, one instance of a role at a time
@@ -143,6 +143,24 @@ def test_a_spec_this_version_refuses_is_reported_and_not_planned(api: MemoryApi)
     assert out.getvalue().startswith(f"{NS}/fleet: not planned by this version, its instances stay as they are")
 
 
+def test_a_version_that_only_reads_the_spec_as_another_revision_restarts_nothing(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner relabels such instances with the new revision; their pods stay."""
+    settle(api)
+    older = revisions.revision_spec
+    monkeypatch.setattr(revisions, "revision_spec", lambda wire: {**older(wire), "newField": "its default"})
+    p = check(api)
+    assert p.revision != api.status()["rollout"]["updateRevision"]
+    assert set(causes(p).values()) == {"current"}
+
+
+def test_an_instance_this_version_cannot_read_is_reported_not_a_traceback(api: MemoryApi) -> None:
+    settle(api)
+    api.store[("HybridServingInstance", "fleet-0")]["spec"]["role"] = "router"
+    p = check(api)
+    assert p.instances == () and p.invalid[0].startswith("a HybridServingInstance this version cannot read: "), p
+
+
 def test_children_of_another_fleet_or_owner_do_not_count(api: MemoryApi) -> None:
     settle(api)
     stray = copy.deepcopy(api.store[("HybridServingInstance", "fleet-0")])
@@ -156,6 +174,19 @@ def test_the_json_output_is_stable() -> None:
     assert json.loads(json.dumps(command.to_dict(p))) == {
         "name": "x", "namespace": "ns", "revision": "", "pace": "", "invalid": list(p.invalid), "instances": []}
     assert p.invalid and all(i.startswith("spec.") for i in p.invalid)
+
+
+def test_exit_code_3_says_the_upgrade_would_roll_and_a_rollout_under_way_does_not_count(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    settle(api)
+    args = build_parser().parse_args(["upgrade-check", "--exit-code"])
+    assert command.report([check(api)], args, io.StringIO()) == 0
+    api.user_apply({**SPEC, "engine": {"image": "registry.example/engine:v2"}, "rollout": {"canary": 1}})
+    settle(api)
+    assert command.report([check(api)], args, io.StringIO()) == 0
+    monkeypatch.setattr(rendering, "pod_spec", lambda *a, **k: {})
+    assert command.report([check(api)], args, io.StringIO()) == command.EXIT_ROLLS == 3
+    assert command.report([check(api)], build_parser().parse_args(["upgrade-check"]), io.StringIO()) == 0
 
 
 def test_no_fleet_is_said_in_words() -> None:

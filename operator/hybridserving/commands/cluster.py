@@ -5,6 +5,7 @@ the way the offline commands report bad input, rather than the client's tracebac
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
@@ -21,13 +22,26 @@ class ClusterError(Exception):
 
 
 def custom_objects(kubeconfig: str | None) -> CustomObjectsApi:
-    """A client for custom objects from the kubeconfig, or ClusterError saying which file to give."""
+    """A client for custom objects from the kubeconfig, or ClusterError saying which file to give.
+
+    In a pod with no kubeconfig (no --kubeconfig, $KUBECONFIG or ~/.kube/config) it is the pod's
+    service account, as for kubectl: the new operator image can check its own upgrade from inside
+    the cluster (`kubectl run ... -- hybridserving upgrade-check -A`)."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
+    in_pod = (kubeconfig is None and not os.environ.get("KUBECONFIG")
+              and bool(os.environ.get(config.incluster_config.SERVICE_HOST_ENV_NAME))
+              and not os.path.exists(os.path.expanduser("~/.kube/config")))
     try:
-        config.load_kube_config(config_file=kubeconfig)
+        if in_pod:
+            config.load_incluster_config()
+        else:
+            config.load_kube_config(config_file=kubeconfig)
     except (ConfigException, OSError, ValueError) as exc:  # no file, not a kubeconfig, no such context
+        if in_pod:
+            raise ClusterError(f"cannot use the pod's service account: {exc}",
+                               "mount its token (automountServiceAccountToken), or pass --kubeconfig") from None
         where = kubeconfig or "$KUBECONFIG or ~/.kube/config"
         raise ClusterError(f"cannot load the kubeconfig from {where}: {exc}",
                            "pass --kubeconfig with the cluster's kubeconfig, or set KUBECONFIG") from None

@@ -4,7 +4,8 @@ Run it from the version about to be installed, before `helm upgrade`: it reads t
 what they own, plans them with this version's code (`core.upgrade`) and prints, fleet by fleet,
 the instances that would restart and why (a pod field, an engine flag, a new default engine
 image), and how fast the roll would go (`spec.rollout`). It writes nothing. An empty answer means
-the upgrade restarts no engine.
+the upgrade restarts no engine; with `--exit-code` a pipeline can stop on the other answer, as
+`git diff --exit-code` does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, write_json, wri
 from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.upgrade import CAUSES, FleetPreview, preview
 
+EXIT_ROLLS = 3  # with --exit-code: this version would roll an engine instance
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -32,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--default-engine-image", default=DEFAULT_ENGINE_IMAGE, metavar="IMAGE",
                    help="the engine image the upgraded operator gives fleets that name none (the chart's "
                         "engineImage; default: this version's)")
+    p.add_argument("--exit-code", action="store_true",
+                   help=f"exit {EXIT_ROLLS} when this version would roll an engine instance (0 when none)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.set_defaults(func=run)
 
@@ -40,15 +45,17 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.all_namespaces and args.name:
         out.write("error: a fleet name needs its namespace\n  fix: give -n NAMESPACE instead of -A\n")
         return EXIT_INVALID
-    return answered(lambda: _report(_read(args), args.output, out), args.name, args.namespace, out)
+    return answered(lambda: report(_read(args), args, out), args.name, args.namespace, out)
 
 
-def _report(previews: list[FleetPreview], output: str, out: TextIO) -> int:
-    if output == "json":
+def report(previews: list[FleetPreview], args: argparse.Namespace, out: TextIO) -> int:
+    """The previews in the asked format; a rollout under way does not set `--exit-code`'s 3, as
+    it rolls whichever version runs."""
+    if args.output == "json":
         write_json([to_dict(p) for p in previews], out)
     else:
         render(previews, out)
-    return EXIT_OK
+    return EXIT_ROLLS if args.exit_code and any(p.upgrade_rolls for p in previews) else EXIT_OK
 
 
 def _read(args: argparse.Namespace) -> list[FleetPreview]:

@@ -23,7 +23,6 @@ from hybridserving.core import fleet, layout, planner, privileges
 from hybridserving.core.health import InstanceView, views_of
 from hybridserving.core.naming import LABEL_REVISION, config_map_name, revision_name, split_config_hash
 from hybridserving.core.observed import Observed
-from hybridserving.core.rendering import ENGINE_CONTAINER
 from hybridserving.core.rollout import RERENDERED, rerendered
 
 Cause = Literal["current", "rendering", "configuration", "rollout"]
@@ -87,7 +86,11 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
     owned_instances = [i for i in instances if _owned_by(i, {meta.get("uid")})]
     uids = {meta.get("uid")} | {i["metadata"].get("uid") for i in owned_instances}
     owned_pods = [p for p in pods if _owned_by(p, uids)]
-    observed = Observed.from_manifests(owned_instances, owned_pods, [o for o in objects if _owned_by(o, uids)])
+    try:
+        observed = Observed.from_manifests(owned_instances, owned_pods, [o for o in objects if _owned_by(o, uids)])
+    except ValidationError as exc:  # an instance written by a version whose fields this one does not know
+        return FleetPreview(name, namespace, invalid=tuple(
+            f"a HybridServingInstance this version cannot read: {e.path}: {e.message}" for e in field_errors(exc)))
     desired = planner.plan(hs, observed)
     views = views_of(desired.instances, observed, hs.spec.rollout.min_ready_seconds)
     revision = revision_name(name, desired.revision_hash)
@@ -102,9 +105,11 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
                                        _rendering_changes(v, name, live, observed, desired.objects)))
         elif running == revision:
             out.append(InstancePreview(v.plan.name, v.plan.role, "rollout"))
-        else:
-            out.append(InstancePreview(v.plan.name, v.plan.role, "configuration",
-                                       _configuration_changes(v, body, hs, live, revision)))
+        else:  # e.g. a new default engine image, for a fleet that names none
+            old = v.observed.labels.get(LABEL_REVISION)
+            was = revision_name(name, old) if old else "(none)"
+            out.append(InstancePreview(v.plan.name, v.plan.role, "configuration", (
+                f"revision {was} → {revision}", *_rendering_changes(v, name, live, observed, desired.objects))))
     return FleetPreview(name, namespace, revision, tuple(out), _pace(hs))
 
 
@@ -219,17 +224,3 @@ def _words(args: tuple[str, ...] | None) -> str:
     if args is None:
         return "(unset)"
     return " ".join(args) or "(set)"
-
-
-def _configuration_changes(v: InstanceView, body: Mapping[str, Any], hs: HybridServing,
-                           live: Mapping[str, Mapping[str, Any]], revision: str) -> tuple[str, ...]:
-    """Why the same spec gives another revision under this version: the one input of a revision
-    from outside the spec is the operator's default engine image (for a fleet that names none)."""
-    named = ((body.get("spec") or {}).get("engine") or {}).get("image")
-    leader = next((live[p["metadata"]["name"]] for p in v.plan.pods if p["metadata"]["name"] in live), None)
-    running = next((c.get("image") for c in ((leader or {}).get("spec") or {}).get("containers") or []
-                    if c.get("name") == ENGINE_CONTAINER), None)
-    if not named and running and running != hs.spec.engine.image:
-        return (f"engine image {running} → {hs.spec.engine.image} (the operator's default; the fleet names none)",)
-    old = v.observed.labels.get(LABEL_REVISION)
-    return (f"revision {revision_name(hs.metadata.name, old) if old else '(none)'} → {revision}",)
