@@ -26,7 +26,7 @@ def custom_objects(kubeconfig: str | None) -> CustomObjectsApi:
 
     In a pod with no kubeconfig (no --kubeconfig, $KUBECONFIG or ~/.kube/config) it is the pod's
     service account, as for kubectl: the new operator image can check its own upgrade from inside
-    the cluster (`kubectl run ... -- hybridserving upgrade-check -A`)."""
+    the cluster (`kubectl run ... -- hybridserving upgrade-check -n NAMESPACE`)."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 

@@ -136,7 +136,8 @@ def _rendering_changes(v: InstanceView, fleet_name: str, live: Mapping[str, Mapp
     if template != v.plan.template_hash:
         paths = sorted({path for pod in v.plan.pods
                         for path in _pod_differences(live.get(pod["metadata"]["name"]), pod)})
-        changes += [f"pod spec.{p}" for p in paths] or ["the pod template (a field this version no longer sets)"]
+        changes += [f"pod spec.{p}" for p in paths] or [
+            "the pod template (its metadata, or a field this version no longer sets)"]
     if flags != split_config_hash(v.plan.config_hash)[1]:
         key = ("ConfigMap", config_map_name(fleet_name, v.plan.role))
         changes += _flag_changes(v.plan.role, observed.objects.get(key), desired_objects.get(key))
