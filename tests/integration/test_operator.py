@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from hybridserving.api.crd import expected_digests
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
 from hybridserving.devcluster import stack
 from support.cluster_fleet import GROUP, VERSION, Fleet, Operator
@@ -510,6 +511,11 @@ def newer(*args, **kwargs):
     pod["containers"][0].setdefault("env", []).append({"name": "HYBRIDSERVING_NEWER", "value": "1"})
     return pod
 rendering.pod_spec = newer
+older_metadata = rendering.pod_extra_metadata
+def newer_metadata(*args):
+    labels, annotations = older_metadata(*args)
+    return labels, {**annotations, "example.com/newer": "1"}
+rendering.pod_extra_metadata = newer_metadata
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -521,7 +527,9 @@ import sys
 from kubernetes.config import incluster_config
 incluster_config.SERVICE_TOKEN_FILENAME, incluster_config.SERVICE_CERT_FILENAME = sys.argv[1:3]
 from hybridserving import cli
-sys.exit(cli.main(sys.argv[3:]))
+from hybridserving.commands import cluster
+cluster.SERVICE_ACCOUNT_NAMESPACE = sys.argv[3]
+sys.exit(cli.main(sys.argv[4:]))
 """
 
 
@@ -543,29 +551,44 @@ def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes
     assert [i["rolls"] for i in _upgrade_check(fleet, "--exit-code")["instances"]] == [False] * 4
 
     # The pods as the apiserver holds them (defaulted, quantities rewritten) differ from the newer
-    # rendering in the one field it adds, and in nothing else.
+    # rendering in the field and the annotation it adds, and in nothing else.
     newer = _upgrade_check(fleet, "--exit-code", newer=True, code=3)["instances"]
     assert [(i["cause"], i["changes"]) for i in newer] == [
-        ("rendering", ["pod spec.containers[engine].env[HYBRIDSERVING_NEWER] (new)"])] * 4
+        ("rendering", ["pod metadata.annotations[example.com/newer] (new)",
+                       "pod spec.containers[engine].env[HYBRIDSERVING_NEWER] (new)"])] * 4
     image = _upgrade_check(fleet, "--default-engine-image", "registry.example/engine:next")["instances"]
     assert {i["cause"] for i in image} == {"configuration"}
     assert all(i["changes"][0].startswith("revision ") and "pod spec.containers[engine].image: "
                f"{DEFAULT_ENGINE_IMAGE} → registry.example/engine:next" in i["changes"] for i in image), image
     assert fleet.uids() == before, "a check restarts nothing"
     table = _cli(fleet, "upgrade-check", fleet.name)
-    assert table == f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)\n" \
+    assert table == f"CRDs: this version's ({', '.join(expected_digests())})\n" \
+                    f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)\n" \
                     "this version rolls 0 of 4 instance(s) in 1 fleet(s)\n", table
 
-    # From inside the cluster (the new operator image in a pod): no kubeconfig, the pod's account.
+    # Without -n, the namespace kubectl would use: the kubeconfig context's.
+    kubeconfig = yaml.safe_load(fleet.cluster.kubeconfig.read_text())
+    for context in kubeconfig["contexts"]:
+        context["context"]["namespace"] = fleet.ns
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    done = subprocess.run([sys.executable, "-m", "hybridserving.cli", "status", "--kubeconfig",
+                           str(tmp_path / "kubeconfig")], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.startswith(f"{fleet.name}  ready="), done.stdout + done.stderr
+
+    # From inside the cluster (the new operator image in a pod): no kubeconfig, the pod's account,
+    # and without -n the pod's namespace.
     (tmp_path / "token").write_text(fleet.cluster.token)
+    (tmp_path / "namespace").write_text(fleet.ns)
     host, port = fleet.cluster.server.removeprefix("https://").split(":")
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": host,
            "KUBERNETES_SERVICE_PORT": port}
     done = subprocess.run([sys.executable, "-c", IN_A_POD, str(tmp_path / "token"),
-                           str(fleet.cluster.dir / "pki" / "ca.crt"), "upgrade-check", "-A"],
+                           str(fleet.cluster.dir / "pki" / "ca.crt"), str(tmp_path / "namespace"), "upgrade-check"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False)
-    assert (done.returncode, done.stdout.splitlines()[0]) == (
-        0, f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)"), done.stdout + done.stderr
+    assert (done.returncode, done.stdout.splitlines()[:2]) == (
+        0, [f"CRDs: this version's ({', '.join(expected_digests())})",
+            f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)"]), done.stdout + done.stderr
 
 
 def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns_the_previous_configuration(

@@ -17,8 +17,8 @@ import pytest
 from kubernetes.config import incluster_config
 import yaml
 
-from hybridserving.cli import main
-from hybridserving.commands import status
+from hybridserving.cli import build_parser, main
+from hybridserving.commands import cluster, status
 from hybridserving.manifests import load_text
 
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -249,6 +249,34 @@ def test_a_fleet_that_is_not_there_is_an_error_naming_it_and_the_namespace(apise
                    "  fix: check the name and -n; `kubectl get hybridservings -n team-a` lists them\n")
 
 
+@pytest.mark.parametrize("command", ["status", "rollback", "upgrade-check"])
+def test_without_n_the_namespace_is_the_kubeconfig_contexts_as_for_kubectl(apiserver: str, command: str) -> None:
+    Path(apiserver).write_text(Path(apiserver).read_text().replace("{cluster: c, user: u}",
+                                                                   "{cluster: c, user: u, namespace: team-b}"))
+    code, out = run(command, "nope", "--kubeconfig", apiserver)
+    assert (code, out.splitlines()[0]) == (1, "error: HybridServing nope not found in namespace team-b"), out
+
+
+def test_the_default_namespace_is_the_contexts_the_pods_or_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = kubeconfig(tmp_path, 1)
+    assert cluster.default_namespace(config) == "default", "a context without one"
+    assert cluster.default_namespace(str(tmp_path / "none")) == "default", "the request says what is missing"
+    assert cluster.default_namespace(write(tmp_path, "bad", "contexts: [unclosed")) == "default"
+    Path(config).write_text(Path(config).read_text().replace("user: u}", "user: u, namespace: team-b}"))
+    assert cluster.default_namespace(config) == "team-b"
+    args = build_parser().parse_args(["status", "-n", "team-a", "--kubeconfig", config])
+    assert cluster.with_namespace(args).namespace == "team-a", "-n wins"
+
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setattr(cluster, "SERVICE_ACCOUNT_NAMESPACE", write(tmp_path, "namespace", "serving\n"))
+    assert cluster.default_namespace(None) == "serving", "in a pod, the pod's"
+    monkeypatch.setattr(cluster, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "not-mounted"))
+    assert cluster.default_namespace(None) == "default"
+
+
 @pytest.mark.parametrize("command", ["status", "upgrade-check"])
 def test_a_cluster_without_the_crd_is_an_error_saying_to_install_it(apiserver: str, command: str) -> None:
     code, out = run(command, "-n", "nocrd", "--kubeconfig", apiserver)
@@ -274,6 +302,19 @@ def test_a_missing_kubeconfig_is_an_error_naming_the_flag(tmp_path: Path, comman
     assert code == 1
     assert out.startswith(f"error: cannot load the kubeconfig from {tmp_path / 'none'}: ")
     assert "fix: pass --kubeconfig with the cluster's kubeconfig, or set KUBECONFIG" in out
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("contexts: [unclosed", "not YAML: while parsing a flow sequence in "),
+    ("just words", "not a kubeconfig: a YAML mapping of clusters, users, contexts and current-context"),
+    ("contexts: 5\ncurrent-context: c\n", "not a kubeconfig: a YAML mapping of clusters, users, contexts and "),
+])
+def test_a_kubeconfig_that_is_not_one_is_an_error_naming_the_file(tmp_path: Path, text: str, said: str) -> None:
+    path = write(tmp_path, "kubeconfig", text)
+    code, out = run("status", "--kubeconfig", path)
+    assert code == 1 and out.startswith(f"error: cannot load the kubeconfig from {path}: {said}"), out
+    assert len(out.splitlines()) == 2 and out.splitlines()[1] == (
+        "  fix: pass --kubeconfig with the cluster's kubeconfig, or set KUBECONFIG"), out
 
 
 def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used_and_its_absence_named(

@@ -12,16 +12,19 @@ from typing import Any
 
 import pytest
 
+from hybridserving.api.crd import ANNOTATION_SCHEMA_DIGEST, expected_digests
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
 from hybridserving.cli import build_parser
 from hybridserving.commands import upgrade as command
-from hybridserving.core import flags, rendering, revisions
+from hybridserving.core import crdschema, flags, rendering, revisions
 from hybridserving.core.rollout import RERENDERED
 from hybridserving.core.upgrade import FleetPreview, preview
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
 
 NEXT_IMAGE = "registry.example/engine:next"
+CURRENT = crdschema.assess([{"metadata": {"name": name, "annotations": {ANNOTATION_SCHEMA_DIGEST: digest}}}
+                            for name, digest in expected_digests().items()], expected_digests())
 
 
 def check(api: MemoryApi, default_image: str | None = None) -> FleetPreview:
@@ -105,6 +108,27 @@ def test_a_new_default_engine_image_is_a_new_configuration_for_fleets_that_name_
     assert set(causes(check(api, NEXT_IMAGE)).values()) == {"current"}, "a fleet naming its image keeps it"
 
 
+def test_pod_metadata_this_version_renders_anew_is_named_by_key(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the template's labels and annotations count (the hash covers them); the operator's own
+    are patched in place and roll nothing."""
+    api.user_apply({**SPEC, "podTemplate": {"metadata": {"labels": {"example.com/team": "serving"}}}})
+    settle(api)
+    older = rendering.pod_extra_metadata
+
+    def newer(*args: Any) -> tuple[dict[str, str], dict[str, str]]:
+        labels, annotations = older(*args)
+        return {**labels, "example.com/team": "inference"}, {**annotations, "example.com/scrape": "true"}
+
+    monkeypatch.setattr(rendering, "pod_extra_metadata", newer)
+    p = check(api)
+    assert set(causes(p).values()) == {"rendering"}
+    assert {i.changes for i in p.instances} == {(
+        "pod metadata.annotations[example.com/scrape] (new)",
+        "pod metadata.labels[example.com/team]: serving → inference",
+    )}
+
+
 def test_a_rollout_under_way_is_told_apart_from_what_the_upgrade_rolls(api: MemoryApi) -> None:
     settle(api)
     api.user_apply({**SPEC, "engine": {"image": "registry.example/engine:v2"}, "rollout": {"canary": 1}})
@@ -140,7 +164,7 @@ def test_a_spec_this_version_refuses_is_reported_and_not_planned(api: MemoryApi)
     assert p.instances == () and any(i.startswith("spec.decode.layout") for i in p.invalid), p.invalid
     out = io.StringIO()
     command.render([p], out)
-    assert out.getvalue().startswith(f"{NS}/fleet: not planned by this version, its instances stay as they are")
+    assert out.getvalue().startswith(f"{NS}/fleet: this version would stop planning it (LayoutValid False)")
 
 
 def test_a_version_that_only_reads_the_spec_as_another_revision_restarts_nothing(
@@ -172,7 +196,8 @@ def test_children_of_another_fleet_or_owner_do_not_count(api: MemoryApi) -> None
 def test_the_json_output_is_stable() -> None:
     p = preview({"metadata": {"name": "x", "namespace": "ns"}, "spec": {}}, [], [], [])
     assert json.loads(json.dumps(command.to_dict(p))) == {
-        "name": "x", "namespace": "ns", "revision": "", "pace": "", "invalid": list(p.invalid), "instances": []}
+        "name": "x", "namespace": "ns", "revision": "", "pace": "", "invalid": list(p.invalid),
+        "alreadyInvalid": False, "instances": []}
     assert p.invalid and all(i.startswith("spec.") for i in p.invalid)
 
 
@@ -180,13 +205,71 @@ def test_exit_code_3_says_the_upgrade_would_roll_and_a_rollout_under_way_does_no
         api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
     settle(api)
     args = build_parser().parse_args(["upgrade-check", "--exit-code"])
-    assert command.report([check(api)], args, io.StringIO()) == 0
+    assert command.report([check(api)], CURRENT, args, io.StringIO()) == 0
     api.user_apply({**SPEC, "engine": {"image": "registry.example/engine:v2"}, "rollout": {"canary": 1}})
     settle(api)
-    assert command.report([check(api)], args, io.StringIO()) == 0
+    assert command.report([check(api)], CURRENT, args, io.StringIO()) == 0
     monkeypatch.setattr(rendering, "pod_spec", lambda *a, **k: {})
-    assert command.report([check(api)], args, io.StringIO()) == command.EXIT_ROLLS == 3
-    assert command.report([check(api)], build_parser().parse_args(["upgrade-check"]), io.StringIO()) == 0
+    assert command.report([check(api)], CURRENT, args, io.StringIO()) == command.EXIT_ROLLS == 3
+    assert command.report([check(api)], CURRENT, build_parser().parse_args(["upgrade-check"]), io.StringIO()) == 0
+
+
+def test_exit_code_4_says_the_upgrade_would_stop_planning_a_fleet_the_running_version_plans(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet this version refuses keeps its pods, but nothing heals, rolls or switches it: the
+    worse answer, so it wins over 3. One the running version refuses already is not the upgrade's."""
+    settle(api)
+    args = build_parser().parse_args(["upgrade-check", "--exit-code"])
+    monkeypatch.setattr(rendering, "pod_spec", lambda *a, **k: {})
+    stricter = copy.deepcopy(api.store[("HybridServing", "fleet")])
+    stricter["spec"]["decode"]["layout"]["tp"] = 3
+    refused = preview(stricter, [], [], [])
+    assert refused.upgrade_refuses and not refused.already_invalid
+    assert command.report([check(api), refused], CURRENT, args, io.StringIO()) == command.EXIT_REFUSES == 4
+    out = io.StringIO()
+    command.render([refused], out)
+    assert out.getvalue().startswith(f"{NS}/fleet: this version would stop planning it (LayoutValid False): "
+                                     "its instances stay as they are, but nothing heals, rolls or switches them")
+    assert out.getvalue().endswith("this version would stop planning 1 fleet(s) the running one plans: fix their "
+                                   "spec (the errors above) before the upgrade\n")
+
+    stricter["status"]["conditions"] = [
+        {**c, "status": "False"} if c["type"] == "LayoutValid" else c for c in stricter["status"]["conditions"]]
+    known = preview(stricter, [], [], [])
+    assert known.invalid and known.already_invalid and not known.upgrade_refuses
+    assert command.report([known], CURRENT, args, io.StringIO()) == 0
+    out = io.StringIO()
+    command.render([known], out)
+    assert out.getvalue() == (f"{NS}/fleet: not planned by this version, nor by the one running "
+                              f"(LayoutValid False):\n  {known.invalid[0]}\n"
+                              "this version rolls 0 of 0 instance(s) in 1 fleet(s)\n")
+
+
+def test_the_installed_crds_come_first_and_say_the_step_when_they_are_not_this_versions() -> None:
+    """Helm never upgrades CRDs. Not counted by --exit-code: applying them is the step before the
+    upgrade, which a pipeline may take after its gate; with -o json they go to stderr."""
+    table, js = (build_parser().parse_args(["upgrade-check", "--exit-code", *extra]) for extra in ([], ["-o", "json"]))
+    [crd, instance_crd] = expected_digests()
+    out, err = io.StringIO(), io.StringIO()
+    assert command.report([], CURRENT, table, out, err) == 0
+    assert out.getvalue() == (f"CRDs: this version's ({crd}, {instance_crd})\n"
+                              "no HybridServing found: nothing to roll\n") and err.getvalue() == ""
+    assert command.report([], CURRENT, js, out := io.StringIO(), err) == 0
+    assert json.loads(out.getvalue()) == [] and err.getvalue() == ""
+
+    older = crdschema.assess([{"metadata": {"name": crd, "annotations": {ANNOTATION_SCHEMA_DIGEST: "0" * 16}}}],
+                             expected_digests())
+    out, err = io.StringIO(), io.StringIO()
+    assert command.report([], older, table, out, err) == 0
+    assert command.report([], older, js, io.StringIO(), err) == 0
+    for said in (out.getvalue().splitlines()[:2], err.getvalue().splitlines()):
+        assert said[0].startswith(f"CRDs: before `helm upgrade`: CRD {crd} has schema digest {'0' * 16}, "), said
+        assert said[1].startswith(f"CRDs: before `helm upgrade`: CRD {instance_crd} is not installed"), said
+        assert all(line.endswith(crdschema.FIX) for line in said), said
+    out = io.StringIO()
+    command.report([], "403 Forbidden", table, out)
+    assert out.getvalue().startswith(f"CRDs: not read (403 Forbidden); before `helm upgrade`, apply this "
+                                     f"version's: {crdschema.FIX}\n")
 
 
 def test_no_fleet_is_said_in_words() -> None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TextIO, cast
 from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION, HybridServingSpec
-from hybridserving.commands.cluster import answered, custom_objects
+from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number
 from hybridserving.core import revisions
 from hybridserving.core.naming import LABEL_NAME, revision_name
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "rollback", help="put a fleet back on an earlier configuration (default: the last good revision)")
     p.add_argument("name", help="the HybridServing")
-    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--to-revision", type=whole_number(1), default=None,
                    help="the revision number (kubectl get controllerrevisions -l hybridserving.io/name=NAME)")
@@ -130,6 +130,8 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     from kubernetes.client.exceptions import ApiException
+
+    args = with_namespace(args)
 
     def once() -> int:
         try:

@@ -12,7 +12,7 @@ import argparse
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
-from hybridserving.commands.cluster import answered, custom_objects
+from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
 from hybridserving.commands.output import EXIT_OK, whole_number, write_table
 from hybridserving.core.naming import LABEL_SURGE
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("status", help="the fleet at a glance: instances, roles, phases, capacity, switches")
     p.add_argument("name", nargs="?", help="one HybridServing (default: every one in the namespace)")
-    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--switches", type=whole_number(0), default=5, help="recent switches to show per fleet (0: none)")
     p.set_defaults(func=run)
@@ -102,6 +102,7 @@ def weights_line(w: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    args = with_namespace(args)
     return answered(lambda: _show(custom_objects(args.kubeconfig), args, out), args.name, args.namespace, out)
 
 

@@ -3,8 +3,10 @@
 Run it from the version about to be installed, before `helm upgrade`: it reads the fleets and
 what they own, plans them with this version's code (`core.upgrade`) and prints, fleet by fleet,
 the instances that would restart and why (a pod field, an engine flag, a new default engine
-image), and how fast the roll would go (`spec.rollout`). It writes nothing. An empty answer means
-the upgrade restarts no engine; with `--exit-code` a pipeline can stop on the other answer, as
+image), how fast the roll would go (`spec.rollout`), and the fleets this version would stop
+planning; first, whether the installed CRDs are this version's (Helm never upgrades them: the
+step of docs/install.md is easily skipped). It writes nothing. An empty answer means the upgrade
+restarts no engine; with `--exit-code` a pipeline can stop on the other answers, as
 `git diff --exit-code` does.
 """
 
@@ -12,16 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterable
 from typing import Any, TextIO, cast
 
+from hybridserving.api.crd import expected_digests
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, GROUP, INSTANCE_PLURAL, PLURAL, VERSION
-from hybridserving.commands.cluster import answered, custom_objects
+from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, write_json, write_table
+from hybridserving.core import crdschema
 from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.upgrade import CAUSES, FleetPreview, preview
 
 EXIT_ROLLS = 3  # with --exit-code: this version would roll an engine instance
+EXIT_REFUSES = 4  # with --exit-code: this version would stop planning a fleet the running one plans
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,14 +35,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "upgrade-check", help="before an operator upgrade: the engine instances this version would roll, and why")
     p.add_argument("name", nargs="?", help="one HybridServing (default: every one in the namespace)")
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", default="default")
+    scope.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--default-engine-image", default=DEFAULT_ENGINE_IMAGE, metavar="IMAGE",
                    help="the engine image the upgraded operator gives fleets that name none (the chart's "
                         "engineImage; default: this version's)")
     p.add_argument("--exit-code", action="store_true",
-                   help=f"exit {EXIT_ROLLS} when this version would roll an engine instance (0 when none)")
+                   help=f"exit {EXIT_REFUSES} when this version would stop planning a fleet the running one plans, "
+                        f"else {EXIT_ROLLS} when it would roll an engine instance (0 when neither)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.set_defaults(func=run)
 
@@ -45,17 +52,29 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.all_namespaces and args.name:
         out.write("error: a fleet name needs its namespace\n  fix: give -n NAMESPACE instead of -A\n")
         return EXIT_INVALID
-    return answered(lambda: report(_read(args), args, out), args.name, args.namespace, out)
+    args = with_namespace(args)
+    return answered(lambda: report(_read(args), _read_crds(args), args, out), args.name, args.namespace, out)
 
 
-def report(previews: list[FleetPreview], args: argparse.Namespace, out: TextIO) -> int:
-    """The previews in the asked format; a rollout under way does not set `--exit-code`'s 3, as
-    it rolls whichever version runs."""
+def report(previews: list[FleetPreview], crds: list[crdschema.Finding] | str, args: argparse.Namespace,
+           out: TextIO, err: TextIO = sys.stderr) -> int:
+    """The previews in the asked format, after what the installed CRDs are (`-o json`: on stderr,
+    so the document on stdout keeps its shape). `--exit-code` counts only what the upgrade does:
+    a rollout under way rolls whichever version runs, a fleet the running version refuses already
+    stays as it is, and CRDs not yet this version's are the step before the upgrade, not a
+    finding against it (a pipeline may gate first and apply the CRDs after)."""
     if args.output == "json":
+        if crds_say := describe_crds(crds, only_outdated=True):
+            err.write(crds_say)
         write_json([to_dict(p) for p in previews], out)
     else:
+        out.write(describe_crds(crds))
         render(previews, out)
-    return EXIT_ROLLS if args.exit_code and any(p.upgrade_rolls for p in previews) else EXIT_OK
+    if not args.exit_code:
+        return EXIT_OK
+    if any(p.upgrade_refuses for p in previews):
+        return EXIT_REFUSES
+    return EXIT_ROLLS if any(p.upgrade_rolls for p in previews) else EXIT_OK
 
 
 def _read(args: argparse.Namespace) -> list[FleetPreview]:
@@ -73,14 +92,10 @@ def _read(args: argparse.Namespace) -> list[FleetPreview]:
                                                                            PLURAL))["items"]
     previews = []
     for namespace in sorted({f["metadata"]["namespace"] for f in fleets}):
-        def items(listed: Any) -> list[dict[str, Any]]:
-            # Pods and ConfigMaps as the JSON the apiserver sent, the shape the core reads.
-            return cast(list[dict[str, Any]], json.loads(listed.data)["items"])
-
         instances = cast(dict[str, Any], custom.list_namespaced_custom_object(
             GROUP, VERSION, namespace, INSTANCE_PLURAL, label_selector=LABEL_NAME))["items"]
-        pods = items(core.list_namespaced_pod(namespace, label_selector=LABEL_NAME, _preload_content=False))
-        configmaps = [dict(c, kind="ConfigMap") for c in items(
+        pods = _items(core.list_namespaced_pod(namespace, label_selector=LABEL_NAME, _preload_content=False))
+        configmaps = [dict(c, kind="ConfigMap") for c in _items(
             core.list_namespaced_config_map(namespace, label_selector=LABEL_NAME, _preload_content=False))]
         for body in sorted((f for f in fleets if f["metadata"]["namespace"] == namespace),
                            key=lambda f: f["metadata"]["name"]):
@@ -88,6 +103,37 @@ def _read(args: argparse.Namespace) -> list[FleetPreview]:
             previews.append(preview(body, _labelled(instances, name), _labelled(pods, name),
                                     _labelled(configmaps, name), default_image=args.default_engine_image))
     return previews
+
+
+def _read_crds(args: argparse.Namespace) -> list[crdschema.Finding] | str:
+    """The installed CRDs judged against this version's digests, or why they could not be read
+    (a cluster-scoped read the caller may lack: that is no reason to skip the fleets)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    expected = expected_digests()
+    api = client.ApiextensionsV1Api()
+    try:
+        installed = [crd for name in expected for crd in _items(api.list_custom_resource_definition(
+            field_selector=f"metadata.name={name}", _preload_content=False))]
+    except ApiException as exc:
+        return f"{exc.status} {exc.reason}"
+    return crdschema.assess(installed, expected)
+
+
+def describe_crds(crds: list[crdschema.Finding] | str, only_outdated: bool = False) -> str:
+    """The installed CRDs in words: one line when they are this version's, else one per CRD with the fix."""
+    if isinstance(crds, str):
+        return (f"CRDs: not read ({crds}); before `helm upgrade`, apply this version's: {crdschema.FIX}\n")
+    outdated = [f for f in crds if not isinstance(f, crdschema.Current)]
+    if not outdated:
+        return "" if only_outdated else f"CRDs: this version's ({', '.join(f.crd for f in crds)})\n"
+    return "".join(f"CRDs: before `helm upgrade`: {f.describe()}\n" for f in outdated)
+
+
+def _items(listed: Any) -> list[dict[str, Any]]:
+    """Pods and ConfigMaps as the JSON the apiserver sent, the shape the core reads."""
+    return cast(list[dict[str, Any]], json.loads(listed.data)["items"])
 
 
 def _labelled(objs: Iterable[dict[str, Any]], fleet: str) -> list[dict[str, Any]]:
@@ -103,8 +149,10 @@ def render(previews: list[FleetPreview], out: TextIO) -> None:
     for p in previews:
         where = f"{p.namespace}/{p.name}"
         if p.invalid:
-            out.write(f"{where}: not planned by this version, its instances stay as they are "
-                      f"(LayoutValid False):\n")
+            out.write(f"{where}: not planned by this version, nor by the one running (LayoutValid False):\n"
+                      if p.already_invalid else
+                      f"{where}: this version would stop planning it (LayoutValid False): its instances "
+                      f"stay as they are, but nothing heals, rolls or switches them until the spec is fixed:\n")
             for issue in p.invalid:
                 out.write(f"  {issue}\n")
             continue
@@ -121,6 +169,10 @@ def render(previews: list[FleetPreview], out: TextIO) -> None:
     out.write(f"this version rolls {rolling} of {total} instance(s) in {len(previews)} fleet(s)"
               + (": set spec.rollout.canary or spec.rollout.paused on a fleet first to roll it later\n"
                  if rolling else "\n"))
+    refused = sum(p.upgrade_refuses for p in previews)
+    if refused:
+        out.write(f"this version would stop planning {refused} fleet(s) the running one plans: fix their spec "
+                  "(the errors above) before the upgrade\n")
 
 
 def to_dict(p: FleetPreview) -> dict[str, Any]:
@@ -131,6 +183,7 @@ def to_dict(p: FleetPreview) -> dict[str, Any]:
         "revision": p.revision,
         "pace": p.pace,
         "invalid": list(p.invalid),
+        "alreadyInvalid": p.already_invalid,
         "instances": [{"name": i.name, "role": i.role, "cause": i.cause, "rolls": i.cause != "current",
                        "changes": list(i.changes)} for i in p.instances],
     }

@@ -112,7 +112,7 @@ def render_instance(
     restart_generation = existing.spec.restart_generation if existing else 0
     # The template is rendered once without hashes to hash it, then stamped.
     bare = [pod_spec(hs, name, rank, role, inst_ports) for rank in range(nodes)]
-    extra_labels, extra_annotations = _pod_extra_metadata(spec, name, role, nodes)
+    extra_labels, extra_annotations = pod_extra_metadata(spec, name, role, nodes)
     template_hash = digest([bare, extra_labels, extra_annotations] if extra_labels or extra_annotations else bare)
     config_hash = template_hash + role_hashes[role]
     manifest = {
@@ -181,10 +181,11 @@ def render_instance(
     )
 
 
-def _pod_extra_metadata(
+def pod_extra_metadata(
     spec: HybridServingSpec, instance: str, role: Role, nodes: int
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Labels and annotations from the pod templates and the gang, under the operator's own."""
+    """Labels and annotations from the pod templates and the gang, under the operator's own: the
+    pod metadata the template hash covers (the operator's own labels are patched in place)."""
     labels, annotations = podtemplate.metadata(spec, role)
     gang_labels, gang_annotations = gang.pod_metadata(spec, instance, nodes)
     return {**labels, **gang_labels}, {**annotations, **gang_annotations}

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from hybridserving.api.base import field_errors
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, HybridServing, Role
-from hybridserving.core import fleet, layout, planner, privileges
+from hybridserving.core import fleet, layout, planner, privileges, rendering
 from hybridserving.core.health import InstanceView, views_of
 from hybridserving.core.naming import LABEL_REVISION, config_map_name, revision_name, split_config_hash
 from hybridserving.core.observed import Observed
@@ -55,6 +55,8 @@ class FleetPreview:
     instances: tuple[InstancePreview, ...] = ()
     pace: str = ""  # how fast the roll goes: spec.rollout in words
     invalid: tuple[str, ...] = ()  # why this version would not plan the fleet at all
+    already_invalid: bool = False
+    """The fleet's status says LayoutValid False: the running version does not plan it either."""
 
     @property
     def rolling(self) -> tuple[InstancePreview, ...]:
@@ -65,6 +67,12 @@ class FleetPreview:
         """The instances the upgrade itself rolls (a rollout under way rolls them anyway)."""
         return tuple(i for i in self.rolling if i.cause != "rollout")
 
+    @property
+    def upgrade_refuses(self) -> bool:
+        """This version would stop planning a fleet the running one plans: nothing would heal,
+        roll or switch it until its spec is fixed."""
+        return bool(self.invalid) and not self.already_invalid
+
 
 def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
             objects: Iterable[Mapping[str, Any]], default_image: str = DEFAULT_ENGINE_IMAGE) -> FleetPreview:
@@ -74,14 +82,18 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
     network, IPC_LOCK, allowed images) is left to the cluster, as `hybridserving validate` does."""
     meta = body.get("metadata") or {}
     name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
+    refused = any(c.get("type") == "LayoutValid" and c.get("status") == "False"
+                  for c in (body.get("status") or {}).get("conditions") or [] if isinstance(c, Mapping))
     try:
         hs = HybridServing.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
     except ValidationError as exc:
-        return FleetPreview(name, namespace, invalid=tuple(f"{e.path}: {e.message}" for e in field_errors(exc)))
+        return FleetPreview(name, namespace, invalid=tuple(f"{e.path}: {e.message}" for e in field_errors(exc)),
+                            already_invalid=refused)
     hs = privileges.with_default_image(hs, privileges.EnginePolicy(default_image=default_image))
     errors = layout.errors(fleet.check(hs.spec))
     if errors:
-        return FleetPreview(name, namespace, invalid=tuple(f"{i.path}: {i.message}" for i in errors))
+        return FleetPreview(name, namespace, invalid=tuple(f"{i.path}: {i.message}" for i in errors),
+                            already_invalid=refused)
 
     owned_instances = [i for i in instances if _owned_by(i, {meta.get("uid")})]
     uids = {meta.get("uid")} | {i["metadata"].get("uid") for i in owned_instances}
@@ -90,7 +102,8 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
         observed = Observed.from_manifests(owned_instances, owned_pods, [o for o in objects if _owned_by(o, uids)])
     except ValidationError as exc:  # an instance written by a version whose fields this one does not know
         return FleetPreview(name, namespace, invalid=tuple(
-            f"a HybridServingInstance this version cannot read: {e.path}: {e.message}" for e in field_errors(exc)))
+            f"a HybridServingInstance this version cannot read: {e.path}: {e.message}" for e in field_errors(exc)),
+            already_invalid=refused)
     desired = planner.plan(hs, observed)
     views = views_of(desired.instances, observed, hs.spec.rollout.min_ready_seconds)
     revision = revision_name(name, desired.revision_hash)
@@ -102,14 +115,14 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
             out.append(InstancePreview(v.plan.name, v.plan.role, "current"))
         elif rerendered(v, desired.revision_hash):
             out.append(InstancePreview(v.plan.name, v.plan.role, "rendering",
-                                       _rendering_changes(v, name, live, observed, desired.objects)))
+                                       _rendering_changes(hs, v, live, observed, desired.objects)))
         elif running == revision:
             out.append(InstancePreview(v.plan.name, v.plan.role, "rollout"))
         else:  # e.g. a new default engine image, for a fleet that names none
             old = v.observed.labels.get(LABEL_REVISION)
             was = revision_name(name, old) if old else "(none)"
             out.append(InstancePreview(v.plan.name, v.plan.role, "configuration", (
-                f"revision {was} → {revision}", *_rendering_changes(v, name, live, observed, desired.objects))))
+                f"revision {was} → {revision}", *_rendering_changes(hs, v, live, observed, desired.objects))))
     return FleetPreview(name, namespace, revision, tuple(out), _pace(hs))
 
 
@@ -127,19 +140,22 @@ def _pace(hs: HybridServing) -> str:
     return f"within spec.rollout: {r.max_unavailable} instance(s) of a role at a time, one role at a time"
 
 
-def _rendering_changes(v: InstanceView, fleet_name: str, live: Mapping[str, Mapping[str, Any]], observed: Observed,
+def _rendering_changes(hs: HybridServing, v: InstanceView, live: Mapping[str, Mapping[str, Any]], observed: Observed,
                        desired_objects: Mapping[tuple[str, str], Mapping[str, Any]]) -> tuple[str, ...]:
-    """What this version renders differently for the instance: pod fields, engine flags, ports."""
+    """What this version renders differently for the instance: pod fields, the pod labels and
+    annotations the template hash covers, engine flags, ports."""
     inst = v.observed.spec
     template, flags = split_config_hash(inst.config_hash)
     changes: list[str] = []
     if template != v.plan.template_hash:
+        hashed = rendering.pod_extra_metadata(hs.spec, v.plan.name, v.plan.role, v.plan.nodes)
         paths = sorted({path for pod in v.plan.pods
-                        for path in _pod_differences(live.get(pod["metadata"]["name"]), pod)})
-        changes += [f"pod spec.{p}" for p in paths] or [
-            "the pod template (its metadata, or a field this version no longer sets)"]
+                        for path in (*_pod_differences(live.get(pod["metadata"]["name"]), pod),
+                                     *_metadata_differences(live.get(pod["metadata"]["name"]), hashed))})
+        changes += [f"pod {p}" for p in paths] or [
+            "the pod template (a field, label or annotation this version no longer sets)"]
     if flags != split_config_hash(v.plan.config_hash)[1]:
-        key = ("ConfigMap", config_map_name(fleet_name, v.plan.role))
+        key = ("ConfigMap", config_map_name(hs.metadata.name, v.plan.role))
         changes += _flag_changes(v.plan.role, observed.objects.get(key), desired_objects.get(key))
     if inst.ports != v.plan.ports:
         changes.append(f"ports {inst.ports.to_wire()} → {v.plan.ports.to_wire()}")
@@ -153,7 +169,22 @@ def _pod_differences(live: Mapping[str, Any] | None, planned: Mapping[str, Any])
         return []
     spec, want = live.get("spec") or {}, planned.get("spec") or {}
     return [p for key, value in want.items() if key not in _SET_BY_THE_CLUSTER
-            for p in _differences(spec.get(key), value, key)]
+            for p in _differences(spec.get(key), value, f"spec.{key}")]
+
+
+def _metadata_differences(live: Mapping[str, Any] | None, hashed: tuple[Mapping[str, str], Mapping[str, str]]
+                          ) -> list[str]:
+    """The pod labels and annotations from the pod templates (and the gang) that the live pod
+    lacks or holds another value of, keyed in brackets: their keys hold dots and slashes."""
+    if live is None:
+        return []
+    meta = live.get("metadata") or {}
+    out = []
+    for field, want in zip(("labels", "annotations"), hashed, strict=True):
+        have = meta.get(field) or {}
+        out += [f"metadata.{field}[{k}]" + (f": {_short(have[k])} → {_short(w)}" if k in have else " (new)")
+                for k, w in want.items() if have.get(k) != w]
+    return out
 
 
 def _differences(have: Any, want: Any, path: str) -> list[str]:
