@@ -23,6 +23,7 @@ import yaml
 from hybridserving.api.crd import expected_digests
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
 from hybridserving.devcluster import stack
+from hybridserving.devcluster.cluster import bin_dir
 from support.cluster_fleet import GROUP, VERSION, Fleet, Operator
 from support.crds import apply_crds
 
@@ -481,8 +482,8 @@ def test_selector_keys_and_router_privileges_the_plan_does_not_set_are_removed(f
 # --------------------------------------------------------------------------- canary, revisions, rollback
 
 
-def _cli(fleet: Fleet, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "hybridserving.cli", *args, "-n", fleet.ns,
+def _cli(fleet: Fleet, *args: str, namespaced: bool = True) -> str:
+    done = subprocess.run([sys.executable, "-m", "hybridserving.cli", *args, *(["-n", fleet.ns] if namespaced else []),
                            "--kubeconfig", str(fleet.cluster.kubeconfig)],
                           capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -566,16 +567,6 @@ def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes
                     f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)\n" \
                     "this version rolls 0 of 4 instance(s) in 1 fleet(s)\n", table
 
-    # Without -n, the namespace kubectl would use: the kubeconfig context's.
-    kubeconfig = yaml.safe_load(fleet.cluster.kubeconfig.read_text())
-    for context in kubeconfig["contexts"]:
-        context["context"]["namespace"] = fleet.ns
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
-    done = subprocess.run([sys.executable, "-m", "hybridserving.cli", "status", "--kubeconfig",
-                           str(tmp_path / "kubeconfig")], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          check=False)
-    assert done.returncode == 0 and done.stdout.startswith(f"{fleet.name}  ready="), done.stdout + done.stderr
-
     # From inside the cluster (the new operator image in a pod): no kubeconfig, the pod's account,
     # and without -n the pod's namespace.
     (tmp_path / "token").write_text(fleet.cluster.token)
@@ -589,6 +580,28 @@ def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes
     assert (done.returncode, done.stdout.splitlines()[:2]) == (
         0, [f"CRDs: this version's ({', '.join(expected_digests())})",
             f"{fleet.ns}/{fleet.name}: nothing rolls (4 instance(s) up to date)"]), done.stdout + done.stderr
+
+
+def test_the_cli_takes_the_namespace_kubectl_would_lists_every_namespace_and_runs_as_a_kubectl_plugin(
+        fleet: Fleet, tmp_path: pathlib.Path) -> None:
+    fleet.apply(fixed_split())
+    # Without -n, the namespace kubectl would use: the kubeconfig context's.
+    kubeconfig = yaml.safe_load(fleet.cluster.kubeconfig.read_text())
+    for context in kubeconfig["contexts"]:
+        context["context"]["namespace"] = fleet.ns
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    done = subprocess.run([sys.executable, "-m", "hybridserving.cli", "status", "--kubeconfig",
+                           str(tmp_path / "kubeconfig")], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.startswith(f"{fleet.name}  ready="), done.stdout + done.stderr
+    every = _cli(fleet, "status", "-A", namespaced=False)
+    assert f"\n{fleet.ns}/{fleet.name}  ready=" in f"\n{every}", every
+    # The same, as a kubectl plugin (the package installs `kubectl-hybridserving` beside `hybridserving`).
+    done = subprocess.run([str(bin_dir() / "kubectl"), "hybridserving", "status", "--kubeconfig",
+                           str(tmp_path / "kubeconfig")], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          check=False, env={**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:"
+                                                                  f"{os.environ['PATH']}"})
+    assert done.returncode == 0 and done.stdout.startswith(f"{fleet.name}  ready="), done.stdout + done.stderr
 
 
 def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns_the_previous_configuration(

@@ -329,8 +329,9 @@ def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used_and_its_absen
     assert "fix: mount its token (automountServiceAccountToken), or pass --kubeconfig" in out
 
 
-def test_upgrade_check_of_one_fleet_in_every_namespace_is_an_error_with_the_fix() -> None:
-    code, out = run("upgrade-check", "t", "-A")
+@pytest.mark.parametrize("command", ["upgrade-check", "status"])
+def test_one_fleet_in_every_namespace_is_an_error_with_the_fix(command: str) -> None:
+    code, out = run(command, "t", "-A")
     assert (code, out) == (1, "error: a fleet name needs its namespace\n  fix: give -n NAMESPACE instead of -A\n")
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
 from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
-from hybridserving.commands.output import EXIT_OK, whole_number, write_table
+from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number, write_table
 from hybridserving.core.naming import LABEL_SURGE
 
 if TYPE_CHECKING:
@@ -23,19 +23,23 @@ if TYPE_CHECKING:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("status", help="the fleet at a glance: instances, roles, phases, capacity, switches")
     p.add_argument("name", nargs="?", help="one HybridServing (default: every one in the namespace)")
-    p.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every fleet in every namespace")
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--switches", type=whole_number(0), default=5, help="recent switches to show per fleet (0: none)")
     p.set_defaults(func=run)
 
 
-def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, switches: int = 5) -> None:
+def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, switches: int = 5,
+           with_namespace: bool = False) -> None:
     """Write one fleet's view; pure over the objects so it is testable without a cluster."""
     meta, status = hs["metadata"], hs.get("status") or {}
     conds = {c["type"]: c for c in status.get("conditions") or []}
     prefill, decode = status.get("prefill") or {}, status.get("decode") or {}
+    where = f"{meta.get('namespace')}/{meta['name']}" if with_namespace else meta["name"]
     out.write(
-        f"{meta['name']}  ready={status.get('ready', 'Unknown')}  prefill {prefill.get('summary', '-')}  "
+        f"{where}  ready={status.get('ready', 'Unknown')}  prefill {prefill.get('summary', '-')}  "
         f"decode {decode.get('summary', '-')}  generation {meta.get('generation')}"
         f" (observed {status.get('observedGeneration')})\n"
     )
@@ -102,29 +106,35 @@ def weights_line(w: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    if args.all_namespaces and args.name:
+        out.write("error: a fleet name needs its namespace\n  fix: give -n NAMESPACE instead of -A\n")
+        return EXIT_INVALID
     args = with_namespace(args)
     return answered(lambda: _show(custom_objects(args.kubeconfig), args, out), args.name, args.namespace, out)
 
 
 def _show(api: CustomObjectsApi, args: argparse.Namespace, out: TextIO) -> int:
     # The client types custom objects as `object`; they are the JSON the apiserver sent.
+    def listed(plural: str) -> list[dict[str, Any]]:
+        answer = (api.list_cluster_custom_object(GROUP, VERSION, plural) if args.all_namespaces
+                  else api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, plural))
+        return cast(list[dict[str, Any]], cast(dict[str, Any], answer)["items"])
+
     if args.name:
         fleets = [cast(dict[str, Any], api.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL,
                                                                         args.name))]
     else:
-        listed = cast(dict[str, Any], api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL))
-        fleets = listed["items"]
+        fleets = listed(PLURAL)
     if not fleets:
-        out.write(f"no HybridServing in namespace {args.namespace}\n")
+        out.write("no HybridServing in any namespace\n" if args.all_namespaces
+                  else f"no HybridServing in namespace {args.namespace}\n")
         return EXIT_OK
-    all_instances = cast(
-        dict[str, Any], api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, INSTANCE_PLURAL)
-    )["items"]
-    for hs in fleets:
+    all_instances = listed(INSTANCE_PLURAL)
+    for hs in sorted(fleets, key=lambda f: (f["metadata"].get("namespace", ""), f["metadata"]["name"])):
         mine = [
             i
             for i in all_instances
             if any(o.get("uid") == hs["metadata"]["uid"] for o in i["metadata"].get("ownerReferences") or [])
         ]
-        render(hs, mine, out, args.switches)
+        render(hs, mine, out, args.switches, with_namespace=args.all_namespaces)
     return EXIT_OK
