@@ -1,9 +1,9 @@
 """`hybridserving`: the pure core from a terminal, before anything is applied to a cluster.
 
 Exit codes: 0 success, 1 the input is invalid (every error printed with its field and fix),
-2 a usage error, 3 `upgrade-check --exit-code` found an instance this version would roll, 141 the
-reader of the output closed it early. `-o json` output is stable: keys
-are camelCase and only ever added to.
+2 a usage error, 3 `upgrade-check --exit-code` found an instance this version would roll, 4 a
+fleet it would stop planning, 141 the reader of the output closed it early. `-o json` output is
+stable: keys are camelCase and only ever added to.
 """
 
 from __future__ import annotations
@@ -18,17 +18,20 @@ from typing import TextIO
 
 from hybridserving.api.profiles import PROFILES
 from hybridserving.api.v1alpha1 import HardwareSpec
-from hybridserving.commands import render, rollback, simulate, status, upgrade
+from hybridserving.commands import chartvalues, render, rollback, simulate, status, upgrade
 from hybridserving.commands.output import (
     EXIT_INVALID,
     EXIT_OK,
     load_manifests,
     whole_number,
     write_json,
+    write_manifest_errors,
     write_table,
 )
 from hybridserving.core import capacity, transfer
 from hybridserving.core.fleet import FleetAssessment, assess, issue_to_dict
+from hybridserving.core.privileges import with_default_image
+from hybridserving.manifests import ManifestInvalid
 
 
 def _gib(text: str) -> float:
@@ -59,10 +62,17 @@ def _human_tokens(n: float) -> str:
 
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        policy = chartvalues.read(args.values).policy() if args.values else None
+    except ManifestInvalid as err:
+        write_manifest_errors(err, out)
+        return EXIT_INVALID
     docs = load_manifests(args.file, out, args.output == "json")
     if docs is None:
         return EXIT_INVALID
-    results = [(hs, assess(hs.spec)) for hs in docs]
+    # With the installation's values, the image judged is the one that would run (its default
+    # where the spec names none), as the reconcile judges it.
+    results = [(hs, assess((with_default_image(hs, policy) if policy else hs).spec, policy=policy)) for hs in docs]
     if args.output == "json":
         write_json(
             [{"name": hs.metadata.name, "valid": a.valid, "issues": [issue_to_dict(i) for i in a.issues]}
@@ -234,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("validate", cmd_validate, "check a manifest: every error with its field path and fix")
     p.add_argument("-f", "--file", required=True)
+    p.add_argument("--values", action="append", default=[], metavar="FILE",
+                   help="the operator's chart values (repeatable, merged as by helm): check what its "
+                        "enginePolicy grants too (default: left to the cluster)")
     p = add("plan", cmd_plan, "per role: instances, pods, GPUs, argv per node rank, capacity, role switch mode")
     p.add_argument("-f", "--file", required=True)
     p = add("capacity", cmd_capacity, "per-rank bytes per token and the gain of decode context parallelism")

@@ -67,11 +67,13 @@ _FIXES = {
 }
 
 
-def errors_from_validation(exc: ValidationError) -> list[ManifestError]:
-    """Pydantic's errors as field paths in the YAML, each with the fix for its kind of error."""
+def errors_from_validation(exc: ValidationError, reference: str = "`kubectl explain hybridserving.{path}`"
+                           ) -> list[ManifestError]:
+    """Pydantic's errors as field paths in the YAML, each with the fix for its kind of error (else
+    to see `reference`, formatted with the path)."""
     out = []
     for err in field_errors(exc):
-        fix = _FIXES.get(err.kind, "see `kubectl explain hybridserving." + err.path + "`")
+        fix = _FIXES.get(err.kind, "see " + reference.format(path=err.path))
         if err.kind == "value_error":
             fix = "give each value once" if err.message.startswith("Duplicate value") else "see the message"
         out.append(ManifestError(err.path, err.message, fix))
@@ -199,10 +201,11 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
-    """Every HybridServing in a (multi-document) YAML text; other kinds are skipped."""
+def yaml_documents(text: str, source: str = "<input>") -> list[Any]:
+    """The documents of a YAML text that are not empty, read as kubectl reads them (a key given
+    twice is an error); ManifestInvalid with the line and column where it is not YAML."""
     try:
-        docs = [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
+        return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
@@ -212,6 +215,11 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
     except RecursionError:
         # The YAML reader recurses once per level; a manifest needs a dozen.
         raise ManifestInvalid(source, [_TOO_DEEP]) from None
+
+
+def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
+    """Every HybridServing in a (multi-document) YAML text; other kinds are skipped."""
+    docs = yaml_documents(text, source)
     found, failed = [], []
     for n, doc in enumerate(docs, 1):
         if isinstance(doc, dict) and doc.get("kind") == "HybridServing":
@@ -231,6 +239,13 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
 
 def load_file(path: str | Path) -> list[HybridServing]:
     """The fleets in file `path`; `-` is standard input, as for `kubectl apply -f -`."""
+    source, text = read_text(path)
+    return load_text(text, source)
+
+
+def read_text(path: str | Path) -> tuple[str, str]:
+    """(where it came from, the text) of file `path`, `-` being standard input; ManifestInvalid
+    naming the file when it cannot be read or is not UTF-8."""
     source = "<stdin>" if str(path) == "-" else str(path)
     try:
         data = sys.stdin.buffer.read() if source == "<stdin>" else Path(path).read_bytes()
@@ -243,4 +258,4 @@ def load_file(path: str | Path) -> list[HybridServing]:
             [ManifestError("(file)", f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}",
                            "save the file as UTF-8")],
         ) from None
-    return load_text(text, source)
+    return source, text

@@ -561,6 +561,16 @@ def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes
     assert {i["cause"] for i in image} == {"configuration"}
     assert all(i["changes"][0].startswith("revision ") and "pod spec.containers[engine].image: "
                f"{DEFAULT_ENGINE_IMAGE} → registry.example/engine:next" in i["changes"] for i in image), image
+    # The chart values the upgrade runs with: their default image, and their grants.
+    (tmp_path / "next.yaml").write_text("engineImage: {repository: registry.example/engine, tag: next}\n")
+    assert {i["cause"] for i in _upgrade_check(fleet, "-f", str(tmp_path / "next.yaml"))["instances"]} == {
+        "configuration"}
+    (tmp_path / "narrower.yaml").write_text("enginePolicy: {allowHostNetwork: true, allowIpcLock: true, "
+                                            "allowedImages: [registry.example/]}\n")
+    refused = _upgrade_check(fleet, "--exit-code", "-f", str(tmp_path / "narrower.yaml"), code=4)
+    assert (refused["instances"], refused["alreadyInvalid"]) == ([], False), refused
+    assert any(i.startswith("spec.engine.image: image ") and "enginePolicy.allowedImages: registry.example/" in i
+               for i in refused["invalid"]), refused
     assert fleet.uids() == before, "a check restarts nothing"
     table = _cli(fleet, "upgrade-check", fleet.name)
     assert table == f"CRDs: this version's ({', '.join(expected_digests())})\n" \
@@ -653,8 +663,12 @@ def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns
     assert fleet.get()["status"]["rollout"]["lastGoodRevision"] == canary_revision
     assert _revisions(fleet) == {first["updateRevision"]: 1, canary_revision: 2}
 
+    change = f"  spec.engine.image: lmsysorg/sglang:v0.5.23-canary → {old_image}"
+    dry = _cli(fleet, "rollback", fleet.name, "--dry-run")
+    assert dry.startswith(f"{fleet.name} would roll back to revision 1 ") and change in dry.splitlines(), dry
+    assert fleet.get()["spec"]["engine"]["image"] == "lmsysorg/sglang:v0.5.23-canary", "a dry run writes nothing"
     out = _cli(fleet, "rollback", fleet.name)
-    assert "rolled back to revision 1" in out
+    assert "rolled back to revision 1" in out and change in out.splitlines(), out
     assert fleet.get()["spec"]["engine"]["image"] == old_image
     fleet.wait_settled()
     assert set(_images(fleet).values()) == {old_image}

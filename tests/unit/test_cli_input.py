@@ -18,7 +18,8 @@ from kubernetes.config import incluster_config
 import yaml
 
 from hybridserving.cli import build_parser, main
-from hybridserving.commands import cluster, status
+from hybridserving.commands import chartvalues, cluster, status
+from hybridserving.core.privileges import EnginePolicy
 from hybridserving.manifests import load_text
 
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -327,6 +328,52 @@ def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used_and_its_absen
     code, out = run("upgrade-check", "-A")
     assert code == 1 and out.startswith("error: cannot use the pod's service account: "), out
     assert "fix: mount its token (automountServiceAccountToken), or pass --kubeconfig" in out
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("enginePolicy: {allowHostNetwork: [unclosed", "  error: line 1, column 43: malformed YAML: "),
+    ("- a\n- b\n", "  error: (document): not a values file: one YAML mapping of chart values is expected\n"),
+    ("enginePolicy: {allowHostNetwork: 'yes'}", "  error: enginePolicy.allowHostNetwork: Input should be a valid "
+                                                 "boolean\n         fix: write true or false without quotes\n"),
+    ("enginePolicy: {allowHostNetwrk: true}", "  error: enginePolicy.allowHostNetwrk: Extra inputs are not permitted"
+                                               "\n         fix: remove the field or check its spelling"),
+    ("engineImage: {digest: latest}", "  error: engineImage.digest: String should match pattern "),
+    ("enginePolicy: {allowedImages: ['']}", "  error: enginePolicy.allowedImages[0]: String should have at least 1"),
+])
+def test_upgrade_check_values_that_do_not_do_are_errors_naming_the_field_before_any_request(
+        tmp_path: Path, text: str, said: str) -> None:
+    """Read before the cluster is asked anything: no kubeconfig is needed to be told."""
+    path = write(tmp_path, "values.yaml", text)
+    code, out = run("upgrade-check", "--values", path, "--kubeconfig", str(tmp_path / "none"))
+    assert code == 1 and out.startswith(f"{path}: invalid\n{said}"), out
+
+
+def test_validate_with_the_operators_values_checks_what_they_grant(tmp_path: Path) -> None:
+    """A GitOps pipeline's check before merge: the default image a fleet would run is judged
+    against `allowedImages`, and host networking against what the values grant."""
+    fleet = write(tmp_path, "f.yaml", FLEET + "  network: {hostNetwork: true}\n")
+    assert run("validate", "-f", fleet)[0] == 0, "without values the grants are the cluster's to judge"
+    values = write(tmp_path, "values.yaml", "engineImage: {repository: registry.example/engine, tag: v1}\n"
+                                            "enginePolicy: {allowHostNetwork: false, allowIpcLock: true, "
+                                            "allowedImages: [registry.example/, lightseekorg/]}\n")
+    code, out = run("validate", "-f", fleet, "--values", values)
+    assert code == 1 and "error: spec.network.hostNetwork: this operator is installed without host networking" in out
+    assert "image 'registry.example/engine:v1'" not in out, "the values' default image is allowed"
+    narrower = write(tmp_path, "narrower.yaml", "enginePolicy: {allowedImages: [registry.example/]}\n")
+    code, out = run("validate", "-f", fleet, "--values", values, "--values", narrower)
+    assert code == 1 and "error: spec.router.image: image 'lightseekorg/smg:" in out, out
+    code, out = run("validate", "-f", fleet, "--values", write(tmp_path, "bad.yaml", "enginePolicy: []\n"))
+    assert code == 1 and out.startswith(f"{tmp_path / 'bad.yaml'}: invalid\n  error: enginePolicy: "), out
+
+
+def test_upgrade_check_values_merge_as_helm_merges_them(tmp_path: Path) -> None:
+    first = write(tmp_path, "a.yaml", "engineImage: {repository: registry.example/engine, tag: a}\n"
+                                      "enginePolicy: {allowIpcLock: true, allowedImages: [registry.example/]}\n"
+                                      "replicaCount: 2\n")
+    second = write(tmp_path, "b.yaml", "engineImage: {tag: b}\nenginePolicy: {allowedImages: [mirror.example/]}\n")
+    assert chartvalues.read([first, second]).policy() == EnginePolicy(
+        allow_ipc_lock=True, allowed_images=("mirror.example/",), default_image="registry.example/engine:b")
+    assert chartvalues.read([write(tmp_path, "c.yaml", "")]).policy() == EnginePolicy(), "the chart's defaults"
 
 
 @pytest.mark.parametrize("command", ["upgrade-check", "status"])

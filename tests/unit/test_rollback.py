@@ -68,7 +68,22 @@ def test_rollback_goes_to_the_last_good_revision_keeping_replicas_and_rollout() 
     assert written["spec"]["prefill"]["replicas"] == 4 and written["spec"]["rollout"]["canary"] == 1
     assert written["metadata"]["resourceVersion"] == "42", "conditional on what was read"
     assert "managedFields" not in written["metadata"] and "status" not in written
-    assert "rolled back to revision 1" in out.getvalue() and "warning" not in out.getvalue()
+    assert out.getvalue().splitlines() == [
+        f"hs rolled back to revision 1 ({revs[0]['metadata']['name']}); the operator rolls it out within "
+        "spec.rollout (maxUnavailable, canary, paused)",
+        "  spec.engine.image: v3 → v1"]
+
+
+def test_a_dry_run_says_the_revision_and_what_it_changes_and_writes_nothing() -> None:
+    revs = [revision("v1", 1), revision("v2", 2)]
+    api = FakeApi(fleet("v2"), revs)
+    api.revs[0]["data"]["spec"]["decode"]["maxRunningRequests"] = 64
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out, dry_run=True) == 0 and api.replaced is None
+    assert out.getvalue().splitlines() == [
+        f"hs would roll back to revision 1 ({revs[0]['metadata']['name']}); nothing written (--dry-run)",
+        "  spec.decode.maxRunningRequests: 64 (new)",
+        "  spec.engine.image: v2 → v1"]
 
 
 def test_without_a_last_good_one_it_goes_to_the_revision_before_the_current_one() -> None:

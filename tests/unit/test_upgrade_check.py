@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ from hybridserving.cli import build_parser
 from hybridserving.commands import upgrade as command
 from hybridserving.core import crdschema, flags, rendering, revisions
 from hybridserving.core.rollout import RERENDERED
-from hybridserving.core.upgrade import FleetPreview, preview
+from hybridserving.core.privileges import EnginePolicy
+from hybridserving.core.upgrade import GRANTS_UNKNOWN, FleetPreview, preview
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC, settle
 
@@ -33,8 +35,8 @@ def check(api: MemoryApi, default_image: str | None = None) -> FleetPreview:
     children = [o for k, o in api.store.items() if k in api.children()]
     by_kind = {kind: [o for o in children if o["kind"] == kind] for kind in ("HybridServingInstance", "Pod")}
     others = [o for o in children if o["kind"] not in by_kind]
-    extra = {"default_image": default_image} if default_image else {}
-    return preview(body, by_kind["HybridServingInstance"], by_kind["Pod"], others, **extra)
+    policy = replace(GRANTS_UNKNOWN, default_image=default_image) if default_image else GRANTS_UNKNOWN
+    return preview(body, by_kind["HybridServingInstance"], by_kind["Pod"], others, policy)
 
 
 def causes(p: FleetPreview) -> dict[str, str]:
@@ -270,6 +272,18 @@ def test_the_installed_crds_come_first_and_say_the_step_when_they_are_not_this_v
     command.report([], "403 Forbidden", table, out)
     assert out.getvalue().startswith(f"CRDs: not read (403 Forbidden); before `helm upgrade`, apply this "
                                      f"version's: {crdschema.FIX}\n")
+
+
+def test_values_that_no_longer_grant_what_a_fleet_needs_make_it_refused(api: MemoryApi) -> None:
+    """`--values`: the installation's grants are checked as the reconcile checks them."""
+    settle(api)
+    body = api.store[("HybridServing", "fleet")]
+    allowed = EnginePolicy(allowed_images=("hybridserving/", "lightseekorg/"))
+    assert not preview(body, [], [], [], allowed).invalid
+    narrower = preview(body, [], [], [], EnginePolicy(allowed_images=("registry.example/serving/",)))
+    assert narrower.upgrade_refuses and [i.split(":")[0] for i in narrower.invalid] == [
+        "spec.engine.image", "spec.router.image"], narrower.invalid
+    assert "enginePolicy.allowedImages: registry.example/serving/" in narrower.invalid[0]
 
 
 def test_no_fleet_is_said_in_words() -> None:

@@ -56,7 +56,7 @@ def write_json(value: Any, out: TextIO) -> None:
     out.write("\n")
 
 
-def _print_manifest_errors(err: ManifestInvalid, out: TextIO) -> None:
+def write_manifest_errors(err: ManifestInvalid, out: TextIO) -> None:
     for doc in err.documents:
         out.write(f"{doc.source}: invalid\n")
         for e in doc.errors:
@@ -77,5 +77,5 @@ def load_manifests(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
                 out,
             )
         else:
-            _print_manifest_errors(err, out)
+            write_manifest_errors(err, out)
         return None

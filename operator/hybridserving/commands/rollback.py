@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION, HybridServingSpec
 from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number
-from hybridserving.core import revisions
+from hybridserving.core import drift, revisions
 from hybridserving.core.naming import LABEL_NAME, revision_name
 
 FIELD_MANAGER = "hybridserving-rollback"  # who wrote the spec, in managedFields
@@ -54,6 +54,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--to-revision", type=whole_number(1), default=None,
                    help="the revision number (kubectl get controllerrevisions -l hybridserving.io/name=NAME)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say the revision and what it changes in the spec; write nothing")
     p.set_defaults(func=run)
 
 
@@ -87,8 +89,10 @@ def choose(revisions_found: list[dict[str, Any]], current: str, last_good: str,
     return earlier[0]
 
 
-def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | None, out: TextIO) -> int:
-    """Write the chosen revision's configuration into the fleet's spec, conditionally on what was read."""
+def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | None, out: TextIO,
+             dry_run: bool = False) -> int:
+    """Write the chosen revision's configuration into the fleet's spec, conditionally on what was
+    read, and say what it changes (`dry_run`: say it, write nothing)."""
     hs = cast(dict[str, Any], api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
     uid = hs["metadata"]["uid"]
     listed = cast(dict[str, Any], api.list_namespaced_custom_object(
@@ -119,12 +123,18 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
     if tool:
         out.write(f"warning: {name} is managed by {tool}: revert the change in git, or {tool} will write its "
                   "spec back on the next sync\n")
-    hs["spec"] = revisions.restore(hs["spec"], target["data"]["spec"])
+    restored = revisions.restore(hs["spec"], target["data"]["spec"])
+    changed = "".join(f"  {c}\n" for c in drift.changes(hs["spec"], restored, "spec"))
+    if dry_run:
+        out.write(f"{name} would roll back to revision {number} ({target_name}); nothing written (--dry-run)\n"
+                  f"{changed}")
+        return EXIT_OK
+    hs["spec"] = restored
     hs.pop("status", None)
     hs["metadata"].pop("managedFields", None)  # left out, the apiserver keeps and updates them
     api.replace_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, hs, field_manager=FIELD_MANAGER)
     out.write(f"{name} rolled back to revision {number} ({target_name}); the operator rolls it out "
-              "within spec.rollout (maxUnavailable, canary, paused)\n")
+              f"within spec.rollout (maxUnavailable, canary, paused)\n{changed}")
     return EXIT_OK
 
 
@@ -135,7 +145,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
     def once() -> int:
         try:
-            return rollback(custom_objects(args.kubeconfig), args.namespace, args.name, args.to_revision, out)
+            return rollback(custom_objects(args.kubeconfig), args.namespace, args.name, args.to_revision, out,
+                            dry_run=args.dry_run)
         except ApiException as exc:
             if exc.status != 409:
                 raise

@@ -16,15 +16,19 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, TextIO, cast
 
 from hybridserving.api.crd import expected_digests
-from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, GROUP, INSTANCE_PLURAL, PLURAL, VERSION
+from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
+from hybridserving.commands import chartvalues
 from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
-from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, write_json, write_table
+from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, write_json, write_manifest_errors, write_table
 from hybridserving.core import crdschema
 from hybridserving.core.naming import LABEL_NAME
-from hybridserving.core.upgrade import CAUSES, FleetPreview, preview
+from hybridserving.core.privileges import EnginePolicy
+from hybridserving.core.upgrade import CAUSES, GRANTS_UNKNOWN, FleetPreview, preview
+from hybridserving.manifests import ManifestInvalid
 
 EXIT_ROLLS = 3  # with --exit-code: this version would roll an engine instance
 EXIT_REFUSES = 4  # with --exit-code: this version would stop planning a fleet the running one plans
@@ -38,9 +42,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     scope.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
-    p.add_argument("--default-engine-image", default=DEFAULT_ENGINE_IMAGE, metavar="IMAGE",
-                   help="the engine image the upgraded operator gives fleets that name none (the chart's "
-                        "engineImage; default: this version's)")
+    p.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
+                   help="the chart values the upgrade runs with, as for `helm upgrade -f` (repeatable; `helm get "
+                        "values RELEASE -o yaml` writes the installed ones): their engineImage and enginePolicy "
+                        "are checked too (default: the grants are left to the cluster)")
+    p.add_argument("--default-engine-image", default=None, metavar="IMAGE",
+                   help="the engine image the upgraded operator gives fleets that name none (default: the "
+                        "values' engineImage, else this version's)")
     p.add_argument("--exit-code", action="store_true",
                    help=f"exit {EXIT_REFUSES} when this version would stop planning a fleet the running one plans, "
                         f"else {EXIT_ROLLS} when it would roll an engine instance (0 when neither)")
@@ -52,8 +60,15 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.all_namespaces and args.name:
         out.write("error: a fleet name needs its namespace\n  fix: give -n NAMESPACE instead of -A\n")
         return EXIT_INVALID
+    try:
+        policy = chartvalues.read(args.values).policy() if args.values else GRANTS_UNKNOWN
+    except ManifestInvalid as err:
+        write_manifest_errors(err, out)
+        return EXIT_INVALID
+    if args.default_engine_image:
+        policy = replace(policy, default_image=args.default_engine_image)
     args = with_namespace(args)
-    return answered(lambda: report(_read(args), _read_crds(args), args, out), args.name, args.namespace, out)
+    return answered(lambda: report(_read(args, policy), _read_crds(args), args, out), args.name, args.namespace, out)
 
 
 def report(previews: list[FleetPreview], crds: list[crdschema.Finding] | str, args: argparse.Namespace,
@@ -77,7 +92,7 @@ def report(previews: list[FleetPreview], crds: list[crdschema.Finding] | str, ar
     return EXIT_ROLLS if any(p.upgrade_rolls for p in previews) else EXIT_OK
 
 
-def _read(args: argparse.Namespace) -> list[FleetPreview]:
+def _read(args: argparse.Namespace, policy: EnginePolicy) -> list[FleetPreview]:
     from kubernetes import client
 
     custom = custom_objects(args.kubeconfig)
@@ -101,7 +116,7 @@ def _read(args: argparse.Namespace) -> list[FleetPreview]:
                            key=lambda f: f["metadata"]["name"]):
             name = body["metadata"]["name"]
             previews.append(preview(body, _labelled(instances, name), _labelled(pods, name),
-                                    _labelled(configmaps, name), default_image=args.default_engine_image))
+                                    _labelled(configmaps, name), policy))
     return previews
 
 

@@ -130,3 +130,27 @@ def contains(observed: Any, desired: Any) -> bool:
             return False
         return all(contains(o, d) for o, d in zip(observed, desired, strict=True))
     return bool(observed == desired)
+
+
+def changes(before: Any, after: Any, path: str) -> list[str]:
+    """Where `after` differs from `before`, leaf by leaf, in words (`path: old → new`,
+    `path: new (new)`, `path removed`): what a person reads before a write goes out. A list
+    that differs is one change, said whole."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        out = []
+        for key in sorted(set(before) | set(after), key=str):
+            at = f"{path}.{key}"
+            if key not in after:
+                out.append(f"{at} removed")
+            elif key not in before:
+                out.append(f"{at}: {short(after[key])} (new)")
+            else:
+                out += changes(before[key], after[key], at)
+        return out
+    return [] if before == after else [f"{path}: {short(before)} → {short(after)}"]
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """A value on one line of at most `limit` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -129,9 +129,11 @@ def _checked(
     return issues, capacities
 
 
-def assess(spec: HybridServingSpec, leader_host: str = "<leader>") -> FleetAssessment:
-    """`check` without an installation's policy and, where the spec is valid enough to plan, each role's plan."""
-    issues, capacities = _checked(spec, None)
+def assess(spec: HybridServingSpec, leader_host: str = "<leader>", policy: EnginePolicy | None = None
+           ) -> FleetAssessment:
+    """`check` (with an installation's policy where it is known: `validate --values`) and, where
+    the spec is valid enough to plan, each role's plan."""
+    issues, capacities = _checked(spec, policy)
     if not capacities:
         return FleetAssessment(issues=issues)
     roles: dict[str, RolePlan] = {}

@@ -18,11 +18,13 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from hybridserving.api.base import field_errors
-from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, HybridServing, Role
+from hybridserving.api.v1alpha1 import HybridServing, Role
 from hybridserving.core import fleet, layout, planner, privileges, rendering
+from hybridserving.core.drift import short
 from hybridserving.core.health import InstanceView, views_of
 from hybridserving.core.naming import LABEL_REVISION, config_map_name, revision_name, split_config_hash
 from hybridserving.core.observed import Observed
+from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.rollout import RERENDERED, rerendered
 
 Cause = Literal["current", "rendering", "configuration", "rollout"]
@@ -34,6 +36,9 @@ CAUSES: dict[Cause, str] = {
     "configuration": "a new configuration this version derives from the same spec",
     "rollout": "the spec's new configuration (a rollout under way before this version)",
 }
+
+GRANTS_UNKNOWN = EnginePolicy(allow_host_network=True, allow_ipc_lock=True)
+"""Every grant assumed and this version's default engine image: only the spec decides."""
 
 # Pod fields the cluster rewrites after creation: a difference there is not this version's.
 _SET_BY_THE_CLUSTER = frozenset({"schedulingGates", "nodeName"})
@@ -75,11 +80,12 @@ class FleetPreview:
 
 
 def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
-            objects: Iterable[Mapping[str, Any]], default_image: str = DEFAULT_ENGINE_IMAGE) -> FleetPreview:
+            objects: Iterable[Mapping[str, Any]], policy: EnginePolicy = GRANTS_UNKNOWN) -> FleetPreview:
     """The fleet `body` as this version would reconcile it, given its children as read (listed by
-    the fleet's label; only those it owns count, as for the reconcile) and the default engine
-    image of the installation about to run. What the installation grants engine pods (host
-    network, IPC_LOCK, allowed images) is left to the cluster, as `hybridserving validate` does."""
+    the fleet's label; only those it owns count, as for the reconcile) and what the installation
+    about to run grants engine pods, with its default engine image (`GRANTS_UNKNOWN` where its
+    chart values are not known: the grants are then left to the cluster, as `hybridserving
+    validate` leaves them)."""
     meta = body.get("metadata") or {}
     name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
     refused = any(c.get("type") == "LayoutValid" and c.get("status") == "False"
@@ -89,8 +95,8 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
     except ValidationError as exc:
         return FleetPreview(name, namespace, invalid=tuple(f"{e.path}: {e.message}" for e in field_errors(exc)),
                             already_invalid=refused)
-    hs = privileges.with_default_image(hs, privileges.EnginePolicy(default_image=default_image))
-    errors = layout.errors(fleet.check(hs.spec))
+    hs = privileges.with_default_image(hs, policy)
+    errors = layout.errors(fleet.check(hs.spec, policy))
     if errors:
         return FleetPreview(name, namespace, invalid=tuple(f"{i.path}: {i.message}" for i in errors),
                             already_invalid=refused)
@@ -182,7 +188,7 @@ def _metadata_differences(live: Mapping[str, Any] | None, hashed: tuple[Mapping[
     out = []
     for field, want in zip(("labels", "annotations"), hashed, strict=True):
         have = meta.get(field) or {}
-        out += [f"metadata.{field}[{k}]" + (f": {_short(have[k])} → {_short(w)}" if k in have else " (new)")
+        out += [f"metadata.{field}[{k}]" + (f": {short(have[k])} → {short(w)}" if k in have else " (new)")
                 for k, w in want.items() if have.get(k) != w]
     return out
 
@@ -195,25 +201,20 @@ def _differences(have: Any, want: Any, path: str) -> list[str]:
         return [f"{path} (new)"]
     if isinstance(want, Mapping):
         if not isinstance(have, Mapping):
-            return [f"{path}: {_short(have)} → {_short(want)}"]
+            return [f"{path}: {short(have)} → {short(want)}"]
         return [p for k, w in want.items() for p in _differences(have.get(k), w, f"{path}.{k}")]
     if isinstance(want, list):
         if not isinstance(have, list):
-            return [f"{path}: {_short(have)} → {_short(want)}"]
+            return [f"{path}: {short(have)} → {short(want)}"]
         if all(isinstance(w, Mapping) and "name" in w for w in want):
             by_name = {h.get("name"): h for h in have if isinstance(h, Mapping)}
             return [p for w in want for p in _differences(by_name.get(w["name"]), w, f"{path}[{w['name']}]")]
         if len(have) != len(want):
-            return [f"{path}: {_short(have)} → {_short(want)}"]
+            return [f"{path}: {short(have)} → {short(want)}"]
         return [p for i, (h, w) in enumerate(zip(have, want, strict=True)) for p in _differences(h, w, f"{path}[{i}]")]
     if have == want or str(have) == str(want):
         return []
-    return [f"{path}: {_short(have)} → {_short(want)}"]
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return [f"{path}: {short(have)} → {short(want)}"]
 
 
 def _flag_changes(role: Role, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:

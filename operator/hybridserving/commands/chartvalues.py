@@ -1,0 +1,90 @@
+"""The chart values an operator upgrade will run with, reduced to what decides how fleets are
+planned: the default engine image and what engine pods are granted (`engineImage`,
+`enginePolicy` in charts/hybridserving/values.yaml).
+
+`upgrade-check --values` reads them so that a fleet the new installation would refuse (an image
+outside `allowedImages`, host networking or IPC_LOCK it no longer grants) is found before the
+upgrade, not after. The fields and their constraints are those of the chart's values.schema.json
+and the defaults those of its values.yaml (tests/tooling/test_chart_values.py holds them
+together); keys of the file the upgrade does not plan with are not read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from hybridserving.api.base import ApiModel
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
+from hybridserving.core.privileges import EnginePolicy
+from hybridserving.manifests import ManifestError, ManifestInvalid, errors_from_validation, read_text, yaml_documents
+
+_REPOSITORY, _TAG = DEFAULT_ENGINE_IMAGE.rsplit(":", 1)
+
+NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+
+
+class EngineImageValues(ApiModel):
+    repository: NonEmpty = _REPOSITORY
+    tag: NonEmpty = _TAG
+    digest: Annotated[StrictStr, Field(pattern=r"^(sha256:[a-f0-9]{64})?$")] = ""
+
+    def reference(self) -> str:
+        """As the chart's `hybridserving.engineImage` helper writes it: a digest wins over the tag."""
+        return f"{self.repository}@{self.digest}" if self.digest else f"{self.repository}:{self.tag}"
+
+
+class EnginePolicyValues(ApiModel):
+    allow_host_network: StrictBool = False
+    allow_ipc_lock: StrictBool = False
+    allowed_images: list[NonEmpty] = []
+
+
+class ChartValues(ApiModel):
+    model_config = ConfigDict(extra="ignore")
+
+    engine_image: EngineImageValues = EngineImageValues()
+    engine_policy: EnginePolicyValues = EnginePolicyValues()
+
+    def policy(self) -> EnginePolicy:
+        """What the operator's flags would say (templates/deployment.yaml)."""
+        p = self.engine_policy
+        return EnginePolicy(allow_host_network=p.allow_host_network, allow_ipc_lock=p.allow_ipc_lock,
+                            allowed_images=tuple(p.allowed_images), default_image=self.engine_image.reference())
+
+
+def merged(documents: list[Any]) -> dict[str, Any]:
+    """Values files merged as `helm -f a -f b` merges them: maps key by key, the later file winning;
+    anything else (lists included) replaced whole."""
+    out: dict[str, Any] = {}
+    for document in documents:
+        out = _merge(out, document or {})
+    return out
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, Mapping) and isinstance(over, Mapping):
+        return {**base, **{k: _merge(base.get(k), v) if k in base else v for k, v in over.items()}}
+    return over
+
+
+def read(paths: list[str]) -> ChartValues:
+    """The values of files `paths` (`-`: standard input) merged in order, as `helm upgrade -f`
+    takes them; ManifestInvalid naming the file, and the field with its fix, when one does not do."""
+    documents = []
+    for path in paths:
+        source, text = read_text(path)
+        found = yaml_documents(text, source)
+        if len(found) > 1 or (found and not isinstance(found[0], dict)):
+            raise ManifestInvalid(source, [ManifestError(
+                "(document)", "not a values file: one YAML mapping of chart values is expected",
+                "give the file `helm upgrade -f` takes (`helm get values RELEASE -o yaml` writes one)")])
+        documents.extend(found)
+    values = merged(documents)
+    try:
+        return ChartValues.model_validate(values)
+    except ValidationError as exc:
+        raise ManifestInvalid(", ".join(paths), errors_from_validation(
+            exc, reference="`{path}` in the chart's values.yaml and values.schema.json")) from None
