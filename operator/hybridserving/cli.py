@@ -65,7 +65,7 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     try:
         policy = chartvalues.read(args.values).policy() if args.values else None
     except ManifestInvalid as err:
-        write_manifest_errors(err, out)
+        write_manifest_errors(err, out, args.output == "json")
         return EXIT_INVALID
     docs = load_manifests(args.file, out, args.output == "json")
     if docs is None:

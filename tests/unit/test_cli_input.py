@@ -362,8 +362,13 @@ def test_validate_with_the_operators_values_checks_what_they_grant(tmp_path: Pat
     narrower = write(tmp_path, "narrower.yaml", "enginePolicy: {allowedImages: [registry.example/]}\n")
     code, out = run("validate", "-f", fleet, "--values", values, "--values", narrower)
     assert code == 1 and "error: spec.router.image: image 'lightseekorg/smg:" in out, out
-    code, out = run("validate", "-f", fleet, "--values", write(tmp_path, "bad.yaml", "enginePolicy: []\n"))
-    assert code == 1 and out.startswith(f"{tmp_path / 'bad.yaml'}: invalid\n  error: enginePolicy: "), out
+    bad = write(tmp_path, "bad.yaml", "enginePolicy: []\n")
+    code, out = run("validate", "-f", fleet, "--values", bad)
+    assert code == 1 and out.startswith(f"{bad}: invalid\n  error: enginePolicy: "), out
+    code, out = run("validate", "-f", fleet, "--values", bad, "-o", "json")
+    [document] = json.loads(out)
+    assert (code, document["source"], document["valid"], document["issues"][0]["path"]) == (
+        1, bad, False, "enginePolicy"), out
 
 
 def test_upgrade_check_values_merge_as_helm_merges_them(tmp_path: Path) -> None:

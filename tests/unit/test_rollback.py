@@ -78,12 +78,14 @@ def test_a_dry_run_says_the_revision_and_what_it_changes_and_writes_nothing() ->
     revs = [revision("v1", 1), revision("v2", 2)]
     api = FakeApi(fleet("v2"), revs)
     api.revs[0]["data"]["spec"]["decode"]["maxRunningRequests"] = 64
+    api.hs["spec"]["prefill"]["maxRunningRequests"] = 32  # set after revision 1: it goes
     out = io.StringIO()
     assert rollback(api, "ns", "hs", None, out, dry_run=True) == 0 and api.replaced is None
     assert out.getvalue().splitlines() == [
         f"hs would roll back to revision 1 ({revs[0]['metadata']['name']}); nothing written (--dry-run)",
         "  spec.decode.maxRunningRequests: 64 (new)",
-        "  spec.engine.image: v2 → v1"]
+        "  spec.engine.image: v2 → v1",
+        "  spec.prefill.maxRunningRequests removed"]
 
 
 def test_without_a_last_good_one_it_goes_to_the_revision_before_the_current_one() -> None:

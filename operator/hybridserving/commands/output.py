@@ -56,7 +56,17 @@ def write_json(value: Any, out: TextIO) -> None:
     out.write("\n")
 
 
-def write_manifest_errors(err: ManifestInvalid, out: TextIO) -> None:
+def write_manifest_errors(err: ManifestInvalid, out: TextIO, as_json: bool = False) -> None:
+    """Every error of every document with its fix; as JSON, a list of documents in the shape
+    `validate -o json` gives a file that loads, so a script reads one shape either way."""
+    if as_json:
+        write_json(
+            [{"name": None, "source": doc.source, "valid": False,
+              "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
+                          "severity": "error"} for e in doc.errors]} for doc in err.documents],
+            out,
+        )
+        return
     for doc in err.documents:
         out.write(f"{doc.source}: invalid\n")
         for e in doc.errors:
@@ -68,14 +78,5 @@ def load_manifests(path: str, out: TextIO, as_json: bool) -> list[Any] | None:
     try:
         return load_file(path)
     except ManifestInvalid as err:
-        if as_json:
-            # A list of documents, as when the file loads: a script reads one shape either way.
-            write_json(
-                [{"name": None, "source": doc.source, "valid": False,
-                  "issues": [{"path": e.path, "message": e.message, "fix": e.fix, "rule": "schema",
-                              "severity": "error"} for e in doc.errors]} for doc in err.documents],
-                out,
-            )
-        else:
-            write_manifest_errors(err, out)
+        write_manifest_errors(err, out, as_json)
         return None
