@@ -176,7 +176,10 @@ class Chaos:
         return sorted(w["worker_type"] for w in workers if w.get("is_healthy"))
 
     def serving(self) -> bool:
-        """Every instance ready, routed by its role, and healthy in the router."""
+        """Every instance ready, routed by its role, healthy in the router, and a request through
+        the router answered: a worker the router calls healthy may still sit behind a circuit its
+        failures opened (smg keeps one open 60 s by default, `--cb-timeout-duration-secs`), and
+        the next scenario must not start inside that minute."""
         try:
             healthy = self.routed()
         except httpx.HTTPError:
@@ -184,7 +187,14 @@ class Chaos:
         ready = [p for p in self.leaders().values()
                  if {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready") == "True"
                  and p["metadata"]["labels"].get("hybridserving.io/role")]
-        return healthy == sorted(self.roles().values()) and len(ready) == 3
+        if healthy != sorted(self.roles().values()) or len(ready) != 3:
+            return False
+        try:
+            answer = httpx.post(self.router.url + "/v1/completions", headers=self.router.headers, timeout=10,
+                                trust_env=False, json={"model": MODEL, "prompt": PROMPT, "max_tokens": 1})
+        except httpx.HTTPError:
+            return False
+        return answer.status_code == 200
 
     def engines(self) -> dict[str, tuple[str, int, int, int, float]]:
         """Per instance what any restart changes: its leader pod, the container's restarts, the
