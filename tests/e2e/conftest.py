@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from hybridserving.core.router import OVERLOAD_FLAGS
+from hybridserving.core.router import WORKER_FLAGS
 from hybridserving_engine.simulator.process import free_ports, simulator_env, wait_http
 
 @dataclass
@@ -108,7 +108,7 @@ def smg_router(tmp_path: pathlib.Path):
         pytest.fail("the router binary `smg` is missing: run `.venv/bin/pip install smg==1.13.0`")
     procs: list[subprocess.Popen] = []
 
-    def start(prefill: EnginePod, *decodes: EnginePod) -> str:
+    def start(prefill: EnginePod, *decodes: EnginePod, worker_flags: tuple[str, ...] = WORKER_FLAGS) -> str:
         port, metrics_port = free_ports(2)
         cmd = [
             binary, "launch", "--pd-disaggregation",
@@ -117,7 +117,7 @@ def smg_router(tmp_path: pathlib.Path):
             "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--prefill-policy", "round_robin", "--decode-policy", "round_robin",
-            *OVERLOAD_FLAGS,  # as the operator renders the router
+            *worker_flags,  # as the operator renders the router unless a test says otherwise
         ]
         log = open(tmp_path / f"smg{len(procs)}.log", "wb")  # noqa: SIM115 - lives as long as the router
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))

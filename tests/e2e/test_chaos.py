@@ -177,9 +177,8 @@ class Chaos:
 
     def serving(self) -> bool:
         """Every instance ready, routed by its role, healthy in the router, and a request through
-        the router answered: a worker the router calls healthy may still sit behind a circuit its
-        failures opened (smg keeps one open 60 s by default, `--cb-timeout-duration-secs`), and
-        the next scenario must not start inside that minute."""
+        the router answered: what clients see, which the router's view of its workers only
+        suggests, is what the next scenario must start from."""
         try:
             healthy = self.routed()
         except httpx.HTTPError:

@@ -237,7 +237,7 @@ def test_pod_deleted_under_load_finishes_its_requests(serving_fleet: Fleet):
 
     def busiest() -> tuple[str, float] | None:
         # The victim is whichever decode pod the router gave work to: after the crash test the
-        # router may still keep a circuit open to the pod that crashed and send all of it elsewhere.
+        # pod that crashed may still be out of routing, waiting to turn Ready again.
         running = {u: metric_sum(metrics_of(u), "sglang:num_running_reqs") for u in decodes}
         url = max(running, key=running.__getitem__)
         return (url, running[url]) if running[url] > 0 else None

@@ -11,12 +11,14 @@ from __future__ import annotations
 import functools
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import PROFILES
+from hybridserving.core.router import WORKER_FLAGS
 from support.completions import stream_completion
 from support.polling import wait_for
 from support.scrape import metric_sum
@@ -107,7 +109,7 @@ def test_a_decode_leaving_while_the_other_waits_on_its_prefill_fails_no_request(
     such a decode out of routing while another decode is under the threshold, and it counts the
     one it is draining for removal (5 s) as that other decode: every request got 503 "No available
     decode workers" until the drain ended. The operator renders the router without the veto
-    (`core.router.OVERLOAD_FLAGS`, which the `smg_router` fixture passes as the operator does).
+    (`core.router.WORKER_FLAGS`, which the `smg_router` fixture passes as the operator does).
     """
     prefill = engine_pod("prefill", time_scale=TIME_SCALE)
     staying, leaving = engine_pod("decode", time_scale=TIME_SCALE), engine_pod("decode", time_scale=TIME_SCALE)
@@ -160,3 +162,60 @@ def test_a_decode_leaving_while_the_other_waits_on_its_prefill_fails_no_request(
         httpx.post(staying.engine_url + "/pause_generation", json={"mode": "abort"}, timeout=5)
     print(f"{len(served)} served, {len(failures)} failed, across the removal")
     assert not failures, failures[:3]
+
+
+def test_a_decode_crashing_under_load_fails_only_what_it_held_and_the_prefill_keeps_serving(engine_pod, smg_router):
+    """An engine that exits with requests in flight, behind the router as the operator runs it and,
+    on the same engines at the same moment, behind smg with its default circuit breaker.
+
+    smg records a PD request's outcome on both workers of its pair (pd_router.rs,
+    `record_outcome` on prefill and decode after each dual dispatch) and opens a circuit after 10
+    consecutive failures for 60 s: the crash opens the healthy prefill's circuit and that router
+    answers "No available prefill workers" to everything after. The operator's router runs
+    without the breaker (`core.router.WORKER_FLAGS`): smg retries each failed request on a newly
+    selected pair, so at most the requests the decode held fail.
+    """
+    prefill = engine_pod("prefill", time_scale=TIME_SCALE)
+    steady, crashing = engine_pod("decode", time_scale=TIME_SCALE), engine_pod("decode", time_scale=TIME_SCALE)
+    ours = smg_router(prefill, steady, crashing)
+    default = smg_router(prefill, steady, crashing,
+                         worker_flags=tuple(f for f in WORKER_FLAGS if f != "--disable-circuit-breaker"))
+    stop = threading.Event()
+    crashed_at: list[float] = []
+    answers: dict[str, list[tuple[float, int, str]]] = {ours: [], default: []}
+    request = {"model": "glm-5.2", "prompt": PROMPT, "max_tokens": 64}
+
+    def client(router: str) -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                resp = http.post(router + "/v1/completions", json=request)
+                answers[router].append((time.monotonic(), resp.status_code, resp.text[:200]))
+
+    clients = {ours: 12, default: 24}  # the default router needs 10 failures in a row to open a circuit
+    senders = [threading.Thread(target=client, args=(router,)) for router, n in clients.items() for _ in range(n)]
+    for t in senders:
+        t.start()
+    try:
+        wait_for(lambda: all(sum(1 for a in got if a[1] == 200) >= 10 for got in answers.values()), 60,
+                 "both routers serving")
+        crashed_at.append(time.monotonic())
+        httpx.post(crashing.engine_url + "/sim/faults", json={"crash": True}, timeout=5)
+        time.sleep(15)
+    finally:
+        stop.set()
+        for t in senders:
+            t.join(90)
+
+    def after(router: str) -> tuple[int, list[str]]:
+        """Requests answered after the crash: how many were served, the errors of the others."""
+        later = [a for a in answers[router] if a[0] > crashed_at[0]]
+        return sum(1 for a in later if a[1] == 200), [a[2] for a in later if a[1] != 200]
+
+    (ours_served, ours_failed), (default_served, default_failed) = after(ours), after(default)
+    print(f"after the crash: operator's router {ours_served} served, {len(ours_failed)} failed; "
+          f"smg's defaults {default_served} served, {len(default_failed)} failed")
+    assert len(ours_failed) <= clients[ours], ours_failed[:3]
+    assert ours_served >= 3 * clients[ours], "the operator's router stopped serving after the crash"
+    # The contract the flag rests on: with the breaker, the healthy prefill was shut out.
+    assert len(default_failed) > clients[default], "smg's breaker no longer takes the prefill out"
+    assert any("No available prefill workers" in error for error in default_failed), default_failed[:3]

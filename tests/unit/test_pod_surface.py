@@ -382,6 +382,8 @@ def test_the_router_has_probes_resources_and_scraped_metrics() -> None:
     assert prestop > 0 and grace > prestop + drain
     # No overload veto: with it, a draining worker left its peer vetoed and the role without one.
     assert "--disable-worker-overload-protection" in container["args"]
+    # No breaker: smg blames both workers of a pair, so one crash opened the other role's circuits.
+    assert "--disable-circuit-breaker" in container["args"]
     ports = {p["name"]: p["port"] for p in objs[("Service", "hs-router")]["spec"]["ports"]}
     assert ports == {"http": 8000, "metrics": ROUTER_METRICS_PORT}
     assert ("PodDisruptionBudget", "hs-router") not in objs, "one replica: nothing to protect"

@@ -531,7 +531,7 @@ def router_argv(hs: HybridServing, instances: Mapping[str, InstancePlan], pairin
         "--prometheus-host", "0.0.0.0",
         "--prometheus-port", str(ROUTER_METRICS_PORT),
         "--shutdown-grace-period-secs", str(router.DRAIN_SECONDS),
-        *router.OVERLOAD_FLAGS,
+        *router.WORKER_FLAGS,
         # smg sends it to every discovered worker and asks it of its own clients
         # (model_gateway/src/service_discovery.rs, server.rs: one key for both). Kubernetes expands
         # $(VAR) from the container's env, which references the Secret: the key is in no object.

@@ -21,6 +21,16 @@ on the only worker left, every request of the role gets 503 "No available decode
 the drain ends. SGLang's decode counts the requests still waiting for their prefill's KV as
 waiting (`managers/scheduler_components/load_inquirer.py:114-141`), so a decode behind a busy
 prefill reaches 8 without being loaded at all. The routing policies still balance by load.
+
+smg's circuit breaker is switched off too (`--disable-circuit-breaker`). In PD mode smg records a
+request's outcome on both workers of its pair (model_gateway/src/routers/http/pd_router.rs,
+`prefill.record_outcome` and `decode.record_outcome` after each dual dispatch), and the breaker
+opens after 10 consecutive failures for 60 s. An engine that crashes with ten requests in flight
+thereby opens the circuit of each healthy worker of the other role it was paired with; with one
+such worker (or all of them hit) every request is answered 503 "No available prefill workers"
+for a minute. Without the breaker, smg retries a failed request (up to 5 attempts) on a freshly
+selected pair, and a dead or unready engine leaves routing the way every other worker does: its
+pod stops being Ready (the engine's `/ready` probe) and discovery drops it.
 """
 
 from __future__ import annotations
@@ -37,7 +47,8 @@ from hybridserving.core.observed import parse_time
 METRICS_PORT_NAME = "metrics"
 PRESTOP_SECONDS = 5
 DRAIN_SECONDS = 110  # smg's --shutdown-grace-period-secs
-OVERLOAD_FLAGS = ("--disable-worker-overload-protection",)
+# How smg treats a worker that is busy or failing: see the module docstring for each.
+WORKER_FLAGS = ("--disable-worker-overload-protection", "--disable-circuit-breaker")
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + DRAIN_SECONDS + 5
 # How long the fleet may have no available router, while a pair it could route to serves, before
 # status calls it Degraded: a router rolled or rescheduled is back well within it (readiness every
