@@ -501,11 +501,13 @@ def _revisions(fleet: Fleet) -> dict[str, int]:
     return {r["metadata"]["name"]: r["revision"] for r in items}
 
 
-# A newer operator version, played by this one rendering one more env var into every engine pod.
+# A newer operator version, played by this one rendering one more env var into every engine pod
+# and one more flag into the router's.
 NEWER_VERSION = """
 import sys
 from hybridserving import cli
-from hybridserving.core import rendering
+from hybridserving.core import rendering, router
+router.WORKER_FLAGS = (*router.WORKER_FLAGS, "--health-check-interval-secs", "30")
 older = rendering.pod_spec
 def newer(*args, **kwargs):
     pod = older(*args, **kwargs)
@@ -553,10 +555,16 @@ def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes
 
     # The pods as the apiserver holds them (defaulted, quantities rewritten) differ from the newer
     # rendering in the field and the annotation it adds, and in nothing else.
-    newer = _upgrade_check(fleet, "--exit-code", newer=True, code=3)["instances"]
-    assert [(i["cause"], i["changes"]) for i in newer] == [
+    newer = _upgrade_check(fleet, "--exit-code", newer=True, code=3)
+    assert [(i["cause"], i["changes"]) for i in newer["instances"]] == [
         ("rendering", ["pod metadata.annotations[example.com/newer] (new)",
                        "pod spec.containers[engine].env[HYBRIDSERVING_NEWER] (new)"])] * 4
+    # The router Deployment as the apiserver holds it differs in the flag, and in nothing else.
+    routers = fleet.custom.list_namespaced_custom_object(
+        "apps", "v1", fleet.ns, "deployments", label_selector=f"hybridserving.io/name={fleet.name}")["items"]
+    [router] = routers
+    assert newer["routers"] == [{"name": router["metadata"]["name"],
+                                 "changes": ["router flag --health-check-interval-secs: (unset) → 30"]}], newer
     image = _upgrade_check(fleet, "--default-engine-image", "registry.example/engine:next")["instances"]
     assert {i["cause"] for i in image} == {"configuration"}
     assert all(i["changes"][0].startswith("revision ") and "pod spec.containers[engine].image: "

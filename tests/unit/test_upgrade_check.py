@@ -17,7 +17,7 @@ from hybridserving.api.crd import ANNOTATION_SCHEMA_DIGEST, expected_digests
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
 from hybridserving.cli import build_parser
 from hybridserving.commands import upgrade as command
-from hybridserving.core import crdschema, flags, rendering, revisions
+from hybridserving.core import crdschema, flags, rendering, revisions, router
 from hybridserving.core.rollout import RERENDERED
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.upgrade import GRANTS_UNKNOWN, FleetPreview, preview
@@ -95,6 +95,38 @@ def test_a_changed_engine_flag_rolls_only_its_role_and_names_the_flag(
     assert {n: c for n, c in causes(p).items() if c != "current"} == {
         n: "rendering" for n, r in roles.items() if r == "decode"}
     assert {i.changes for i in p.rolling} == {("decode flag --enable-metrics-for-all-schedulers: (unset) → (set)",)}
+
+
+def test_a_new_router_flag_rolls_the_router_and_no_instance_and_is_named(
+        api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    settle(api)
+    assert check(api).routers == ()
+    monkeypatch.setattr(router, "WORKER_FLAGS", (*router.WORKER_FLAGS, "--health-check-interval-secs", "30"))
+    older_fields = router.container_fields
+
+    def newer_fields(spec: Any) -> dict[str, Any]:
+        return {**older_fields(spec), "lifecycle": {"preStop": {"sleep": {"seconds": 9}}}}
+
+    monkeypatch.setattr(router, "container_fields", newer_fields)
+    p = check(api)
+    assert set(causes(p).values()) == {"current"}
+    assert [(r.name, r.changes) for r in p.routers] == [(name, (
+        "router flag --health-check-interval-secs: (unset) → 30",
+        "pod spec.template.spec.containers[router].lifecycle.preStop.sleep.seconds: 5 → 9",
+    )) for (kind, name) in sorted(api.store) if kind == "Deployment"]
+    out = io.StringIO()
+    command.render([p], out)
+    [deployment] = [r.name for r in p.routers]
+    assert out.getvalue() == (
+        f"{NS}/fleet: no instance rolls (4 instance(s) up to date)\n"
+        f"  router Deployment {deployment} would roll (smg restarts and drains its connections, no engine "
+        "restarts): router flag --health-check-interval-secs: (unset) → 30; "
+        "pod spec.template.spec.containers[router].lifecycle.preStop.sleep.seconds: 5 → 9\n"
+        "this version rolls 0 of 4 instance(s) and 1 router Deployment(s) in 1 fleet(s)\n")
+    assert command.to_dict(p)["routers"] == [{"name": deployment, "changes": list(p.routers[0].changes)}]
+    # --exit-code gates engine restarts: a router roll restarts none.
+    args = build_parser().parse_args(["upgrade-check", "--exit-code"])
+    assert command.report([p], CURRENT, args, io.StringIO()) == 0
 
 
 def test_a_new_default_engine_image_is_a_new_configuration_for_fleets_that_name_none(api: MemoryApi) -> None:
@@ -199,7 +231,7 @@ def test_the_json_output_is_stable() -> None:
     p = preview({"metadata": {"name": "x", "namespace": "ns"}, "spec": {}}, [], [], [])
     assert json.loads(json.dumps(command.to_dict(p))) == {
         "name": "x", "namespace": "ns", "revision": "", "pace": "", "invalid": list(p.invalid),
-        "alreadyInvalid": False, "instances": []}
+        "alreadyInvalid": False, "instances": [], "routers": []}
     assert p.invalid and all(i.startswith("spec.") for i in p.invalid)
 
 

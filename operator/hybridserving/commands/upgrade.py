@@ -3,9 +3,10 @@
 Run it from the version about to be installed, before `helm upgrade`: it reads the fleets and
 what they own, plans them with this version's code (`core.upgrade`) and prints, fleet by fleet,
 the instances that would restart and why (a pod field, an engine flag, a new default engine
-image), how fast the roll would go (`spec.rollout`), and the fleets this version would stop
-planning; first, whether the installed CRDs are this version's (Helm never upgrades them: the
-step of docs/install.md is easily skipped). It writes nothing. An empty answer means the upgrade
+image), how fast the roll would go (`spec.rollout`), the router Deployments that would roll, and
+the fleets this version would stop planning; first, whether the installed CRDs are this
+version's (Helm never upgrades them: the step of docs/install.md is easily skipped). It writes
+nothing. An empty answer means the upgrade
 restarts no engine; with `--exit-code` a pipeline can stop on the other answers, as
 `git diff --exit-code` does.
 """
@@ -96,7 +97,7 @@ def _read(args: argparse.Namespace, policy: EnginePolicy) -> list[FleetPreview]:
     from kubernetes import client
 
     custom = custom_objects(args.kubeconfig)
-    core = client.CoreV1Api()
+    core, apps = client.CoreV1Api(), client.AppsV1Api()
     if args.name:
         fleets = [cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL,
                                                                            args.name))]
@@ -110,13 +111,16 @@ def _read(args: argparse.Namespace, policy: EnginePolicy) -> list[FleetPreview]:
         instances = cast(dict[str, Any], custom.list_namespaced_custom_object(
             GROUP, VERSION, namespace, INSTANCE_PLURAL, label_selector=LABEL_NAME))["items"]
         pods = _items(core.list_namespaced_pod(namespace, label_selector=LABEL_NAME, _preload_content=False))
-        configmaps = [dict(c, kind="ConfigMap") for c in _items(
-            core.list_namespaced_config_map(namespace, label_selector=LABEL_NAME, _preload_content=False))]
+        # The engine flags (ConfigMaps) and the routers (Deployments): the other children roll nothing.
+        objects = [*(dict(c, kind="ConfigMap") for c in _items(
+            core.list_namespaced_config_map(namespace, label_selector=LABEL_NAME, _preload_content=False))),
+                   *(dict(d, kind="Deployment") for d in _items(
+            apps.list_namespaced_deployment(namespace, label_selector=LABEL_NAME, _preload_content=False)))]
         for body in sorted((f for f in fleets if f["metadata"]["namespace"] == namespace),
                            key=lambda f: f["metadata"]["name"]):
             name = body["metadata"]["name"]
             previews.append(preview(body, _labelled(instances, name), _labelled(pods, name),
-                                    _labelled(configmaps, name), policy))
+                                    _labelled(objects, name), policy))
     return previews
 
 
@@ -172,16 +176,22 @@ def render(previews: list[FleetPreview], out: TextIO) -> None:
                 out.write(f"  {issue}\n")
             continue
         if not p.rolling:
-            out.write(f"{where}: nothing rolls ({len(p.instances)} instance(s) up to date)\n")
-            continue
-        out.write(f"{where}: {len(p.rolling)} of {len(p.instances)} instance(s) would roll, {p.pace}\n")
-        rows = [["INSTANCE", "ROLE", "WHY", "WHAT CHANGES"]]
-        for i in p.rolling:
-            rows.append([i.name, i.role, CAUSES[i.cause], "; ".join(i.changes) or "-"])
-        write_table(rows, out, indent="  ")
+            out.write(f"{where}: {'no instance' if p.routers else 'nothing'} rolls "
+                      f"({len(p.instances)} instance(s) up to date)\n")
+        else:
+            out.write(f"{where}: {len(p.rolling)} of {len(p.instances)} instance(s) would roll, {p.pace}\n")
+            rows = [["INSTANCE", "ROLE", "WHY", "WHAT CHANGES"]]
+            for i in p.rolling:
+                rows.append([i.name, i.role, CAUSES[i.cause], "; ".join(i.changes) or "-"])
+            write_table(rows, out, indent="  ")
+        for r in p.routers:
+            out.write(f"  router Deployment {r.name} would roll (smg restarts and drains its connections, no "
+                      f"engine restarts): {'; '.join(r.changes)}\n")
     rolling = sum(len(p.upgrade_rolls) for p in previews)
     total = sum(len(p.instances) for p in previews)
-    out.write(f"this version rolls {rolling} of {total} instance(s) in {len(previews)} fleet(s)"
+    routers = sum(len(p.routers) for p in previews)
+    out.write(f"this version rolls {rolling} of {total} instance(s)"
+              + (f" and {routers} router Deployment(s)" if routers else "") + f" in {len(previews)} fleet(s)"
               + (": set spec.rollout.canary or spec.rollout.paused on a fleet first to roll it later\n"
                  if rolling else "\n"))
     refused = sum(p.upgrade_refuses for p in previews)
@@ -201,4 +211,5 @@ def to_dict(p: FleetPreview) -> dict[str, Any]:
         "alreadyInvalid": p.already_invalid,
         "instances": [{"name": i.name, "role": i.role, "cause": i.cause, "rolls": i.cause != "current",
                        "changes": list(i.changes)} for i in p.instances],
+        "routers": [{"name": r.name, "changes": list(r.changes)} for r in p.routers],
     }

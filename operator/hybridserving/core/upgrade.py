@@ -6,10 +6,15 @@ An operator upgrade rolls every instance whose pods the new version renders diff
 flag, a new default engine image. The answer is the planner's own verdict
 (`InstanceView.current`) on the objects the cluster holds, computed with this version's code, so
 the preview and the upgrade cannot disagree; the reasons are read from the same objects.
+
+The upgrade also rolls a router Deployment whose pod template it renders differently (a new smg
+flag, say): no engine restarts, but every client connection to the router is drained and
+reopened, which the engineer wants to know of too.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -53,6 +58,12 @@ class InstancePreview:
 
 
 @dataclass(frozen=True)
+class RouterPreview:
+    name: str  # the router Deployment
+    changes: tuple[str, ...]  # what differs in its pod template, in words
+
+
+@dataclass(frozen=True)
 class FleetPreview:
     name: str
     namespace: str
@@ -62,6 +73,7 @@ class FleetPreview:
     invalid: tuple[str, ...] = ()  # why this version would not plan the fleet at all
     already_invalid: bool = False
     """The fleet's status says LayoutValid False: the running version does not plan it either."""
+    routers: tuple[RouterPreview, ...] = ()  # the router Deployments that would roll
 
     @property
     def rolling(self) -> tuple[InstancePreview, ...]:
@@ -129,7 +141,10 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
             was = revision_name(name, old) if old else "(none)"
             out.append(InstancePreview(v.plan.name, v.plan.role, "configuration", (
                 f"revision {was} → {revision}", *_rendering_changes(hs, v, live, observed, desired.objects))))
-    return FleetPreview(name, namespace, revision, tuple(out), _pace(hs))
+    routers = (RouterPreview(key[1], _router_changes(observed.objects[key], want))
+               for key, want in sorted(desired.objects.items()) if key[0] == "Deployment" and key in observed.objects)
+    return FleetPreview(name, namespace, revision, tuple(out), _pace(hs),
+                        routers=tuple(r for r in routers if r.changes))
 
 
 def _owned_by(obj: Mapping[str, Any], uids: set[Any]) -> bool:
@@ -217,15 +232,31 @@ def _differences(have: Any, want: Any, path: str) -> list[str]:
     return [f"{path}: {short(have)} → {short(want)}"]
 
 
+def _router_changes(live: Mapping[str, Any], want: Mapping[str, Any]) -> tuple[str, ...]:
+    """The smg flags that change, one per item, then any other pod-template field by path."""
+    have_template = (live.get("spec") or {}).get("template") or {}
+    want_template = copy.deepcopy(dict((want.get("spec") or {}).get("template") or {}))
+    have_args = {c.get("name"): c.get("args") for c in (have_template.get("spec") or {}).get("containers") or []
+                 if isinstance(c, Mapping)}
+    changes = []
+    for container in (want_template.get("spec") or {}).get("containers") or []:
+        changes += _argv_changes("router", have_args.get(container["name"]), container.pop("args", None))
+    return (*changes, *(f"pod {p}" for p in _differences(have_template, want_template, "spec.template")))
+
+
+def _argv_changes(who: str, old: Any, new: Any) -> list[str]:
+    was, now = _flags(old), _flags(new)
+    return [*(f"{who} flag {flag}: {_words(was.get(flag))} → {_words(args)}"
+              for flag, args in now.items() if was.get(flag) != args),
+            *(f"{who} flag {flag} removed" for flag in was if flag not in now)]
+
+
 def _flag_changes(role: Role, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
     """The engine flags (and other launcher settings) of `role` that change, one per item."""
     before, after = _role_document(old, role), _role_document(new, role)
     if before is None or after is None:
         return [f"the {role} engine flags"]
-    was, now = _flags(before.get("argv")), _flags(after.get("argv"))
-    changes = [f"{role} flag {flag}: {_words(was.get(flag))} → {_words(args)}"
-               for flag, args in now.items() if was.get(flag) != args]
-    changes += [f"{role} flag {flag} removed" for flag in was if flag not in now]
+    changes = _argv_changes(role, before.get("argv"), after.get("argv"))
     changes += [f"{role} launcher setting {key}: {before.get(key)} → {after.get(key)}"
                 for key in sorted(set(before) | set(after)) if key != "argv" and before.get(key) != after.get(key)]
     return changes or [f"the {role} engine flags"]
