@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -108,15 +109,17 @@ def smg_router(tmp_path: pathlib.Path):
         pytest.fail("the router binary `smg` is missing: run `.venv/bin/pip install smg==1.13.0`")
     procs: list[subprocess.Popen] = []
 
-    def start(prefill: EnginePod, *decodes: EnginePod, worker_flags: tuple[str, ...] = WORKER_FLAGS) -> str:
+    def start(prefill: EnginePod | Sequence[EnginePod], *decodes: EnginePod,
+              worker_flags: tuple[str, ...] = WORKER_FLAGS, prefill_policy: str = "round_robin") -> str:
+        prefills = [prefill] if isinstance(prefill, EnginePod) else list(prefill)
         port, metrics_port = free_ports(2)
         cmd = [
             binary, "launch", "--pd-disaggregation",
-            "--prefill", prefill.engine_url, str(prefill.bootstrap_port),
+            *(arg for p in prefills for arg in ("--prefill", p.engine_url, str(p.bootstrap_port))),
             *(arg for decode in decodes for arg in ("--decode", decode.engine_url)),
             "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--prefill-policy", "round_robin", "--decode-policy", "round_robin",
+            "--prefill-policy", prefill_policy, "--decode-policy", "round_robin",
             *worker_flags,  # as the operator renders the router unless a test says otherwise
         ]
         log = open(tmp_path / f"smg{len(procs)}.log", "wb")  # noqa: SIM115 - lives as long as the router
@@ -127,7 +130,7 @@ def smg_router(tmp_path: pathlib.Path):
             try:
                 with urllib.request.urlopen(url + "/workers", timeout=2) as resp:
                     workers = json.load(resp).get("workers", [])
-                if sum(1 for w in workers if w.get("is_healthy")) == 1 + len(decodes):
+                if sum(1 for w in workers if w.get("is_healthy")) == len(prefills) + len(decodes):
                     return url
             except OSError:
                 pass

@@ -507,7 +507,7 @@ NEWER_VERSION = """
 import sys
 from hybridserving import cli
 from hybridserving.core import rendering, router
-router.WORKER_FLAGS = (*router.WORKER_FLAGS, "--health-check-interval-secs", "30")
+router.WORKER_FLAGS = (*router.WORKER_FLAGS, "--retry-max-retries", "7")
 older = rendering.pod_spec
 def newer(*args, **kwargs):
     pod = older(*args, **kwargs)
@@ -564,7 +564,7 @@ def test_upgrade_check_names_what_a_newer_operator_would_roll_and_why_and_writes
         "apps", "v1", fleet.ns, "deployments", label_selector=f"hybridserving.io/name={fleet.name}")["items"]
     [router] = routers
     assert newer["routers"] == [{"name": router["metadata"]["name"],
-                                 "changes": ["router flag --health-check-interval-secs: (unset) → 30"]}], newer
+                                 "changes": ["router flag --retry-max-retries: (unset) → 7"]}], newer
     image = _upgrade_check(fleet, "--default-engine-image", "registry.example/engine:next")["instances"]
     assert {i["cause"] for i in image} == {"configuration"}
     assert all(i["changes"][0].startswith("revision ") and "pod spec.containers[engine].image: "

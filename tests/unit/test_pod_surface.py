@@ -384,6 +384,10 @@ def test_the_router_has_probes_resources_and_scraped_metrics() -> None:
     assert "--disable-worker-overload-protection" in container["args"]
     # No breaker: smg blames both workers of a pair, so one crash opened the other role's circuits.
     assert "--disable-circuit-breaker" in container["args"]
+    # Instead, each worker's own /ready every second: a dead engine is out within seconds.
+    args = container["args"]
+    assert args[args.index("--health-check-endpoint") + 1] == "/ready"
+    assert args[args.index("--health-check-interval-secs") + 1] == "1"
     ports = {p["name"]: p["port"] for p in objs[("Service", "hs-router")]["spec"]["ports"]}
     assert ports == {"http": 8000, "metrics": ROUTER_METRICS_PORT}
     assert ("PodDisruptionBudget", "hs-router") not in objs, "one replica: nothing to protect"

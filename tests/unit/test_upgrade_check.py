@@ -101,7 +101,7 @@ def test_a_new_router_flag_rolls_the_router_and_no_instance_and_is_named(
         api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
     settle(api)
     assert check(api).routers == ()
-    monkeypatch.setattr(router, "WORKER_FLAGS", (*router.WORKER_FLAGS, "--health-check-interval-secs", "30"))
+    monkeypatch.setattr(router, "WORKER_FLAGS", (*router.WORKER_FLAGS, "--retry-max-retries", "7"))
     older_fields = router.container_fields
 
     def newer_fields(spec: Any) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def test_a_new_router_flag_rolls_the_router_and_no_instance_and_is_named(
     p = check(api)
     assert set(causes(p).values()) == {"current"}
     assert [(r.name, r.changes) for r in p.routers] == [(name, (
-        "router flag --health-check-interval-secs: (unset) → 30",
+        "router flag --retry-max-retries: (unset) → 7",
         "pod spec.template.spec.containers[router].lifecycle.preStop.sleep.seconds: 5 → 9",
     )) for (kind, name) in sorted(api.store) if kind == "Deployment"]
     out = io.StringIO()
@@ -120,7 +120,7 @@ def test_a_new_router_flag_rolls_the_router_and_no_instance_and_is_named(
     assert out.getvalue() == (
         f"{NS}/fleet: no instance rolls (4 instance(s) up to date)\n"
         f"  router Deployment {deployment} would roll (smg restarts and drains its connections, no engine "
-        "restarts): router flag --health-check-interval-secs: (unset) → 30; "
+        "restarts): router flag --retry-max-retries: (unset) → 7; "
         "pod spec.template.spec.containers[router].lifecycle.preStop.sleep.seconds: 5 → 9\n"
         "this version rolls 0 of 4 instance(s) and 1 router Deployment(s) in 1 fleet(s)\n")
     assert command.to_dict(p)["routers"] == [{"name": deployment, "changes": list(p.routers[0].changes)}]

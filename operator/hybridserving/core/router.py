@@ -29,8 +29,19 @@ opens after 10 consecutive failures for 60 s. An engine that crashes with ten re
 thereby opens the circuit of each healthy worker of the other role it was paired with; with one
 such worker (or all of them hit) every request is answered 503 "No available prefill workers"
 for a minute. Without the breaker, smg retries a failed request (up to 5 attempts) on a freshly
-selected pair, and a dead or unready engine leaves routing the way every other worker does: its
-pod stops being Ready (the engine's `/ready` probe) and discovery drops it.
+selected pair.
+
+What shuts a dead engine out instead is smg's health check of each worker, which blames the
+worker it probes alone: every second (`--health-check-interval-secs 1`), on the engine's `/ready`
+(status only, 503 while paused or shutting down: `entrypoints/http_server.py:714-718`,
+`managers/tokenizer_manager.py:728-734`), out after two failures and back after two answers
+(smg's success threshold). smg's defaults (`/health` every 60 s, three failures) left a crashed
+engine routed until its pod stopped being Ready (up to 30 s, the kubelet's `/ready` probe) and,
+with the `cache_aware` prefill policy, every request whose prefix it held was retried on it
+alone and failed. An unhealthy worker stays registered
+and probed (`--no-remove-unhealthy-workers`, as without discovery), so it comes back when its
+engine does whether or not its pod left Ready meanwhile; discovery still drops the workers of
+pods that are deleted or not Ready.
 """
 
 from __future__ import annotations
@@ -48,7 +59,9 @@ METRICS_PORT_NAME = "metrics"
 PRESTOP_SECONDS = 5
 DRAIN_SECONDS = 110  # smg's --shutdown-grace-period-secs
 # How smg treats a worker that is busy or failing: see the module docstring for each.
-WORKER_FLAGS = ("--disable-worker-overload-protection", "--disable-circuit-breaker")
+HEALTH_FLAGS = ("--health-check-endpoint", "/ready", "--health-check-interval-secs", "1",
+                "--health-failure-threshold", "2", "--no-remove-unhealthy-workers")
+WORKER_FLAGS = ("--disable-worker-overload-protection", "--disable-circuit-breaker", *HEALTH_FLAGS)
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + DRAIN_SECONDS + 5
 # How long the fleet may have no available router, while a pair it could route to serves, before
 # status calls it Degraded: a router rolled or rescheduled is back well within it (readiness every
