@@ -7,9 +7,12 @@ a per-role config directory and a role file. The router is the `smg` binary from
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -42,13 +45,24 @@ class EnginePod:
             return resp.read().decode()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """SIGTERM, as the kubelet stops the pod. A launcher still draining after 30 s (a request
+        that waits on a crashed peer) is killed, and the engine it runs in its own process group
+        with it: nothing else would stop that engine."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            engine_pid = self.status()["engine"]["pid"]
+        except OSError:
+            engine_pid = None
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            if engine_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(engine_pid, signal.SIGKILL)
 
 
 def role_argv(role: str, port: int, bootstrap_port: int, extra: list[str]) -> list[str]:
