@@ -14,33 +14,68 @@ import yaml
 
 from hybridserving.commands import chartvalues
 from hybridserving.controller import __main__ as operator_main
+from hybridserving.manifests import ManifestInvalid
 from support.chart import CHART, helm, operator_container, template_args
 
+# Each case is the values files of one `helm template -f a -f b`, in order.
 VALUES = [
-    {},
-    {"engineImage": {"tag": "next"}},
-    {"engineImage": {"repository": "registry.example/serving/engine", "digest": "sha256:" + "a" * 64}},
-    {"enginePolicy": {"allowHostNetwork": True, "allowIpcLock": True,
-                      "allowedImages": ["registry.example/serving/", "lightseekorg/"]}},
+    [{}],
+    [{"engineImage": {"tag": "next"}}],
+    [{"engineImage": {"repository": "registry.example/serving/engine", "digest": "sha256:" + "a" * 64}}],
+    [{"enginePolicy": {"allowHostNetwork": True, "allowIpcLock": True,
+                       "allowedImages": ["registry.example/serving/", "lightseekorg/"]}}],
+    # A null deletes the key, default and all; an optional one then reads as absent.
+    [{"engineImage": {"digest": None}, "enginePolicy": {"allowedImages": None}}],
+    [{"engineImage": {"digest": "sha256:" + "b" * 64}}, {"engineImage": {"digest": None}}],
+    [{"engineImage": None}, {"engineImage": {"repository": "registry.example/engine", "tag": "v2"}}],
 ]
 
 
-@pytest.mark.parametrize("values", VALUES, ids=["defaults", "tag", "digest", "grants"])
+@pytest.mark.parametrize("files", VALUES, ids=["defaults", "tag", "digest", "grants", "null-optional",
+                                              "null-overrides-file", "file-overrides-null"])
 def test_the_values_give_the_policy_the_chart_gives_the_operator(
-        tmp_path: pathlib.Path, values: dict[str, Any]) -> None:
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    proc = helm(*template_args([]), "-f", str(path))
+        tmp_path: pathlib.Path, files: list[dict[str, Any]]) -> None:
+    paths = write(tmp_path, files)
+    proc = helm(*template_args([]), *(a for p in paths for a in ("-f", p)))
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     flags = operator_main.arguments().parse_args(operator_container(docs)["args"])
     running = operator_main.engine_policy(flags)
-    assert chartvalues.read([str(path)]).policy() == replace(running, operator_namespace=None)
+    assert chartvalues.read(paths).policy() == replace(running, operator_namespace=None)
+
+
+@pytest.mark.parametrize(("values", "field"), [
+    ({"engineImage": {"tag": None}}, "engineImage.tag"),
+    ({"enginePolicy": {"allowIpcLock": None}}, "enginePolicy.allowIpcLock"),
+    ({"enginePolicy": None}, "enginePolicy"),
+    ({"engineImage": None}, "engineImage"),
+])
+def test_a_null_that_removes_a_value_the_chart_needs_is_refused_as_helm_refuses_it(
+        tmp_path: pathlib.Path, values: dict[str, Any], field: str) -> None:
+    """Helm fails such a release (its schema, or a template reading the removed map); the check
+    names the field instead of planning with a default the upgrade would not have."""
+    paths = write(tmp_path, [values])
+    proc = helm(*template_args([]), "-f", paths[0])
+    assert proc.returncode != 0, proc.stdout
+    with pytest.raises(ManifestInvalid) as refused:
+        chartvalues.read(paths)
+    [error] = refused.value.errors
+    assert (error.path, error.fix) == (field, "give a value, or leave the key out to keep the chart's default")
+    assert "removes the chart's default" in error.message
+
+
+def write(tmp_path: pathlib.Path, files: list[dict[str, Any]]) -> list[str]:
+    paths = []
+    for i, values in enumerate(files):
+        path = tmp_path / f"values-{i}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        paths.append(str(path))
+    return paths
 
 
 def test_the_fields_read_have_the_chart_schemas_types_and_constraints() -> None:
-    """Defaults aside (a values file gives only what it overrides): the schema's `required` holds
-    for the merged values, which the defaults complete."""
+    """The schema's `required` holds for the values the chart's defaults complete: a model with a
+    default there would hide a null that removed it."""
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]
     for key, model in (("engineImage", chartvalues.EngineImageValues),
                        ("enginePolicy", chartvalues.EnginePolicyValues)):
@@ -53,9 +88,10 @@ def test_the_fields_read_have_the_chart_schemas_types_and_constraints() -> None:
                 assert mine.get(part) == field.get(part), f"{key}.{name}: {part}"
             if "items" in field:
                 assert {k: mine["items"].get(k) for k in field["items"]} == field["items"], f"{key}.{name}"
+        assert set(ours.get("required", [])) == set(theirs.get("required", [])), key
 
 
 def test_the_chart_defaults_are_the_ones_read_without_values() -> None:
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert (chartvalues.ChartValues.model_validate(defaults).policy()
-            == chartvalues.ChartValues().policy() == chartvalues.read([]).policy())
+    assert chartvalues.DEFAULTS == {key: defaults[key] for key in chartvalues.DEFAULTS}
+    assert chartvalues.ChartValues.model_validate(defaults).policy() == chartvalues.read([]).policy()

@@ -339,6 +339,9 @@ def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used_and_its_absen
                                                "\n         fix: remove the field or check its spelling"),
     ("engineImage: {digest: latest}", "  error: engineImage.digest: String should match pattern "),
     ("enginePolicy: {allowedImages: ['']}", "  error: enginePolicy.allowedImages[0]: String should have at least 1"),
+    ("engineImage: {tag: null}", "  error: engineImage.tag: set to null, which removes the chart's default, and the "
+                                 "chart needs a value\n         fix: give a value, or leave the key out to keep the "
+                                 "chart's default\n"),
 ])
 def test_upgrade_check_values_that_do_not_do_are_errors_naming_the_field_before_any_request(
         tmp_path: Path, text: str, said: str) -> None:

@@ -6,7 +6,8 @@ planned: the default engine image and what engine pods are granted (`engineImage
 outside `allowedImages`, host networking or IPC_LOCK it no longer grants) is found before the
 upgrade, not after. The fields and their constraints are those of the chart's values.schema.json
 and the defaults those of its values.yaml (tests/tooling/test_chart_values.py holds them
-together); keys of the file the upgrade does not plan with are not read.
+together, and holds the result to what the real `helm template` renders); keys of the file the
+upgrade does not plan with are not read.
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ from hybridserving.manifests import ManifestError, ManifestInvalid, errors_from_
 
 _REPOSITORY, _TAG = DEFAULT_ENGINE_IMAGE.rsplit(":", 1)
 
+# The chart's values.yaml for the keys read. The models hold no defaults for the keys the schema
+# requires: a values file that sets one to null removes the default, and the chart then refuses.
+DEFAULTS: dict[str, Any] = {
+    "engineImage": {"repository": _REPOSITORY, "tag": _TAG, "digest": ""},
+    "enginePolicy": {"allowHostNetwork": False, "allowIpcLock": False, "allowedImages": []},
+}
+
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
 
 
 class EngineImageValues(ApiModel):
-    repository: NonEmpty = _REPOSITORY
-    tag: NonEmpty = _TAG
+    repository: NonEmpty
+    tag: NonEmpty
     digest: Annotated[StrictStr, Field(pattern=r"^(sha256:[a-f0-9]{64})?$")] = ""
 
     def reference(self) -> str:
@@ -37,16 +45,16 @@ class EngineImageValues(ApiModel):
 
 
 class EnginePolicyValues(ApiModel):
-    allow_host_network: StrictBool = False
-    allow_ipc_lock: StrictBool = False
+    allow_host_network: StrictBool
+    allow_ipc_lock: StrictBool
     allowed_images: list[NonEmpty] = []
 
 
 class ChartValues(ApiModel):
     model_config = ConfigDict(extra="ignore")
 
-    engine_image: EngineImageValues = EngineImageValues()
-    engine_policy: EnginePolicyValues = EnginePolicyValues()
+    engine_image: EngineImageValues
+    engine_policy: EnginePolicyValues
 
     def policy(self) -> EnginePolicy:
         """What the operator's flags would say (templates/deployment.yaml)."""
@@ -55,9 +63,9 @@ class ChartValues(ApiModel):
                             allowed_images=tuple(p.allowed_images), default_image=self.engine_image.reference())
 
 
-def merged(documents: list[Any]) -> dict[str, Any]:
+def _merged(documents: list[Any]) -> dict[str, Any]:
     """Values files merged as `helm -f a -f b` merges them: maps key by key, the later file winning;
-    anything else (lists included) replaced whole."""
+    anything else (lists and nulls included) replaced whole."""
     out: dict[str, Any] = {}
     for document in documents:
         out = _merge(out, document or {})
@@ -68,6 +76,22 @@ def _merge(base: Any, over: Any) -> Any:
     if isinstance(base, Mapping) and isinstance(over, Mapping):
         return {**base, **{k: _merge(base.get(k), v) if k in base else v for k, v in over.items()}}
     return over
+
+
+def _coalesced(given: Mapping[str, Any], defaults: Mapping[str, Any], at: str, removed: set[str]) -> dict[str, Any]:
+    """The given values completed by the chart's defaults as Helm coalesces them: a key given as
+    null is deleted, default and all (the way to unset a chart default), and its path added to
+    `removed`; a null at a key without a default stays, for the schema to judge."""
+    out = dict(given)
+    for key, default in defaults.items():
+        if key not in out:
+            out[key] = default
+        elif out[key] is None:
+            del out[key]
+            removed.add(f"{at}{key}")
+        elif isinstance(out[key], Mapping) and isinstance(default, Mapping):
+            out[key] = _coalesced(out[key], default, f"{at}{key}.", removed)
+    return out
 
 
 def read(paths: list[str]) -> ChartValues:
@@ -82,9 +106,16 @@ def read(paths: list[str]) -> ChartValues:
                 "(document)", "not a values file: one YAML mapping of chart values is expected",
                 "give the file `helm upgrade -f` takes (`helm get values RELEASE -o yaml` writes one)")])
         documents.extend(found)
-    values = merged(documents)
+    removed: set[str] = set()
+    values = _coalesced(_merged(documents), DEFAULTS, "", removed)
     try:
         return ChartValues.model_validate(values)
     except ValidationError as exc:
-        raise ManifestInvalid(", ".join(paths), errors_from_validation(
-            exc, reference="`{path}` in the chart's values.yaml and values.schema.json")) from None
+        raise ManifestInvalid(", ".join(paths), [
+            _unset(e) if e.path in removed else e for e in errors_from_validation(
+                exc, reference="`{path}` in the chart's values.yaml and values.schema.json")]) from None
+
+
+def _unset(error: ManifestError) -> ManifestError:
+    return ManifestError(error.path, "set to null, which removes the chart's default, and the chart needs a value",
+                         "give a value, or leave the key out to keep the chart's default")

@@ -6,9 +6,8 @@ the instances that would restart and why (a pod field, an engine flag, a new def
 image), how fast the roll would go (`spec.rollout`), the router Deployments that would roll, and
 the fleets this version would stop planning; first, whether the installed CRDs are this
 version's (Helm never upgrades them: the step of docs/install.md is easily skipped). It writes
-nothing. An empty answer means the upgrade
-restarts no engine; with `--exit-code` a pipeline can stop on the other answers, as
-`git diff --exit-code` does.
+nothing. An empty answer means the upgrade restarts no engine; with `--exit-code` a pipeline can
+stop on the other answers, as `git diff --exit-code` does.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ worker it probes alone: every second (`--health-check-interval-secs 1`), on the 
 (smg's success threshold). smg's defaults (`/health` every 60 s, three failures) left a crashed
 engine routed until its pod stopped being Ready (up to 30 s, the kubelet's `/ready` probe) and,
 with the `cache_aware` prefill policy, every request whose prefix it held was retried on it
-alone and failed. An unhealthy worker stays registered
-and probed (`--no-remove-unhealthy-workers`, as without discovery), so it comes back when its
-engine does whether or not its pod left Ready meanwhile; discovery still drops the workers of
-pods that are deleted or not Ready.
+alone and failed. An unhealthy worker stays registered and probed
+(`--no-remove-unhealthy-workers`, as without discovery), so it comes back when its engine does
+whether or not its pod left Ready meanwhile; discovery still drops the workers of pods that are
+deleted or not Ready.
 """
 
 from __future__ import annotations
