@@ -11,13 +11,13 @@ import yaml
 
 from hybridserving.api.profiles import PROFILES
 from hybridserving.api.v1alpha1 import HybridServing, HybridServingSpec
-from hybridserving.core.flags import EnginePorts
+from hybridserving.api.instance import InstancePorts
 from hybridserving.core.layout import errors, validate
 from support.patches import overlaid
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LEADER = "10.1.2.3"
-PORTS = EnginePorts(http=30100, bootstrap=9100, dist_init=20100, engine_info_bootstrap=6800)
+PORTS = InstancePorts(http=30100, bootstrap=9100, dist_init=20100, engine_info_bootstrap=6800)
 
 # Layouts each profile is typically served with, as patches over plain TP8 on both roles.
 # Only those the layout rules accept for a profile are rendered (a DSA model's DCP decode

@@ -9,15 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
+from hybridserving.api.instance import InstancePorts
 from hybridserving.api.v1alpha1 import HybridServing, HybridServingSpec
 from hybridserving.core.flags import (
-    LAUNCH_COMMAND,
     PLACEHOLDERS,
-    EnginePorts,
     fill_placeholders,
     render_argv,
-    render_command,
-    render_role_config,
     render_template,
 )
 from support.patches import overlaid
@@ -99,7 +96,7 @@ def test_expert_parallel_flags() -> None:
 
 def test_multi_node_flags_per_rank() -> None:
     spec = _load("kimi-k3.yaml")
-    ports = EnginePorts(http=31000, bootstrap=9000, dist_init=21000, engine_info_bootstrap=7000)
+    ports = InstancePorts(http=31000, bootstrap=9000, dist_init=21000, engine_info_bootstrap=7000)
     for rank in (0, 1):
         argv = render_argv(spec, "prefill", node_rank=rank, dist_init_addr="k3-prefill-0-0.k3", ports=ports)
         assert _value(argv, "--nnodes") == "2"
@@ -118,7 +115,7 @@ def test_multi_node_needs_a_leader_and_a_rank_in_range() -> None:
 
 
 def test_ports_are_the_instances() -> None:
-    ports = EnginePorts(http=30100, bootstrap=9100, dist_init=20100, engine_info_bootstrap=6800)
+    ports = InstancePorts(http=30100, bootstrap=9100, dist_init=20100, engine_info_bootstrap=6800)
     argv = render_argv(make(), "prefill", ports=ports)
     assert _value(argv, "--port") == "30100"
     assert _value(argv, "--disaggregation-bootstrap-port") == "9100"
@@ -192,31 +189,6 @@ def test_extra_args_come_last_verbatim() -> None:
 def test_render_is_deterministic() -> None:
     spec = _load("deepseek-v3.yaml")
     assert render_argv(spec, "prefill", dist_init_addr="h") == render_argv(spec, "prefill", dist_init_addr="h")
-
-
-def test_render_command_prefixes_the_launcher() -> None:
-    spec = make()
-    assert render_command(spec, "decode") == [*LAUNCH_COMMAND, *render_argv(spec, "decode")]
-    assert LAUNCH_COMMAND == ("python3", "-m", "sglang.launch_server")
-
-
-def test_role_config_is_json_and_fills_to_render_argv() -> None:
-    spec = _load("kimi-k3.yaml")
-    config = json.loads(json.dumps(render_role_config(spec)))
-    assert config["command"] == list(LAUNCH_COMMAND)
-    assert config["roles"]["prefill"]["nnodes"] == 2 and config["roles"]["decode"]["nnodes"] == 1
-    assert config["roles"]["prefill"]["gpusPerNode"] == 8
-    defaults = config["defaults"]
-    for rank in (0, 1):
-        values = {
-            "port": defaults["port"],
-            "bootstrap_port": defaults["bootstrap_port"],
-            "engine_info_bootstrap_port": defaults["engine_info_bootstrap_port"],
-            "node_rank": rank,
-            "dist_init_addr": f"leader:{defaults['dist_init_port']}",
-        }
-        filled = fill_placeholders(config["roles"]["prefill"]["argv"], values)
-        assert filled == render_argv(spec, "prefill", node_rank=rank, dist_init_addr="leader")
 
 
 def test_template_has_placeholders_only_where_values_vary() -> None:

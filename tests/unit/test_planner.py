@@ -9,6 +9,7 @@ single step, not just at the end.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -20,7 +21,9 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
 from hybridserving.controller.kube import KubeError
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.core import health, pairing, planner, ports, rendering
+from hybridserving.core.fleet import assess
 from hybridserving.core.naming import (
+    config_map_name,
     ANNOTATION_CONFIG_HASH,
     LABEL_INSTANCE,
     LABEL_LEADER,
@@ -32,6 +35,7 @@ from hybridserving.core.naming import (
 from hybridserving.core.observed import Observed
 from hybridserving.core.podtemplate import OWNED_ENGINE_FIELDS
 from hybridserving.core.switching import SwitchState
+from hybridserving_engine.launcher import fill_pod_values
 from support.apiserver import FakeCluster
 from support.fleets import check_invariants, converge, fleet, router_deployment, uids
 
@@ -138,6 +142,27 @@ def test_host_network_fleets_get_distinct_port_blocks_and_node_level_isolation()
     assert pod["spec"]["hostNetwork"] is True
     assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+
+
+def test_the_argv_plan_prints_is_the_one_each_pod_runs() -> None:
+    """`hybridserving plan` (fleet.assess) and the launcher, filling the role's ConfigMap from the
+    pod's environment, give one command line per rank: a port the plan names is the port the
+    pod listens on, dist-init included."""
+    hs = fleet(prefill={"replicas": 1, "nodesPerInstance": 2, "layout": {"tp": 16}},
+               decode={"replicas": 1, "layout": {"tp": 8}})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    for inst, spec in cluster.instances().items():
+        role = spec["spec"]["role"]
+        config = json.loads(cluster.get("ConfigMap", "ns", config_map_name("hs", role))["data"][f"{role}.json"])
+        planned = assess(hs.spec, leader_host=f"{inst}.ns.svc").roles[role].argv_by_rank
+        for rank, argv in enumerate(planned):
+            container = cluster.pods()[f"{inst}-{rank}"]["spec"]["containers"][0]
+            env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+            assert fill_pod_values(config["argv"], env, rank) == argv, f"{inst} rank {rank}"
+            if len(planned) > 1:
+                served = {p["name"]: p["containerPort"] for p in container["ports"]}
+                assert argv[argv.index("--dist-init-addr") + 1] == f"{inst}.ns.svc:{served['dist-init']}"
 
 
 # --------------------------------------------------------------------------- rollouts

@@ -7,43 +7,28 @@ new flag can make ambiguous at any release. Flags whose default already says wha
 spec says are left out, so that the argv reads as the layout's differences from plain TP.
 
 Values that differ per instance or per pod (ports allocated under host networking, the
-node rank, the leader's address) are placeholders in the per-role template
-(`render_role_config`), filled by whole-token substitution (`fill_placeholders`) in the
-pod; `render_argv` is that template filled, so both paths render the same argv.
+node rank, the leader's address) are placeholders in the per-role template (`render_template`,
+which the ConfigMap carries: `rendering.role_config`), filled by whole-token substitution
+(`fill_placeholders`) in the pod; `render_argv` is that template filled with an instance's
+ports, so what `plan` prints is what the pods run.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
 
-from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
+from hybridserving.api.instance import InstancePorts
+from hybridserving.api.v1alpha1 import HybridServingSpec, Role
 from hybridserving.contract import PLACEHOLDERS, fill_placeholders
 from hybridserving.core import weights
 from hybridserving.core.layout import role_switch_capability
-
-# The launcher module of the engine image; argv from `render_argv` follows it.
-LAUNCH_COMMAND: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+from hybridserving.core.ports import block_ports
 
 
-@dataclass(frozen=True)
-class EnginePorts:
-    """The ports one engine instance listens on.
-
-    Under host networking co-located instances share the node's ports, so the operator
-    allocates distinct ones per instance; on the pod network the defaults serve.
-    """
-
-    http: int = 30000
-    bootstrap: int = 8998
-    dist_init: int = 20000
-    engine_info_bootstrap: int = 6789
-
-
-def default_ports(spec: HybridServingSpec) -> EnginePorts:
-    """The ports of an instance on the pod network: the engine defaults, the spec's bootstrap port."""
-    return EnginePorts(bootstrap=spec.transfer.bootstrap_port)
+def default_ports(spec: HybridServingSpec) -> InstancePorts:
+    """The ports of an instance on the pod network: the first block (`ports.block_ports`), which
+    every such instance gets, its bootstrap port the spec's."""
+    return block_ports(0, spec.transfer.bootstrap_port)
 
 
 def in_place_role_switch(spec: HybridServingSpec) -> bool:
@@ -165,7 +150,7 @@ def render_argv(
     *,
     node_rank: int = 0,
     dist_init_addr: str | None = None,
-    ports: EnginePorts | None = None,
+    ports: InstancePorts | None = None,
 ) -> list[str]:
     """The argv after `python3 -m sglang.launch_server` for one pod of one instance.
 
@@ -177,57 +162,13 @@ def render_argv(
         raise ValueError(f"node_rank {node_rank} outside 0..{nodes - 1} for {role} instances of {nodes} node(s)")
     if nodes > 1 and not dist_init_addr:
         raise ValueError(f"{role} instances span {nodes} nodes: give dist_init_addr, the leader pod's host")
-    ports = ports or default_ports(spec)
+    given = ports or default_ports(spec)
     values: dict[str, str | int] = {
-        "port": ports.http,
-        "bootstrap_port": ports.bootstrap,
-        "engine_info_bootstrap_port": ports.engine_info_bootstrap,
+        "port": given.http,
+        "bootstrap_port": given.bootstrap,
+        "engine_info_bootstrap_port": given.engine_info_bootstrap,
         "node_rank": node_rank,
     }
     if dist_init_addr:
-        values["dist_init_addr"] = f"{dist_init_addr}:{ports.dist_init}"
+        values["dist_init_addr"] = f"{dist_init_addr}:{given.dist_init}"
     return fill_placeholders(render_template(spec, role), values)
-
-
-def render_command(
-    spec: HybridServingSpec,
-    role: Role,
-    *,
-    node_rank: int = 0,
-    dist_init_addr: str | None = None,
-    ports: EnginePorts | None = None,
-) -> list[str]:
-    """The whole command line of one engine pod: the launcher module, then `render_argv`."""
-    return [*LAUNCH_COMMAND, *render_argv(spec, role, node_rank=node_rank, dist_init_addr=dist_init_addr,
-                                           ports=ports)]
-
-
-def render_role_config(spec: HybridServingSpec) -> dict[str, Any]:
-    """Both roles' argv templates as one JSON-serialisable document, for a ConfigMap.
-
-    The role is pod metadata, not part of the pod template: a pod reads its role and node
-    rank, picks `roles[role].argv`, and fills the placeholders (`fill_placeholders`) from
-    its environment, taking `defaults` for ports the operator did not allocate. The same
-    document serves a relaunch into the other role without re-rendering.
-    """
-    defaults = default_ports(spec)
-    return {
-        "sglangVersion": spec.engine.sglang_version,
-        "command": list(LAUNCH_COMMAND),
-        "placeholders": dict(PLACEHOLDERS),
-        "defaults": {
-            "port": defaults.http,
-            "bootstrap_port": defaults.bootstrap,
-            "engine_info_bootstrap_port": defaults.engine_info_bootstrap,
-            "dist_init_port": defaults.dist_init,
-        },
-        "roles": {
-            role: {
-                "nnodes": spec.role(role).nodes_per_instance,
-                "gpusPerNode": spec.role(role).gpus_per_pod,
-                "inPlaceRoleSwitch": in_place_role_switch(spec),
-                "argv": render_template(spec, role),
-            }
-            for role in ROLES
-        },
-    }
