@@ -1,7 +1,7 @@
 """Roles for people on the real apiserver, by impersonation.
 
 The chart's view/edit ClusterRoles aggregate into the built-in view/edit roles, the on-call role
-grants what the runbooks need, and the admission policy keeps an instance's spec and labels the
+grants what the runbooks ask in a fleet's namespace, and the admission policy keeps an instance's spec and labels the
 operator's: a user bound only to the on-call role can switch or pin an instance and nothing
 else; the operator's ServiceAccount still writes specs.
 """
@@ -109,11 +109,19 @@ def test_on_call_can_switch_and_pin_an_instance_but_not_change_it(cluster: Clust
     after = json.loads(cluster.kubectl("get", *hsi, "-o", "json").stdout)
     assert after["spec"] == got["spec"] and after["metadata"]["labels"] == got["metadata"]["labels"]
 
-    # Fleets are read-only to on-call; what a runbook reads is readable.
+    # Fleets are read-only to on-call; what a runbook in the fleet's namespace reads is readable
+    # (router Deployments, the role ConfigMaps and the applied spec), and a hung gang can be
+    # restarted by deleting its leader pod; nothing else is writable.
     assert can(cluster, "alice", "get", "hybridservings.hybridserving.io", namespace)
     assert not can(cluster, "alice", "patch", "hybridservings.hybridserving.io", namespace)
     assert can(cluster, "alice", "get", "pods/log", namespace)
-    assert not can(cluster, "alice", "get", "secrets", namespace)
+    for verb, resource in (("list", "deployments.apps"), ("get", "deployments.apps"), ("get", "configmaps"),
+                           ("list", "events"), ("delete", "pods")):
+        assert can(cluster, "alice", verb, resource, namespace), (verb, resource)
+    for verb, resource in (("delete", "deployments.apps"), ("patch", "deployments.apps"), ("patch", "configmaps"),
+                           ("create", "pods"), ("patch", "pods"), ("get", "secrets"), ("list", "secrets")):
+        assert not can(cluster, "alice", verb, resource, namespace), (verb, resource)
+    assert not can(cluster, "alice", "delete", "pods", "default")
     assert not can(cluster, "alice", "patch", "hybridservinginstances.hybridserving.io", "default")
 
     # The operator's ServiceAccount is the one identity that writes instance specs.
