@@ -156,7 +156,6 @@ def instance_metrics(role: str, loads: Mapping[str, Any] | None, scrape: Scrape 
         kv_usage=kv_usage,
         prealloc_queue_reqs=prealloc,
         running_reqs=running,
-        ttft_p90_s=p90("sglang:time_to_first_token_seconds"),
         tpot_p90_s=p90("sglang:request_time_per_output_token_seconds"),
     )
 

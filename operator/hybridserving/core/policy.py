@@ -65,8 +65,10 @@ class InstanceMetrics:
     running_reqs: int = 0
     """Requests in the running batches (`num_running_reqs`); a prefill's stays empty
     (`managers/scheduler_components/metrics_reporter.py:854-855`)."""
-    ttft_p90_s: float | None = None
     tpot_p90_s: float | None = None
+    """Recent TPOT p90 (`sglang:request_time_per_output_token_seconds`), decode only. No TTFT: a
+    PD prefill never observes it, and a decode's mixes prefill queueing with waits for its own KV
+    slots (`managers/tokenizer_manager.py:3235-3247`), so it would blame either role for the other."""
     output_tokens_per_request: float | None = None
     """Mean output length of recently finished requests: the rate of SGLang's
     `sglang:generation_tokens_total` over that of `sglang:num_requests_total` (both counters
@@ -186,8 +188,6 @@ class PolicyMemory:
     """Decode demand: output tokens per second the role must emit."""
     decode_tokens_per_request: float = 0.0
     """KV tokens one running request holds (its reservation), for the KV and step-time projection."""
-    prefill_slo: float = 0.0
-    """Smoothed TTFT p90 / limit."""
     decode_slo: float = 0.0
     """Smoothed TPOT p90 / limit."""
     prefill_backlog_factor: float = 1.0
@@ -255,7 +255,6 @@ class RoleDemand:
     backlog (requests still queued for prefill will reach decode)."""
     decode_tokens_per_request: float
     """KV tokens one running request reserves."""
-    prefill_slo: float = 0.0
     decode_slo: float = 0.0
     prefill_backlog_factor: float = 1.0
     """Prefill demand over what it delivers (≥ 1): how much more decode will see once prefill catches up."""
@@ -317,13 +316,11 @@ def measure_demand(
     # are decode demand too, and giving prefill an instance releases them onto decode. Used when
     # decode is the donor (conservative), not when it receives (that would overshoot).
     backlog_factor = min(3.0, max(1.0, load / busy)) if busy > 0 else 1.0
-    ttft = [m.ttft_p90_s / config.ttft_slo_s for m in holding["prefill"] if m.ttft_p90_s is not None]
     tpot = [m.tpot_p90_s / config.tpot_slo_s for m in holding["decode"] if m.tpot_p90_s is not None]
     return RoleDemand(
         prefill_load=load,
         decode_tokens_per_s=tokens,
         decode_tokens_per_request=per_request,
-        prefill_slo=sum(ttft) / len(ttft) if ttft else 0.0,
         decode_slo=sum(tpot) / len(tpot) if tpot else 0.0,
         prefill_backlog_factor=backlog_factor,
     )
@@ -523,7 +520,6 @@ class RoleSwitchPolicy:
                     if memory.smoothed_at is None or not memory.decode_tokens_per_request
                     else _ewma(memory.decode_tokens_per_request, per_request, alpha)
                 ),
-                prefill_slo=_ewma(memory.prefill_slo, m.prefill_slo, alpha),
                 decode_slo=_ewma(memory.decode_slo, m.decode_slo, alpha),
                 prefill_backlog_factor=_ewma(memory.prefill_backlog_factor, m.prefill_backlog_factor, alpha),
                 output_tokens_per_request=_smoothed_output_length(memory, fleet, metrics, alpha),
@@ -581,7 +577,6 @@ class RoleSwitchPolicy:
             memory.prefill_load,
             memory.decode_tokens_per_s,
             memory.decode_tokens_per_request,
-            memory.prefill_slo,
             memory.decode_slo,
             memory.prefill_backlog_factor,
             memory.prefill_peak_load,
@@ -604,12 +599,12 @@ class RoleSwitchPolicy:
         return projected_decode_pressure(demand, instances, self.config, self.model)
 
     def current_pressure(self, role: Role, demand: RoleDemand, fleet: Sequence[InstanceState]) -> float:
-        """Projected pressure at the role's current capacity (prefill at its recent peak), or the
-        SLO evidence if that is worse."""
-        slo = demand.prefill_slo if role == "prefill" else demand.decode_slo
+        """Projected pressure at the role's current capacity (prefill at its recent peak); for
+        decode, its TPOT p90 over the limit if that is worse (prefill has no such evidence:
+        `InstanceMetrics.tpot_p90_s`)."""
         if role == "prefill":
-            demand = demand.with_bursts()
-        return max(self.projected(role, demand, _capacity(fleet, role)), slo)
+            return self.projected(role, demand.with_bursts(), _capacity(fleet, role))
+        return max(self.projected(role, demand, _capacity(fleet, role)), demand.decode_slo)
 
     # ------------------------------------------------------------------ the decision
 

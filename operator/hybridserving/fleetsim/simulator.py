@@ -100,7 +100,7 @@ class _Instance:
         "idx", "name", "role", "phase", "target", "last_switch_at", "pinned", "in_place",
         "queue", "queue_tokens", "busy", "pass_items", "busy_log",
         "running", "steps", "t0", "batch", "resident", "reserved", "inbound", "version",
-        "ttft_log", "tpot_log", "drain_started", "removing", "done_log",
+        "tpot_log", "drain_started", "removing", "done_log",
     )  # fmt: skip
 
     def __init__(self, idx: int, role: Role, in_place: bool) -> None:
@@ -127,7 +127,6 @@ class _Instance:
         self.reserved = 0
         self.inbound = 0
         self.version = 0
-        self.ttft_log: deque[tuple[float, float]] = deque()
         self.tpot_log: deque[tuple[float, float]] = deque()
         self.drain_started = 0.0
         self.removing = False
@@ -140,7 +139,6 @@ class _Instance:
         twin.pass_items = list(self.pass_items)
         twin.busy_log = deque(self.busy_log)
         twin.running = list(self.running)
-        twin.ttft_log = deque(self.ttft_log)
         twin.tpot_log = deque(self.tpot_log)
         twin.done_log = deque(self.done_log)
         return twin
@@ -392,7 +390,6 @@ class FleetSimulator:
             if self.progress[r] + self.cached[r] >= self.prompt[r]:
                 inst.queue.popleft()
                 self.pending.append(r)
-                inst.ttft_log.append((t, t + self._latency - self.arrival[r]))
         inst.pass_items = []
         self._admit(t)
         if inst.queue:
@@ -524,7 +521,6 @@ class FleetSimulator:
         inst.steps = inst.batch = inst.resident = inst.reserved = 0
         inst.running = []
         inst.t0 = t
-        inst.ttft_log.clear()
         inst.tpot_log.clear()
         if inst.role == "decode":
             self._admit(t)
@@ -589,7 +585,6 @@ class FleetSimulator:
                     prefill_queue_tokens=inst.queue_tokens,
                     utilization=min(1.0, busy / window),
                     running_reqs=len(inst.pass_items),
-                    ttft_p90_s=_p90(inst.ttft_log, t),
                 )
             else:
                 self._decode_advance(t, inst)
