@@ -415,6 +415,14 @@ def test_prefill_and_decode_instances_hand_over_kv_by_bootstrap_room():
             p_metrics = await r.text()
         async with session.get(d_url + "/metrics") as r:
             d_metrics = await r.text()
+        # The latency histograms are the decode's: a PD prefill observes no TTFT, so no
+        # inter-token latency, and no TPOT (managers/tokenizer_manager.py:3235-3247, 3276-3284).
+        for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds",
+                     "request_time_per_output_token_seconds"):
+            assert metric_sum(p_metrics, f"sglang:{hist}_count") == 0, hist
+        assert metric_sum(d_metrics, "sglang:time_to_first_token_seconds_count") == 2
+        assert metric_sum(d_metrics, "sglang:request_time_per_output_token_seconds_count") == 2
+        assert metric_sum(d_metrics, "sglang:inter_token_latency_seconds_count") > 0
         realtime = "sglang:realtime_tokens_total"
         assert metric_sum(p_metrics, realtime, mode="prefill_compute") == 500
         assert metric_sum(p_metrics, realtime, mode="decode") == 0
@@ -602,6 +610,11 @@ def test_role_switch_in_progress_unhealthy_and_success(monkeypatch):
 
         status, body = await _switch(session, flaky_url, "decode", decode_cuda_graph_memory_gb=1.0)
         assert status == 400 and body["safe_to_restore"] is False and "restart required" in body["message"]
+        # SGLang's HTTP layer does not read the scheduler's broken flag: /ready stays 200 until a
+        # health check gets no output (disaggregation/role_switch.py:135, 184;
+        # managers/tokenizer_manager.py:728-734; entrypoints/http_server.py:776-799).
+        async with session.get(flaky_url + "/ready") as r:
+            assert r.status == 200
         async with session.get(flaky_url + "/health") as r:
             assert r.status == 503
         async with session.get(flaky_url + "/ready") as r:
@@ -758,6 +771,31 @@ def test_sigterm_turns_health_503_and_serves_every_request_in_flight_before_stop
         await shutting
         with pytest.raises(aiohttp.ClientError):
             await generate(session, url, 1)
+
+    run(check, server)
+
+
+def test_a_health_check_waiting_when_sigterm_comes_passes_and_the_drain_goes_on(monkeypatch):
+    # entrypoints/http_server.py:731 looks at gracefully_exit on entry only; inside the loop
+    # (lines 776-783) any output of the scheduler answers 200 and sets the status Up, so a check
+    # under way at SIGTERM does not turn the server UnHealthy and stop it with work in flight.
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "3")
+    server = make_server(time_scale=0.5)
+
+    async def check(session, url):
+        generating = asyncio.create_task(session.post(url + "/generate", json={
+            "text": "abcd" * 40, "sampling_params": {"max_new_tokens": 60}}))
+        while server.engine.is_idle():
+            await asyncio.sleep(0.01)
+        health = asyncio.create_task(session.get(url + "/health"))
+        await asyncio.sleep(0.2)
+        shutting = asyncio.create_task(server.shut_down())
+        answer = await health
+        assert answer.status == 200 and server.server_status is simulator_server.ServerStatus.UP
+        assert not shutting.done(), "the server stopped with a request in flight"
+        resp = await generating
+        assert resp.status == 200 and (await resp.json())["meta_info"]["completion_tokens"] == 60
+        await shutting
 
     run(check, server)
 

@@ -95,6 +95,7 @@ class SimRequest:
     """Prompt tokens computed once the chunk in flight is done."""
     first_token_at: float | None = None
     last_token_at: float | None = None
+    ttft_observed: bool = False
     finish_reason: str | None = None
     prefilled: asyncio.Event = field(default_factory=asyncio.Event)
     admitted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -573,11 +574,17 @@ class SimulatedEngine:
     # ------------------------------------------------------------------ output and accounting
 
     def _emit_token(self, req: SimRequest) -> None:
+        """The tokenizer manager's latency histograms as SGLang keeps them
+        (`managers/tokenizer_manager.py:3235-3258`): a PD prefill never observes TTFT, and so
+        never an inter-token latency either, which follows only an observed TTFT."""
         now = time.monotonic()
         m = self.metrics
         if req.first_token_at is None:
             req.first_token_at = now
-            m.t(m.time_to_first_token, req.streaming).observe(now - req.arrival)
+        if not req.ttft_observed:
+            if self.role != "prefill":
+                req.ttft_observed = True
+                m.t(m.time_to_first_token, req.streaming).observe(now - req.arrival)
         else:
             assert req.last_token_at is not None, "a token followed the first one"
             m.t(m.inter_token_latency).observe(now - req.last_token_at)
@@ -599,7 +606,9 @@ class SimulatedEngine:
         m.t(m.prompt_tokens_total, req.streaming).inc(req.prompt_tokens)
         m.t(m.generation_tokens_total, req.streaming).inc(req.generated)
         m.t(m.num_requests_total, req.streaming).inc()
-        if req.generated > 1 and req.first_token_at is not None:
+        # Neither on a PD prefill nor for an abort, whose decode was cut short (lines 3276-3284).
+        if (reason in ("stop", "length") and self.role != "prefill" and req.generated > 1
+                and req.first_token_at is not None):
             m.t(m.time_per_output_token, req.streaming).observe((now - req.first_token_at) / (req.generated - 1))
         req.events.put_nowait(("finish", reason))
         req.finished.set()

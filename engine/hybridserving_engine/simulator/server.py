@@ -243,11 +243,11 @@ class SimulatorServer:
     async def shut_down(self) -> None:
         """SIGTERM as 0.5.23 takes it (`managers/tokenizer_manager.py:3508-3545, 4066-4070`): `/health`,
         `/ping` and `/ready` answer 503 at once, requests in flight, and any still sent, are served to
-        the end, then the server stops; a server whose last health check failed (lines 3517-3524),
-        an engine broken by a failed rebuild or `SGL_FORCE_SHUTDOWN` stops at once.
+        the end, then the server stops; a server whose last health check failed (lines 3517-3524)
+        or `SGL_FORCE_SHUTDOWN` stops at once.
         SGLang looks every 5 s; the simulator every 0.2 s, so that a stop costs tests no waiting."""
         self.shutting_down = True
-        while (self.server_status is ServerStatus.UP and self.engine.healthy and not self.engine.is_idle()
+        while (self.server_status is ServerStatus.UP and not self.engine.is_idle()
                and not env_bool("SGL_FORCE_SHUTDOWN", False)):
             await asyncio.sleep(0.2)
         await self.stop()
@@ -377,7 +377,9 @@ class SimulatorServer:
         one-token generation whose answer is awaited in `asyncio.sleep(1)` steps, so the reply never
         comes before one second. Any output of the scheduler is an answer and sets the status Up;
         none within `SGLANG_HEALTH_CHECK_TIMEOUT` (20 s, line 218) is a 503 that sets it UnHealthy
-        (lines 779-799), which `/ready` and `/ping` then answer with until a later check passes."""
+        (lines 779-799), which `/ready` and `/ping` then answer with until a later check passes.
+        Shutting down is looked at on entry only (line 731): a check already waiting when SIGTERM
+        comes passes on the scheduler's output, and the drain goes on."""
         if self.shutting_down:
             return web.Response(status=503)
         if request.path == "/health" and not env_bool("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", True):
@@ -390,7 +392,7 @@ class SimulatorServer:
         while time.monotonic() < tic + timeout:
             await asyncio.sleep(1)
             answered = answered or self.engine.responds()
-            if answered and not self.shutting_down:
+            if answered:
                 self.server_status = ServerStatus.UP
                 return web.Response(status=200)
         log.error("Health check failed. Server couldn't get a response from detokenizer for last %d seconds.",
@@ -400,8 +402,10 @@ class SimulatorServer:
 
     def is_healthy(self) -> bool:
         """`TokenizerManager.is_healthy` (`managers/tokenizer_manager.py:728-730`): not shutting down and
-        Up; and not broken by a failed rebuild."""
-        return not self.shutting_down and self.server_status is ServerStatus.UP and self.engine.healthy
+        Up. An engine a failed rebuild broke is still Up here, as in SGLang, whose HTTP layer never
+        reads `_pd_role_switch_unhealthy` (`disaggregation/role_switch.py:135, 184`); its next
+        health check gets no output and turns it UnHealthy."""
+        return not self.shutting_down and self.server_status is ServerStatus.UP
 
     async def ping(self, request: web.Request) -> web.Response:
         """200 while healthy, also while paused (`entrypoints/http_server.py:2190-2199`)."""
