@@ -14,7 +14,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import TextIO, cast
 
 from hybridserving.api.profiles import PROFILES
 from hybridserving.api.v1alpha1 import HardwareSpec
@@ -22,6 +22,7 @@ from hybridserving.commands import chartvalues, render, rollback, simulate, stat
 from hybridserving.commands.output import (
     EXIT_INVALID,
     EXIT_OK,
+    Printable,
     load_manifests,
     whole_number,
     write_json,
@@ -276,7 +277,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     command: Callable[[argparse.Namespace, TextIO], int] = args.func
     try:
-        return command(args, out or sys.stdout)
+        return command(args, cast(TextIO, Printable(out or sys.stdout)))
     except BrokenPipeError:
         # The reader left (`| head`): no traceback, and the status of a writer the pipe's SIGPIPE
         # ended, as for any Unix tool. Python would report the pipe again when it flushes stdout

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from hybridserving.api.base import field_errors
 from hybridserving.api.crd import render_schema
-from hybridserving.api.v1alpha1 import HybridServing
+from hybridserving.api.v1alpha1 import GROUP, INSTANCE_KIND, KIND, HybridServing
 
 
 @dataclass(frozen=True)
@@ -160,10 +160,14 @@ def parse_document(doc: Any, source: str = "<input>") -> HybridServing:
             source, [ManifestError("(document)", "expected a mapping (a HybridServing object)", "check the YAML")]
         )
     kind = doc.get("kind")
-    if kind != "HybridServing":
+    if kind != KIND:
         raise ManifestInvalid(
             source, [ManifestError("kind", f"expected HybridServing, got {kind!r}", "set kind: HybridServing")]
         )
+    if "apiVersion" not in doc:
+        # The model would fill it in; kubectl refuses the object ("apiVersion not set").
+        raise ManifestInvalid(source, [ManifestError(
+            "apiVersion", "not set: kubectl refuses an object without it", f"set apiVersion: {GROUP}/v1alpha1")])
     try:
         sent = _as_kubectl_sends(doc, _crd_schema())
     except _NotSent as exc:
@@ -181,8 +185,26 @@ class _DuplicateKey(yaml.constructor.ConstructorError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping, as kubectl does ("already set in
-    map"): PyYAML keeps the last silently, so `validate` would pass a fleet the apply refuses."""
+    """SafeLoader that reads as kubectl's YAML reader (go-yaml v2, then JSON) reads: a key given
+    twice in one mapping is an error ("already set in map"), where PyYAML keeps the last silently
+    and `validate` would pass a fleet the apply refuses; a timestamp stays the text it was written
+    as (go-yaml hands one to an untyped value as its string, so `2024-01-01` as an annotation key
+    or value is that text, where PyYAML makes a date that JSON cannot carry); and `!!binary` is its
+    decoded text."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_yaml_binary(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
+        data = super().construct_yaml_binary(node)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "!!binary data that is not UTF-8 text: a HybridServing holds text only",
+                node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -201,6 +223,9 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_StrictLoader.add_constructor("tag:yaml.org,2002:binary", _StrictLoader.construct_yaml_binary)
+
+
 def yaml_documents(text: str, source: str = "<input>") -> list[Any]:
     """The documents of a YAML text that are not empty, read as kubectl reads them (a key given
     twice is an error); ManifestInvalid with the line and column where it is not YAML."""
@@ -217,17 +242,52 @@ def yaml_documents(text: str, source: str = "<input>") -> list[Any]:
         raise ManifestInvalid(source, [_TOO_DEEP]) from None
 
 
-def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
-    """Every HybridServing in a (multi-document) YAML text; other kinds are skipped."""
-    docs = yaml_documents(text, source)
-    found, failed = [], []
+def _objects(docs: list[Any], source: str) -> list[tuple[Any, str]]:
+    """Each object of the documents with where it stands, a list's (`kind: List`, or a typed list
+    such as `kubectl get hs -o yaml` writes) items one by one, as kubectl applies them."""
+    out = []
     for n, doc in enumerate(docs, 1):
-        if isinstance(doc, dict) and doc.get("kind") == "HybridServing":
+        # Each document's number in the stream, when there are several, so an error says which.
+        where = f"{source} (document {n})" if len(docs) > 1 else source
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+            out += [(item, f"{where} (item {i})") for i, item in enumerate(doc["items"])]
+        else:
+            out.append((doc, where))
+    return out
+
+
+def _not_applied(doc: Any, where: str) -> ManifestInvalid | None:
+    """Why kubectl would refuse an object that is not a HybridServing, or None for another kind it
+    applies (the fleet's neighbours in a GitOps bundle), which `validate` leaves to kubectl."""
+    if not isinstance(doc, dict):
+        return ManifestInvalid(where, [ManifestError(
+            "(document)", "not an object: kubectl applies mappings with apiVersion and kind",
+            "remove the document or write it as an object")])
+    kind, api_version = doc.get("kind"), doc.get("apiVersion")
+    if not isinstance(kind, str) or not kind:
+        return ManifestInvalid(where, [ManifestError(
+            "kind", "not set: kubectl refuses an object without it", f"set kind: {KIND}")])
+    ours = isinstance(api_version, str) and api_version.split("/")[0] == GROUP
+    if kind.lower() == KIND.lower() or (ours and kind not in (KIND, INSTANCE_KIND)):
+        return ManifestInvalid(where, [ManifestError(
+            "kind", f"{kind!r} is not a kind {GROUP} serves (kinds are case-sensitive)", f"set kind: {KIND}")])
+    return None
+
+
+def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
+    """Every HybridServing in a (multi-document) YAML text, a list's items included; other kinds
+    are skipped, but a near miss (`kind: Hybridserving`, a kind hybridserving.io does not serve)
+    or an object kubectl would refuse outright is an error, not a fleet silently left out."""
+    found, failed = [], []
+    for doc, where in _objects(yaml_documents(text, source), source):
+        if isinstance(doc, dict) and doc.get("kind") == KIND:
             try:
-                # Each document's number in the stream, when there are several, so an error says which.
-                found.append(parse_document(doc, f"{source} (document {n})" if len(docs) > 1 else source))
+                found.append(parse_document(doc, where))
             except ManifestInvalid as exc:
                 failed.append(exc)
+        elif (refused := _not_applied(doc, where)) is not None:
+            failed.append(refused)
     if failed:
         raise ManifestInvalid(failed[0].source, failed[0].errors, tuple(failed[1:]))
     if not found:

@@ -519,3 +519,55 @@ def test_capacity_on_a_gpu_too_small_names_the_flag_and_the_least_memory() -> No
     assert out.startswith("error: --gpu-memory-gib (hardware.gpuMemoryGib): 5.0 GiB per GPU is too little for decode")
     least = out.split("at least ")[1].split()[0]
     assert run("capacity", "--model", "glm-5.3", "--gpu-memory-gib", least, "--tp", "8")[0] == 0
+
+
+def test_timestamps_and_binary_read_as_the_text_kubectl_sends(tmp_path: Path) -> None:
+    """go-yaml, kubectl's reader, hands an untyped timestamp on as the text it was written as: a
+    date as an annotation key or value is that text (PyYAML's date broke the JSON step with a
+    traceback), and `!!binary` is its decoded text."""
+    fleet = FLEET + ("  podTemplate: {metadata: {annotations: {2024-01-01: 2024-01-02 03:04:05}}}\n"
+                     "  engine: {extraArgs: [--log-level, !!binary ZGVidWc=]}\n")
+    [hs] = load_text(fleet)
+    assert hs.spec.pod_template is not None
+    assert hs.spec.pod_template.metadata.annotations == {"2024-01-01": "2024-01-02 03:04:05"}
+    assert hs.spec.engine.extra_args[-1] == "debug"
+    code, out = run("validate", "-f", write(tmp_path, "f.yaml", fleet))
+    assert code == 0, out
+
+
+def test_control_characters_in_what_the_cli_prints_are_escaped(tmp_path: Path) -> None:
+    """A hostile key reaches the output in a field path: the terminal must show it, not act on it."""
+    path = write(tmp_path, "f.yaml", FLEET + '  "\\e]0;owned\\a\\e[2J": 1\n')
+    code, out = run("validate", "-f", path)
+    assert code == 1 and "\x1b" not in out and "\x07" not in out
+    assert "error: spec.\\x1b]0;owned\\x07\\x1b[2J: Extra inputs are not permitted" in out
+    code, out = run("validate", "-f", path, "-o", "json")
+    assert json.loads(out)[0]["issues"][0]["path"] == "spec.\x1b]0;owned\x07\x1b[2J"
+
+
+def test_an_object_kubectl_would_refuse_is_an_error_not_a_fleet_left_out(tmp_path: Path) -> None:
+    code, out = run("validate", "-f", write(tmp_path, "a.yaml", FLEET.replace("apiVersion: hybridserving.io/v1alpha1\n",
+                                                                               "")))
+    assert code == 1 and "error: apiVersion: not set: kubectl refuses an object without it" in out
+    assert "fix: set apiVersion: hybridserving.io/v1alpha1" in out
+    near = FLEET.replace("kind: HybridServing", "kind: Hybridserving")
+    code, out = run("validate", "-f", write(tmp_path, "b.yaml", FLEET + "---\n" + near + "---\nfoo: bar\n"))
+    assert code == 1, out
+    assert "(document 2): invalid\n  error: kind: 'Hybridserving' is not a kind hybridserving.io serves" in out
+    assert "(document 3): invalid\n  error: kind: not set: kubectl refuses an object without it" in out
+    other = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"
+    code, out = run("validate", "-f", write(tmp_path, "c.yaml", other + "---\n" + FLEET))
+    assert code == 0 and "t: valid" in out, "another kind beside a fleet is kubectl's to judge"
+
+
+@pytest.mark.parametrize("kind", ["List", "HybridServingList"])
+def test_a_list_of_fleets_is_read_item_by_item(tmp_path: Path, kind: str) -> None:
+    """What `kubectl get hs -o yaml` writes: every item is a fleet, and an error names its item."""
+    fleet = yaml.safe_load(FLEET)
+    broken = yaml.safe_load(FLEET.replace("name: t", "name: u").replace("tp: 8}}\n  decode", "tp: 0}}\n  decode"))
+    listed = {"apiVersion": "v1", "kind": kind, "items": [fleet, broken]}
+    code, out = run("validate", "-f", write(tmp_path, "l.yaml", yaml.safe_dump(listed)))
+    assert code == 1 and "l.yaml (item 1): invalid\n  error: spec.prefill.layout.tp" in out, out
+    listed["items"] = [fleet]
+    code, out = run("validate", "-f", write(tmp_path, "l.yaml", yaml.safe_dump(listed)))
+    assert code == 0 and "t: valid" in out

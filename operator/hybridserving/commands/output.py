@@ -4,6 +4,7 @@ and the errors of a manifest that does not load."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 from collections.abc import Callable
@@ -42,6 +43,27 @@ def positive_number(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is out of range: use a finite number above 0")
     return value
+
+
+# C0 and C1 control characters but newline and tab, and DEL: what a terminal acts on rather than shows.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+class Printable(io.TextIOBase):
+    """`out` with every control character written as its escape (`\\x1b`). A manifest's keys and
+    names, and what a cluster's Events say, reach the output in field paths and messages; a
+    terminal would act on an escape sequence in them (clear the screen, retitle the window, hide
+    the lines before it) instead of showing it. JSON and YAML already escape them."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    def write(self, text: str) -> int:
+        self._out.write(text.translate(_CONTROLS))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
 
 
 def write_table(rows: list[list[str]], out: TextIO, indent: str = "") -> None:
