@@ -64,6 +64,8 @@ def _human_tokens(n: float) -> str:
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     try:
+        if args.file == "-" and "-" in args.values:
+            raise ManifestInvalid("<stdin>", [chartvalues.ONE_STDIN])
         policy = chartvalues.read(args.values).policy() if args.values else None
     except ManifestInvalid as err:
         write_manifest_errors(err, out, args.output == "json")

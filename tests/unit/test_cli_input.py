@@ -48,6 +48,8 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     (AZURE + "yesterday,1,1\n", "not an Azure CSV trace: Invalid isoformat string", "fix: give a CSV whose header"),
     (AZURE, "0 request(s) over 0 s, no request rate", "fix: give a trace with at least two requests"),
     (AZURE + "2023-11-16 18:15:46.68,374,44\n", "1 request(s) over 0 s", "fix: give a trace with at least two"),
+    (AZURE + "2023-11-16 18:15:46.68,-5,44\n", "line 2: ContextTokens -5 is not a whole number of tokens",
+     "fix: give a CSV whose header"),
 ])
 def test_a_csv_trace_that_does_not_replay_is_an_error_naming_the_flag(
     tmp_path: Path, rows: str, expected: str, fix: str
@@ -58,7 +60,12 @@ def test_a_csv_trace_that_does_not_replay_is_an_error_naming_the_flag(
 
 
 @pytest.mark.parametrize("line", ['{"timestamp": "x", "input_length": 1, "output_length": 1}', "not json", "[1]",
-                                  '{"input_length": 1}'])
+                                  '{"input_length": 1}',
+                                  '{"timestamp": 0, "input_length": -100, "output_length": 1}',
+                                  '{"timestamp": 0, "input_length": true, "output_length": 1}',
+                                  '{"timestamp": 0, "input_length": "100", "output_length": 1}',
+                                  '{"timestamp": NaN, "input_length": 1, "output_length": 1}',
+                                  '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": "abc"}'])
 def test_a_jsonl_trace_that_does_not_replay_is_an_error_naming_the_flag(tmp_path: Path, line: str) -> None:
     code, out = run("simulate", "--policy", "static", "--trace", write(tmp_path, "t.jsonl", line + "\n"))
     assert code == 1
@@ -571,3 +578,40 @@ def test_a_list_of_fleets_is_read_item_by_item(tmp_path: Path, kind: str) -> Non
     listed["items"] = [fleet]
     code, out = run("validate", "-f", write(tmp_path, "l.yaml", yaml.safe_dump(listed)))
     assert code == 0 and "t: valid" in out
+
+
+@pytest.mark.parametrize("argv", [["validate", "-f", "-", "--values", "-"],
+                                  ["upgrade-check", "--values", "-", "--values", "-"]])
+def test_standard_input_named_twice_is_an_error_not_an_empty_file(argv: list[str]) -> None:
+    code, out = run(*argv)
+    assert code == 1 and out == ("<stdin>: invalid\n  error: (file): standard input (-) is named twice, and it can "
+                                 "be read only once\n         fix: give all but one of them as files\n"), out
+
+
+def test_a_replay_beyond_what_one_run_holds_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """Such runs took minutes and gigabytes, or never ended, instead of an answer."""
+    def record(t: float, prompt: int = 100, output: int = 10) -> str:
+        return json.dumps({"timestamp": t, "input_length": prompt, "output_length": output}) + "\n"
+
+    trace = write(tmp_path, "t.jsonl", record(0) + record(1000))
+    code, out = run("simulate", "--policy", "static", "--trace", trace, "--rate-scale", "1e300")
+    assert code == 1 and out.startswith("error: --rate-scale: 1e+300x the trace's 2 requests is up to ")
+    assert "fix: lower --rate-scale to at most 1000000, or give a shorter trace" in out
+    span = write(tmp_path, "span.jsonl", record(0) + record(1e18))
+    code, out = run("simulate", "--policy", "static", "--trace", span)
+    assert code == 1 and "one run replays at most 7" in out and "fix: give a shorter part of the trace" in out
+    code, out = run("simulate", "--policy", "static", "--trace",
+                    write(tmp_path, "huge.jsonl", record(0, prompt=10**15) + record(1000)))
+    assert code == 1 and "a request of 1,000,000,000,000,000 tokens, beyond any model's context" in out
+
+
+def test_a_plot_is_a_png_of_one_run_or_refused_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    for target in ("x.txt", str(tmp_path)):
+        error = usage_error(capsys, "simulate", "--policy", "static", "--trace", "mooncake", "--plot", target)
+        assert f"argument --plot: '{target}' does not end in .png" in error
+    trace = write(tmp_path, "t.jsonl", "".join(json.dumps({"timestamp": t, "input_length": 100, "output_length": 10})
+                                               + "\n" for t in (0, 1000)))
+    code, out = run("simulate", "--policy", "per-window", "--trace", trace, "--plot", str(tmp_path / "p.png"))
+    assert code == 1 and out.startswith("error: --plot: per-window scores each window as its own split")
+    assert not (tmp_path / "p.png").exists()

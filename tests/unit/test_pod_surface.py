@@ -175,6 +175,24 @@ def test_a_sidecar_needs_an_image() -> None:
     assert ("spec.podTemplate.spec.containers[log-shipper].image", "pod-template-shape", "error") in issues(hs)
 
 
+def test_names_the_apiserver_refuses_in_a_pod_are_errors_not_silently_merged() -> None:
+    """A container or volume name is a DNS-1123 label, unique in its list; the template's items
+    merge into the pod's by name, so a duplicate would otherwise vanish into the first."""
+    hs = fleet(podTemplate={"spec": {
+        "containers": [{"name": "Log Shipper", "image": "a"}, {"name": "side", "image": "a"},
+                       {"name": "side", "image": "b"}],
+        "initContainers": [{"name": "init", "image": "a"}, {"name": "init", "image": "b"}],
+        "volumes": [{"name": "cache", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]}})
+    assert [(p, r) for p, r, s in issues(hs) if s == "error"] == [
+        ("spec.podTemplate.spec.containers[Log Shipper].name", "pod-template-shape"),
+        ("spec.podTemplate.spec.containers[side]", "pod-template-shape"),
+        ("spec.podTemplate.spec.initContainers[init]", "pod-template-shape"),
+        ("spec.podTemplate.spec.volumes[cache]", "pod-template-shape"),
+    ]
+    fine = fleet(podTemplate={"spec": {"containers": [{"name": "engine"}, {"name": "log-shipper", "image": "a"}]}})
+    assert not [p for p, _, s in issues(fine) if s == "error"]
+
+
 # --------------------------------------------------------------------------- env
 
 

@@ -1012,9 +1012,10 @@ _FLEET_NAME_REASON = (
 )
 
 
-# A namespace's name, as the apiserver checks it on every object (a DNS-1123 label).
-NAMESPACE_PATTERN = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-NAMESPACE_RULE = "at most 63 lowercase letters, digits and '-', a letter or digit first and last"
+# A DNS-1123 label: what the apiserver takes as a namespace's name on every object, and as a
+# container's name in a pod.
+DNS_LABEL_PATTERN = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+DNS_LABEL_RULE = "at most 63 lowercase letters, digits and '-', a letter or digit first and last"
 
 
 class FleetMeta(ObjectMeta):
@@ -1024,8 +1025,8 @@ class FleetMeta(ObjectMeta):
     @classmethod
     def _namespace_is_dns_1123_label(cls, namespace: str) -> str:
         """The apiserver refuses any other namespace; empty is kubectl's "none given"."""
-        if namespace and not re.fullmatch(NAMESPACE_PATTERN, namespace):
-            raise ValueError(f"must have {NAMESPACE_RULE}, as the apiserver requires; name a namespace such as "
+        if namespace and not re.fullmatch(DNS_LABEL_PATTERN, namespace):
+            raise ValueError(f"must have {DNS_LABEL_RULE}, as the apiserver requires; name a namespace such as "
                              "'team-a'")
         return namespace
 

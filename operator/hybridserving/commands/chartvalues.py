@@ -33,6 +33,9 @@ DEFAULTS: dict[str, Any] = {
 
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
 
+ONE_STDIN = ManifestError("(file)", "standard input (-) is named twice, and it can be read only once",
+                          "give all but one of them as files")
+
 
 class EngineImageValues(ApiModel):
     repository: NonEmpty
@@ -97,6 +100,8 @@ def _coalesced(given: Mapping[str, Any], defaults: Mapping[str, Any], at: str, r
 def read(paths: list[str]) -> ChartValues:
     """The values of files `paths` (`-`: standard input) merged in order, as `helm upgrade -f`
     takes them; ManifestInvalid naming the file, and the field with its fix, when one does not do."""
+    if paths.count("-") > 1:
+        raise ManifestInvalid("<stdin>", [ONE_STDIN])
     documents = []
     for path in paths:
         source, text = read_text(path)

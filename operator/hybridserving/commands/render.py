@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from hybridserving.api.v1alpha1 import NAMESPACE_PATTERN, NAMESPACE_RULE, HybridServing
+from hybridserving.api.v1alpha1 import DNS_LABEL_PATTERN, DNS_LABEL_RULE, HybridServing
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, load_manifests
 from hybridserving.core import planner
 from hybridserving.core.observed import Observed
@@ -36,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def namespace_name(text: str) -> str:
     """An argparse type: a namespace name as the apiserver takes it (a DNS-1123 label), so the objects
     printed are ones `kubectl apply` accepts."""
-    if not re.fullmatch(NAMESPACE_PATTERN, text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name: use {NAMESPACE_RULE}")
+    if not re.fullmatch(DNS_LABEL_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name: use {DNS_LABEL_RULE}")
     return text
 
 

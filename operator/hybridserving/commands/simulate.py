@@ -11,6 +11,7 @@ the first setting of their benchmark sweep.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TextIO
 
@@ -28,6 +29,12 @@ from hybridserving.fleetsim.experiment import (
 )
 
 WORKLOADS = ("mix-shift", "diurnal", "agentic", "mooncake")
+# What one run replays at most: the simulator holds every request's record in memory and ticks
+# every few seconds of trace time, so past these a run takes many minutes and gigabytes (the
+# workloads above replay about 100 K requests over one to two hours at their reference rates).
+MAX_REQUESTS = 2_000_000
+MAX_SPAN_S = 7 * 86400.0
+MAX_TOKENS = 10_000_000
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 MOONCAKE_KEYS = "timestamp (ms), input_length, output_length and optionally hash_ids"
 
@@ -43,8 +50,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--rate-scale", type=positive_number, default=1.0, help="multiply the trace's request rate")
     p.add_argument("--goodput", action="store_true", help="also search the highest rate with ≥90%% SLO attainment")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    p.add_argument("--plot", type=Path, help="write a PNG of load, split and SLO attainment over time")
+    p.add_argument("--plot", type=png_path, help="write a PNG of load, split and SLO attainment over time")
     p.set_defaults(func=run)
+
+
+def png_path(text: str) -> Path:
+    """An argparse type: where to write the PNG, named as such. Another suffix failed in the
+    plotting library after the whole run, and a path without one was written with `.png` added."""
+    path = Path(text)
+    if path.suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"{text!r} does not end in .png: name the file the PNG is written to")
+    return path
 
 
 class TraceError(Exception):
@@ -85,11 +101,31 @@ def _workload(spec: str) -> Workload:
             f"{spec!r} is neither a workload nor a .csv or .jsonl file",
             f"use one of {', '.join(WORKLOADS)}, or the path of an Azure .csv or a Mooncake .jsonl trace",
         )
-    if workload.trace.rate <= 0:
+    trace = workload.trace
+    if trace.rate <= 0:
         # No rate to scale and no span to simulate: every figure would be zero, reported as a success.
-        raise TraceError(f"{spec}: {len(workload.trace)} request(s) over 0 s, no request rate",
+        raise TraceError(f"{spec}: {len(trace)} request(s) over 0 s, no request rate",
                          "give a trace with at least two requests at different times")
+    span = float(trace.arrival_s[-1])
+    if span > MAX_SPAN_S:
+        raise TraceError(f"{spec}: the requests span {span / 86400:,.1f} days; one run replays at most "
+                         f"{MAX_SPAN_S / 86400:.0f}", "give a shorter part of the trace")
+    longest = int(max(trace.prompt_tokens.max(), trace.output_tokens.max()))
+    if longest > MAX_TOKENS:
+        raise TraceError(f"{spec}: a request of {longest:,} tokens, beyond any model's context",
+                         f"give requests of at most {MAX_TOKENS:,} prompt and output tokens")
     return workload
+
+
+def check_rate(workload: Workload, rate_scale: float) -> TraceError | None:
+    """Why `--rate-scale` asks more than one run replays, or None: at load L every request is
+    copied up to ceil(L) times (`Trace.at_load`)."""
+    copies = len(workload.trace) * math.ceil(rate_scale)
+    if copies <= MAX_REQUESTS:
+        return None
+    return TraceError(f"{rate_scale:g}x the trace's {len(workload.trace):,} requests is up to {copies:,} requests; "
+                      f"one run replays at most {MAX_REQUESTS:,}",
+                      f"lower --rate-scale to at most {MAX_REQUESTS // len(workload.trace)}, or give a shorter trace")
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
@@ -97,6 +133,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         w = _workload(args.trace)
     except TraceError as err:
         out.write(f"error: --trace: {err.message}\n  fix: {err.fix}\n")
+        return EXIT_INVALID
+    if args.plot and args.policy == "per-window":
+        out.write("error: --plot: per-window scores each window as its own split; there is no one run to plot\n"
+                  "  fix: plot another policy (hindsight plots the oracle's schedule)\n")
+        return EXIT_INVALID
+    if (too_many := check_rate(w, args.rate_scale)) is not None:
+        out.write(f"error: --rate-scale: {too_many.message}\n  fix: {too_many.fix}\n")
         return EXIT_INVALID
     model = fleet_model()
     runner = Runner(w, args.instances, model, iterations=7)
@@ -111,7 +154,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             return runner.best_static(s)[1]
 
     elif args.policy == "hindsight":
-        attainment, result = runner.hindsight(args.rate_scale)
+        attainment, schedule = runner.hindsight(args.rate_scale)
+        # None: no schedule beats the best static split, which is then the oracle's run.
+        result = schedule or runner.statics(args.rate_scale)[split - 1]
 
         def at(s: float) -> float:
             return runner.hindsight(s)[0]

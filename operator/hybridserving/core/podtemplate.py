@@ -15,12 +15,13 @@ spec field that controls it, so the fleet is refused instead of silently rendere
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hybridserving.api.pods import OWNED_POD_SPEC_FIELDS, PodTemplate, pod_resources, requests_vs_limits
 from hybridserving.api.podshape import POD_SPEC, Items
-from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
+from hybridserving.api.v1alpha1 import DNS_LABEL_PATTERN, DNS_LABEL_RULE, ROLES, HybridServingSpec, Role
 from hybridserving.core.layout import LayoutIssue
 
 ENGINE_CONTAINER = "engine"
@@ -115,6 +116,23 @@ def _limit_breaches(spec: HybridServingSpec, pod: Mapping[str, Any], at: str) ->
                              rule="pod-template-resources")
 
 
+def _name_breaches(pod: Mapping[str, Any], at: str) -> Iterator[LayoutIssue]:
+    """Names the apiserver refuses in a pod (`validation.go`: a container's or volume's name is a
+    DNS-1123 label, unique in its list). The template's items merge into the pod's by name, so a
+    name given twice would not reach the apiserver: the second copy would silently replace the first."""
+    for field, noun in (("containers", "container"), ("initContainers", "init container"), ("volumes", "volume")):
+        seen: set[str] = set()
+        for item in pod.get(field) or []:
+            name = item["name"]
+            if not re.fullmatch(DNS_LABEL_PATTERN, name):
+                yield _issue(f"{at}.{field}[{name}].name", f"{noun} name {name!r} is not a DNS-1123 label",
+                             f"rename it: {DNS_LABEL_RULE}", rule="pod-template-shape")
+            elif name in seen:
+                yield _issue(f"{at}.{field}[{name}]", f"{noun} name {name!r} is given twice; the second would "
+                             "replace the first", f"give each {noun} its own name", rule="pod-template-shape")
+            seen.add(name)
+
+
 def _owned_resources(spec: HybridServingSpec) -> dict[str, str]:
     owned = {spec.hardware.gpu_resource_name: "spec.<role>.layout (tp x pp / nodesPerInstance GPUs per pod)"}
     if spec.transfer.rdma_resource_name:
@@ -135,6 +153,7 @@ def _check_template(spec: HybridServingSpec, template: PodTemplate, at: str,
         if field in pod:
             yield _issue(f"{at}.spec.{field}", f"{field} is set by the operator from {owner}",
                          f"remove {field} from the pod template")
+    yield from _name_breaches(pod, f"{at}.spec")
     for volume in pod.get("volumes") or []:
         if volume["name"] in reserved_volumes:
             yield _issue(f"{at}.spec.volumes[{volume['name']}]",

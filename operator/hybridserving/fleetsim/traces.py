@@ -129,9 +129,18 @@ def read_azure_csv(path: str | Path, limit: int | None = None) -> Trace:
             if limit is not None and i >= limit:
                 break
             times.append(_parse_azure_time(row["TIMESTAMP"]))
-            prompts.append(int(row["ContextTokens"]))
-            outputs.append(int(row["GeneratedTokens"]))
+            prompts.append(_tokens(int(row["ContextTokens"]), "ContextTokens", i + 2))
+            outputs.append(_tokens(int(row["GeneratedTokens"]), "GeneratedTokens", i + 2))
     return make_trace(Path(path).stem, times, prompts, outputs)
+
+
+def _tokens(value: object, field: str, line: int) -> int:
+    """A token count as a trace gives it: a whole number, 0 or more (`make_trace` counts at least
+    one). A quoted number, a boolean or a negative count is a broken record, not one to round
+    into shape."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"line {line}: {field} {value!r} is not a whole number of tokens (0 or more)")
+    return value
 
 
 def _parse_azure_time(text: str) -> float:
@@ -156,15 +165,21 @@ def read_mooncake_jsonl(path: str | Path, limit: int | None = None) -> Trace:
             if not line.strip():
                 continue
             rec = json.loads(line)
+            blocks = rec.get("hash_ids", [])
+            if not isinstance(blocks, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in blocks):
+                raise ValueError(f"line {i + 1}: hash_ids {blocks!r} is not a list of block hashes (whole numbers)")
             hits = 0
-            for block in rec.get("hash_ids", []):
+            for block in blocks:
                 if block not in seen:
                     break
                 hits += 1
-            seen.update(rec.get("hash_ids", []))
-            times.append(rec["timestamp"] / 1000.0)
-            prompts.append(rec["input_length"])
-            outputs.append(rec["output_length"])
+            seen.update(blocks)
+            stamp = rec["timestamp"]
+            if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
+                raise ValueError(f"line {i + 1}: timestamp {stamp!r} is not a finite number of milliseconds")
+            times.append(stamp / 1000.0)
+            prompts.append(_tokens(rec["input_length"], "input_length", i + 1))
+            outputs.append(_tokens(rec["output_length"], "output_length", i + 1))
             cached.append(hits * MOONCAKE_BLOCK_TOKENS)
     return make_trace(Path(path).stem, times, prompts, outputs, cached)
 
