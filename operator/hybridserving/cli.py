@@ -25,6 +25,7 @@ from hybridserving.commands.output import (
     Printable,
     load_manifests,
     whole_number,
+    write_error,
     write_json,
     write_manifest_errors,
     write_table,
@@ -152,11 +153,12 @@ def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
             arch, args.dcp, args.index, hardware=hardware, role=role, context_len=args.context
         )
     except capacity.CapacityError as err:
-        # The core names spec fields; here the user gave flags, so name the flag the field came from.
-        flag = CAPACITY_FLAGS.get(err.field_path)
+        # The core names spec fields; here the user gave flags, so name the flag the field came from
+        # (without the hardware, the TP is --dcp's).
+        flag = "--dcp" if hardware is None and err.field_path == "decode.layout.tp" else CAPACITY_FLAGS.get(
+            err.field_path)
         where = f"{flag} ({err.field_path})" if flag else err.field_path
-        out.write(f"error: {where}: {err.message}\n  fix: {err.fix}\n")
-        return EXIT_INVALID
+        return write_error(out, args.output == "json", where, err.message, err.fix)
     data = report.to_dict()
     if args.output == "json":
         write_json({"model": args.model, **data}, out)
@@ -192,21 +194,22 @@ def cmd_transfer_plan(args: argparse.Namespace, out: TextIO) -> int:
     arch = PROFILES[args.model]
     if args.prefill_cp > arch.layers:
         # Layer-split gives each CP rank a contiguous range of layers: past one layer each, the rest hold none.
-        out.write(f"error: --prefill-cp: {args.prefill_cp} ranks split {args.model}'s {arch.layers} layers, "
-                  f"leaving ranks with none\n  fix: use at most {arch.layers}\n")
-        return EXIT_INVALID
+        return write_error(out, args.output == "json", "--prefill-cp",
+                           f"{args.prefill_cp} ranks split {args.model}'s {arch.layers} layers, leaving ranks "
+                           "with none",
+                           f"use at most {arch.layers}")
     pages = -(-args.tokens // args.page_size)
     if pages > MAX_TRANSFER_PAGES:
-        out.write(f"error: --tokens: {args.tokens:,} tokens are {pages:,} pages of {args.page_size}, more than the "
-                  f"{MAX_TRANSFER_PAGES:,} one plan lists\n  fix: raise --page-size to at least "
-                  f"{-(-args.tokens // MAX_TRANSFER_PAGES)} or lower --tokens\n")
-        return EXIT_INVALID
+        return write_error(out, args.output == "json", "--tokens",
+                           f"{args.tokens:,} tokens are {pages:,} pages of {args.page_size}, more than the "
+                           f"{MAX_TRANSFER_PAGES:,} one plan lists",
+                           f"raise --page-size to at least {-(-args.tokens // MAX_TRANSFER_PAGES)} or lower --tokens")
     try:
         plan = transfer.plan_transfer(arch, args.prefill_cp, args.decode_dcp, args.tokens, args.page_size)
     except ValueError as err:  # the flags are in range above: what is left is a model it does not apply to
         whole_mla = ", ".join(name for name, a in sorted(PROFILES.items()) if a.mla_layers == a.layers)
-        out.write(f"error: --model: {err}\n  fix: use a model whose every layer is MLA: {whole_mla}\n")
-        return EXIT_INVALID
+        return write_error(out, args.output == "json", "--model", str(err),
+                           f"use a model whose every layer is MLA: {whole_mla}")
     summary = plan.summary()
     if args.output == "json":
         write_json({"model": args.model, **summary}, out)

@@ -615,3 +615,25 @@ def test_a_plot_is_a_png_of_one_run_or_refused_before_the_run(tmp_path: Path, ca
     code, out = run("simulate", "--policy", "per-window", "--trace", trace, "--plot", str(tmp_path / "p.png"))
     assert code == 1 and out.startswith("error: --plot: per-window scores each window as its own split")
     assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["capacity", "--model", "deepseek-v3", "--dcp", "3"],
+    ["transfer-plan", "--model", "kimi-k3", "--prefill-cp", "2", "--decode-dcp", "2", "--tokens", "10"],
+    ["simulate", "--trace", "nope", "--policy", "static"],
+])
+def test_a_flag_that_does_not_do_is_a_json_error_with_o_json(argv: list[str]) -> None:
+    code, text = run(*argv)
+    assert code == 1 and text.startswith("error: --"), text
+    code, out = run(*argv, "-o", "json")
+    error = json.loads(out)["error"]
+    assert code == 1 and text == f"error: {error['path']}: {error['message']}\n  fix: {error['fix']}\n"
+
+
+def test_capacity_refuses_a_dcp_whose_tp_the_models_heads_do_not_split_over() -> None:
+    """Without the hardware the TP is the DCP's; 3 or 1024 ranks cannot hold 128 heads, so no capacity exists."""
+    for dcp in ("3", "1024"):
+        code, out = run("capacity", "--model", "deepseek-v3", "--dcp", dcp)
+        assert code == 1 and out.startswith(f"error: --dcp (decode.layout.tp): 128 attention heads do not split over "
+                                            f"{dcp} attention TP ranks"), out
+    assert run("capacity", "--model", "deepseek-v3", "--dcp", "8")[0] == 0

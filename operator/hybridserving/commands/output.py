@@ -78,6 +78,16 @@ def write_json(value: Any, out: TextIO) -> None:
     out.write("\n")
 
 
+def write_error(out: TextIO, as_json: bool, where: str, message: str, fix: str) -> int:
+    """A flag's value that does not do (`where`, the flag and the field it feeds), with the fix; as
+    JSON with `-o json`, so a script reads an object either way. Returns the exit status."""
+    if as_json:
+        write_json({"error": {"path": where, "message": message, "fix": fix}}, out)
+    else:
+        out.write(f"error: {where}: {message}\n  fix: {fix}\n")
+    return EXIT_INVALID
+
+
 def write_manifest_errors(err: ManifestInvalid, out: TextIO, as_json: bool = False) -> None:
     """Every error of every document with its fix; as JSON, a list of documents in the shape
     `validate -o json` gives a file that loads, so a script reads one shape either way."""

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import TextIO
 
-from hybridserving.commands.output import EXIT_INVALID, positive_number, whole_number, write_json
+from hybridserving.commands.output import positive_number, whole_number, write_error, write_json
 from hybridserving.fleetsim import traces
 from hybridserving.fleetsim.experiment import (
     DEFAULT_SLO,
@@ -129,18 +129,16 @@ def check_rate(workload: Workload, rate_scale: float) -> TraceError | None:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    as_json = args.output == "json"
     try:
         w = _workload(args.trace)
     except TraceError as err:
-        out.write(f"error: --trace: {err.message}\n  fix: {err.fix}\n")
-        return EXIT_INVALID
+        return write_error(out, as_json, "--trace", err.message, err.fix)
     if args.plot and args.policy == "per-window":
-        out.write("error: --plot: per-window scores each window as its own split; there is no one run to plot\n"
-                  "  fix: plot another policy (hindsight plots the oracle's schedule)\n")
-        return EXIT_INVALID
+        return write_error(out, as_json, "--plot", "per-window scores each window as its own split; there is no "
+                           "one run to plot", "plot another policy (hindsight plots the oracle's schedule)")
     if (too_many := check_rate(w, args.rate_scale)) is not None:
-        out.write(f"error: --rate-scale: {too_many.message}\n  fix: {too_many.fix}\n")
-        return EXIT_INVALID
+        return write_error(out, as_json, "--rate-scale", too_many.message, too_many.fix)
     model = fleet_model()
     runner = Runner(w, args.instances, model, iterations=7)
     slo = w.slo

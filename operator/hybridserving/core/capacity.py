@@ -451,6 +451,13 @@ def capacity_report(
     base_role = role if role is not None else RoleSpec(layout=LayoutSpec(tp=dcp))
     layout = base_role.layout.model_copy(update={"dcp": dcp})
     sized_role = base_role.model_copy(update={"layout": layout})
+    heads_per_group = layout.tp // (layout.attn_dp * layout.attn_cp)
+    if heads_per_group and arch.attention_heads % heads_per_group:
+        # A layout the engine cannot run (layout rule attention-heads-divisible): no capacity to report.
+        splits = [d for d in range(1, arch.attention_heads + 1) if arch.attention_heads % d == 0]
+        raise CapacityError(f"{role_name}.layout.tp",
+                            f"{arch.attention_heads} attention heads do not split over {heads_per_group} attention "
+                            "TP ranks (tp / (attnDp x attnCp))", f"choose a TP among {splits}")
     speculative = keeps_draft_pool(sized_role)
     base, footprint = _footprints(arch, layout, index, speculative, sized_role.kv_cache_dtype, role_name)
     instance = None
