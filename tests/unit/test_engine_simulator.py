@@ -846,3 +846,24 @@ def test_a_faults_file_is_read_at_every_start_and_adds_to_the_env_faults(tmp_pat
     assert Faults.parse(SimulatorOptions.from_env(env).faults) == Faults(crash_on_start=True, slow_factor=2.0)
     path.write_text("")
     assert not Faults.parse(SimulatorOptions.from_env(env).faults).crash_on_start, "emptied: the next start serves"
+
+
+def test_generation_limits_are_read_and_refused_as_sglang_reads_them():
+    # sampling/sampling_params.py:285-289 (a negative max_new_tokens), managers/io_struct.py:488-499
+    # (empty input_ids without a session), entrypoints/openai/protocol.py:1214 (the first of
+    # max_completion_tokens and max_tokens that is set and not 0).
+    server = make_server()
+
+    async def check(session, url):
+        for body, said in (({"text": "hi", "sampling_params": {"max_new_tokens": -1}},
+                            "max_new_tokens must be at least 0, got -1."),
+                           ({"input_ids": []}, "input_ids cannot be empty.")):
+            async with session.post(url + "/generate", json=body) as r:
+                assert r.status == 400 and (await r.json())["error"]["message"] == said, body
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": None, "max_tokens": 3}
+        async with session.post(url + "/v1/chat/completions", json=chat) as r:
+            assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 3
+        async with session.post(url + "/v1/chat/completions", json={**chat, "max_tokens": -2}) as r:
+            assert r.status == 400 and "max_new_tokens must be at least 0, got -2." in (await r.json())["message"]
+
+    run(check, server)

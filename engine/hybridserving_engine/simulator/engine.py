@@ -721,7 +721,9 @@ class SimulatedEngine:
             m.set(m.num_queue_reqs, rank, queues["waiting"])
             m.set(m.num_paused_reqs, rank, queues["paused"])
             m.set(m.gen_throughput, rank, load["gen_throughput"])
-            m.set(m.token_usage, rank, used / cap)
+            # Rounded as the scheduler rounds it (scheduler_components/pool_stats_observer.py:155);
+            # /v1/loads keeps four places (load_inquirer.py:243).
+            m.set(m.token_usage, rank, round(used / cap, 2))
             m.set(m.num_used_tokens, rank, used)
             m.set(m.kv_used_tokens, rank, used)
             m.set(m.kv_available_tokens, rank, cap - used)

@@ -19,11 +19,15 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client 
 
 Metric = TypeVar("Metric", Counter, Gauge, Histogram)
 
-# SGLang's default buckets (observability/metrics_collector.py).
+# SGLang's default buckets (observability/metrics_collector.py:1965-2041 for the tokenizer's
+# histograms, 837-884 for the scheduler's queue time).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
                0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
-E2E_BUCKETS = TTFT_BUCKETS + (800,)
+E2E_BUCKETS = TTFT_BUCKETS + (600, 1200, 1800, 2400)
+QUEUE_BUCKETS = (0.000, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50,
+                 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800,
+                 2000, 2500, 3000)
 
 
 def env_bool(name: str, default: bool, env: dict[str, str] | None = None) -> bool:
@@ -185,7 +189,7 @@ class EngineMetrics:
             t_names + ["is_streaming"], buckets=E2E_BUCKETS, registry=r)
         self.queue_time = Histogram(
             "sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
-            s_names, buckets=TTFT_BUCKETS, registry=r)
+            s_names, buckets=QUEUE_BUCKETS, registry=r)
 
     # ---- helpers that keep the label plumbing in one place
 

@@ -557,7 +557,8 @@ class SimulatorServer:
 
     async def prometheus(self, request: web.Request) -> web.Response:
         if not self.args.enable_metrics:
-            return web.Response(status=404, text="Not Found")
+            # No route is mounted without --enable-metrics: FastAPI's own 404.
+            return web.json_response({"detail": "Not Found"}, status=404)
         self.engine.refresh_gauges()
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -571,6 +572,8 @@ class SimulatorServer:
             if isinstance(body.get(key), list):
                 raise InvalidRequest("batched requests are not supported by the simulator")
         self.engine.check_lengths(prompt_tokens, max_new_tokens)
+        if max_new_tokens is not None and max_new_tokens < 0:  # sampling/sampling_params.py:285-289
+            raise InvalidRequest(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
         port = body.get("bootstrap_port")
         room = body.get("bootstrap_room")
         return SimRequest(
@@ -640,6 +643,8 @@ class SimulatorServer:
         if isinstance(body.get("text"), list) or (body.get("input_ids") and isinstance(body["input_ids"][0], list)):
             raise InvalidRequest("batched requests are not supported by the simulator")
         if body.get("input_ids") is not None:
+            if not body["input_ids"]:
+                raise InvalidRequest("input_ids cannot be empty.")  # managers/io_struct.py:488-499
             prompt = len(body["input_ids"])
         elif body.get("text") is not None:
             prompt = count_tokens(body["text"])
@@ -793,7 +798,8 @@ class SimulatorServer:
         if not messages:
             raise InvalidRequest("Messages cannot be empty.")  # serving_chat.py:1103-1106
         text = "".join(f"<|{m.get('role', 'user')}|>{m.get('content') or ''}" for m in messages)
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        # entrypoints/openai/protocol.py:1214: the first of them that is set and not 0.
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         return self._request(body, count_tokens(text), max_tokens, DEFAULT_CHAT_MAX_TOKENS, bool(body.get("stream")))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
