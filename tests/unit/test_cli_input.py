@@ -637,3 +637,27 @@ def test_capacity_refuses_a_dcp_whose_tp_the_models_heads_do_not_split_over() ->
         assert code == 1 and out.startswith(f"error: --dcp (decode.layout.tp): 128 attention heads do not split over "
                                             f"{dcp} attention TP ranks"), out
     assert run("capacity", "--model", "deepseek-v3", "--dcp", "8")[0] == 0
+
+
+def _keys(value: object) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def test_every_offline_commands_json_has_camel_case_keys(tmp_path: Path) -> None:
+    """The CLI's promise for `-o json` (cli.py): camelCase keys, only ever added to."""
+    fleet = write(tmp_path, "f.yaml", FLEET)
+    trace = write(tmp_path, "t.jsonl", "".join(json.dumps({"timestamp": t * 500, "input_length": 200,
+                                                           "output_length": 20}) + "\n" for t in range(40)))
+    commands = [["validate", "-f", fleet], ["plan", "-f", fleet],
+                ["capacity", "--model", "glm-5.3", "--dcp", "8", "--gpu-memory-gib", "141", "--context", "100000"],
+                ["transfer-plan", "--model", "glm-5.2", "--prefill-cp", "8", "--decode-dcp", "4", "--tokens", "4096"],
+                ["simulate", "--trace", trace, "--policy", "ours"]]
+    for argv in commands:
+        code, out = run(*argv, "-o", "json")
+        assert code == 0, (argv, out)
+        keys = _keys(json.loads(out))
+        assert keys and not {k for k in keys if "_" in k or k[:1].isupper()}, (argv, keys)

@@ -181,19 +181,19 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         "policy": args.policy,
         "instances": args.instances,
         "gpus": args.instances * 8,
-        "rate_scale": args.rate_scale,
-        "rate_rps": w.trace.rate * args.rate_scale,
-        "initial_split": {"prefill": split, "decode": args.instances - split},
-        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+        "rateScale": args.rate_scale,
+        "rateRps": w.trace.rate * args.rate_scale,
+        "initialSplit": {"prefill": split, "decode": args.instances - split},
+        "slo": {"ttftSeconds": slo.ttft_s, "tpotSeconds": slo.tpot_s},
         "attainment": attainment,
         "switches": result.switches if result else 0,
-        "drain_s": result.drain_s if result else 0.0,
-        "switch_s": result.switch_s if result else 0.0,
+        "drainSeconds": result.drain_s if result else 0.0,
+        "switchSeconds": result.switch_s if result else 0.0,
     }
     if args.goodput:
         scale = runner.goodput(at)
-        summary["goodput_rps"] = w.trace.rate * scale
-        summary["goodput_rps_per_gpu"] = w.trace.rate * scale / (args.instances * 8)
+        summary["goodputRps"] = w.trace.rate * scale
+        summary["goodputRpsPerGpu"] = w.trace.rate * scale / (args.instances * 8)
     if args.plot and result is not None:
         from hybridserving.fleetsim.plot import plot_runs
 
