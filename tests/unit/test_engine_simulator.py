@@ -867,3 +867,22 @@ def test_generation_limits_are_read_and_refused_as_sglang_reads_them():
             assert r.status == 400 and "max_new_tokens must be at least 0, got -2." in (await r.json())["message"]
 
     run(check, server)
+
+
+def test_a_role_switch_body_sglangs_types_refuse_is_a_validation_error_and_switches_nothing():
+    # managers/io_struct.py:2265-2274: new_role is Literal["prefill", "decode", ""], taken as
+    # written, and the graph memory a float; FastAPI refuses anything else before the handler, so
+    # the answer is its validation error, without the handler's safe_to_restore.
+    server = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
+
+    async def check(session, url):
+        for body in ({"new_role": "Decode"}, {"new_role": "null"},
+                     {"new_role": "decode", "decode_cuda_graph_memory_gb": "lots"}):
+            async with session.post(url + "/pd_role_switch", json=body) as r:
+                answer = await r.json()
+            assert r.status == 400 and answer["type"] == "Bad Request" and "safe_to_restore" not in answer, body
+        assert server.engine.role == "prefill"
+        status, body = await _switch(session, url, "decode", decode_cuda_graph_memory_gb=1, unknown="ignored")
+        assert status == 200 and body["new_role"] == "decode"
+
+    run(check, server)

@@ -59,6 +59,7 @@ from hybridserving_engine.simulator.validation import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateReqInput,
+    PdRoleSwitchReqInput,
     RequestValidationError,
     endpoint_context,
     read_body,
@@ -615,12 +616,12 @@ class SimulatorServer:
 
     @staticmethod
     async def _validated_body(request: web.Request, kind: type) -> dict[str, Any]:
-        """The body of a generation route once FastAPI admits it as `kind` (`simulator.validation`):
+        """The body of a route once FastAPI admits it as `kind` (`simulator.validation`):
         read, the OpenAI routes' Content-Type check, then the schema."""
         content_type = request.headers.get("Content-Type")
         endpoint = endpoint_context(request.method, request.path)
         body = read_body(await request.read(), content_type, endpoint)
-        if kind is not GenerateReqInput:
+        if kind in (CompletionRequest, ChatCompletionRequest):
             require_json_media(content_type)
         validate_body(kind, body, endpoint)
         return dict(body)
@@ -829,10 +830,12 @@ class SimulatorServer:
         always "ok", the scheduler's own ("already in target role") is dropped
         (`managers/tokenizer_control_mixin.py:946-953`)."""
         try:
-            body = await self._json_body(request)
-        except InvalidBody as e:
-            return _validation_error(str(e))
-        new_role = str(body.get("new_role") or "").lower()
+            body = await self._validated_body(request, PdRoleSwitchReqInput)
+        except BodyUnreadable as e:
+            return _http_exception(400, str(e))
+        except RequestValidationError as e:
+            return _validation_error(e.message)
+        new_role = body.get("new_role", "")
         old_role = self.engine.role
         success, message, safe = await self.engine.switch_role(new_role, body.get("decode_cuda_graph_memory_gb"))
         return web.json_response(

@@ -24,9 +24,10 @@ import email.message
 import json
 from array import array
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Dict, List, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, PlainValidator, TypeAdapter, ValidationError, field_validator
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 SGLANG_ENTRYPOINTS = "/sgl-workspace/sglang/python/sglang/srt/entrypoints"
 ENDPOINTS = {
@@ -36,6 +37,7 @@ ENDPOINTS = {
     "/v1/completions": ("http_server.py", "openai_v1_completions", 1860),
     "/v1/chat/completions": ("http_server.py", "openai_v1_chat_completions", 1870),
     "/v1/loads": ("v1_loads.py", "get_loads", 96),
+    "/pd_role_switch": ("http_server.py", "pd_role_switch", 1635),
 }
 
 
@@ -212,8 +214,20 @@ class ChatCompletionRequest(PDRoutingFields):
     stream: bool = False
 
 
+class PdRoleSwitchReqInput(TypedDict, total=False):
+    """`managers/io_struct.py:2265-2274`, a msgspec Struct that FastAPI validates as a typed dict
+    whose other keys are ignored (`utils/msgspec_utils.py:70-118`): the role is taken as written,
+    "Decode" is refused."""
+
+    new_role: Literal["prefill", "decode", ""]
+    decode_cuda_graph_bs: Optional[List[int]]
+    decode_cuda_graph_memory_gb: Optional[float]
+    prepare_only: bool
+
+
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {
-    kind: TypeAdapter(kind) for kind in (GenerateReqInput, CompletionRequest, ChatCompletionRequest)
+    kind: TypeAdapter(kind)
+    for kind in (GenerateReqInput, CompletionRequest, ChatCompletionRequest, PdRoleSwitchReqInput)
 }
 
 
