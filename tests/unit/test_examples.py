@@ -138,8 +138,11 @@ def test_capacity_flags_out_of_range_are_usage_errors_naming_the_flag(
 
 
 def test_capacity_of_a_tp_wider_than_a_node_is_reported() -> None:
+    code, out = run("capacity", "--model", "glm-5.3", "--tp", "64", "--gpu-memory-gib", "141")
+    assert code == 0 and "tokens per instance (tp=64" in out
+    # Wider than the model's 64 attention heads split over: no such instance (attention-heads-divisible).
     code, out = run("capacity", "--model", "glm-5.3", "--tp", "128", "--gpu-memory-gib", "141")
-    assert code == 0 and "tokens per instance (tp=128" in out
+    assert code == 1 and out.startswith("error: --tp (decode.layout.tp): 64 attention heads do not split over 128")
 
 
 @pytest.mark.parametrize("name", ["role-switch.yaml", "kimi-k3.yaml", "glm-5.3.yaml"])
