@@ -47,22 +47,19 @@ class EnginePod:
     def stop(self) -> None:
         """SIGTERM, as the kubelet stops the pod. A launcher still draining after 30 s (a request
         that waits on a crashed peer) is killed, and the engine it runs in its own process group
-        with it: nothing else would stop that engine."""
+        with it: nothing else would stop that engine (a launcher that drained took it down itself)."""
+        from hybridserving.devcluster import stack
+
         if self.proc.poll() is not None:
             return
         try:
             engine_pid = self.status()["engine"]["pid"]
         except OSError:
             engine_pid = None
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            if engine_pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(engine_pid, signal.SIGKILL)
+        stack.stop(self.proc, 30)
+        if engine_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(engine_pid, signal.SIGKILL)
 
 
 def role_argv(role: str, port: int, bootstrap_port: int, extra: list[str]) -> list[str]:
