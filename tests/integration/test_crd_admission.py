@@ -403,6 +403,13 @@ BAD_FLEETS = {
         "spec.engine.capabilities[1]",
         'Duplicate value: "dsa-dcp-pd"',
     ),
+    # The apiserver's own metadata checks (apimachinery's ValidateLabels, ValidateAnnotations).
+    "a fleet label value with a space": (_set("metadata.labels", {"team": "ml infra"}), "metadata.labels", "ml infra"),
+    "a fleet label key with two slashes": (_set("metadata.labels", {"a/b/c": "x"}), "metadata.labels", "a/b/c"),
+    "a fleet annotation key with spaces": (
+        _set("metadata.annotations", {"note to self": "x"}), "metadata.annotations", "note to self"),
+    "fleet annotations over 256 KiB": (
+        _set("metadata.annotations", {"big": "x" * (256 * 1024)}), "metadata.annotations", "262144"),
     "pod template containers that are not a list": (
         _set("spec.podTemplate", {"spec": {"containers": 5}}),
         "spec.podTemplate.spec.containers",
@@ -415,6 +422,10 @@ GOOD_FLEETS = {
     "null where a field has a default or is optional": _both(
         _set("spec.hardware", None), _set("spec.engine", {"extraArgs": None}), _set("spec.prefill.speculative", None),
         _set("metadata.labels", None),
+    ),
+    "labels and annotations of every form the apiserver takes": _both(
+        _set("metadata.labels", {"team": "ml-infra", "example.com/tier": "", "app.kubernetes.io/part-of": "x"}),
+        _set("metadata.annotations", {"Example.COM/owner": "anyone, any text", "big": "x" * (255 * 1024)}),
     ),
     # NGRAM reads no draft width; an EAGLE draft shape given whole.
     "a whole draft shape, and NGRAM with its steps alone": _both(

@@ -661,3 +661,25 @@ def test_every_offline_commands_json_has_camel_case_keys(tmp_path: Path) -> None
         assert code == 0, (argv, out)
         keys = _keys(json.loads(out))
         assert keys and not {k for k in keys if "_" in k or k[:1].isupper()}, (argv, keys)
+
+
+@pytest.mark.parametrize("metadata, expected", [
+    ("{name: t, labels: {team: 'ml infra'}}", "error: metadata.labels: the value of label 'team': 'ml infra' must be"),
+    ("{name: t, labels: {'a/b/c': x}}", "error: metadata.labels: label key 'a/b/c' must be"),
+    ("{name: t, labels: {team: " + "x" * 64 + "}}", "error: metadata.labels: the value of label 'team'"),
+    ("{name: t, annotations: {'note to self': x}}", "error: metadata.annotations: annotation key 'note to self'"),
+    ("{name: t, annotations: {big: " + "x" * (256 * 1024) + "}}",
+     "error: metadata.annotations: take 262147 bytes, keys and values together; the apiserver takes at most 262144"),
+])
+def test_a_fleets_own_labels_and_annotations_are_checked_as_the_apiserver_checks_them(
+    tmp_path: Path, metadata: str, expected: str
+) -> None:
+    code, out = validate(tmp_path, FLEET.replace("metadata: {name: t}", f"metadata: {metadata}"))
+    assert code == 1 and expected in out, out
+
+
+def test_labels_and_annotations_the_apiserver_takes_pass(tmp_path: Path) -> None:
+    metadata = ("{name: t, labels: {team: ml-infra, example.com/tier: '', app.kubernetes.io/part-of: serving}, "
+                "annotations: {Example.COM/owner: 'anyone, any text', argocd.argoproj.io/sync-wave: '2'}}")
+    code, out = validate(tmp_path, FLEET.replace("metadata: {name: t}", f"metadata: {metadata}"))
+    assert code == 0, out

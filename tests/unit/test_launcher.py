@@ -251,7 +251,12 @@ class Pod:
                                           "simulator"], env=env, stdout=out, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.launcher_port}"
         self.engine = f"http://127.0.0.1:{self.port}"
-        wait_http(self.url + ("/healthz" if startup_seconds else "/readyz"), timeout=30)
+        try:
+            wait_http(self.url + ("/healthz" if startup_seconds else "/readyz"), timeout=30)
+        except BaseException:
+            # The fixture only records a pod that started; one that did not must not outlive the test.
+            self.stop()
+            raise
 
     def status(self) -> dict:
         with urllib.request.urlopen(self.url + "/status", timeout=5) as resp:

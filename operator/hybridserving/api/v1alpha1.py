@@ -16,6 +16,8 @@ from pydantic.alias_generators import to_camel
 
 from hybridserving.api.base import ApiModel, FieldInvalid, Format, cel
 from hybridserving.api.pods import (
+    ANNOTATION_KEY,
+    LABEL_VALUE,
     QUANTITY,
     EnvFromSource,
     EnvVarSource,
@@ -24,6 +26,7 @@ from hybridserving.api.pods import (
     GangSpec,
     LabelKey,
     PodTemplate,
+    check_key,
     is_quantity,
     quantity_error,
     requests_vs_limits,
@@ -1016,6 +1019,8 @@ _FLEET_NAME_REASON = (
 # container's name in a pod.
 DNS_LABEL_PATTERN = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 DNS_LABEL_RULE = "at most 63 lowercase letters, digits and '-', a letter or digit first and last"
+# apimachinery's TotalAnnotationSizeLimitB: an object's annotations, keys and values together.
+ANNOTATIONS_MAX_BYTES = 256 * 1024
 
 
 class FleetMeta(ObjectMeta):
@@ -1029,6 +1034,27 @@ class FleetMeta(ObjectMeta):
             raise ValueError(f"must have {DNS_LABEL_RULE}, as the apiserver requires; name a namespace such as "
                              "'team-a'")
         return namespace
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        """The apiserver checks these itself; checked here too, `validate` fails a manifest the apply would."""
+        for key, value in labels.items():
+            check_key(key, "label")
+            if not LABEL_VALUE.admits(value):
+                raise ValueError(f"the value of label {key!r}: {LABEL_VALUE.refusal(value)}")
+        return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations_are_kubernetes_annotations(cls, annotations: dict[str, str]) -> dict[str, str]:
+        for key in annotations:
+            check_key(key, "annotation", ANNOTATION_KEY)
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+        if size > ANNOTATIONS_MAX_BYTES:
+            raise ValueError(f"take {size} bytes, keys and values together; the apiserver takes at most "
+                             f"{ANNOTATIONS_MAX_BYTES} (256 KiB): move large data to a ConfigMap")
+        return annotations
 
     @field_validator("name")
     @classmethod
