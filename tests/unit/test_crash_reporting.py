@@ -151,3 +151,37 @@ def test_the_pod_runner_reports_the_logs_tail_as_the_kubelet_does(tmp_path: path
     assert termination_message(fallback, 0, log) == ""  # a clean exit keeps no message
     assert termination_message({}, 3, log) == ""  # the default policy reads /dev/termination-log only
     assert termination_message(fallback, 3, tmp_path / "missing.log") == ""
+
+
+def test_an_init_container_that_keeps_failing_is_a_crash_loop_naming_it() -> None:
+    """The weights fill failing on a refused download holds the pod before the engine starts."""
+    api = MemoryApi()
+    api.user_apply(SPEC)
+    settle(api)
+    pod = api.store[("Pod", "fleet-1-0")]
+    pod["status"] = {
+        "phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
+        "initContainerStatuses": [{
+            "name": "weights", "restartCount": 6,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s restarting"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "401 Unauthorized"}}}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0,
+                               "state": {"waiting": {"reason": "PodInitializing"}}}],
+    }
+    rec.reconcile(api, NS, "fleet")
+    assert api.store[(INSTANCE_KIND, "fleet-1")]["status"]["phase"] == "CrashLoop"
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoop"
+    assert "fleet-1 is crash looping (init container weights: exit code 1 (Error): 401 Unauthorized)" in \
+        degraded["message"]
+
+
+def test_a_crash_loop_during_a_switch_phase_still_makes_the_fleet_degraded() -> None:
+    """The instance shows its switch phase (the role-switch controller's), but an engine that
+    crash-loops after a relaunch is a fleet in trouble now, not when the switch times out."""
+    api, pod = fleet_with_a_crash_loop()
+    api.store[(INSTANCE_KIND, "fleet-1")]["status"]["phase"] = "Relaunching"
+    rec.reconcile(api, NS, "fleet")
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CrashLoop"
+    assert "fleet-1 is crash looping" in degraded["message"]

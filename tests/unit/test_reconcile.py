@@ -780,3 +780,41 @@ def test_pods_gated_from_scheduling_or_never_created_are_named_in_degraded(api: 
     rec.reconcile(api, NS, "fleet")
     assert api.condition("Degraded")["reason"] == "ContainerNotCreated"
     assert {i["name"]: i["phase"] for i in api.status()["instances"]}["fleet-0"] == "Starting"
+
+
+def gang_workload_spec() -> dict[str, Any]:
+    spec = copy.deepcopy(SPEC)
+    spec["gang"] = {"mode": "Workload"}
+    return spec
+
+
+def test_a_kind_the_cluster_does_not_serve_is_degraded_and_backs_off_not_retried_as_a_race(api: MemoryApi) -> None:
+    """A create's 404 is the API not served (Workload is alpha): retrying at once cannot succeed."""
+    api.user_apply(gang_workload_spec())
+    api.fail = lambda verb, kind, name: 404 if verb == "create" and kind == "Workload" else None
+    for _ in range(4):  # instances, then their pods and Workloads
+        outcome = rec.reconcile(api, NS, "fleet")
+        api.run_pods()
+    assert not outcome.conflict and outcome.errors
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "APINotServed"
+    assert "does not serve Workload" in degraded["message"] and "enable that API" in degraded["message"]
+    assert any(k == "Pod" for k, _ in api.store), "the rest of the fleet is still created"
+    assert [e["reason"] for e in events(api) if e["type"] == "Warning"] == ["APINotServed"]
+
+
+def test_an_invalid_edit_that_drops_the_workload_gang_still_heals_from_the_applied_spec(api: MemoryApi) -> None:
+    """The pass plans from the last applied spec, which has Workloads: it must list them to see them."""
+    api.user_apply(gang_workload_spec())
+    settle(api)
+    workloads = sorted(n for k, n in api.store if k == "Workload")
+    assert workloads
+    invalid = copy.deepcopy(SPEC)
+    invalid["decode"]["layout"]["tp"] = 7
+    api.user_apply(invalid)
+    del api.store[("Pod", "fleet-0-0")]
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert not outcome.conflict and not outcome.errors
+    assert ("Pod", "fleet-0-0") in api.store, "the deleted pod comes back"
+    assert sorted(n for k, n in api.store if k == "Workload") == workloads
+    assert api.condition("LayoutValid")["status"] == "False" and api.condition("Degraded")["status"] == "False"

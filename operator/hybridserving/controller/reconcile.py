@@ -139,7 +139,7 @@ def observe(kube: Kube, namespace: str, name: str, hs_uid: str, extra_kinds: tup
         except KubeError as exc:
             if exc.status != 404:
                 raise
-            # Not served (an alpha API switched off): creating one fails and Degraded says so.
+            # Not served (an alpha API switched off): creating one fails and Degraded says so (APINotServed).
             log.warning("%s/%s: %s is not served by this cluster", namespace, name, kind)
     return Observed.from_manifests(instances, pods, objects, now=time.time())
 
@@ -239,6 +239,14 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
                     outcome.fail("ReconcileError", f"{action.kind}/{action.name} lost its label {LABEL_NAME} and "
                                  f"could not be relabelled ({again}): label it {LABEL_NAME}={label}")
                     metrics.ACTION_ERRORS.labels(action.kind).inc()
+                continue
+            if exc.status == 404 and action.verb == "create":
+                # A create's 404 is its kind not served here (an alpha API switched off, a CRD not
+                # installed), not a race: retrying at once cannot succeed.
+                outcome.fail("APINotServed", f"{action.kind}/{action.name} cannot be created: this cluster does not "
+                             f"serve {action.kind} ({exc.message}): enable that API or install its CRD, or change "
+                             "the spec that asks for it")
+                metrics.ACTION_ERRORS.labels(action.kind).inc()
                 continue
             if exc.conflict:
                 outcome.conflict = True
@@ -544,6 +552,13 @@ def reconcile(kube: Kube, namespace: str, name: str,
     effective: HybridServing | None = hs if validation.valid else None
     if effective is None and good is not None:
         effective = HybridServing.model_validate({"metadata": meta, "spec": good.to_wire()})
+    if not extra and any(s is not None and s.gang.mode == "Workload"
+                         for s in (effective.spec if effective is not None else None, good)):
+        # The live body does not ask for Workloads, but the spec the pass plans from (an invalid
+        # edit falls back to the last applied one) or the one it replaces does: unlisted, they
+        # would be created again (409) or left behind.
+        extra = ("Workload",)
+        observed = observe(kube, namespace, name, meta["uid"], extra)
     desired: DesiredState | None = None
     previous = body.get("status") or {}
     if effective is not None:

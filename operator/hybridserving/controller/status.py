@@ -369,10 +369,13 @@ def fleet_status(
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values()
                  if v.state == "Failed" and not v.restart_looping]
     phases = {name: instance_phase(v) for name, v in views.items()}
-    crash_looping = [v for name, v in views.items() if phases[name] == "CrashLoop"]
+    # From the pods, not the phase: an instance in a switch phase shows that phase, and its
+    # engine crash-looping after a relaunch must still make the fleet Degraded.
+    crash_looping = [v for v in views.values() if any(p.crash_looping for p in v.pods if not p.deleting)]
     troubles += [f"{v.plan.name} is crash looping ({instance_status(v, None).last_exit or 'no exit recorded'})"
                  for v in crash_looping]
-    blocked = [v for name, v in views.items() if phases[name] == "Blocked"]
+    blocked = [v for v in views.values() if all(v is not c for c in crash_looping)
+               and any(p.blocked for p in v.pods if not p.deleting)]
     troubles += [f"{v.plan.name} cannot start: {next(p.blocked for p in v.pods if p.blocked)}" for v in blocked]
     troubles += [p.describe(clock) for p in not_created]
     unready = [v.plan.name for name, v in views.items() if phases[name] == "Unready"]

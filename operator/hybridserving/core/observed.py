@@ -194,12 +194,17 @@ class ObservedPod:
             unschedulable = scheduled.get("message") or "unschedulable"
         containers = status.get("containerStatuses") or []
         restarts = sum(int(cs.get("restartCount") or 0) for cs in containers)
-        crash_looping = not ready and any(_in_crash_loop(cs, now) for cs in containers)
+        inits = status.get("initContainerStatuses") or []
+        # An init container (the weights fill, a user's) that keeps failing holds the pod before
+        # its engine ever starts: as much a crash loop as the engine's own.
+        crash_looping = not ready and any(_in_crash_loop(cs, now) for cs in [*inits, *containers])
         was_ready = _was_ready(conditions.get("Ready") or {}, containers)
         lost_readiness = (status.get("phase") == "Running" and not crash_looping
                           and _lost_readiness(conditions.get("Ready") or {}, containers, now))
         last_exit = next((describe_termination(t) for cs in containers
-                          if (t := (cs.get("lastState") or {}).get("terminated"))), None)
+                          if (t := (cs.get("lastState") or {}).get("terminated"))), None) or next(
+            (f"init container {cs.get('name')}: {describe_termination(t)}" for cs in inits
+             if (t := (cs.get("lastState") or {}).get("terminated"))), None)
         host_ports = tuple(
             int(p["hostPort"])
             for c in spec.get("containers") or []
