@@ -164,12 +164,14 @@ def test_install_upgrade_with_crd_change_uninstall(cluster: Cluster, core_v1, ap
         helm(cluster, "upgrade", "hs", str(chart_v2), "-n", ns, *ports)
         assert crd_printer_columns(cluster, crd_name) == before
 
-        # the documented step: apply the chart's CRDs server-side, then upgrade.
+        # the documented steps: apply the chart's CRDs server-side, then upgrade keeping the values set.
         apply_crds_server_side(cluster, chart_v2 / "crds")
-        helm(cluster, "upgrade", "hs", str(chart_v2), "-n", ns, *ports)
+        helm(cluster, "upgrade", "hs", str(chart_v2), "-n", ns, "--reset-then-reuse-values")
         assert crd_printer_columns(cluster, crd_name) == before + ["Upgrade Check"]
         (release,) = yaml.safe_load(helm(cluster, "list", "-n", ns, "-o", "json").stdout)
         assert (release["chart"], release["revision"], release["status"]) == ("hybridserving-0.1.1", "3", "deployed")
+        kept = yaml.safe_load(helm(cluster, "get", "values", "hs", "-n", ns, "-o", "yaml").stdout)
+        assert f"metrics.port={kept['metrics']['port']}" in ports, "the values set at install are kept"
         fleet = yaml.safe_load(cluster.kubectl("get", FLEETS, "dsv3-flex", "-n", ns, "-o", "yaml").stdout)
         assert fleet["spec"]["roleSwitch"]["enabled"] is True
     finally:

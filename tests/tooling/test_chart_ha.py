@@ -1,4 +1,4 @@
-"""The chart with more than one operator replica: leader election on, a Lease Role, rolling updates."""
+"""The chart's operator replicas: leader election at any count on a Lease Role; rolling updates with 2 or more."""
 
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ def test_two_replicas_elect_a_leader_on_a_lease_of_their_own() -> None:
     ]
 
 
-def test_one_replica_runs_without_election() -> None:
+def test_one_replica_elects_too_so_scaling_to_two_never_has_two_acting() -> None:
+    """From 1 to 2 the pods roll (surge first): an old replica without election would act beside
+    the new leader until it stops."""
     docs = render()
-    assert "--leader-elect" not in operator_container(docs)["args"]
-    assert not [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert the(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    args = operator_container(docs)["args"]
+    assert "--leader-elect" in args and "--leader-elect-lease=hybridserving-operator" in args
+    assert [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]

@@ -173,6 +173,12 @@ def test_files_carry_the_header_and_parse_back_to_the_rendered_crd():
         assert (REPO / "charts/hybridserving/crds" / name).read_text() == text
 
 
+def test_the_crds_are_kept_when_a_release_or_a_gitops_application_goes():
+    """Deleting a CRD deletes every fleet of it and their pods; Helm and Argo CD honour `keep`."""
+    for rendered in CRDS.values():
+        assert rendered["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
 def test_rendering_is_deterministic():
     assert {name: crdgen.dump(c) for name, c in crdgen.render_all().items()} == {
         name: crdgen.dump(c) for name, c in CRDS.items()

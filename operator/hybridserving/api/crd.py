@@ -265,7 +265,10 @@ def render_crd(
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{group}", "annotations": {ANNOTATION_SCHEMA_DIGEST: schema_digest(spec)}},
+        # Deleting a CRD deletes every object of it, and with them every fleet's pods: Helm never
+        # deletes these, and `keep` tells Argo CD (2.8+) not to prune or cascade-delete them either.
+        "metadata": {"name": f"{plural}.{group}", "annotations": {
+            ANNOTATION_SCHEMA_DIGEST: schema_digest(spec), "helm.sh/resource-policy": "keep"}},
         "spec": spec,
     }
 
