@@ -10,6 +10,7 @@ and the next pass that completes says what it observes again.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -128,7 +129,7 @@ def test_the_operator_reports_a_streak_past_the_limit_and_forgets_it_after_a_pas
     async def scenario() -> None:
         await handlers.start(settings=kopf.OperatorSettings())
         try:
-            handlers.fleet_changed(event={"type": "ADDED", "object": FLEET}, namespace="ns", name="f")
+            await handlers.fleet_changed(event={"type": "ADDED", "object": FLEET}, namespace="ns", name="f")
             for count in (4, 6):
                 deadline = time.monotonic() + 5
                 while len(passes) < count:
@@ -136,7 +137,7 @@ def test_the_operator_reports_a_streak_past_the_limit_and_forgets_it_after_a_pas
                     await asyncio.sleep(0.02)
                 await asyncio.sleep(0.05)
                 # the fourth pass completed: nothing comes back until the fleet changes
-                handlers.fleet_changed(event={"type": "MODIFIED", "object": FLEET}, namespace="ns", name="f")
+                await handlers.fleet_changed(event={"type": "MODIFIED", "object": FLEET}, namespace="ns", name="f")
         finally:
             await handlers.stop()
 
@@ -146,6 +147,78 @@ def test_the_operator_reports_a_streak_past_the_limit_and_forgets_it_after_a_pas
     assert reports[0].endswith(": 500: etcdserver: timeout; retried with a growing back-off")
     # The fifth pass failed after one that completed: a new streak, too young to report.
     assert handlers._runtime is None
+
+
+def test_the_failing_report_does_not_bring_the_fleet_back_before_its_back_off_a_spec_change_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """report_failing's status write comes back as a watch event on the fleet. It used to queue the
+    fleet at once: a pass that raised again, another report, another event, back to back at API
+    speed. The echo, and any event on the fleet that carries no new spec, waits for the back-off;
+    a new generation (the user's edit, perhaps the fix) runs at once."""
+    body = copy.deepcopy(FLEET)
+    body["metadata"]["generation"] = 1
+    passes: list[float] = []
+    reports: list[str] = []
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def reconcile(*_: Any, **__: Any) -> SimpleNamespace:
+        passes.append(time.monotonic())
+        raise KubeError(403, FORBIDDEN[5:])
+
+    async def watch(obj: dict[str, Any]) -> None:
+        """What kopf does with the write's watch event, on its event loop."""
+        await handlers.fleet_changed(event={"type": "MODIFIED", "object": obj}, namespace="ns", name="f")
+
+    def write(**changes: Any) -> None:
+        body["metadata"]["resourceVersion"] = str(int(body["metadata"]["resourceVersion"]) + 1)
+        body.update(changes)
+        assert loop is not None
+        asyncio.run_coroutine_threadsafe(watch(copy.deepcopy(body)), loop)
+
+    def report_failing(kube: Any, namespace: str, name: str, message: str) -> None:
+        reports.append(message)
+        write(status=failing_status(body.get("status") or {}, message, body["metadata"]["generation"]))
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+    monkeypatch.setattr(handlers, "report_failing", report_failing)
+    monkeypatch.setattr(liveness, "FAILING_REPORTED_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(queue, "FAILURE_BACKOFF_SECONDS", 0.4)
+    monkeypatch.setattr(queue, "FAILURE_BACKOFF_MAX_SECONDS", 0.4)
+    monkeypatch.setattr(switching.SwitchController, "tick", lambda *_: switching.TickReport())
+    monkeypatch.setattr(handlers, "OPTIONS", handlers.Options(kube=Kube(None)))  # type: ignore[arg-type]
+
+    async def next_pass(within: float) -> float:
+        count = len(passes)
+        deadline = time.monotonic() + within
+        while len(passes) == count:
+            assert time.monotonic() < deadline, f"no pass within {within}s"
+            await asyncio.sleep(0.005)
+        return passes[-1]
+
+    async def scenario() -> None:
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        await handlers.start(settings=kopf.OperatorSettings())
+        try:
+            await watch(copy.deepcopy(body))
+            await asyncio.sleep(1.0)
+            # Passes at 0, 0.4 and 0.8 s: the back-off, not the reports' own events, sets the pace.
+            assert 2 <= len(passes) <= 4, f"{len(passes)} passes in 1 s on a 0.4 s back-off"
+            assert len(reports) == len(passes), "one report per failed pass, each a status write"
+            # A status-only change by someone else waits too.
+            last = await next_pass(1.0)
+            write(status={**body["status"], "switches": []})
+            assert await next_pass(1.0) - last >= 0.35
+            # The user edits the spec: run at once, back-off or not.
+            last = await next_pass(1.0)
+            await asyncio.sleep(0.05)
+            body["metadata"]["generation"] += 1
+            write(spec={"paused": True})
+            assert await next_pass(0.2) - last < 0.3
+        finally:
+            await handlers.stop()
+
+    asyncio.run(scenario())
 
 
 # Role-switch ticks that keep failing: RoleSwitching stops saying Idle.
@@ -186,7 +259,7 @@ def test_the_operator_hands_a_reported_tick_streak_to_the_fleets_pass(monkeypatc
 
     async def one_pass() -> None:
         count = len(seen)
-        handlers.fleet_changed(event={"type": "MODIFIED", "object": FLEET}, namespace="ns", name="f")
+        await handlers.fleet_changed(event={"type": "MODIFIED", "object": FLEET}, namespace="ns", name="f")
         deadline = time.monotonic() + 5
         while len(seen) == count:
             assert time.monotonic() < deadline, "no pass"

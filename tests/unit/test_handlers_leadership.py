@@ -6,6 +6,7 @@ graceful stop hands the Lease over only after the pass under way has ended."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -101,7 +102,7 @@ def test_a_standby_starts_at_once_and_acts_only_once_it_holds_the_lease(operator
         # The Lease is a's and fresh: b must wait its full duration (1 s on b's clock), yet kopf's
         # startup goes on at once.
         await asyncio.wait_for(handlers.start(settings=kopf.OperatorSettings()), 0.5)
-        handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+        await handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
         assert not acting() and operator.holder() == "a"
         await wait_until(lambda: "pass ns/f by b" in operator.log and "tick ns/f by b" in operator.log)
         assert acting()
@@ -125,7 +126,7 @@ def test_a_standby_acts_on_nothing_and_writes_nothing_while_the_leader_renews(op
     async def scenario() -> None:
         threading.Thread(target=leader_a, daemon=True).start()
         await asyncio.wait_for(handlers.start(settings=kopf.OperatorSettings()), 2)
-        handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+        await handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
         await asyncio.sleep(1.5)  # past the first record's 1 s: only a's renewals keep b standing by
         assert operator.log == [] and not acting()
         renewing.set()
@@ -155,7 +156,7 @@ def test_a_graceful_stop_hands_the_lease_over_only_after_the_pass_under_way(oper
         await handlers.start(settings=kopf.OperatorSettings())
         await wait_until(acting)
         operator.pass_may_end.clear()
-        handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+        await handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
         await wait_until(lambda: "pass ns/f by b" in operator.log)
         stopping = asyncio.create_task(handlers.stop())
         await asyncio.sleep(0.5)
@@ -182,3 +183,12 @@ def test_the_kubeconfig_flag_reaches_kopfs_login(monkeypatch: pytest.MonkeyPatch
     path = str(tmp_path / "config")
     assert operator_main.main(["--kubeconfig", path, "--metrics-port", "0"]) == 0
     assert kube_config.KUBE_CONFIG_DEFAULT_LOCATION == path
+
+
+def test_watch_event_handlers_run_on_the_event_loop() -> None:
+    """kopf runs a plain-function handler on an executor thread, and the work queue (an
+    asyncio.Queue, its timers and sets) is the event loop's alone: each watch handler must be a
+    coroutine, which kopf awaits on the loop."""
+    watching = kopf.get_default_registry()._watching.get_all_handlers()
+    assert {h.id for h in watching} >= {"fleet_changed", "pods-changed", "hybridservinginstances-changed"}
+    assert [h.id for h in watching if not inspect.iscoroutinefunction(h.fn)] == []

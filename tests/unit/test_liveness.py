@@ -170,7 +170,7 @@ def test_healthz_fails_while_a_pass_is_stuck_and_recovers_when_it_ends(
                 await handlers.start(settings=kopf.OperatorSettings())
                 assert await get() == (200, "ok\n")
 
-                handlers.fleet_changed(event={"type": "ADDED", "object": FLEET}, namespace="ns", name="f")
+                await handlers.fleet_changed(event={"type": "ADDED", "object": FLEET}, namespace="ns", name="f")
                 await asyncio.sleep(0.1)
                 assert await get() == (200, "ok\n")  # the pass runs, not yet for long
                 assert REGISTRY.get_sample_value("hybridserving_oldest_pass_seconds") >= 0.1

@@ -818,3 +818,54 @@ def test_an_invalid_edit_that_drops_the_workload_gang_still_heals_from_the_appli
     assert ("Pod", "fleet-0-0") in api.store, "the deleted pod comes back"
     assert sorted(n for k, n in api.store if k == "Workload") == workloads
     assert api.condition("LayoutValid")["status"] == "False" and api.condition("Degraded")["status"] == "False"
+
+
+@pytest.mark.parametrize("deleting", [True, False], ids=["draining", "not-yet-collected"])
+def test_a_scale_up_that_meets_the_pod_of_the_instance_it_replaces_waits_for_it(api: MemoryApi,
+                                                                               deleting: bool) -> None:
+    """Scaled down, the instance's pods drain under its uid (up to drainTimeoutSeconds + 30 s);
+    scaled up again meanwhile, the new instance takes the same index and its pod the same name. The
+    old pod leaves by itself: the create waits for it, it is not NameTaken and not a failure."""
+    settle(api)
+    spec = copy.deepcopy(SPEC)
+    spec["decode"]["replicas"] = 1
+    api.user_apply(spec)
+    rec.reconcile(api, NS, "fleet")
+    assert ("Pod", "fleet-3-0") in api.store and (INSTANCE_KIND, "fleet-3") not in api.store
+    old = api.store[("Pod", "fleet-3-0")]
+    old_owner = old["metadata"]["ownerReferences"][0]["uid"]
+    if deleting:  # the garbage collector deleted it, its engine drains
+        old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    api.user_apply(SPEC)
+    for _ in range(4):
+        outcome = rec.reconcile(api, NS, "fleet")
+        api.run_pods()
+        assert not outcome.errors, outcome.errors
+        assert api.condition("Degraded")["reason"] != "NameTaken"
+        assert outcome.requeue_after is not None, "it looks again soon"
+    assert api.store[("Pod", "fleet-3-0")]["metadata"]["ownerReferences"][0]["uid"] == old_owner
+    assert api.condition("Degraded")["status"] == "False"
+    for key in [k for k, o in api.store.items()  # drained and collected, with the rest of the old instance's
+                if old_owner in {r["uid"] for r in o["metadata"].get("ownerReferences") or []}]:
+        del api.store[key]
+    settle(api)
+    new = api.store[("Pod", "fleet-3-0")]["metadata"]["ownerReferences"][0]["uid"]
+    assert new == api.store[(INSTANCE_KIND, "fleet-3")]["metadata"]["uid"] != old_owner
+    assert api.condition("Ready")["status"] == "True" and api.condition("Degraded")["status"] == "False"
+
+
+@pytest.mark.parametrize("owner", [None, {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8f",
+                                          "uid": "rs-uid", "controller": True}], ids=["orphaned", "someone-elses"])
+def test_a_pod_name_held_by_a_live_object_with_the_fleets_label_is_still_name_taken(
+        api: MemoryApi, owner: dict[str, Any] | None) -> None:
+    """Neither an orphan (nobody deletes it) nor an object with a live owner of its own leaves by
+    itself: the fleet's label alone does not make the wait transient."""
+    settle(api)
+    pod = api.store.pop(("Pod", "fleet-3-0"))
+    pod["metadata"]["uid"] = "squatter"
+    pod["metadata"]["ownerReferences"] = [owner] if owner else []
+    api.store[("Pod", "fleet-3-0")] = pod
+    outcome = rec.reconcile(api, NS, "fleet")
+    degraded = api.condition("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "NameTaken")
+    assert "Pod/fleet-3-0" in degraded["message"] and outcome.errors

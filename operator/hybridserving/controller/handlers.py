@@ -18,7 +18,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -319,15 +319,28 @@ async def stop(**_: Any) -> None:
     _runtime = None
 
 
+# The event handlers are coroutines: kopf runs a plain function on an executor thread, and the
+# work queue (an asyncio.Queue, its timers and sets) is the event loop's alone.
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def fleet_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+async def fleet_changed(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
     assert namespace is not None, "HybridServing is namespaced"
     key = (namespace, name)
     runtime().cache.apply_event(KIND, event["type"], dict(event["object"]))
     if event.get("type") == "DELETED":
         runtime().queue.forget(key)
     else:
-        runtime().queue.add(key)
+        runtime().queue.add(key, early=not reports_failing(dict(event["object"])))
+
+
+def reports_failing(body: Mapping[str, Any]) -> bool:
+    """Whether the fleet's status is the failing report (`report_failing`) made for its current
+    spec. An event on such a fleet that brings no new generation (the echo of that report's own
+    write, above all) cannot make the next pass succeed: it waits for the failure back-off, or
+    every report would run the next failing pass at once, and that one the next report."""
+    conditions: list[dict[str, Any]] = (body.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+    return (ready.get("reason") == "ReconcileFailed"
+            and ready.get("observedGeneration") == (body.get("metadata") or {}).get("generation"))
 
 
 # Every kind a reconcile observes is watched, so the cache can answer for all of them (the
@@ -336,8 +349,8 @@ CACHED_KINDS = (KIND, INSTANCE_KIND, "Pod", *OWNED_KINDS)
 _KIND_OF_PLURAL = {RESOURCES[kind].plural: kind for kind in CACHED_KINDS}
 
 
-def _child_changed(event: kopf.RawEvent, resource: kopf.Resource, namespace: str | None,
-                   labels: kopf.Labels, **_: Any) -> None:
+async def _child_changed(event: kopf.RawEvent, resource: kopf.Resource, namespace: str | None,
+                         labels: kopf.Labels, **_: Any) -> None:
     assert namespace is not None, "a fleet's children live in its namespace"
     runtime().cache.apply_event(_KIND_OF_PLURAL[resource.plural], event["type"], dict(event["object"]))
     runtime().queue.add((namespace, labels[LABEL_NAME]))

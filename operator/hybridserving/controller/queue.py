@@ -6,7 +6,9 @@ change is missed and no two passes over one fleet ever overlap (the controller-r
 work-queue contract). Different fleets reconcile in parallel on a few workers.
 
 A pass that fails, by raising or by ending with errors it reported in status, is retried on one
-growing back-off per key; a pass that succeeds resets it.
+growing back-off per key; a pass that succeeds resets it. A trigger added with `early=False` does
+not cut that back-off short: the fleet runs when its back-off is due (at once when the pass under
+way succeeds), so a failing pass whose own writes come back as events does not run back to back.
 """
 
 from __future__ import annotations
@@ -45,14 +47,24 @@ class WorkQueue:
         self._queued: set[Key] = set()
         self._running: set[Key] = set()
         self._dirty: set[Key] = set()
+        self._deferred: set[Key] = set()  # triggered with early=False while running after a failure
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[Key, int] = {}
         self.known: set[Key] = set()
 
-    def add(self, key: Key) -> None:
-        """Reconcile `key` soon (once, however many times it is added meanwhile)."""
+    def add(self, key: Key, *, early: bool = True) -> None:
+        """Reconcile `key` soon (once, however many times it is added meanwhile).
+
+        `early=False`: when the last pass over `key` failed, it runs when its back-off is due (or
+        right after the pass under way, if that one succeeds), not sooner."""
         self.known.add(key)
+        if not early and self._failures.get(key):
+            if key in self._running:
+                self._deferred.add(key)
+                return
+            if key in self._timers:
+                return  # the back-off's timer brings it
         if key in self._running:
             self._dirty.add(key)
         elif key not in self._queued:
@@ -77,6 +89,7 @@ class WorkQueue:
     def forget(self, key: Key) -> None:
         self.known.discard(key)
         self._failures.pop(key, None)
+        self._deferred.discard(key)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
@@ -123,7 +136,9 @@ class WorkQueue:
                 log.exception("reconcile of %s/%s failed (%d in a row); retrying in %.0fs", *key, failures, delay)
             finally:
                 self._running.discard(key)
-            if key in self._dirty:
+            deferred = key in self._deferred
+            self._deferred.discard(key)
+            if key in self._dirty or (deferred and key not in self._failures):
                 self._dirty.discard(key)
                 self.add(key)
             elif delay is not None and key in self.known:

@@ -188,6 +188,34 @@ def _owned(obj: Mapping[str, Any], owners: set[str]) -> bool:
     return bool({r.get("uid") for r in obj.get("metadata", {}).get("ownerReferences") or []} & owners)
 
 
+def _leaving(kube: Kube, namespace: str, held: Mapping[str, Any], action: Action) -> bool:
+    """Whether the object that holds a name the fleet creates goes away by itself: it is being
+    deleted, or it carries the fleet's label and every owner it names is gone (the garbage
+    collector deletes it). The pods of a scaled-down instance drain under its uid for up to
+    drainTimeoutSeconds + 30 s, and a new instance that takes its index (a scale-up, a rollout's
+    surge) asks for the same names meanwhile: the create is due again once they are gone."""
+    meta = held.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return True
+    refs = meta.get("ownerReferences") or []
+    planned = (((action.body or {}).get("metadata") or {}).get("labels") or {}).get(LABEL_NAME)
+    if not refs or not planned or (meta.get("labels") or {}).get(LABEL_NAME) != planned:
+        return False  # an orphan, or someone else's: nothing deletes it
+    return all(_owner_gone(kube, namespace, ref) for ref in refs)
+
+
+def _owner_gone(kube: Kube, namespace: str, ref: Mapping[str, Any]) -> bool:
+    """Whether the fleet or instance an ownerReference names no longer exists (its name may be
+    taken again, by another uid); any other owner counts as there."""
+    if ref.get("apiVersion") != API_VERSION or ref.get("kind") not in (KIND, INSTANCE_KIND):
+        return False
+    try:
+        owner = kube.get(str(ref["kind"]), namespace, str(ref.get("name")))
+    except KubeError as exc:
+        return exc.status == 404
+    return bool(owner["metadata"].get("uid") != ref.get("uid"))
+
+
 def _hidden(obj: Mapping[str, Any], action: Action) -> str | None:
     """The fleet-name label value the object lost (a `kubectl label ... hybridserving.io/name-`),
     or None: the pass lists children by that label, so it cannot see the object and keeps
@@ -202,7 +230,9 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
 
     A create that finds its name held by an object the fleet does not own (an orphaned pod,
     a squatted ConfigMap) is no race: retrying cannot succeed, so it is reported, naming the
-    object, and the pass goes on with the rest. So is a write the apiserver refuses (403,
+    object, and the pass goes on with the rest. One that leaves by itself (`_leaving`: the
+    draining pod of a deleted instance) is waited for: skipped, not an error, and the pass's
+    follow-up (or the holder's deletion event) tries again. So is a write the apiserver refuses (403,
     422): the fleet keeps being repaired where it can, and the pass backs off. A create that
     finds the fleet's own object, hidden from the pass by a removed label, labels it again.
     """
@@ -223,6 +253,10 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
                 kube.delete(action.kind, namespace, action.name, uid=action.uid)
         except KubeError as exc:
             held = _holder(kube, namespace, action) if exc.status == 409 and action.verb == "create" else None
+            if held is not None and not _owned(held, owners or set()) and _leaving(kube, namespace, held, action):
+                log.info("%s/%s: %s is held by an object on its way out; created once it is gone", namespace,
+                         action.name, action.kind)
+                continue
             if held is not None and not _owned(held, owners or set()):
                 outcome.fail("NameTaken", f"{action.kind}/{action.name} already exists and is not owned by this "
                              "fleet: delete or rename that object (the operator will not take it over)")
