@@ -7,9 +7,9 @@ change and moves the engine to the other role, in place (`POST /pd_role_switch` 
 `/v1/loads` shows it idle) or by relaunching it with the other role's flags on the same GPUs,
 and reports each step on `/status` for the role-switch controller to follow.
 
-It also supervises the engine (restarts it with backoff when it exits or hangs, reports a crash
-loop), drains it on SIGTERM (unready first, then waits for in-flight requests, then stops it),
-and in production checks the GPUs and RDMA devices before the first start.
+It also supervises the engine (restarts it with backoff when it exits, hangs or does not start
+in time, reports a crash loop), drains it on SIGTERM (unready first, then waits for in-flight
+requests, then stops it), and in production checks the GPUs and RDMA devices before the first start.
 
 Configuration (see docs/engine.md): `$HYBRIDSERVING_CONFIG_DIR/{prefill,decode}.json`, each
 `{"nnodes": N, "argv": [...]}` or `{"nnodes": N, "ranks": [[...rank 0...], [...rank 1...]]}`,
@@ -180,6 +180,8 @@ class Settings:
     idle_window_s: float = 3.0
     stop_grace_s: float = 30.0
     startup_timeout_s: float = 3600.0
+    """Bounds every start of the engine: nothing else does (the liveness probe asks only whether the
+    launcher lives), so a start that hangs would hold the pod's GPUs for good."""
     poll_interval_s: float = 1.0
     restart_backoff_s: float = 2.0
     restart_backoff_max_s: float = 60.0
@@ -346,6 +348,8 @@ class Launcher:
         self.last_exit_code: int | None = None
         self.exit_status: int | None = None
         self.started_at: float | None = None
+        # By when (monotonic clock) the engine's latest start must serve; None once it has served.
+        self._ready_by: float | None = None
         self.switch_count = 0
         self.last_switch: SwitchRecord | None = None
         self._terminate = asyncio.Event()
@@ -462,6 +466,7 @@ class Launcher:
         self.engine_healthy = False
         self.may_hold_requests = False
         self.started_at = time.time()
+        self._ready_by = time.monotonic() + self.settings.startup_timeout_s
         self.set_phase("Starting")
 
     async def stop_engine(self) -> None:
@@ -693,18 +698,30 @@ class Launcher:
                             self.settings.engine_health_timeout_s, self.settings.health_recheck_s)
 
     async def _end_hung_engine(self) -> None:
-        """Stop an engine `_watch_health` found hung, as on SIGTERM (SGLang, unhealthy, exits at once:
-        `managers/tokenizer_manager.py:3517-3524`), and leave it to the crash path, whose back-off and
-        crash loop then apply to an engine that keeps hanging."""
+        """Restart an engine `_watch_health` found hung (SGLang, unhealthy, exits at once on SIGTERM:
+        `managers/tokenizer_manager.py:3517-3524`)."""
         proc = self.proc
         if proc is None or proc.returncode is not None or self.phase != "Ready":
             return
-        message = (f"engine hung: /health failed twice, {self.settings.health_recheck_s:.0f} s apart; "
-                   "stopping it to restart it")
-        log.error(message)
+        await self._restart_broken_engine(
+            f"engine hung: /health failed twice, {self.settings.health_recheck_s:.0f} s apart")
+
+    def _start_overdue(self) -> bool:
+        return self._ready_by is not None and time.monotonic() > self._ready_by
+
+    def _start_timeout_cause(self) -> str:
+        timeout = self.settings.startup_timeout_s
+        return f"engine not ready within HYBRIDSERVING_STARTUP_TIMEOUT_S ({timeout:g} s) of its start"
+
+    async def _restart_broken_engine(self, cause: str) -> None:
+        """Stop an engine that runs but does not serve, as on SIGTERM, and restart it down the crash
+        path, whose back-off and crash loop then apply to an engine that keeps failing this way."""
+        assert self.proc is not None, "called for a running engine"
+        log.error("%s; stopping it to restart it", cause)
         self.engine_healthy = False
-        self.set_phase("Restarting", message)
-        await self._end_engine(proc)
+        self.set_phase("Restarting", f"{cause}; stopping it")
+        await self._end_engine(self.proc)
+        await self._restart_after_crash(cause)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake at once on SIGTERM."""
@@ -731,9 +748,14 @@ class Launcher:
             if healthy != self.engine_healthy:
                 self.engine_healthy = healthy
                 self.metrics.engine_up.set(1 if healthy else 0)
-            if healthy and self.phase in ("Starting", "Restarting", "CrashLoop"):
-                self.consecutive_failures = 0
-                self.set_phase("Ready")
+            if healthy:
+                self._ready_by = None
+                if self.phase in ("Starting", "Restarting", "CrashLoop"):
+                    self.consecutive_failures = 0
+                    self.set_phase("Ready")
+            elif self._start_overdue():
+                await self._restart_broken_engine(self._start_timeout_cause())
+                continue
             await self._wait_any(self.settings.poll_interval_s)
 
     async def _wait_any(self, seconds: float) -> None:
@@ -748,7 +770,9 @@ class Launcher:
         for task in pending:
             task.cancel()
 
-    async def _restart_after_crash(self) -> None:
+    async def _restart_after_crash(self, stopped_for: str | None = None) -> None:
+        """`stopped_for`: why the launcher ended the engine, when it did; /status and the crash loop's
+        last log line then say so, not just the exit status the stop gave it."""
         assert self.proc is not None, "called for an engine that has exited"
         assert self.role is not None, "an engine ran, so its role is known"
         code = self.proc.returncode
@@ -764,9 +788,10 @@ class Launcher:
                       self.settings.restart_backoff_max_s)
         loop_phase = "CrashLoop" if self.consecutive_failures >= self.settings.crash_loop_restarts else "Restarting"
         if loop_phase == "CrashLoop" and self.settings.crash_loop_exit:
-            self._exit_crash_looping(code)
+            self._exit_crash_looping(code, stopped_for)
             return
-        self.set_phase(loop_phase, f"engine exited with status {code}; restart {self.restarts} in {backoff:.1f} s")
+        cause = stopped_for or f"engine exited with status {code}"
+        self.set_phase(loop_phase, f"{cause}; restart {self.restarts} in {backoff:.1f} s")
         await self._sleep(backoff)
         if self._terminate.is_set():
             return
@@ -774,14 +799,14 @@ class Launcher:
         if loop_phase == "CrashLoop":
             self.set_phase("CrashLoop", f"{self.consecutive_failures} consecutive engine failures")
 
-    def _exit_crash_looping(self, code: int | None) -> None:
+    def _exit_crash_looping(self, code: int | None, stopped_for: str | None) -> None:
         """Hand a crash loop to the kubelet: exit, so the container restarts with its back-off and
         `kubectl get pods` counts it. The last log line is the termination message
         (terminationMessagePolicy FallbackToLogsOnError), which the instance status shows."""
         self.exit_status = code if code and code > 0 else 128 - code if code and code < 0 else 1
         self.set_phase("CrashLoop", f"{self.consecutive_failures} consecutive engine failures")
-        log.error("engine crash loop: %d consecutive engine failures, last exit status %s; exiting so that the "
-                  "container restarts", self.consecutive_failures, code)
+        log.error("engine crash loop: %d consecutive engine failures, last exit status %s%s; exiting so that the "
+                  "container restarts", self.consecutive_failures, code, f" ({stopped_for})" if stopped_for else "")
         self._terminate.set()
 
     # ---- role switch
@@ -901,7 +926,6 @@ class Launcher:
         record.advance("Starting")
         await self.start_engine(to_role)
         self.set_phase("Relaunching", f"waiting for the engine to serve as {to_role}")
-        deadline = time.monotonic() + self.settings.startup_timeout_s
         while not self._terminate.is_set():
             if self.proc is None or self.proc.returncode is not None:
                 record.finish("Failed", f"engine exited with status {self.proc.returncode if self.proc else None}")
@@ -909,13 +933,14 @@ class Launcher:
                 return
             if await self.probe_engine():
                 self.engine_healthy = True
+                self._ready_by = None
                 self.consecutive_failures = 0
                 record.finish("Succeeded", f"engine relaunched as {to_role}")
                 self.set_phase("Ready")
                 return
-            if time.monotonic() > deadline:
-                record.finish("Failed", f"engine not healthy {self.settings.startup_timeout_s:.0f} s after relaunch")
-                self.set_phase("Starting", record.message)
+            if self._start_overdue():
+                record.finish("Failed", self._start_timeout_cause())
+                await self._restart_broken_engine(record.message)
                 return
             await self._sleep(min(self.settings.poll_interval_s, 0.5))
         record.finish("Aborted", "pod is terminating")

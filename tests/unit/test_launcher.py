@@ -213,6 +213,33 @@ def test_a_crash_loop_exits_the_launcher_so_the_kubelet_counts_it(tmp_path, capl
         "engine crash loop: 3 consecutive engine failures, last exit status 3")
 
 
+def test_a_relaunch_that_does_not_start_in_time_fails_the_switch_and_counts_as_a_failed_start(tmp_path, caplog):
+    """The relaunch's engine is stopped at the startup deadline, not left Starting, and its failed
+    start goes down the crash path: here, with a crash loop at one failure, the launcher exits."""
+    for role in ("prefill", "decode"):
+        write_config(tmp_path / "cfg", role, {"argv": ["--port", str(free_port())]})
+    settings = Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "role", backend="simulator",
+                        host="127.0.0.1", port=free_port(), poll_interval_s=0.01, startup_timeout_s=0.5,
+                        stop_grace_s=5, crash_loop_restarts=1)
+    hanging = Launcher(settings, command=lambda backend, argv: [sys.executable, "-c", "import time; time.sleep(60)"])
+    hanging.role = "prefill"
+
+    async def scenario():
+        record = await asyncio.wait_for(hanging.switch_role("decode"), 30)
+        assert hanging._terminate.is_set(), "the crash loop ends the launcher"
+        return record
+
+    with caplog.at_level(logging.ERROR, logger="hybridserving.launcher"):
+        record = asyncio.run(scenario())
+    cause = "engine not ready within HYBRIDSERVING_STARTUP_TIMEOUT_S (0.5 s) of its start"
+    assert (record.mode, record.outcome, record.message) == ("relaunch", "Failed", cause)
+    assert hanging.proc is None and hanging.last_exit_code == -signal.SIGTERM and hanging.restarts == 1
+    assert (hanging.exit_status, hanging.phase) == (128 + signal.SIGTERM, "CrashLoop")
+    assert caplog.records[-1].getMessage() == (
+        f"engine crash loop: 1 consecutive engine failures, last exit status -15 ({cause}); "
+        "exiting so that the container restarts")
+
+
 # ------------------------------------------------------------------ real launcher processes
 
 
@@ -428,6 +455,38 @@ def test_an_engine_its_scheduler_watchdog_killed_is_restarted(pod):
     assert status["engine"]["pid"] != pid and status["engine"]["lastExitCode"] == -signal.SIGKILL
     log = p.log.read_text()
     assert "Scheduler watchdog timeout" in log and "engine hung" not in log
+
+
+@pytest.mark.slow
+def test_an_engine_that_does_not_start_in_time_is_stopped_and_restarted_as_a_failed_start(pod):
+    """A start that hangs (a stuck weight read, a hung graph capture, a rank waiting for a dead
+    peer) keeps the launcher's /healthz, the pod's liveness probe, at 200: the startup deadline is
+    what ends it, on the first start as on every restart, and it counts toward the crash loop."""
+    # The simulator's own start-up delay is wall time (time_scale does not scale it): far past the deadline.
+    p = pod("prefill", startup_seconds=120, extra_env={
+        "HYBRIDSERVING_STARTUP_TIMEOUT_S": "2", "HYBRIDSERVING_STOP_GRACE_S": "5",
+        "HYBRIDSERVING_RESTART_BACKOFF_S": "1", "HYBRIDSERVING_CRASH_LOOP_RESTARTS": "2"})
+    first = p.status()
+    assert first["phase"] == "Starting" and first["engine"]["restarts"] == 0, first
+    deadline = time.monotonic() + 30
+    while (status := p.status())["engine"]["restarts"] < 1:
+        assert time.monotonic() < deadline, p.log.read_text()
+        time.sleep(0.05)
+    assert status["phase"] == "Restarting", status
+    assert status["message"].startswith("engine not ready within HYBRIDSERVING_STARTUP_TIMEOUT_S (2 s)"), status
+    assert status["engine"]["pid"] is None and status["ready"] is False
+    while (status := p.status())["engine"]["pid"] is None:
+        assert time.monotonic() < deadline, p.log.read_text()
+        time.sleep(0.05)
+    assert status["engine"]["pid"] != first["engine"]["pid"] and status["phase"] == "Starting", status
+    # The restarted engine does not start in time either: two failed starts in a row are a crash loop.
+    assert p.proc.wait(30) == 1
+    log = p.log.read_text()
+    assert log.count("ERROR hybridserving.launcher: engine not ready within HYBRIDSERVING_STARTUP_TIMEOUT_S (2 s) "
+                     "of its start; stopping it to restart it") == 2, log
+    assert log.rstrip().splitlines()[-1].endswith(
+        "engine crash loop: 2 consecutive engine failures, last exit status 0 (engine not ready within "
+        "HYBRIDSERVING_STARTUP_TIMEOUT_S (2 s) of its start); exiting so that the container restarts"), log
 
 
 @pytest.mark.slow
