@@ -869,3 +869,26 @@ def test_a_pod_name_held_by_a_live_object_with_the_fleets_label_is_still_name_ta
     degraded = api.condition("Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "NameTaken")
     assert "Pod/fleet-3-0" in degraded["message"] and outcome.errors
+
+
+def test_a_fleet_nothing_can_be_planned_for_drops_the_counts_of_its_last_plan(
+    api: MemoryApi, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no plan, no instance is judged: the role counts and instance list an earlier pass wrote
+    would say 2/2 Ready beside ready=False (a merge patch keeps what it does not name)."""
+    settle(api)
+    assert api.status()["decode"]["summary"] == "2/2"
+
+    def plan(*_: Any, **__: Any) -> Any:
+        raise ValueError("a planner bug")
+
+    monkeypatch.setattr(rec.planner, "plan", plan)
+    api.user_apply({**SPEC, "decode": {"replicas": 3, "layout": {"tp": 8}}})
+    rec.reconcile(api, NS, "fleet")
+    status = api.status()
+    assert status["ready"] == "False" and api.condition("Ready")["reason"] == "PlanFailed"
+    assert not {"prefill", "decode", "instances", "capacity"} & status.keys(), status.keys()
+    assert status["replicas"] == 4, "the instances that exist, for the scale subresource"
+    writes = sum(api.writes.values())
+    rec.reconcile(api, NS, "fleet")
+    assert sum(api.writes.values()) == writes, "the removal is written once"

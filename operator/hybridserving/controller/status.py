@@ -308,7 +308,12 @@ def fleet_status(
             else:  # what the fleet does is not read while its spec cannot be planned
                 conds.append(condition(type_, None if type_ != "Ready" else False, "PlanFailed",
                                        plan_failure.message(), generation, previous))
-        return wire(HybridServingStatus(observed_generation=generation, conditions=conds, ready="False"))
+        # Nothing planned, so no instance is judged against a plan: the per-role counts, the
+        # instance list and the capacity of an earlier pass would read as current (a merge patch
+        # keeps what it does not name), so they are removed; the instances that exist are counted.
+        unplanned = wire(HybridServingStatus(observed_generation=generation, conditions=conds, ready="False",
+                                             replicas=len(observed.instances)))
+        return {**unplanned, "prefill": None, "decode": None, "instances": None, "capacity": None}
 
     per_role: dict[str, RoleStatus] = {}
     for role in ROLES:
@@ -607,7 +612,8 @@ def failing_status(previous_status: Mapping[str, Any], message: str, generation:
 def changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether writing `new` would change anything a reader sees (times of unchanged conditions aside)."""
     def strip(status: Mapping[str, Any] | None) -> dict[str, Any]:
-        out = {k: v for k, v in (status or {}).items() if k in new}
+        # A key `new` names as null (removing it) matches a status without it.
+        out = {k: (status or {}).get(k) for k in new}
         out["conditions"] = [
             {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in out.get("conditions") or []
         ]
