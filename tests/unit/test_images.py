@@ -21,6 +21,7 @@ from packaging.version import Version
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OPERATOR = ROOT / "Dockerfile"
 ENGINE = ROOT / "images" / "engine" / "Dockerfile"
+ENGINE_README = ENGINE.parent / "README.md"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
@@ -129,6 +130,24 @@ def test_engine_image_pins_sglang_and_the_transfer_engines() -> None:
     pinned = {Requirement(r).name: str(Requirement(r).specifier)
               for r in pip_requirements(ENGINE) if not r.startswith(".")}
     assert pinned == {"mooncake-transfer-engine-cuda13": "==0.3.14", "nixl": "==1.5.1"}
+
+
+def test_the_engine_images_pages_name_its_base_and_pins() -> None:
+    """The README and docs/install.md are where a platform team reads which CUDA its GPU nodes'
+    driver must carry and which wheels to mirror: a base or pin changed in the Dockerfile alone
+    would send them to the wrong ones."""
+    (stage,) = stages(ENGINE)
+    base = dict(stage)["FROM"]
+    for page in (ENGINE_README, ROOT / "docs" / "install.md"):
+        assert set(re.findall(r"lmsysorg/sglang:[\w.@:-]+", page.read_text())) == {base}, page
+    readme = ENGINE_README.read_text()
+    pins = {r for r in pip_requirements(ENGINE) if not r.startswith(".")}
+    assert set(re.findall(r"`([\w.-]+==[^`\s]+)`", readme)) == pins
+    # The CUDA the README gives next to the base is the tag's (cu130: 13, or 13.0).
+    tag = re.fullmatch(r".*-cu(\d+)(\d)(@sha256:[0-9a-f]{64})?", base)
+    said = re.search(rf"`{re.escape(base)}`, CUDA (\d+)(?:\.(\d+))?", readme)
+    assert tag and said, "the README gives the base image's CUDA version next to it"
+    assert said.group(1) == tag.group(1) and said.group(2) in (None, tag.group(2))
 
 
 def test_engine_image_installs_the_engine_extra_and_runs_the_launcher() -> None:
