@@ -25,7 +25,12 @@ from hybridserving.controller.kube import KubeError
 from hybridserving.controller.switching import SwitchController
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
 from hybridserving.core import enginekey
-from hybridserving.core.switching import ANNOTATION_PINNED, ANNOTATION_SWITCH, ANNOTATION_SWITCH_TO
+from hybridserving.core.switching import (
+    ANNOTATION_IN_PLACE_REFUSED,
+    ANNOTATION_PINNED,
+    ANNOTATION_SWITCH,
+    ANNOTATION_SWITCH_TO,
+)
 
 FLEET_SPEC: dict[str, Any] = {
     **copy.deepcopy(SPEC),
@@ -44,6 +49,7 @@ class FakeEngine:
     inflight: int = 0
     healthy: bool = True
     refuse: bool = False
+    fail_rebuild: bool = False  # the engine answers safe_to_restore false: the launcher relaunches itself
     switch_ticks: int = 2
     switch_count: int = 0
     last: dict[str, Any] | None = None
@@ -76,8 +82,11 @@ class FakeEngine:
         self.pending = None
         self.switch_count += 1
         outcome = "Refused" if self.refuse else "Succeeded"
-        self.last = {"fromRole": self.launcher_role, "toRole": target, "outcome": outcome, "message": "fake"}
-        self.log.append(f"{self.launcher_role}->{target}:{outcome}")
+        message = "engine refused, still " + self.launcher_role if self.refuse else "fake"
+        if self.fail_rebuild:
+            message = f"engine relaunched as {target}"
+        self.last = {"fromRole": self.launcher_role, "toRole": target, "outcome": outcome, "message": message}
+        self.log.append(f"{self.launcher_role}->{target}:{outcome}" + (" (relaunch)" if self.fail_rebuild else ""))
         if outcome == "Succeeded":
             self.launcher_role = self.role = target
 
@@ -127,6 +136,7 @@ class Harness:
         self.api = MemoryApi()
         self.api.user_apply(copy.deepcopy(spec or FLEET_SPEC))
         self.engines = FakeEngines()
+        self.leader_uids: dict[str, str] = {}
         self.now = 10_000.0
         self.ctl = self.controller()
         for _ in range(10):
@@ -149,6 +159,12 @@ class Harness:
             if obj["metadata"]["labels"].get("hybridserving.io/node-rank") == "0":
                 role = obj["metadata"]["annotations"][ANNOTATION_ROLE]
                 engine = self.engines.by_ip.setdefault(ip, FakeEngine(role, role, handled=role))
+                if self.leader_uids.setdefault(ip, obj["metadata"]["uid"]) != obj["metadata"]["uid"]:
+                    # A recreated pod: a fresh launcher starts the engine in the role its pod carries.
+                    self.leader_uids[ip] = obj["metadata"]["uid"]
+                    engine.role = engine.launcher_role = engine.handled = role
+                    engine.pending, engine.switch_count, engine.last = None, 0, None
+                    engine.log.append(f"started as {role}")
                 if LABEL_ROLE not in obj["metadata"]["labels"] and engine.inflight and not engine.stuck:
                     engine.inflight -= 1  # out of the router: what it holds finishes, nothing new comes
                 engine.follow(role)
@@ -264,6 +280,109 @@ def test_refusal_restores_the_old_role_and_records_refused(h: Harness) -> None:
     assert entry["outcome"] == "Refused" and entry["phase"].startswith("Refused")
     assert "RoleSwitchRefused" in h.reasons() and "RoleSwitchRestored" in h.reasons()
     assert h.instance(name)["spec"]["restartGeneration"] == 0
+
+
+def finished(h: Harness, count: int) -> bool:
+    return len(h.history()) == count and h.history()[-1]["outcome"] != "InProgress"
+
+
+@pytest.mark.parametrize("restart_operator", [False, True], ids=["one-operator", "operator-restarted-every-tick"])
+def test_after_an_in_place_refusal_the_next_switch_of_the_instance_relaunches_and_completes(
+        h: Harness, restart_operator: bool) -> None:
+    """SGLang repeats most refusals (no memory left for decode CUDA graphs, a staging buffer, a
+    transfer backend that cannot switch): trying in place again would drain the instance for
+    nothing each time. The next switch that way relaunches instead: the launcher's flags switch in
+    place, so the gang is recreated in the new role."""
+    name = prefill_instances(h)[0]
+    h.engine(name).refuse = True  # every in-place switch of this engine is refused
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: finished(h, 1))
+    assert h.history()[0]["outcome"] == "Refused" and h.history()[0]["mode"] == "in-place"
+    assert h.instance(name)["spec"]["role"] == "prefill" and h.instance(name)["spec"]["restartGeneration"] == 0
+    refused = next(m for r, m in h.events() if r == "RoleSwitchRefused")
+    assert "next switch to decode relaunches" in refused
+
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")  # the same move asked again
+    uid = h.leader(name)["metadata"]["uid"]
+    phases = []
+    for _ in range(60):
+        h.tick()
+        if restart_operator:
+            h.ctl = h.controller()  # only what the objects hold survives
+        phases.append(h.instance(name)["status"].get("phase"))
+        if finished(h, 2):
+            break
+    entry = h.history()[-1]
+    assert entry["outcome"] == "Succeeded" and entry["mode"] == "relaunch", entry
+    assert "refused this switch in place" in entry["reason"] and "engine refused, still prefill" in entry["reason"]
+    assert "Relaunching" in phases and "Switching" not in phases
+    inst = h.instance(name)
+    assert inst["spec"]["role"] == "decode" and inst["spec"]["restartGeneration"] == 1
+    assert inst["status"]["phase"] == "Ready"
+    h.tick(2)
+    assert h.leader(name)["metadata"]["uid"] != uid, "the gang was recreated"
+    assert h.leader(name)["metadata"]["labels"][LABEL_ROLE] == "decode"
+    assert h.engine(name).log == ["prefill->decode:Refused", "started as decode"], "never tried in place again"
+    drained = [m for r, m in h.events() if r == "RoleSwitchDrained" and "relaunch" in m]
+    assert len(drained) == 1 and "the gang is recreated as decode" in drained[0]
+    assert "RoleSwitchFailed" not in h.reasons()
+
+
+def test_a_refusal_is_remembered_per_direction_and_forgotten_with_a_new_revision(h: Harness) -> None:
+    name = prefill_instances(h)[0]
+    h.engine(name).refuse = True
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: finished(h, 1))
+    assert h.instance(name)["metadata"]["annotations"].get(ANNOTATION_IN_PLACE_REFUSED)
+    # Another configuration (say more memory left for decode's CUDA graphs) may well switch in
+    # place: once the instance runs it, in place is tried again.
+    revision = h.instance(name)["metadata"]["labels"]["hybridserving.io/revision-hash"]
+    h.api.user_apply({**copy.deepcopy(FLEET_SPEC), "engine": {"env": [{"name": "X", "value": "1"}]}})
+    h.run_until(lambda: h.instance(name)["metadata"]["labels"]["hybridserving.io/revision-hash"] != revision
+                and h.instance(name)["status"].get("phase") == "Ready")
+    h.engine(name).refuse = False
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: finished(h, 2))
+    assert h.history()[-1]["mode"] == "in-place" and h.history()[-1]["outcome"] == "Succeeded"
+    assert ANNOTATION_IN_PLACE_REFUSED not in h.instance(name)["metadata"]["annotations"], "the stale one went"
+    assert h.instance(name)["spec"]["restartGeneration"] == 0
+
+
+def test_a_failed_rebuild_is_not_remembered_the_launcher_relaunches_it_itself(h: Harness) -> None:
+    """`safe_to_restore: false`: the launcher relaunches on the same pods; nothing changes here."""
+    name = prefill_instances(h)[0]
+    h.engine(name).fail_rebuild = True
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: finished(h, 1))
+    assert h.history()[-1]["outcome"] == "Succeeded" and h.history()[-1]["mode"] == "in-place"
+    assert ANNOTATION_IN_PLACE_REFUSED not in h.instance(name)["metadata"]["annotations"]
+    assert h.instance(name)["spec"]["restartGeneration"] == 0
+    h.engine(name).fail_rebuild = False
+    h.annotate(name, ANNOTATION_SWITCH_TO, "prefill")
+    h.run_until(lambda: finished(h, 2))
+    assert h.history()[-1]["mode"] == "in-place" and h.history()[-1]["outcome"] == "Succeeded"
+
+
+def test_the_policy_weighs_an_instance_refused_in_place_as_one_that_relaunches(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy's rules for relaunches then hold for it: their minutes count in the cost, the
+    fast path never takes one, and a donor that switches in place is preferred."""
+    from hybridserving.controller import switching as sw
+    seen: list[dict[str, bool]] = []
+    decide_all = sw.RoleSwitchPolicy.decide_all
+
+    def spy(self: Any, now: float, states: Any, *args: Any) -> Any:
+        seen.append({s.name: s.in_place for s in states})
+        return decide_all(self, now, states, *args)
+
+    monkeypatch.setattr(sw.RoleSwitchPolicy, "decide_all", spy)
+    name = prefill_instances(h)[0]
+    h.engine(name).refuse = True
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    h.run_until(lambda: finished(h, 1))
+    h.tick()
+    assert seen[-1][name] is False
+    assert all(in_place for other, in_place in seen[-1].items() if other != name)
 
 
 def test_drain_timeout_aborts(h: Harness) -> None:

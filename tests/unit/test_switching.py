@@ -22,6 +22,9 @@ from hybridserving.core.switching import (
     SwitchState,
     desired,
     phase_applied,
+    refused_in_place,
+    remember_refusal,
+    start_switch,
     step,
 )
 
@@ -118,9 +121,10 @@ class World:
 
 
 def run(world: World, *, to: str = "decode", restart_every_tick: bool = False, apply_twice: bool = False,
-        max_ticks: int = 400) -> tuple[SwitchState, list[str]]:
-    now = 1000.0
-    state = SwitchState.start(world.role, to, world.mode, "test", now)  # type: ignore[arg-type]
+        max_ticks: int = 400, state: SwitchState | None = None) -> tuple[SwitchState, list[str]]:
+    now = 1000.0 if state is None else state.started
+    if state is None:
+        state = SwitchState.start(world.role, to, world.mode, "test", now)  # type: ignore[arg-type]
     world.apply(desired(state, world.observe()))
     steps = [state.step]
     for _ in range(max_ticks):
@@ -195,6 +199,70 @@ def test_refusal_restores_the_old_role(variant: dict) -> None:
     assert state.outcome == "Refused"
     assert (world.role, world.label, world.phase, world.engine_role) == ("prefill", "prefill", "Ready", "prefill")
     assert world.generation == 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_after_an_in_place_refusal_the_next_switch_that_way_relaunches_by_recreating_the_gang(variant: dict) -> None:
+    world = World(launcher_outcome="Refused", last=("decode", "prefill", "Succeeded"))
+    refused, _ = run(world, **variant)
+    assert refused.outcome == "Refused"
+    memory = remember_refusal(None, refused, "rev-1", 1100.0)
+    assert memory is not None and refused_in_place(memory, "prefill", "decode", "rev-1") is not None
+
+    again = start_switch("prefill", "decode", "policy: prefill idle", 2000.0, in_place=True, refused=memory,
+                         revision="rev-1")
+    assert again.mode == "relaunch" and again.recreate
+    assert "refused this switch in place 900 s ago" in again.reason and again.reason.startswith("policy: prefill idle")
+    state, steps = run(world, state=again, **variant)  # the engine would still refuse in place
+    assert steps == ["Unroute", "Drain", "Switch", "Verify", "Route", "Done"]
+    assert state.outcome == "Succeeded" and state.mode == "relaunch"
+    assert world.generation == 1, "the gang recreated once, in the new role"
+    assert (world.role, world.label, world.engine_role, world.phase) == ("decode", "decode", "decode", "Ready")
+
+
+def test_a_recreating_relaunch_asks_for_the_next_generation_with_the_new_role_in_one_step() -> None:
+    state = start_switch("prefill", "decode", "r", 0.0, in_place=True, refused=remember_refusal(
+        None, replace(SwitchState.start("prefill", "decode", "in-place", "r", 0.0), outcome="Refused"), "", 0.0),
+        revision="")
+    obs = World(inflight=0, label=None, phase="Draining", generation=4).observe()
+    assert desired(state, obs) == Desired("Draining", "prefill")
+    switching, want = step(state.advance("Drain", 0.0), obs, 10.0, CONFIG)
+    assert switching.step == "Switch" and switching.restart_generation == 5
+    assert want == Desired("Relaunching", "decode", 5)
+    assert SwitchState.from_annotation(switching.to_annotation()) == switching
+
+
+def test_an_in_place_refusal_is_remembered_only_for_its_direction_and_revision() -> None:
+    refused = replace(SwitchState.start("prefill", "decode", "in-place", "r", 0.0), outcome="Refused",
+                      message="launcher: Refused: insufficient decode CUDA graph headroom")
+    memory = remember_refusal(None, refused, "rev-1", 5.0)
+
+    def mode(from_role: str, to_role: str, revision: str = "rev-1", in_place: bool = True) -> tuple[str, bool]:
+        s = start_switch(from_role, to_role, "r", 10.0, in_place=in_place, refused=memory,  # type: ignore[arg-type]
+                         revision=revision)
+        return s.mode, s.recreate
+
+    assert mode("prefill", "decode") == ("relaunch", True)
+    assert mode("decode", "prefill") == ("in-place", False), "the other direction still switches in place"
+    assert mode("prefill", "decode", revision="rev-2") == ("in-place", False), "a new configuration is tried"
+    assert mode("prefill", "decode", in_place=False) == ("relaunch", False), "the launcher relaunches itself"
+    # A new revision's end of switch drops what an older one refused; other outcomes add nothing.
+    for outcome in ("Succeeded", "Aborted", "Failed"):
+        assert remember_refusal(memory, replace(refused, outcome=outcome), "rev-2", 9.0) is None
+        assert remember_refusal(memory, replace(refused, outcome=outcome), "rev-1", 9.0) == memory
+    assert remember_refusal(None, replace(refused, mode="relaunch"), "rev-1", 9.0) is None
+    for bad in ("", "{", "[]", '{"prefill->decode": {"at": 1}}', '{"prefill->decode": 3}'):
+        assert refused_in_place(bad, "prefill", "decode", "rev-1") is None
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_failed_rebuild_is_not_remembered_and_restarts_as_before(variant: dict) -> None:
+    """Not safe_to_restore: the launcher relaunches itself; only when that fails does the instance restart."""
+    world = World(launcher_outcome="Failed")
+    state, steps = run(world, **variant)
+    assert steps == ["Unroute", "Drain", "Switch", "Restart", "Done"] and state.outcome == "Failed"
+    assert remember_refusal(None, state, "rev-1", 0.0) is None
+    assert start_switch("prefill", "decode", "r", 0.0, in_place=True, refused=None, revision="rev-1").mode == "in-place"
 
 
 def test_an_old_refusal_on_the_launcher_is_not_taken_for_this_switch() -> None:

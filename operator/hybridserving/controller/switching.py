@@ -41,7 +41,14 @@ from hybridserving.core import enginekey, flags, liveness, switching
 from hybridserving.core.assignment import prefill_share
 from hybridserving.core.observed import format_time, parse_time
 from hybridserving.core.perfmodel import PerformanceModel
-from hybridserving.core.naming import LABEL_INSTANCE, LABEL_NAME, LABEL_NODE_RANK, LABEL_SURGE, applied_spec_name
+from hybridserving.core.naming import (
+    LABEL_INSTANCE,
+    LABEL_NAME,
+    LABEL_NODE_RANK,
+    LABEL_REVISION,
+    LABEL_SURGE,
+    applied_spec_name,
+)
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.api.v1alpha1 import Role
 from hybridserving.core.policy import (
@@ -57,6 +64,7 @@ from hybridserving.core.policy import (
     ScalingConfig,
 )
 from hybridserving.core.switching import (
+    ANNOTATION_IN_PLACE_REFUSED,
     ANNOTATION_PINNED,
     ANNOTATION_SWITCH,
     ANNOTATION_SWITCH_TO,
@@ -135,6 +143,16 @@ class Instance:
     @property
     def record(self) -> SwitchState | None:
         return SwitchState.from_annotation(self.annotations.get(ANNOTATION_SWITCH))
+
+    @property
+    def revision(self) -> str:
+        """The revision its spec was rolled to (`hybridserving.io/revision-hash`), "" when unlabelled."""
+        return str((self.obj["metadata"].get("labels") or {}).get(LABEL_REVISION, ""))
+
+    def refused_in_place(self, to_role: str) -> switching.InPlaceRefusal | None:
+        """The engine's refusal of the in-place switch to `to_role` on this revision, or None."""
+        return switching.refused_in_place(self.annotations.get(ANNOTATION_IN_PLACE_REFUSED), self.role, to_role,
+                                          self.revision)
 
     @property
     def leader(self) -> dict[str, Any] | None:
@@ -425,7 +443,12 @@ class SwitchController:
             return False
         if not self._patch_status(namespace, inst, {"lastSwitch": format_time(now)}):
             return False
-        if not self._write(namespace, inst, None, None):
+        # An in-place refusal is kept with the record's removal, in the same write: the next switch
+        # of the instance that way relaunches (`core.switching.start_switch`).
+        refused = inst.annotations.get(ANNOTATION_IN_PLACE_REFUSED)
+        remembered = switching.remember_refusal(refused, state, inst.revision, now)
+        if not self._write(namespace, inst, None, None,
+                           {ANNOTATION_IN_PLACE_REFUSED: remembered} if remembered != refused else None):
             return False
         outcome = state.outcome
         metrics.ROLE_SWITCH_OUTCOMES.labels(_reason_kind(state.reason), outcome, state.mode).inc()
@@ -439,8 +462,11 @@ class SwitchController:
     def _start(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec, inst: Instance, to_role: str,
                reason: str, now: float, history: SwitchHistory, report: TickReport,
                extra_annotations: Mapping[str, str | None] | None = None) -> bool:
-        mode = "in-place" if flags.in_place_role_switch(spec) else "relaunch"
-        state = SwitchState.start(inst.role, to_role, mode, reason, now)  # type: ignore[arg-type]
+        state = switching.start_switch(inst.role, to_role, reason, now,  # type: ignore[arg-type]
+                                       in_place=flags.in_place_role_switch(spec),
+                                       refused=inst.annotations.get(ANNOTATION_IN_PLACE_REFUSED),
+                                       revision=inst.revision)
+        mode = state.mode
         want = switching.desired(state, inst.observation())
         if not self._write(namespace, inst, state, want, extra_annotations):
             return False
@@ -576,7 +602,11 @@ class SwitchController:
                 states.append(InstanceState(inst.name, record.from_role, phase, target, last, pinned, in_place))
                 continue
             phase = "serving" if inst.phase == "Ready" else "down"
-            states.append(InstanceState(inst.name, inst.role, phase, None, last, pinned, in_place))
+            # An instance whose engine refused to switch in place would relaunch: the policy weighs
+            # that (minutes, not seconds; never on its fast path), and of equally loaded donors takes
+            # one that switches in place.
+            own_in_place = in_place and inst.refused_in_place(switching.other_role(inst.role)) is None
+            states.append(InstanceState(inst.name, inst.role, phase, None, last, pinned, own_in_place))
             s = inst.sample
             if phase == "serving" and s is not None and s.loads is not None:
                 observed[inst.name] = instance_metrics(inst.role, s.loads, s.scrape, mem.scrapes.get(inst.name))
@@ -652,6 +682,11 @@ class SwitchController:
             event = ("Normal", "RoleSwitchStarted", f"{what}: removed from the router, draining; {state.reason}")
         elif s == "Drain":
             event = ("Normal", "RoleSwitchUnrouted", f"{what}: out of the router, draining")
+        elif s == "Switch" and state.recreate:
+            event = ("Normal", "RoleSwitchDrained",
+                     f"{what}: drained in {state.phases.get('Drain', 0):.1f} s; relaunching: the gang is recreated "
+                     f"as {state.to_role} (restartGeneration {state.restart_generation}), as the engine refused "
+                     f"this switch in place before")
         elif s == "Switch":
             event = ("Normal", "RoleSwitchDrained",
                      f"{what}: drained in {state.phases.get('Drain', 0):.1f} s; switching")
@@ -660,6 +695,10 @@ class SwitchController:
                      f"{what}: launcher runs {state.to_role} after {state.phases.get('Switch', 0):.1f} s; verifying")
         elif s == "Route":
             event = ("Normal", "RoleSwitchVerified", f"{what}: engine healthy as {state.to_role}; routing")
+        elif s == "Restore" and state.outcome == "Refused" and state.mode == "in-place":
+            event = ("Warning", "RoleSwitchRefused",
+                     f"{what}: {state.message}; restoring {state.from_role}; its next switch to {state.to_role} "
+                     f"relaunches the engine instead")
         elif s == "Restore":
             event = ("Warning", "RoleSwitchRefused" if state.outcome == "Refused" else "RoleSwitchAborted",
                      f"{what}: {state.message}; restoring {state.from_role}")

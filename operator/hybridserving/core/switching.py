@@ -9,13 +9,23 @@ A switch moves one running instance between prefill and decode without dropping 
                 │        └─ launcher Failed, or no answer in time ─────────→ Restart (Failed)
                 └─ not idle within roleSwitch.drainTimeoutSeconds ────────→ Restore (Aborted)
 
+An in-place switch the engine refused (outcome Refused) is remembered on the instance, per
+direction and for the revision it runs (`ANNOTATION_IN_PLACE_REFUSED`): SGLang repeats most
+refusals every time (no memory left for decode CUDA graphs, a staging buffer, a transfer backend
+that cannot switch), so the next switch of that instance that way goes by relaunch (`start_switch`).
+The launcher relaunches only where the roles' flags do not switch in place, so that relaunch
+recreates the gang in the new role (`recreate`: `spec.role` and `spec.restartGeneration` + 1 in one
+write); a new revision (the fleet's configuration changed) tries in place again.
+
 * **Unroute**: instance status.phase `Draining`; the planner drops the leader's router label
   (`hybridserving.io/role`), so the router removes the worker. Done when the label is gone.
 * **Drain**: wait (at least `unroute_settle_s`, for the router to act on the relabel) until the
   engine's `/v1/loads` shows nothing running, waiting or queued.
 * **Switch**: instance `spec.role` = the new role, phase `Switching` (in place) or `Relaunching`;
   the planner rewrites the pods' role annotation, the launcher drains once more and switches
-  (`POST /pd_role_switch`) or relaunches. Done when the launcher runs the new role.
+  (`POST /pd_role_switch`) or relaunches. With `recreate`, `spec.restartGeneration` + 1 as well:
+  the planner recreates the gang, whose fresh launchers start in the new role. Done when the
+  launcher runs the new role.
 * **Verify**: engine `/ready` answers and `/model_info` reports the live `disaggregation_mode` = new role
   (`/server_info`'s top level is the start-up configuration and keeps the old role).
 * **Route**: phase `Ready`; the planner labels the leader with the new role. Done when labelled.
@@ -48,6 +58,9 @@ ANNOTATION_SWITCH_TO = "hybridserving.io/switch-to"
 """An on-call request on the instance: `prefill` or `decode`."""
 ANNOTATION_PINNED = "hybridserving.io/pinned"
 """`"true"`: the policy never moves this instance."""
+ANNOTATION_IN_PLACE_REFUSED = "hybridserving.io/in-place-refused"
+"""The in-place switches the engine refused (JSON, by direction `prefill->decode`): the next switch
+of the instance that way relaunches, while it runs the same revision."""
 
 SWITCH_PHASES = frozenset({"Draining", "Switching", "Relaunching"})
 
@@ -94,16 +107,20 @@ class SwitchState:
     outcome: Outcome = "InProgress"
     message: str = ""
     restart_generation: int | None = None
-    """The generation a Restart asks for (the observed one + 1), fixed once so a resumed step does
-    not bump twice."""
+    """The generation a Restart, or the Switch of a `recreate` relaunch, asks for (the observed one
+    + 1), fixed once so a resumed step does not bump twice."""
     launcher_switches: int | None = None
     """The launcher's switchCount when the role was changed: a later count names our switch."""
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds spent in each finished step."""
+    recreate: bool = False
+    """A relaunch the launcher would not make (both roles' flags switch in place, and the engine
+    refused that before): the Switch recreates the gang in the new role instead."""
 
     @classmethod
-    def start(cls, from_role: Role, to_role: Role, mode: Mode, reason: str, now: float) -> SwitchState:
-        return cls(from_role, to_role, mode, reason[:500], now, "Unroute", now)
+    def start(cls, from_role: Role, to_role: Role, mode: Mode, reason: str, now: float, *,
+              recreate: bool = False) -> SwitchState:
+        return cls(from_role, to_role, mode, reason[:500], now, "Unroute", now, recreate=recreate)
 
     @property
     def finished(self) -> bool:
@@ -139,6 +156,70 @@ class SwitchState:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(p.title() for p in rest)
+
+
+@dataclass(frozen=True)
+class InPlaceRefusal:
+    """An in-place switch the engine refused, as `ANNOTATION_IN_PLACE_REFUSED` keeps it."""
+
+    revision: str
+    """The instance's revision (`hybridserving.io/revision-hash`) when it was refused: another
+    configuration may switch in place, so it is tried again."""
+    at: float
+    message: str
+
+
+def _direction(from_role: str, to_role: str) -> str:
+    return f"{from_role}->{to_role}"
+
+
+def in_place_refusals(text: str | None) -> dict[str, InPlaceRefusal]:
+    """The refusals an instance's annotation holds, by direction; an unreadable entry is dropped."""
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    out: dict[str, InPlaceRefusal] = {}
+    for direction, entry in (data.items() if isinstance(data, dict) else ()):
+        try:
+            out[direction] = InPlaceRefusal(str(entry["revision"]), float(entry["at"]), str(entry.get("message", "")))
+        except (TypeError, KeyError, ValueError):
+            continue
+    return out
+
+
+def refused_in_place(text: str | None, from_role: str, to_role: str, revision: str) -> InPlaceRefusal | None:
+    """The refusal of an in-place switch `from_role` → `to_role` on this revision, or None."""
+    refusal = in_place_refusals(text).get(_direction(from_role, to_role))
+    return refusal if refusal is not None and refusal.revision == revision else None
+
+
+def remember_refusal(text: str | None, state: SwitchState, revision: str, now: float) -> str | None:
+    """The annotation once `state` has ended: an in-place switch ended Refused is added for its
+    direction, and refusals of another revision go (None: nothing left)."""
+    kept = {d: r for d, r in in_place_refusals(text).items() if r.revision == revision}
+    if state.mode == "in-place" and state.outcome == "Refused":
+        kept[_direction(state.from_role, state.to_role)] = InPlaceRefusal(revision, round(now, 3), state.message[:300])
+    if not kept:
+        return None
+    return json.dumps({d: asdict(r) for d, r in sorted(kept.items())}, sort_keys=True, separators=(",", ":"))
+
+
+def start_switch(from_role: Role, to_role: Role, reason: str, now: float, *, in_place: bool,
+                 refused: str | None, revision: str) -> SwitchState:
+    """The record of a switch about to start: in place where the layout allows it
+    (`core.flags.in_place_role_switch`), else by relaunch (the launcher's, on the same pods).
+
+    Where the engine refused this very move in place on this revision, it relaunches instead: the
+    launcher would only try in place again (its flags allow it), so the gang is recreated in the
+    new role (`recreate`), and the reason says why.
+    """
+    refusal = refused_in_place(refused, from_role, to_role, revision) if in_place else None
+    if refusal is None:
+        return SwitchState.start(from_role, to_role, "in-place" if in_place else "relaunch", reason, now)
+    why = (f"by relaunch (the gang is recreated as {to_role}): the engine refused this switch in place "
+           f"{max(0.0, now - refusal.at):.0f} s ago ({refusal.message[:150]})")
+    return SwitchState.start(from_role, to_role, "relaunch", f"{reason[:240]}; {why}", now, recreate=True)
 
 
 @dataclass(frozen=True)
@@ -200,7 +281,8 @@ def desired(state: SwitchState, obs: Observation) -> Desired:
     if s in ("Unroute", "Drain"):
         return Desired("Draining", state.from_role)
     if s in ("Switch", "Verify"):
-        return Desired("Switching" if state.mode == "in-place" else "Relaunching", state.to_role)
+        return Desired("Switching" if state.mode == "in-place" else "Relaunching", state.to_role,
+                       state.restart_generation if state.recreate else None)
     if s == "Route":
         return Desired("Ready", state.to_role)
     if s == "Restart":
@@ -269,7 +351,10 @@ def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig)
             return restore("Aborted", f"not idle after {config.drain_timeout_s:.0f} s of draining ({held})")
         if (applied and obs.leader_label is None and elapsed >= config.unroute_settle_s
                 and obs.inflight == 0 and obs.launcher is not None):
-            return go("Switch", launcher_switches=obs.launcher.switch_count)
+            # A recreating relaunch asks for the next gang with the new role in the same write: the
+            # planner deletes the old pods without relabelling them, so their launcher never tries.
+            recreate = {"restart_generation": obs.restart_generation + 1} if state.recreate else {}
+            return go("Switch", launcher_switches=obs.launcher.switch_count, **recreate)
         return state, want
 
     if s == "Switch":
