@@ -129,7 +129,10 @@ def load_role_config(config_dir: Path, role: str) -> RoleConfig:
         raise ConfigError(f"{path} must hold a JSON object")
     unknown = set(data) - ROLE_CONFIG_KEYS
     if unknown:
-        raise ConfigError(f"{path} has unknown keys {sorted(unknown)}")
+        # A newer operator than this image's launcher wrote them (an engine image pinned across an
+        # operator upgrade): refusing would crash-loop every pod it rolls, so they are skipped.
+        log.warning("%s: ignoring keys this launcher does not know, %s (written by a newer operator)",
+                    path, sorted(unknown))
     argv, ranks = data.get("argv"), data.get("ranks")
     if (argv is None) == (ranks is None):
         raise ConfigError(f"{path} must set exactly one of 'argv' (all ranks) or 'ranks' (one argv per rank)")
