@@ -28,11 +28,13 @@ VALUES = [
     [{"engineImage": {"digest": None}, "enginePolicy": {"allowedImages": None}}],
     [{"engineImage": {"digest": "sha256:" + "b" * 64}}, {"engineImage": {"digest": None}}],
     [{"engineImage": None}, {"engineImage": {"repository": "registry.example/engine", "tag": "v2"}}],
+    [{"routerImage": {"repository": "registry.example/mirror/smg", "digest": "sha256:" + "c" * 64}}],
 ]
 
 
 @pytest.mark.parametrize("files", VALUES, ids=["defaults", "tag", "digest", "grants", "null-optional",
-                                              "null-overrides-file", "file-overrides-null"])
+                                              "null-overrides-file", "file-overrides-null",
+                                              "router-mirror"])
 def test_the_values_give_the_policy_the_chart_gives_the_operator(
         tmp_path: pathlib.Path, files: list[dict[str, Any]]) -> None:
     paths = write(tmp_path, files)
@@ -49,6 +51,8 @@ def test_the_values_give_the_policy_the_chart_gives_the_operator(
     ({"enginePolicy": {"allowIpcLock": None}}, "enginePolicy.allowIpcLock"),
     ({"enginePolicy": None}, "enginePolicy"),
     ({"engineImage": None}, "engineImage"),
+    ({"routerImage": {"repository": None}}, "routerImage.repository"),
+    ({"routerImage": None}, "routerImage"),
 ])
 def test_a_null_that_removes_a_value_the_chart_needs_is_refused_as_helm_refuses_it(
         tmp_path: pathlib.Path, values: dict[str, Any], field: str) -> None:
@@ -77,7 +81,7 @@ def test_the_fields_read_have_the_chart_schemas_types_and_constraints() -> None:
     """The schema's `required` holds for the values the chart's defaults complete: a model with a
     default there would hide a null that removed it."""
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]
-    for key, model in (("engineImage", chartvalues.EngineImageValues),
+    for key, model in (("engineImage", chartvalues.ImageValues), ("routerImage", chartvalues.ImageValues),
                        ("enginePolicy", chartvalues.EnginePolicyValues)):
         ours, theirs = model.model_json_schema(by_alias=True), schema[key]
         assert ours.get("additionalProperties") is theirs.get("additionalProperties") is False, key

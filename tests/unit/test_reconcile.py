@@ -407,6 +407,30 @@ def test_a_fleet_naming_no_engine_image_runs_the_operators_default_and_is_checke
     assert [i.path for i in refused.errors] == ["spec.engine.image"]
 
 
+def test_a_fleet_naming_no_router_image_runs_the_operators_default_so_a_mirror_is_set_once() -> None:
+    """An air-gapped cluster lists only its registry in allowedImages: the operator's default router
+    image (chart value routerImage) points there once, for every fleet that names none."""
+    from hybridserving.controller.reconcile import validate
+    from hybridserving.core.privileges import EnginePolicy
+
+    body = {"apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
+            "metadata": {"name": "dflt", "namespace": "default", "uid": "u"}, "spec": dict(SPEC)}
+    mirror = EnginePolicy(default_image="registry.example/engine:9", default_router_image="registry.example/smg:1.13.0",
+                          allowed_images=("registry.example/",))
+    hs, checked = validate(body, mirror)
+    assert hs is not None and checked.valid, checked.message()
+    from hybridserving.core import planner
+    from hybridserving.core.observed import Observed
+
+    (router,) = [o for (kind, _), o in planner.plan(hs, Observed()).objects.items() if kind == "Deployment"]
+    assert [c["image"] for c in router["spec"]["template"]["spec"]["containers"]] == ["registry.example/smg:1.13.0"]
+    _, refused = validate(body, EnginePolicy(default_image="registry.example/engine:9",
+                                             allowed_images=("registry.example/",)))
+    assert [i.path for i in refused.errors] == ["spec.router.image"], "this release's default is not mirrored"
+    named, _ = validate({**body, "spec": {**SPEC, "router": {"image": "registry.example/smg:1.12.0"}}}, mirror)
+    assert named is not None and named.spec.router_image() == "registry.example/smg:1.12.0", "the fleet's own wins"
+
+
 def ago(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds))
 

@@ -97,7 +97,10 @@ def apply(api: MemoryApi, **changes: Any) -> str:
     spec = copy.deepcopy(SPEC)
     spec.update(changes)
     api.user_apply(spec)
-    return f"fleet-{revisions.revision_hash(HybridServingSpec.model_validate(spec))}"
+    # As the operator plans it: with its default router image where the fleet names none.
+    planned = HybridServingSpec.model_validate(spec)
+    planned = planned.model_copy(update={"router": planned.router.model_copy(update={"image": planned.router_image()})})
+    return f"fleet-{revisions.revision_hash(planned)}"
 
 
 def test_status_names_the_revisions_what_holds_the_rollout_and_the_last_good_one() -> None:

@@ -50,12 +50,21 @@ app.kubernetes.io/part-of: hybridserving
 {{- end }}
 {{- end }}
 
-{{/* The engine image of fleets that name none: the digest wins over the tag. */}}
+{{/* The engine and router images of fleets that name none. */}}
 {{- define "hybridserving.engineImage" -}}
-{{- if .Values.engineImage.digest }}
-{{- printf "%s@%s" .Values.engineImage.repository .Values.engineImage.digest }}
+{{- include "hybridserving.reference" (required "engineImage: give {repository, tag}, or leave it out for the chart's default" .Values.engineImage) }}
+{{- end }}
+
+{{- define "hybridserving.routerImage" -}}
+{{- include "hybridserving.reference" (required "routerImage: give {repository, tag}, or leave it out for the chart's default" .Values.routerImage) }}
+{{- end }}
+
+{{/* An image reference from {repository, tag, digest}: a digest wins over the tag. */}}
+{{- define "hybridserving.reference" -}}
+{{- if .digest }}
+{{- printf "%s@%s" .repository .digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.engineImage.repository .Values.engineImage.tag }}
+{{- printf "%s:%s" .repository .tag }}
 {{- end }}
 {{- end }}
 

@@ -133,6 +133,11 @@ DEFAULT_ENGINE_IMAGE = "hybridserving/engine:0.1.0-sglang0.5.23"
 `engineImage` value overrides it for every fleet that names none."""
 
 
+DEFAULT_ROUTER_IMAGE = "lightseekorg/smg:1.13.0"
+"""The smg release this operator's router flags and service discovery are written for; the
+chart's `routerImage` value overrides it for every fleet that names none (a registry mirror)."""
+
+
 SGLANG_VERSION = Format("^[0-9]+[.][0-9]+[.][0-9]+([.-][0-9A-Za-z.]+)?$", "an SGLang release",
                         "major.minor.patch, then optionally '.' or '-' and a suffix, e.g. 0.5.23 or 0.5.23.post1")
 SglangVersion = Annotated[str, Field(max_length=64), SGLANG_VERSION]
@@ -533,13 +538,17 @@ RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "
 
 # An image reference has no whitespace; the apiserver refuses a container with an empty image.
 ROUTER_IMAGE = Format(r"^[^\t\n\f\r ]+$", "an image reference", "a name without spaces, tagged or by digest, e.g. "
-                      "lightseekorg/smg:1.13.0 (leave router.image out for that default)")
+                      "lightseekorg/smg:1.13.0 (leave router.image out for the operator's default)")
 
 
 class RouterSpec(ApiModel):
     enabled: bool = Field(default=True, description="Deploy an smg router with Kubernetes service discovery.")
-    image: Annotated[str, Field(max_length=512), ROUTER_IMAGE] = Field(
-        default="lightseekorg/smg:1.13.0", description="smg router image; pin it by tag or digest.")
+    image: Annotated[str, Field(max_length=512), ROUTER_IMAGE] | None = Field(
+        default=None,
+        description="smg router image; pin it by tag or digest. Unset: the operator's default router image "
+        f"(chart value routerImage, else {DEFAULT_ROUTER_IMAGE}), which moves with the operator's version "
+        "and the router flags it renders, and which a platform team points at its registry once for every "
+        "fleet that names none.")
     replicas: int = Field(default=1, ge=0, le=64, description="Router replicas; two or more get a PodDisruptionBudget "
                           "and are spread over nodes.")
     resources: Resources = Field(
@@ -774,6 +783,11 @@ class HybridServingSpec(ApiModel):
         """The image engine pods run: the fleet's own, else this release's (a fleet the operator
         reads already carries the operator's default: `core.privileges.with_default_image`)."""
         return self.engine.image or DEFAULT_ENGINE_IMAGE
+
+    def router_image(self) -> str:
+        """The image router pods run: the fleet's own, else this release's (a fleet the operator
+        reads already carries the operator's default: `core.privileges.with_default_image`)."""
+        return self.router.image or DEFAULT_ROUTER_IMAGE
 
     def total_instances(self) -> int:
         """The fleet's size: `replicas` when something scales it, else the two roles' replicas."""

@@ -1,6 +1,6 @@
 """The chart values an operator upgrade will run with, reduced to what decides how fleets are
-planned: the default engine image and what engine pods are granted (`engineImage`,
-`enginePolicy` in charts/hybridserving/values.yaml).
+planned: the default engine and router images and what engine pods are granted (`engineImage`,
+`routerImage`, `enginePolicy` in charts/hybridserving/values.yaml).
 
 `upgrade-check --values` reads them so that a fleet the new installation would refuse (an image
 outside `allowedImages`, host networking or IPC_LOCK it no longer grants) is found before the
@@ -18,16 +18,18 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from hybridserving.api.base import ApiModel
-from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, DEFAULT_ROUTER_IMAGE
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.manifests import ManifestError, ManifestInvalid, errors_from_validation, read_text, yaml_documents
 
 _REPOSITORY, _TAG = DEFAULT_ENGINE_IMAGE.rsplit(":", 1)
+_ROUTER_REPOSITORY, _ROUTER_TAG = DEFAULT_ROUTER_IMAGE.rsplit(":", 1)
 
 # The chart's values.yaml for the keys read. The models hold no defaults for the keys the schema
 # requires: a values file that sets one to null removes the default, and the chart then refuses.
 DEFAULTS: dict[str, Any] = {
     "engineImage": {"repository": _REPOSITORY, "tag": _TAG, "digest": ""},
+    "routerImage": {"repository": _ROUTER_REPOSITORY, "tag": _ROUTER_TAG, "digest": ""},
     "enginePolicy": {"allowHostNetwork": False, "allowIpcLock": False, "allowedImages": []},
 }
 
@@ -37,13 +39,13 @@ ONE_STDIN = ManifestError("(file)", "standard input (-) is named twice, and it c
                           "give all but one of them as files")
 
 
-class EngineImageValues(ApiModel):
+class ImageValues(ApiModel):
     repository: NonEmpty
     tag: NonEmpty
     digest: Annotated[StrictStr, Field(pattern=r"^(sha256:[a-f0-9]{64})?$")] = ""
 
     def reference(self) -> str:
-        """As the chart's `hybridserving.engineImage` helper writes it: a digest wins over the tag."""
+        """As the chart's `hybridserving.reference` helper writes it: a digest wins over the tag."""
         return f"{self.repository}@{self.digest}" if self.digest else f"{self.repository}:{self.tag}"
 
 
@@ -56,14 +58,16 @@ class EnginePolicyValues(ApiModel):
 class ChartValues(ApiModel):
     model_config = ConfigDict(extra="ignore")
 
-    engine_image: EngineImageValues
+    engine_image: ImageValues
+    router_image: ImageValues
     engine_policy: EnginePolicyValues
 
     def policy(self) -> EnginePolicy:
         """What the operator's flags would say (templates/deployment.yaml)."""
         p = self.engine_policy
         return EnginePolicy(allow_host_network=p.allow_host_network, allow_ipc_lock=p.allow_ipc_lock,
-                            allowed_images=tuple(p.allowed_images), default_image=self.engine_image.reference())
+                            allowed_images=tuple(p.allowed_images), default_image=self.engine_image.reference(),
+                            default_router_image=self.router_image.reference())
 
 
 def _merged(documents: list[Any]) -> dict[str, Any]:

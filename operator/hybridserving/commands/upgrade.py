@@ -44,11 +44,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
                    help="the chart values the upgrade runs with, as for `helm upgrade -f` (repeatable; `helm get "
-                        "values RELEASE -o yaml` writes the installed ones): their engineImage and enginePolicy "
+                        "values RELEASE -o yaml` writes the installed ones): their engineImage, routerImage and "
+                        "enginePolicy "
                         "are checked too (default: the grants are left to the cluster)")
     p.add_argument("--default-engine-image", default=None, metavar="IMAGE",
                    help="the engine image the upgraded operator gives fleets that name none (default: the "
                         "values' engineImage, else this version's)")
+    p.add_argument("--default-router-image", default=None, metavar="IMAGE",
+                   help="the router image the upgraded operator gives fleets that name none (default: the "
+                        "values' routerImage, else this version's)")
     p.add_argument("--exit-code", action="store_true",
                    help=f"exit {EXIT_REFUSES} when this version would stop planning a fleet the running one plans, "
                         f"else {EXIT_ROLLS} when it would roll an engine instance (0 when neither)")
@@ -67,6 +71,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_INVALID
     if args.default_engine_image:
         policy = replace(policy, default_image=args.default_engine_image)
+    if args.default_router_image:
+        policy = replace(policy, default_router_image=args.default_router_image)
     args = with_namespace(args)
     return answered(lambda: report(_read(args, policy), _read_crds(args), args, out), args.name, args.namespace, out)
 

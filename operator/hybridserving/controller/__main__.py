@@ -15,7 +15,7 @@ from prometheus_client import start_http_server
 from hybridserving.controller import handlers, health
 from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
 from hybridserving.controller.leadership import Election
-from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, DEFAULT_ROUTER_IMAGE
 from hybridserving.core.liveness import STUCK_PASS_SECONDS
 from hybridserving.core.privileges import EnginePolicy
 
@@ -51,6 +51,8 @@ def arguments() -> argparse.ArgumentParser:
                     "default: any image)")
     ap.add_argument("--default-engine-image", default=DEFAULT_ENGINE_IMAGE, metavar="IMAGE",
                     help="engine image of fleets that name none (spec.engine.image unset)")
+    ap.add_argument("--default-router-image", default=DEFAULT_ROUTER_IMAGE, metavar="IMAGE",
+                    help="router (smg) image of fleets that name none (spec.router.image unset)")
     ap.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
                     help="namespace of the operator's pods, admitted to engine ports by each fleet's "
                     "NetworkPolicy (default $POD_NAMESPACE; unset: no operator peer, as out of cluster)")
@@ -95,7 +97,7 @@ def operator_key(env: dict[str, str] | os._Environ[str]) -> bytes:
 def engine_policy(args: argparse.Namespace) -> EnginePolicy:
     """What engine pods may be given: only what the flags grant."""
     return EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock, tuple(args.allowed_image),
-                        args.operator_namespace, args.default_engine_image)
+                        args.operator_namespace, args.default_engine_image, args.default_router_image)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, HybridServing, HybridServingSpec
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, DEFAULT_ROUTER_IMAGE, HybridServing, HybridServingSpec
 from hybridserving.core.layout import LayoutIssue
 
 
@@ -19,8 +19,8 @@ class EnginePolicy:
 
     `allowed_images` are prefixes an engine or router image must start with (empty: any);
     `operator_namespace` is where the operator's pods run, the one namespace outside the
-    fleet's whose operator pods may reach the engines; `default_image` is the engine image of a
-    fleet that names none.
+    fleet's whose operator pods may reach the engines; `default_image` and `default_router_image`
+    are the engine and router images of a fleet that names none.
     """
 
     allow_host_network: bool = False
@@ -28,15 +28,18 @@ class EnginePolicy:
     allowed_images: tuple[str, ...] = ()
     operator_namespace: str | None = None
     default_image: str = DEFAULT_ENGINE_IMAGE
+    default_router_image: str = DEFAULT_ROUTER_IMAGE
 
 
 def with_default_image(hs: HybridServing, policy: EnginePolicy) -> HybridServing:
-    """The fleet with the operator's default engine image where it names none, so that what is
-    planned, hashed and checked against `allowed_images` is the image that will run."""
-    if hs.spec.engine.image is not None:
-        return hs
-    engine = hs.spec.engine.model_copy(update={"image": policy.default_image})
-    return hs.model_copy(update={"spec": hs.spec.model_copy(update={"engine": engine})})
+    """The fleet with the operator's default engine and router images where it names none, so that
+    what is planned, hashed and checked against `allowed_images` is the image that will run."""
+    update: dict[str, object] = {}
+    if hs.spec.engine.image is None:
+        update["engine"] = hs.spec.engine.model_copy(update={"image": policy.default_image})
+    if hs.spec.router.image is None:
+        update["router"] = hs.spec.router.model_copy(update={"image": policy.default_router_image})
+    return hs.model_copy(update={"spec": hs.spec.model_copy(update=update)}) if update else hs
 
 
 def needs_ipc_lock(spec: HybridServingSpec) -> bool:
@@ -66,7 +69,7 @@ def check(spec: HybridServingSpec, policy: EnginePolicy) -> list[LayoutIssue]:
             rule="engine-ipc-lock-allowed",
             severity="error",
         ))
-    for path, image in (("spec.engine.image", spec.engine_image()), ("spec.router.image", spec.router.image)):
+    for path, image in (("spec.engine.image", spec.engine_image()), ("spec.router.image", spec.router_image())):
         if policy.allowed_images and not any(image.startswith(prefix) for prefix in policy.allowed_images):
             issues.append(LayoutIssue(
                 path=path,

@@ -572,7 +572,7 @@ def _router_objects(
                         "containers": [
                             {
                                 "name": "router",
-                                "image": spec.router.image,
+                                "image": spec.router_image(),
                                 "command": ["smg"],
                                 "args": router_argv(hs, instances, key),
                                 "env": [enginekey.env_var(hs.metadata.name)],
