@@ -67,7 +67,7 @@ def test_the_engine_policy_admits_only_the_fleet_its_router_and_the_operator() -
     peers = [(rule["from"], [p["port"] for p in rule.get("ports", [])]) for rule in rules]
     assert peers == [
         ([{"podSelector": {"matchLabels": {LABEL_NAME: "hs", LABEL_COMPONENT: "engine"}}}], []),
-        ([{"podSelector": {"matchLabels": {LABEL_NAME: "hs", LABEL_COMPONENT: "router"}}}], ["http"]),
+        ([{"podSelector": {"matchLabels": {LABEL_NAME: "hs", LABEL_COMPONENT: "router"}}}], ["http", "bootstrap"]),
         ([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "hybridserving-system"}},
            "podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "hybridserving",
                                            "app.kubernetes.io/component": "operator"}}}], ["http", "launcher"]),

@@ -478,7 +478,9 @@ def _network_policy(hs: HybridServing, access: EngineAccess, owner: dict[str, An
     Engines serve control endpoints (`/pd_role_switch`, `/pause_generation`, `/abort_request`)
     that the fleet's API key guards (`core.enginekey`); reachability is the layer before it:
     ranks of the fleet talk to each other on any port (collectives pick their own), the router
-    on the HTTP port, the operator on the HTTP and launcher ports. Ports are named, so the policy
+    on the HTTP and bootstrap ports (smg connects to each prefill's bootstrap port when it
+    registers it, and counts a refused one as a bootstrap failure), the operator on the HTTP and
+    launcher ports. Ports are named, so the policy
     follows per-instance ports on the host network. Enforcement needs a CNI that implements
     NetworkPolicy, and host-network pods are outside any policy (docs/security.md).
     """
@@ -487,7 +489,7 @@ def _network_policy(hs: HybridServing, access: EngineAccess, owner: dict[str, An
         {"from": [{"podSelector": {"matchLabels": {LABEL_NAME: name, LABEL_COMPONENT: "engine"}}}]},
         {
             "from": [{"podSelector": {"matchLabels": {LABEL_NAME: name, LABEL_COMPONENT: "router"}}}],
-            "ports": [{"protocol": "TCP", "port": "http"}],
+            "ports": [{"protocol": "TCP", "port": "http"}, {"protocol": "TCP", "port": "bootstrap"}],
         },
     ]
     if access.operator_namespace:

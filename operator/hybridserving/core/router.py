@@ -4,8 +4,8 @@ a graceful exit.
 smg (1.13) answers `/liveness` while its process serves and `/readiness` only once it has
 healthy workers of both roles in PD mode (503 before), so a router replica that lost its
 workers leaves the Service instead of answering 503 to clients. Metrics are served on their
-own port (`--prometheus-host/--prometheus-port`) and exposed on the router Service as
-`metrics`, which the chart's ServiceMonitor (or any scraper) selects.
+own port (`--prometheus-host/--prometheus-port`), named `metrics` on the router pods (which the
+chart's `routers` PodMonitor scrapes) and on the router Service.
 
 A router pod that goes (a roll of the router, a retired pairing key, a drained node) first
 sleeps in its preStop hook while the Service stops sending it requests (endpoint removal and
