@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import io
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from hybridserving.api.v1alpha1 import HybridServingSpec
 from hybridserving.commands.rollback import choose, gitops_manager, rollback
@@ -29,11 +31,15 @@ def revision(image: str, number: int, owner: str = "uid-1") -> dict[str, Any]:
 
 
 class FakeApi:
-    """The fleet and its ControllerRevisions, as CustomObjectsApi answers for them."""
+    """The fleet and its ControllerRevisions, as CustomObjectsApi answers for them. `meddling`: what
+    others write to the fleet between a read and each replace, one per replace, in turn."""
 
-    def __init__(self, hs: dict[str, Any], revs: list[dict[str, Any]]) -> None:
+    def __init__(self, hs: dict[str, Any], revs: list[dict[str, Any]],
+                 meddling: list[Callable[[dict[str, Any]], None]] | None = None) -> None:
         self.hs, self.revs = hs, revs
+        self.meddling = list(meddling or [])
         self.replaced: dict[str, Any] | None = None
+        self.replaces = 0
 
     def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
                                      name: str) -> object:
@@ -47,7 +53,13 @@ class FakeApi:
     def replace_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str,
                                          body: dict[str, Any], *, field_manager: str | None = None) -> object:
         assert field_manager == "hybridserving-rollback"
+        self.replaces += 1
+        if self.meddling:
+            self.meddling.pop(0)(self.hs)
+        if body["metadata"]["resourceVersion"] != self.hs["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
         self.replaced = body
+        self.hs = copy.deepcopy(body)
         return body
 
 
@@ -145,3 +157,86 @@ def test_a_fleet_managed_by_gitops_is_rolled_back_with_a_warning_to_revert_in_gi
     out = io.StringIO()
     assert rollback(api, "ns", "hs", None, out) == 0
     assert "warning: hs is managed by Flux: revert the change in git" in out.getvalue()
+
+
+def refused_by_the_operator(revs: list[dict[str, Any]], running: int) -> dict[str, Any]:
+    """A fleet edited to a spec the operator refuses (status has seen it): it keeps running `running`."""
+    name = revs[running - 1]["metadata"]["name"]
+    hs = fleet("evil/engine:latest", last_good=name, generation=5)
+    hs["status"].update(observedGeneration=5, conditions=[
+        {"type": "LayoutValid", "status": "False", "reason": "LayoutInvalid", "observedGeneration": 5}])
+    hs["status"]["rollout"].update(updateRevision=name, currentRevision=name)
+    return hs
+
+
+def test_a_spec_the_operator_refuses_is_rolled_back_to_the_revision_the_fleet_runs() -> None:
+    """The operator runs the last valid spec while the spec fails validation: status names that
+    revision, not the spec's own, so it is the way back, and asking for it by number writes it."""
+    revs = [revision("v1", 1), revision("v2", 2)]
+    for to_revision in (None, 2):
+        api = FakeApi(refused_by_the_operator(revs, 2), revs)
+        out = io.StringIO()
+        assert rollback(api, "ns", "hs", to_revision, out) == 0, out.getvalue()
+        assert api.replaced is not None and api.replaced["spec"]["engine"]["image"] == "v2"
+        assert out.getvalue().splitlines() == [
+            f"hs: generation 5 of the spec is not applied (LayoutValid False: it fails validation); "
+            f"the fleet runs revision 2 ({revs[1]['metadata']['name']})",
+            f"hs rolled back to revision 2 ({revs[1]['metadata']['name']}); the operator rolls it out within "
+            "spec.rollout (maxUnavailable, canary, paused)",
+            "  spec.engine.image: evil/engine:latest → v2"]
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_restored_spec_that_fails_validation_is_refused_and_nothing_written(dry_run: bool) -> None:
+    """The live fleet total (spec.replicas) is kept; revision 1 has no role switch to split it."""
+    revs = [revision("v1", 1), revision("v2", 2)]
+    hs = fleet("v2", last_good=revs[0]["metadata"]["name"])
+    hs["spec"] = spec("v2", roleSwitch={"enabled": True}, replicas=6)
+    api = FakeApi(hs, revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out, dry_run=dry_run) == 1 and api.replaced is None
+    lines = out.getvalue().splitlines()
+    assert lines[0] == (f"error: hs: revision 1 ({revs[0]['metadata']['name']}) with the live spec's rollout, "
+                        "replicas and scaling, which a rollback keeps, fails validation; nothing written")
+    assert lines[1].startswith("error: spec.replicas: spec.replicas sizes the fleet's total")
+    assert lines[2].startswith("  fix: ") and "unset spec.replicas" in lines[2]
+
+
+def test_a_conflict_from_a_status_write_is_retried_on_the_new_resource_version() -> None:
+    def status_written(hs: dict[str, Any]) -> None:
+        hs["metadata"]["resourceVersion"] = str(int(hs["metadata"]["resourceVersion"]) + 1)
+        hs["status"]["rollout"]["message"] = "rolling"
+
+    revs = [revision("v1", 1), revision("v2", 2)]
+    api = FakeApi(fleet("v2", generation=3), revs, meddling=[status_written, status_written])
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", 1, out) == 0, out.getvalue()
+    assert api.replaces == 3 and api.replaced is not None
+    assert api.replaced["spec"]["engine"]["image"] == "v1" and api.replaced["metadata"]["resourceVersion"] == "44"
+    assert "status" not in api.replaced
+
+
+def test_a_conflict_from_a_spec_change_is_refused() -> None:
+    def spec_edited(hs: dict[str, Any]) -> None:
+        hs["metadata"].update(resourceVersion="43", generation=4)
+        hs["spec"]["engine"]["image"] = "v3"
+
+    revs = [revision("v1", 1), revision("v2", 2)]
+    api = FakeApi(fleet("v2", generation=3), revs, meddling=[spec_edited])
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", 1, out) == 1
+    assert api.replaces == 1 and api.replaced is None
+    assert out.getvalue().splitlines() == [
+        "error: hs: someone else changed the spec while rolling back (generation 3 → 4); nothing written",
+        "  fix: check what changed (kubectl get hybridserving hs -n ns -o yaml), then run the command again"]
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_fleet_being_deleted_is_not_rolled_back(dry_run: bool) -> None:
+    revs = [revision("v1", 1), revision("v2", 2)]
+    api = FakeApi(fleet("v2", deletionTimestamp="2025-01-01T00:00:00Z"), revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out, dry_run=dry_run) == 1 and api.replaced is None
+    assert out.getvalue().splitlines()[0] == (
+        "error: hs: being deleted (since 2025-01-01T00:00:00Z): the operator no longer reconciles it, "
+        "so nothing would roll it back; nothing written")

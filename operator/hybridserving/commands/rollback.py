@@ -11,18 +11,22 @@ sync, so the CLI warns when it sees such a tool's marks on the object.
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Mapping
 from typing import Any, Protocol, TextIO, cast
 
 from pydantic import ValidationError
 
-from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION, HybridServingSpec
+from hybridserving.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, HybridServingSpec
 from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
-from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number
+from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number, write_error
 from hybridserving.core import drift, revisions
+from hybridserving.core.fleet import assess
 from hybridserving.core.naming import LABEL_NAME, revision_name
+from hybridserving.manifests import ManifestInvalid, parse_document
 
 FIELD_MANAGER = "hybridserving-rollback"  # who wrote the spec, in managedFields
+CONFLICT_RETRIES = 3  # replaces retried after a conflict that left the spec as it was read
 
 # Marks GitOps tools leave on what they apply: (where, key or key prefix, tool).
 GITOPS_MARKS: tuple[tuple[str, str, str], ...] = (
@@ -89,50 +93,147 @@ def choose(revisions_found: list[dict[str, Any]], current: str, last_good: str,
     return earlier[0]
 
 
+def not_applied(hs: Mapping[str, Any]) -> str | None:
+    """Why the operator does not run the spec's generation, as status says it of that very
+    generation (None: it runs it, or status has not seen it yet). The fleet then keeps the last
+    spec it applied, and status names that spec's revision as the update revision: the spec has
+    no revision of its own to compare with."""
+    generation = hs["metadata"].get("generation")
+    status = hs.get("status") or {}
+    if status.get("observedGeneration") != generation:
+        return None
+    conditions = {c.get("type"): c for c in status.get("conditions") or []
+                  if c.get("observedGeneration") in (None, generation)}
+    if (conditions.get("LayoutValid") or {}).get("status") == "False":
+        return "LayoutValid False: it fails validation"
+    progressing = conditions.get("Progressing") or {}
+    if progressing.get("status") == "False" and progressing.get("reason") == "PlanFailed":
+        return "Progressing False, PlanFailed: it could not be planned"
+    return None
+
+
+def refusals(name: str, namespace: str, spec: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(field, message, fix) of each error `hybridserving validate` finds in the fleet with `spec`:
+    the schema and rules the apiserver applies, then the layout's. A restored spec is a revision's
+    configuration under the live sizing, a combination no one has validated: the apiserver would
+    refuse some, and the operator others, leaving the fleet on a spec it does not run."""
+    doc = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": name, "namespace": namespace},
+           "spec": spec}
+    try:
+        hs = parse_document(doc, name)
+    except ManifestInvalid as err:
+        return [(e.path, e.message, e.fix) for e in err.errors]
+    return [(i.path, i.message, i.fix) for i in assess(hs.spec).errors]
+
+
+def writable(hs: Mapping[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """The fleet as read with `spec`, for a replace conditional on its resourceVersion."""
+    body = copy.deepcopy(dict(hs))
+    body["spec"] = spec
+    body.pop("status", None)
+    body["metadata"].pop("managedFields", None)  # left out, the apiserver keeps and updates them
+    return body
+
+
+def deleting(out: TextIO, name: str, meta: Mapping[str, Any]) -> int:
+    """Refuse a fleet being deleted: the operator stops reconciling it, so a spec written now
+    would never roll out, and its revisions go with it."""
+    return write_error(out, False, name,
+                       f"being deleted (since {meta['deletionTimestamp']}): the operator no longer reconciles it, "
+                       "so nothing would roll it back; nothing written",
+                       "once it is gone, apply its manifest with the configuration to run")
+
+
 def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | None, out: TextIO,
              dry_run: bool = False) -> int:
     """Write the chosen revision's configuration into the fleet's spec, conditionally on what was
     read, and say what it changes (`dry_run`: say it, write nothing)."""
+    from kubernetes.client.exceptions import ApiException
+
     hs = cast(dict[str, Any], api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
-    uid = hs["metadata"]["uid"]
+    meta = hs["metadata"]
+    if meta.get("deletionTimestamp"):
+        return deleting(out, name, meta)
+    uid = meta["uid"]
     listed = cast(dict[str, Any], api.list_namespaced_custom_object(
         "apps", "v1", namespace, "controllerrevisions", label_selector=f"{LABEL_NAME}={name}"))
     found = [r for r in listed.get("items") or []
              if uid in {o.get("uid") for o in r["metadata"].get("ownerReferences") or []}]
+    names = {r["metadata"]["name"]: r for r in found}
     status = hs.get("status") or {}
     rollout = status.get("rollout") or {}
-    if rollout.get("updateRevision") and status.get("observedGeneration") == hs["metadata"].get("generation"):
+    running = rollout.get("updateRevision", "")
+    why = not_applied(hs)
+    current = ""  # the spec's own revision, where the operator applies the spec
+    if why is None and running and status.get("observedGeneration") == meta.get("generation"):
         # What the operator recorded for this very spec: its revisions carry what it fills in (the
         # chart's default engine image), which the spec alone does not say.
-        current = rollout["updateRevision"]
-    else:
+        current = running
+    elif why is None:
         try:
             current = revision_name(name, revisions.revision_hash(HybridServingSpec.model_validate(hs["spec"])))
         except ValidationError:
-            current = rollout.get("updateRevision", "")  # an invalid spec: the fleet runs what status says
+            why = "it fails validation"
+    if why is not None:
+        runs = names.get(running)
+        said = f"revision {runs.get('revision')} ({running})" if runs else running
+        out.write(f"{name}: generation {meta.get('generation')} of the spec is not applied ({why})"
+                  + (f"; the fleet runs {said}\n" if running else "\n"))
     try:
-        target = choose(found, current, rollout.get("lastGoodRevision", ""), to_revision)
+        if why is not None and to_revision is None and running in names:
+            target = names[running]  # undoes the edit the operator refused; what runs stays
+        else:
+            target = choose(found, current or running, rollout.get("lastGoodRevision", ""), to_revision)
     except ValueError as exc:
         out.write(f"error: {name}: {exc}\n")
         return EXIT_INVALID
     number, target_name = target.get("revision"), target["metadata"]["name"]
-    if target_name == current:
+    restored = revisions.restore(hs["spec"], target["data"]["spec"])
+    changes = drift.changes(hs["spec"], restored, "spec")
+    # The same name is only the same configuration for a spec the operator applies, and there the
+    # spec can still differ from its revision by what the operator fills in (its default image):
+    # writing that would pin it, not roll anything back.
+    if not changes or target_name == current:
         out.write(f"{name} already has the configuration of revision {number} ({target_name}); nothing to do\n")
         return EXIT_OK
-    tool = gitops_manager(hs["metadata"])
+    refused = refusals(name, namespace, restored)
+    if refused:
+        out.write(f"error: {name}: revision {number} ({target_name}) with the live spec's rollout, replicas and "
+                  "scaling, which a rollback keeps, fails validation; nothing written\n")
+        for path, message, fix in refused:
+            write_error(out, False, path, message, fix)
+        return EXIT_INVALID
+    tool = gitops_manager(meta)
     if tool:
         out.write(f"warning: {name} is managed by {tool}: revert the change in git, or {tool} will write its "
                   "spec back on the next sync\n")
-    restored = revisions.restore(hs["spec"], target["data"]["spec"])
-    changed = "".join(f"  {c}\n" for c in drift.changes(hs["spec"], restored, "spec"))
+    changed = "".join(f"  {c}\n" for c in changes)
     if dry_run:
         out.write(f"{name} would roll back to revision {number} ({target_name}); nothing written (--dry-run)\n"
                   f"{changed}")
         return EXIT_OK
-    hs["spec"] = restored
-    hs.pop("status", None)
-    hs["metadata"].pop("managedFields", None)  # left out, the apiserver keeps and updates them
-    api.replace_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, hs, field_manager=FIELD_MANAGER)
+    body = writable(hs, restored)
+    for attempt in range(CONFLICT_RETRIES + 1):
+        try:
+            api.replace_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body,
+                                                 field_manager=FIELD_MANAGER)
+            break
+        except ApiException as exc:
+            if exc.status != 409 or attempt == CONFLICT_RETRIES:
+                raise
+        # The operator writes the fleet's status all through a rollout, and each write moves the
+        # resourceVersion: that conflict is retried; a changed spec is someone else's decision.
+        again = cast(dict[str, Any], api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+        now = again["metadata"]
+        if now.get("deletionTimestamp"):
+            return deleting(out, name, now)
+        if (now.get("uid"), now.get("generation"), again.get("spec")) != (uid, meta.get("generation"), hs["spec"]):
+            return write_error(out, False, name,
+                               f"someone else changed the spec while rolling back (generation "
+                               f"{meta.get('generation')} → {now.get('generation')}); nothing written",
+                               f"check what changed (kubectl get hybridserving {name} -n {namespace} -o yaml), "
+                               "then run the command again")
+        body = writable(again, restored)
     out.write(f"{name} rolled back to revision {number} ({target_name}); the operator rolls it out "
               f"within spec.rollout (maxUnavailable, canary, paused)\n{changed}")
     return EXIT_OK
