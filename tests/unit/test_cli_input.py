@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -683,3 +684,146 @@ def test_labels_and_annotations_the_apiserver_takes_pass(tmp_path: Path) -> None
                 "annotations: {Example.COM/owner: 'anyone, any text', argocd.argoproj.io/sync-wave: '2'}}")
     code, out = validate(tmp_path, FLEET.replace("metadata: {name: t}", f"metadata: {metadata}"))
     assert code == 0, out
+
+
+TIMED_OUT = ("error: cannot reach the cluster: no answer within 1 s (--request-timeout)\n"
+             "  fix: check the cluster is up and the kubeconfig's server and context (kubectl cluster-info); "
+             "on a slow cluster, give it longer with --request-timeout\n")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [("status",), ("status", "t", "-n", "a"), ("upgrade-check", "-A"),
+                                     ("rollback", "t", "-n", "a")])
+def test_a_cluster_that_takes_the_connection_and_never_answers_is_an_error_within_the_timeout(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    """A wedged apiserver, or a load balancer with no backend left: the connection opens, no answer
+    comes. Each request is one attempt, so the wait is the flag's, not the client's retries times it."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never accepts: the kernel connects
+        config = kubeconfig(tmp_path, silent.getsockname()[1])
+        started = time.monotonic()
+        code, out = run(*command, "--request-timeout", "1", "--kubeconfig", config)
+        waited = time.monotonic() - started
+    assert (code, out) == (1, TIMED_OUT)
+    assert waited < 3.5, f"{waited:.1f} s"
+
+
+@pytest.mark.parametrize(("given", "seconds"), [("45", 45.0), ("2.5", 2.5), ("30s", 30.0), ("2m", 120.0),
+                                                ("1h", 3600.0)])
+def test_the_request_timeout_is_seconds_or_a_kubectl_duration(given: str, seconds: float) -> None:
+    assert build_parser().parse_args(["status"]).request_timeout == cluster.DEFAULT_REQUEST_TIMEOUT == 30
+    for command in (["status"], ["upgrade-check"], ["rollback", "t"]):
+        assert build_parser().parse_args([*command, "--request-timeout", given]).request_timeout == seconds
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ("0", "0 is out of range: use more than 0 seconds and at most a day"),
+    ("-1s", "-1s is out of range"),
+    ("2d", "'2d' is not a duration: use seconds, or 30s, 2m, 1h"),
+    ("inf", "inf is out of range"),
+    ("nan", "nan is out of range"),
+])
+def test_a_request_timeout_that_does_not_do_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], given: str, said: str) -> None:
+    error = usage_error(capsys, "upgrade-check", f"--request-timeout={given}")
+    assert f"argument --request-timeout: {said}" in error, error
+
+
+class _Recording(_Apiserver):
+    """`_Apiserver`, keeping the paths it was asked for, to tell which cluster a command reached."""
+
+    def do_GET(self) -> None:
+        self.server.asked.append(self.path)  # type: ignore[attr-defined]
+        super().do_GET()
+
+
+@pytest.fixture
+def two_clusters(tmp_path: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """A kubeconfig whose current context `a` (namespace team-a) and context `b` (team-b) point at two
+    fake apiservers, with what each was asked."""
+    servers = [http.server.HTTPServer(("127.0.0.1", 0), _Recording) for _ in "ab"]
+    for server in servers:
+        server.asked = []  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    a, b = (server.server_address[1] for server in servers)
+    yield write(tmp_path, "kubeconfig", f"""apiVersion: v1
+kind: Config
+clusters:
+- {{name: a, cluster: {{server: "http://127.0.0.1:{a}"}}}}
+- {{name: b, cluster: {{server: "http://127.0.0.1:{b}"}}}}
+users: [{{name: u, user: {{token: x}}}}]
+contexts:
+- {{name: a, context: {{cluster: a, user: u, namespace: team-a}}}}
+- {{name: b, context: {{cluster: b, user: u, namespace: team-b}}}}
+current-context: a
+"""), servers[0].asked, servers[1].asked  # type: ignore[attr-defined]
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("command", ["status", "upgrade-check"])
+def test_context_picks_the_cluster_and_its_namespace_as_kubectls_does(
+        two_clusters: tuple[str, list[str], list[str]], command: str) -> None:
+    """`kubectl hybridserving status --context b`: kubectl refuses its own flags before a plugin's name."""
+    config, asked_a, asked_b = two_clusters
+    code, out = run(command, "nope", "--context", "b", "--kubeconfig", config)
+    assert (code, out.splitlines()[0]) == (1, "error: HybridServing nope not found in namespace team-b"), out
+    assert asked_a == [] and asked_b and all("/namespaces/team-b/" in p for p in asked_b), (asked_a, asked_b)
+    asked_b.clear()
+    code, out = run(command, "nope", "--context", "b", "-n", "team-c", "--kubeconfig", config)
+    assert out.splitlines()[0] == "error: HybridServing nope not found in namespace team-c", "-n wins"
+    asked_b.clear()
+    code, out = run(command, "nope", "--kubeconfig", config)
+    assert out.splitlines()[0] == "error: HybridServing nope not found in namespace team-a", "the current context"
+    assert asked_a and not asked_b
+
+
+@pytest.mark.parametrize("command", ["status", "upgrade-check"])
+def test_a_context_the_kubeconfig_does_not_have_is_an_error_naming_the_ones_it_has(
+        two_clusters: tuple[str, list[str], list[str]], command: str) -> None:
+    config, asked_a, asked_b = two_clusters
+    code, out = run(command, "--context", "c", "--kubeconfig", config)
+    assert (code, out) == (1, f"error: the kubeconfig from {config} has no context c\n"
+                              "  fix: pass --context with one of: a, b (kubectl config get-contexts)\n")
+    assert asked_a == asked_b == []
+
+
+def test_a_context_outside_a_pod_s_service_account_asks_for_the_kubeconfig(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    code, out = run("status", "--context", "b")
+    assert code == 1 and out.startswith("error: cannot load the kubeconfig from $KUBECONFIG or ~/.kube/config: "), out
+
+
+def upgrade_check_json(*argv: str) -> dict[str, str]:
+    code, out = run("upgrade-check", "-o", "json", *argv)
+    assert code == 1
+    return json.loads(out)["error"]
+
+
+def test_upgrade_check_o_json_writes_every_error_as_a_json_object(apiserver: str, tmp_path: Path) -> None:
+    """A script runs `json.load` on the output whatever happened: an error is an object with the
+    `error` key, a check that ran a list."""
+    error = upgrade_check_json("nope", "-n", "team-a", "--kubeconfig", apiserver)
+    assert error == {"path": None, "message": "HybridServing nope not found in namespace team-a",
+                     "fix": "check the name and -n; `kubectl get hybridservings -n team-a` lists them"}
+    error = upgrade_check_json("-n", "nocrd", "--kubeconfig", apiserver)
+    assert error["message"].startswith("the cluster does not serve HybridServings: ")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again at once: nothing listens there
+    error = upgrade_check_json("-A", "--kubeconfig", kubeconfig(tmp_path, port))
+    assert "Connection refused" in error["message"] and error["fix"].startswith("check the cluster is up")
+    error = upgrade_check_json("--kubeconfig", str(tmp_path / "none"))
+    assert error["message"].startswith(f"cannot load the kubeconfig from {tmp_path / 'none'}: ")
+    assert upgrade_check_json("t", "-A") == {"path": None, "message": "a fleet name needs its namespace",
+                                             "fix": "give -n NAMESPACE instead of -A"}
+    values = write(tmp_path, "values.yaml", "enginePolicy: {allowHostNetwrk: true, allowIpcLock: 'yes'}\n")
+    error = upgrade_check_json("-f", values, "--kubeconfig", str(tmp_path / "none"))
+    first = error["issues"][0]
+    assert (error["path"], error["message"], error["fix"]) == (
+        f"--values {values}: {first['path']}", first["message"], first["fix"]), error
+    assert sorted(i["path"] for i in error["issues"]) == ["enginePolicy.allowHostNetwrk", "enginePolicy.allowIpcLock"]
+    assert {i["source"] for i in error["issues"]} == {values}

@@ -83,3 +83,29 @@ def test_render_has_a_weights_line_with_the_download_progress_when_known() -> No
         "hf://org/m  1 node(s) ready, 1 filling, 0 failed; 75% (1.5 GB of 2.0 GB)")
     assert line(base).endswith("; progress unknown")
     assert "last error gpu-1: 503" in line({**base, "nodesFailed": 1, "errors": ["gpu-1: 503 from the hub"]})
+
+
+def test_a_fleet_being_deleted_is_terminating_and_its_status_what_was_last_written() -> None:
+    """The operator stops reconciling a fleet once it is being deleted: the Ready True it wrote
+    before is no longer the fleet's state."""
+    deleting = {**HS, "metadata": {**HS["metadata"], "deletionTimestamp": "2026-02-03T04:05:06Z",
+                                   "finalizers": ["example.com/backup", "foregroundDeletion"]}}
+    out = io.StringIO()
+    render(deleting, INSTANCES, out)
+    lines = out.getvalue().splitlines()
+    assert lines[:3] == [
+        "flex  Terminating since 2026-02-03T04:05:06Z (finalizers: example.com/backup, foregroundDeletion)  "
+        "generation 3",
+        "  last written before the deletion, no longer updated: ready=True  prefill 1/1  decode 2/2 "
+        "(observed generation 3)",
+        "  KV capacity: 2.10M tokens per decode instance, 4.20M in 2",
+    ]
+    conditions = lines.index("  conditions as last written before the deletion:")
+    assert lines[conditions + 1].startswith("    Ready         True    AllInstancesReady: ")
+    assert lines[conditions + 2].startswith("    RoleSwitching True    Switching: ")
+    assert not any(line.startswith("flex  ready=") for line in lines)
+
+    del deleting["metadata"]["finalizers"]
+    out = io.StringIO()
+    render(deleting, [], out)
+    assert out.getvalue().startswith("flex  Terminating since 2026-02-03T04:05:06Z  generation 3\n")

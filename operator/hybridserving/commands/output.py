@@ -78,13 +78,14 @@ def write_json(value: Any, out: TextIO) -> None:
     out.write("\n")
 
 
-def write_error(out: TextIO, as_json: bool, where: str, message: str, fix: str) -> int:
-    """A flag's value that does not do (`where`, the flag and the field it feeds), with the fix; as
-    JSON with `-o json`, so a script reads an object either way. Returns the exit status."""
+def write_error(out: TextIO, as_json: bool, where: str | None, message: str, fix: str) -> int:
+    """A flag's value that does not do (`where`, the flag and the field it feeds; None for what no
+    flag or field caused, as a cluster that does not answer), with the fix; as JSON with `-o json`,
+    so a script reads an object either way. Returns the exit status."""
     if as_json:
         write_json({"error": {"path": where, "message": message, "fix": fix}}, out)
     else:
-        out.write(f"error: {where}: {message}\n  fix: {fix}\n")
+        out.write(f"error: {where + ': ' if where is not None else ''}{message}\n  fix: {fix}\n")
     return EXIT_INVALID
 
 

@@ -18,7 +18,13 @@ from typing import Any, Protocol, TextIO, cast
 from pydantic import ValidationError
 
 from hybridserving.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, HybridServingSpec
-from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
+from hybridserving.commands.cluster import (
+    NAMESPACE_HELP,
+    add_connection_flags,
+    answered,
+    custom_objects,
+    with_namespace,
+)
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number, write_error
 from hybridserving.core import drift, revisions
 from hybridserving.core.fleet import assess
@@ -55,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "rollback", help="put a fleet back on an earlier configuration (default: the last good revision)")
     p.add_argument("name", help="the HybridServing")
     p.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
-    p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
+    add_connection_flags(p)
     p.add_argument("--to-revision", type=whole_number(1), default=None,
                    help="the revision number (kubectl get controllerrevisions -l hybridserving.io/name=NAME)")
     p.add_argument("--dry-run", action="store_true",
@@ -246,12 +252,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
     def once() -> int:
         try:
-            return rollback(custom_objects(args.kubeconfig), args.namespace, args.name, args.to_revision, out,
-                            dry_run=args.dry_run)
+            api = custom_objects(args.kubeconfig, args.context, args.request_timeout)
+            return rollback(api, args.namespace, args.name, args.to_revision, out, dry_run=args.dry_run)
         except ApiException as exc:
             if exc.status != 409:
                 raise
             out.write(f"error: {args.name} changed while rolling back; run the command again\n")
             return EXIT_INVALID
 
-    return answered(once, args.name, args.namespace, out)
+    return answered(once, args.name, args.namespace, out, timeout=args.request_timeout)

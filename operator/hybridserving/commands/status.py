@@ -12,7 +12,13 @@ import argparse
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
-from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
+from hybridserving.commands.cluster import (
+    NAMESPACE_HELP,
+    add_connection_flags,
+    answered,
+    custom_objects,
+    with_namespace,
+)
 from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, whole_number, write_table
 from hybridserving.core.naming import LABEL_SURGE
 
@@ -26,23 +32,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="every fleet in every namespace")
-    p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
+    add_connection_flags(p)
     p.add_argument("--switches", type=whole_number(0), default=5, help="recent switches to show per fleet (0: none)")
     p.set_defaults(func=run)
 
 
 def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, switches: int = 5,
            with_namespace: bool = False) -> None:
-    """Write one fleet's view; pure over the objects so it is testable without a cluster."""
+    """Write one fleet's view; pure over the objects so it is testable without a cluster.
+
+    The operator stops reconciling a fleet once it is being deleted, and so stops writing its
+    status: read as usual, the status of a fleet that was healthy when deleted would say it still
+    is while its instances go. Such a fleet is said to be terminating, with the finalizers it
+    waits on, and what its status says as what was last written before the deletion."""
     meta, status = hs["metadata"], hs.get("status") or {}
     conds = {c["type"]: c for c in status.get("conditions") or []}
     prefill, decode = status.get("prefill") or {}, status.get("decode") or {}
     where = f"{meta.get('namespace')}/{meta['name']}" if with_namespace else meta["name"]
-    out.write(
-        f"{where}  ready={status.get('ready', 'Unknown')}  prefill {prefill.get('summary', '-')}  "
-        f"decode {decode.get('summary', '-')}  generation {meta.get('generation')}"
-        f" (observed {status.get('observedGeneration')})\n"
-    )
+    facts = (f"ready={status.get('ready', 'Unknown')}  prefill {prefill.get('summary', '-')}  "
+             f"decode {decode.get('summary', '-')}")
+    deleted = meta.get("deletionTimestamp")
+    if deleted:
+        finalizers = ", ".join(meta.get("finalizers") or [])
+        out.write(f"{where}  Terminating since {deleted}" + (f" (finalizers: {finalizers})" if finalizers else "")
+                  + f"  generation {meta.get('generation')}\n"
+                  f"  last written before the deletion, no longer updated: {facts}"
+                  f" (observed generation {status.get('observedGeneration')})\n")
+    else:
+        out.write(f"{where}  {facts}  generation {meta.get('generation')}"
+                  f" (observed {status.get('observedGeneration')})\n")
     capacity = (status.get("capacity") or {}).get("summary")
     if capacity:
         out.write(f"  KV capacity: {capacity}\n")
@@ -55,10 +73,12 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
         names = [rollout.get(k) or "-" for k in ("updateRevision", "currentRevision", "lastGoodRevision")]
         out.write(f"  Rollout{held}: {rollout.get('message', '')}; update {names[0]}, current {names[1]}, "
                   f"last good {names[2]}\n")
-    for type_ in ("Ready", "LayoutValid", "Progressing", "Degraded", "RoleSwitching"):
-        c = conds.get(type_)
-        if c:
-            out.write(f"  {type_:<13} {c['status']:<7} {c.get('reason', '')}: {c.get('message', '')}\n")
+    shown = [(t, conds[t]) for t in ("Ready", "LayoutValid", "Progressing", "Degraded", "RoleSwitching") if t in conds]
+    if deleted and shown:
+        out.write("  conditions as last written before the deletion:\n")
+    for type_, c in shown:
+        out.write(f"  {'  ' if deleted else ''}{type_:<13} {c['status']:<7} {c.get('reason', '')}: "
+                  f"{c.get('message', '')}\n")
     rows = [["INSTANCE", "ROLE", "RUNNING", "PHASE", "READY PODS", "NODES"]]
     for inst in sorted(instances, key=lambda i: i["spec"].get("index", 0)):
         st = inst.get("status") or {}
@@ -110,7 +130,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         out.write("error: a fleet name needs its namespace\n  fix: give -n NAMESPACE instead of -A\n")
         return EXIT_INVALID
     args = with_namespace(args)
-    return answered(lambda: _show(custom_objects(args.kubeconfig), args, out), args.name, args.namespace, out)
+    return answered(lambda: _show(custom_objects(args.kubeconfig, args.context, args.request_timeout), args, out),
+                    args.name, args.namespace, out, timeout=args.request_timeout)
 
 
 def _show(api: CustomObjectsApi, args: argparse.Namespace, out: TextIO) -> int:

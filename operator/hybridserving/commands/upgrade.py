@@ -17,18 +17,28 @@ import json
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from hybridserving.api.crd import expected_digests
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_PLURAL, PLURAL, VERSION
 from hybridserving.commands import chartvalues
-from hybridserving.commands.cluster import NAMESPACE_HELP, answered, custom_objects, with_namespace
-from hybridserving.commands.output import EXIT_INVALID, EXIT_OK, write_json, write_manifest_errors, write_table
+from hybridserving.commands.cluster import NAMESPACE_HELP, add_connection_flags, answered, connect, with_namespace
+from hybridserving.commands.output import (
+    EXIT_INVALID,
+    EXIT_OK,
+    write_error,
+    write_json,
+    write_manifest_errors,
+    write_table,
+)
 from hybridserving.core import crdschema
 from hybridserving.core.naming import LABEL_NAME
 from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.upgrade import CAUSES, GRANTS_UNKNOWN, FleetPreview, preview
 from hybridserving.manifests import ManifestInvalid
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 EXIT_ROLLS = 3  # with --exit-code: this version would roll an engine instance
 EXIT_REFUSES = 4  # with --exit-code: this version would stop planning a fleet the running one plans
@@ -41,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", default=None, help=NAMESPACE_HELP)
     scope.add_argument("-A", "--all-namespaces", action="store_true")
-    p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
+    add_connection_flags(p)
     p.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
                    help="the chart values the upgrade runs with, as for `helm upgrade -f` (repeatable; `helm get "
                         "values RELEASE -o yaml` writes the installed ones): their engineImage, routerImage and "
@@ -61,12 +71,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    as_json = args.output == "json"
     if args.all_namespaces and args.name:
-        out.write("error: a fleet name needs its namespace\n  fix: give -n NAMESPACE instead of -A\n")
-        return EXIT_INVALID
+        return write_error(out, as_json, None, "a fleet name needs its namespace", "give -n NAMESPACE instead of -A")
     try:
         policy = chartvalues.read(args.values).policy() if args.values else GRANTS_UNKNOWN
     except ManifestInvalid as err:
+        if as_json:
+            return write_values_error(err, out)
         write_manifest_errors(err, out)
         return EXIT_INVALID
     if args.default_engine_image:
@@ -74,7 +86,24 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.default_router_image:
         policy = replace(policy, default_router_image=args.default_router_image)
     args = with_namespace(args)
-    return answered(lambda: report(_read(args, policy), _read_crds(args), args, out), args.name, args.namespace, out)
+
+    def check() -> int:
+        api = connect(args.kubeconfig, args.context, args.request_timeout)
+        return report(_read(api, args, policy), _read_crds(api), args, out)
+
+    return answered(check, args.name, args.namespace, out, timeout=args.request_timeout, as_json=as_json)
+
+
+def write_values_error(err: ManifestInvalid, out: TextIO) -> int:
+    """The values' errors with `-o json`: one `{"error": ...}` object, as every other failure of
+    the command writes it (`write_error`), where the output of a check that ran is a list, so a
+    script tells the two apart by the shape; its keys say the first error, `issues` every one."""
+    issues = [{"source": doc.source, "path": e.path, "message": e.message, "fix": e.fix}
+              for doc in err.documents for e in doc.errors]
+    first = issues[0] if issues else {"source": err.source, "path": "(document)", "message": str(err), "fix": ""}
+    write_json({"error": {"path": f"--values {first['source']}: {first['path']}", "message": first["message"],
+                          "fix": first["fix"], "issues": issues}}, out)
+    return EXIT_INVALID
 
 
 def report(previews: list[FleetPreview], crds: list[crdschema.Finding] | str, args: argparse.Namespace,
@@ -98,11 +127,10 @@ def report(previews: list[FleetPreview], crds: list[crdschema.Finding] | str, ar
     return EXIT_ROLLS if any(p.upgrade_rolls for p in previews) else EXIT_OK
 
 
-def _read(args: argparse.Namespace, policy: EnginePolicy) -> list[FleetPreview]:
+def _read(api: ApiClient, args: argparse.Namespace, policy: EnginePolicy) -> list[FleetPreview]:
     from kubernetes import client
 
-    custom = custom_objects(args.kubeconfig)
-    core, apps = client.CoreV1Api(), client.AppsV1Api()
+    custom, core, apps = client.CustomObjectsApi(api), client.CoreV1Api(api), client.AppsV1Api(api)
     if args.name:
         fleets = [cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL,
                                                                            args.name))]
@@ -129,14 +157,14 @@ def _read(args: argparse.Namespace, policy: EnginePolicy) -> list[FleetPreview]:
     return previews
 
 
-def _read_crds(args: argparse.Namespace) -> list[crdschema.Finding] | str:
+def _read_crds(connected: ApiClient) -> list[crdschema.Finding] | str:
     """The installed CRDs judged against this version's digests, or why they could not be read
     (a cluster-scoped read the caller may lack: that is no reason to skip the fleets)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     expected = expected_digests()
-    api = client.ApiextensionsV1Api()
+    api = client.ApiextensionsV1Api(connected)
     try:
         installed = [crd for name in expected for crd in _items(api.list_custom_resource_definition(
             field_selector=f"metadata.name={name}", _preload_content=False))]
