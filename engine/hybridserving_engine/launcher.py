@@ -37,12 +37,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from hybridserving.contract import (
     CONFIG_DIR,
+    CONFIG_HASH_FILE_NAME,
     ENV_CONFIG_DIR,
     ENV_DRAIN_TIMEOUT_S,
     ENV_ENGINE_API_KEY,
     ENV_LAUNCHER_PORT,
     ENV_NODE_RANK,
     ENV_ROLE_FILE,
+    HALF_HASH,
     LABEL_ROLE,
     PLACEHOLDERS,
     ROLE_CONFIG_KEYS,
@@ -52,6 +54,7 @@ from hybridserving.contract import (
     fill_placeholders,
     inflight_requests,
     placeholder_env,
+    role_document_name,
 )
 from hybridserving_engine import preflight
 from hybridserving_engine.argv import flag_value, has_flag
@@ -116,9 +119,8 @@ def fill_pod_values(argv: list[str], env: Mapping[str, str], node_rank: int) -> 
         raise ConfigError(f"{exc}: set HYBRIDSERVING_<NAME> in the pod's environment") from None
 
 
-def load_role_config(config_dir: Path, role: str) -> RoleConfig:
-    """Read `<config_dir>/<role>.json`."""
-    path = config_dir / f"{role}.json"
+def load_role_config(path: Path) -> RoleConfig:
+    """Read a role document (`<role>.json` or `<role>-<hash>.json`)."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -169,6 +171,23 @@ def read_role(path: Path) -> str | None:
     return value if value in ROLES else None
 
 
+def pinned_document(config_dir: Path, role_file: Path, role: str) -> Path | None:
+    """The document of exactly the configuration the pod is annotated with, when that is for `role`.
+
+    None when the pod is annotated with another role or has no hash file beside its role file (a
+    pod rendered by an operator that did not mount one): the spec's `<role>.json` then stands. The
+    operator patches a pod's role and hash together, and the two files come from one downward-API
+    volume, so a switched pod's hash is that of the role it is switching to.
+    """
+    try:
+        config_hash = (role_file.parent / CONFIG_HASH_FILE_NAME).read_text().strip()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    if read_role(role_file) != role or len(config_hash) <= HALF_HASH:
+        return None
+    return config_dir / role_document_name(role, config_hash[HALF_HASH:])
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the launcher reads from its environment (see docs/engine.md)."""
@@ -186,6 +205,9 @@ class Settings:
     """Bounds every start of the engine: nothing else does (the liveness probe asks only whether the
     launcher lives), so a start that hangs would hold the pod's GPUs for good."""
     poll_interval_s: float = 1.0
+    config_wait_s: float = 120.0
+    """How long a start waits for its pinned document to appear: the kubelet updates the ConfigMap
+    volume up to a sync period (a minute by default) after the pod's annotations."""
     restart_backoff_s: float = 2.0
     restart_backoff_max_s: float = 60.0
     crash_loop_restarts: int = 5
@@ -216,6 +238,7 @@ class Settings:
             stop_grace_s=num("HYBRIDSERVING_STOP_GRACE_S", 30),
             startup_timeout_s=num("HYBRIDSERVING_STARTUP_TIMEOUT_S", 3600),
             poll_interval_s=num("HYBRIDSERVING_POLL_INTERVAL_S", 1.0),
+            config_wait_s=num("HYBRIDSERVING_CONFIG_WAIT_S", 120.0),
             restart_backoff_s=num("HYBRIDSERVING_RESTART_BACKOFF_S", 2.0),
             restart_backoff_max_s=num("HYBRIDSERVING_RESTART_BACKOFF_MAX_S", 60.0),
             crash_loop_restarts=int(e.get("HYBRIDSERVING_CRASH_LOOP_RESTARTS", "5")),
@@ -433,11 +456,30 @@ class Launcher:
 
     # ---- engine process
 
-    def _config(self, role: str) -> RoleConfig:
-        return load_role_config(self.settings.config_dir, role)
+    async def _config(self, role: str) -> RoleConfig:
+        """The document of the configuration this pod runs in `role` (`pinned_document`), once the
+        ConfigMap volume shows it; else the spec's `<role>.json`.
+
+        A ConfigMap written by an operator that keeps no documents by hash has no `<role>-*.json`
+        key: nothing to wait for then.
+        """
+        s = self.settings
+        deadline = time.monotonic() + s.config_wait_s
+        path = pinned_document(s.config_dir, s.role_file, role)
+        while path is not None and not path.exists():
+            if not any(s.config_dir.glob(f"{role}-*.json")):
+                path = None
+            elif time.monotonic() >= deadline:
+                log.warning("%s has not appeared in %.0f s; starting %s from %s.json, the spec's", path,
+                            s.config_wait_s, role, role)
+                path = None
+            else:
+                await self._sleep(s.poll_interval_s)
+                path = pinned_document(s.config_dir, s.role_file, role)
+        return load_role_config(path or s.config_dir / f"{role}.json")
 
     async def start_engine(self, role: str) -> None:
-        config = self._config(role)
+        config = await self._config(role)
         self.nnodes = config.nnodes
         self.argv = fill_pod_values(config.argv_for(self.settings.node_rank), os.environ, self.settings.node_rank)
         cmd = self.command(self.settings.backend, self.argv)
@@ -601,7 +643,7 @@ class Launcher:
         try:
             if not await self._wait_for_role():
                 return 0
-            if not self._preflight():
+            if not await self._preflight():
                 await self._terminate.wait()
                 return 1
             assert self.role is not None, "a role is read before the engine first starts"
@@ -642,11 +684,11 @@ class Launcher:
             await self._sleep(self.settings.poll_interval_s)
         return False
 
-    def _preflight(self) -> bool:
+    async def _preflight(self) -> bool:
         if self.settings.backend != "sglang" or self.settings.preflight == "off":
             return True
         assert self.role is not None, "preflight runs once the role is read"
-        argv = self._config(self.role).argv_for(self.settings.node_rank)
+        argv = (await self._config(self.role)).argv_for(self.settings.node_rank)
         require_rdma = os.environ.get("HYBRIDSERVING_PREFLIGHT_RDMA", "1") != "0"
         problems = preflight.check(argv, self.probes, require_rdma=require_rdma)
         for problem in problems:
@@ -814,16 +856,17 @@ class Launcher:
 
     # ---- role switch
 
-    def _switch_mode(self, from_role: str, to_role: str) -> str:
-        """In place when both roles' flags enable it (SGLang then keeps weights and KV pool), else relaunch."""
-        both = all(has_flag(self._config(r).argv_for(self.settings.node_rank), "--enable-pd-role-switch")
-                   for r in (from_role, to_role))
+    async def _switch_mode(self, to_role: str) -> str:
+        """In place when the running engine's flags and those of the role it goes to both enable it
+        (SGLang then keeps weights and KV pool), else relaunch."""
+        target = (await self._config(to_role)).argv_for(self.settings.node_rank)
+        both = all(has_flag(argv, "--enable-pd-role-switch") for argv in (self.argv, target))
         return "in-place" if both else "relaunch"
 
     async def switch_role(self, to_role: str) -> SwitchRecord:
         from_role = self.role
         assert from_role is not None, "a switch starts from the role the engine serves"
-        record = SwitchRecord(from_role, to_role, self._switch_mode(from_role, to_role))
+        record = SwitchRecord(from_role, to_role, await self._switch_mode(to_role))
         self.last_switch = record
         self.switch_count += 1
         record.advance("Draining")
@@ -858,7 +901,8 @@ class Launcher:
         self.set_phase("Switching", f"POST /pd_role_switch new_role={to_role}")
         record.advance("Switching")
         body: dict[str, Any] = {"new_role": to_role}
-        graph_gb = self._config(to_role).decode_cuda_graph_memory_gb
+        target = await self._config(to_role)
+        graph_gb = target.decode_cuda_graph_memory_gb
         if to_role == "decode" and graph_gb is not None:
             body["decode_cuda_graph_memory_gb"] = graph_gb
         answer = await self._until_terminate(self._post_role_switch(body))
@@ -876,7 +920,7 @@ class Launcher:
         if answer.get("success"):
             self.role = to_role
             # A later restart must start in the new role with its own flags, filled for this pod.
-            self.argv = fill_pod_values(self._config(to_role).argv_for(0), os.environ, 0)
+            self.argv = fill_pod_values(target.argv_for(0), os.environ, 0)
             record.finish("Succeeded", answer.get("message", "ok"))
             self.set_phase("Ready")
         elif answer.get("safe_to_restore"):

@@ -42,6 +42,14 @@ ANNOTATION_ROLE = "hybridserving.io/role"
 CONFIG_DIR = "/etc/hybridserving/engine"
 PODINFO_DIR = "/etc/hybridserving/podinfo"
 ROLE_FILE = f"{PODINFO_DIR}/role"
+# Beside the role file, from the same downward-API volume (so the two change together): the pod's
+# `hybridserving.io/config-hash`, the template half and the role-flags half of the role it is
+# annotated with. The launcher starts that role from `role_document_name(role, hash)`, which the
+# operator keeps in the role's ConfigMap while any pod of the fleet runs it: a pod not rolled yet
+# keeps its own flags across engine restarts while a rollout is under way or paused.
+CONFIG_HASH_FILE_NAME = "config-hash"
+HALF_HASH = 10
+"""Characters of each half of a configHash (the template half, then the role-flags half)."""
 ENGINE_COMMAND = ("hybridserving-engine",)
 
 # Environment the operator sets on engine pods and the launcher reads.
@@ -67,6 +75,11 @@ PLACEHOLDERS: dict[str, str] = {
     "node_rank": "{node_rank}",
     "dist_init_addr": "{dist_init_addr}",
 }
+
+def role_document_name(role: str, flags_hash: str) -> str:
+    """The ConfigMap key of the role document whose digest is `flags_hash` (a configHash's second half)."""
+    return f"{role}-{flags_hash}.json"
+
 
 # `<CONFIG_DIR>/<role>.json`: {"nnodes": N, "argv": [...]} or {"nnodes": N, "ranks": [[...], ...]},
 # optionally "decode_cuda_graph_memory_gb" (sent with `POST /pd_role_switch` to decode).

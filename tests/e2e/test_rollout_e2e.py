@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from hybridserving.contract import CONFIG_HASH_FILE_NAME, role_document_name
 from hybridserving.devcluster import stack
 from support.polling import wait_for
 from support.router_service import RouterService
@@ -50,6 +51,32 @@ def routers(cluster, namespace: str = NAMESPACE, name: str = NAME) -> list[str]:
 def mismatches(pods_dir, namespace: str = NAMESPACE) -> list[str]:
     return [f"{log.parent.name}: {line.strip()[:200]}" for log in pods_dir.glob(f"{namespace}_*/*.log")
             for line in log.read_text(errors="replace").splitlines() if "mismatch" in line]
+
+
+def leader_of(cluster, key: str, role: str) -> dict[str, Any]:
+    """A leader pod of the fleet on pairing key `key`, annotated with `role`."""
+    pods = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "pods", "-o", "json", "-l",
+                                      f"hybridserving.io/name={NAME},hybridserving.io/leader=true,"
+                                      f"hybridserving.io/pairing-key={key}").stdout)["items"]
+    return next(p for p in pods if p["metadata"]["annotations"].get("hybridserving.io/role") == role)
+
+
+def configmap_documents(cluster, role: str) -> dict[str, Any]:
+    """The role documents by hash the fleet's ConfigMap holds for `role` (`<role>.json` aside)."""
+    data = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "configmap", f"{NAME}-{role}-config", "-o",
+                                      "json").stdout)["data"]
+    return {k: json.loads(v) for k, v in data.items() if k.startswith(f"{role}-")}
+
+
+def pod_document(pods_dir, pod: dict[str, Any]) -> dict[str, Any]:
+    """The document a pod's launcher starts from: the one its downward-API config-hash names, as
+    the pod runner projected the pod's volumes."""
+    meta = pod["metadata"]
+    volumes = pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / "volumes"
+    role = (volumes / "podinfo" / "role").read_text()
+    config_hash = (volumes / "podinfo" / CONFIG_HASH_FILE_NAME).read_text()
+    document: dict[str, Any] = json.loads((volumes / "config" / role_document_name(role, config_hash[10:])).read_text())
+    return document
 
 
 def test_an_incompatible_change_rolls_as_a_canary_holds_resumes_and_rolls_back_without_mixing(
@@ -100,6 +127,16 @@ def test_an_incompatible_change_rolls_as_a_canary_holds_resumes_and_rolls_back_w
         assert routers(local_cluster) == sorted([first, f"{NAME}-router-{new_key}"]), "held: nothing retires"
         mark(f"held: requests to the old key {during_hold[old_key]}, to the new key {during_hold[new_key]}")
 
+        # Each pod finds its own configuration's document where its launcher starts the engine from
+        # (docs/engine.md): an old-key engine restarting while held keeps page size 1.
+        for role in ("prefill", "decode"):
+            documents = configmap_documents(local_cluster, role)
+            assert len(documents) == 2, f"held: both {role} documents kept, found {sorted(documents)}"
+            for key in (old_key, new_key):
+                argv = pod_document(pod_runner, leader_of(local_cluster, key, role))["argv"]
+                page_size = dict(zip(argv, argv[1:], strict=False)).get("--page-size")
+                assert (page_size == "64") == (key == new_key), (role, key, argv)
+
         # 2. Resume: the rest rolls; the old key's router retires before its last pair goes.
         local_cluster.kubectl("-n", NAMESPACE, "patch", "hybridserving", NAME, "--type=merge", "-p",
                               json.dumps({"spec": {"rollout": {"canary": None}}}))
@@ -112,6 +149,8 @@ def test_an_incompatible_change_rolls_as_a_canary_holds_resumes_and_rolls_back_w
                         and routers(local_cluster) == [f"{NAME}-router-{key}"] and service.ready_keys() == {key})
 
         wait_for(lambda: settled_on(new_key), 400, "the roll completed on the new key", interval=1)
+        wait_for(lambda: all(len(configmap_documents(local_cluster, role)) == 1 for role in ("prefill", "decode")),
+                 60, "the old documents gone with the last pods that ran them")
         mark("resumed: every instance on the new page size, one router")
         wait_for(lambda: service.picks[new_key] >= at_hold.get(new_key, 0) + during_hold[new_key] + 20, 60,
                  "requests after the roll")

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hybridserving.contract import ENV_NODE_RANK
+from hybridserving.contract import CONFIG_HASH_FILE_NAME, ENV_NODE_RANK, role_document_name
 from hybridserving_engine import preflight
 from hybridserving_engine.launcher import (
     ConfigError,
@@ -27,6 +27,7 @@ from hybridserving_engine.launcher import (
     engine_url,
     inflight_requests,
     load_role_config,
+    pinned_document,
     read_role,
 )
 from hybridserving_engine.simulator.process import free_port, simulator_env, wait_http
@@ -41,7 +42,7 @@ def write_config(directory: Path, role: str, data: dict) -> None:
 
 def test_shared_argv_gets_node_rank_and_nnodes_on_multi_node_instances(tmp_path):
     write_config(tmp_path, "decode", {"nnodes": 2, "argv": ["--tp-size", "16", "--dist-init-addr", "leader:20102"]})
-    config = load_role_config(tmp_path, "decode")
+    config = load_role_config(tmp_path / "decode.json")
     assert config.argv_for(1) == ["--tp-size", "16", "--dist-init-addr", "leader:20102", "--nnodes", "2",
                                   "--node-rank", "1"]
     with pytest.raises(ConfigError, match="outside 0..1"):
@@ -51,7 +52,7 @@ def test_shared_argv_gets_node_rank_and_nnodes_on_multi_node_instances(tmp_path)
 def test_per_rank_argv_is_taken_as_written(tmp_path):
     write_config(tmp_path, "prefill", {"ranks": [["--node-rank", "0"], ["--node-rank", "1"]],
                                        "decode_cuda_graph_memory_gb": 3})
-    config = load_role_config(tmp_path, "prefill")
+    config = load_role_config(tmp_path / "prefill.json")
     assert config.nnodes == 2 and config.argv_for(1) == ["--node-rank", "1"]
     assert config.decode_cuda_graph_memory_gb == 3.0
     assert RoleConfig(nnodes=1, argv=("--port", "1")).argv_for(0) == ["--port", "1"]
@@ -68,9 +69,9 @@ def test_per_rank_argv_is_taken_as_written(tmp_path):
 def test_bad_config_is_reported_with_the_file(tmp_path, data, message):
     write_config(tmp_path, "decode", data)
     with pytest.raises(ConfigError, match=message):
-        load_role_config(tmp_path, "decode")
+        load_role_config(tmp_path / "decode.json")
     with pytest.raises(ConfigError, match="does not exist"):
-        load_role_config(tmp_path, "prefill")
+        load_role_config(tmp_path / "prefill.json")
 
 
 def test_keys_a_newer_operator_adds_are_skipped_with_a_warning(tmp_path, caplog):
@@ -78,7 +79,7 @@ def test_keys_a_newer_operator_adds_are_skipped_with_a_warning(tmp_path, caplog)
     a key it does not know would crash-loop every pod the upgrade rolls."""
     write_config(tmp_path, "decode", {"argv": ["--x"], "nnodes": 1, "future_knob": 1})
     with caplog.at_level(logging.WARNING, logger="hybridserving.launcher"):
-        config = load_role_config(tmp_path, "decode")
+        config = load_role_config(tmp_path / "decode.json")
     assert config.argv_for(0) == ["--x"]
     assert "ignoring keys this launcher does not know, ['future_knob']" in caplog.text
 
@@ -92,6 +93,90 @@ def test_role_file_holds_a_bare_value_or_a_labels_file(tmp_path):
     f.write_text("draining")
     assert read_role(f) is None
     assert read_role(tmp_path / "missing") is None
+
+
+# A pod's configHash: the template half, then the role-flags half naming its document.
+TEMPLATE_HALF = "t" * 10
+
+
+def starts(tmp_path: Path, role: str, until: int, **settings) -> tuple[list[list[str]], Launcher]:
+    """The argvs of the engine's first `until` starts: an engine that exits at once, restarted."""
+    seen: list[list[str]] = []
+
+    def command(backend, argv):
+        seen.append(list(argv))
+        return [sys.executable, "-c", "raise SystemExit(3)"]
+
+    launcher = Launcher(Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "podinfo" / "role",
+                                 backend="simulator", host="127.0.0.1", port=free_port(), poll_interval_s=0.01,
+                                 restart_backoff_s=0.01, restart_backoff_max_s=0.02, crash_loop_restarts=100,
+                                 crash_loop_exit=False, **settings), command=command)
+
+    async def scenario():
+        task = asyncio.create_task(launcher.run())
+        while len(seen) < until and not task.done():
+            await asyncio.sleep(0.005)
+        launcher._terminate.set()
+        await task
+
+    asyncio.run(scenario())
+    return seen[:until], launcher
+
+
+def annotate(tmp_path: Path, role: str, flags_half: str | None) -> None:
+    """The downward-API files: the pod's role and, from an operator that mounts it, its configHash."""
+    (tmp_path / "podinfo").mkdir(exist_ok=True)
+    (tmp_path / "podinfo" / "role").write_text(role)
+    if flags_half is not None:
+        (tmp_path / "podinfo" / CONFIG_HASH_FILE_NAME).write_text(TEMPLATE_HALF + flags_half)
+
+
+def test_restarts_keep_the_document_of_the_pods_config_hash_while_the_spec_moves_on(tmp_path):
+    """A rollout not yet at this pod rewrites `<role>.json`; the engine restarts on its own flags."""
+    write_config(tmp_path / "cfg", "decode", {"argv": ["--new"]})
+    (tmp_path / "cfg" / role_document_name("decode", "aaaaaaaaaa")).write_text(json.dumps({"argv": ["--old"]}))
+    (tmp_path / "cfg" / role_document_name("decode", "bbbbbbbbbb")).write_text(json.dumps({"argv": ["--new"]}))
+    annotate(tmp_path, "decode", "aaaaaaaaaa")
+    seen, _ = starts(tmp_path, "decode", until=3)
+    assert seen == [["--old"]] * 3
+
+
+def test_a_document_the_volume_does_not_show_yet_is_waited_for(tmp_path):
+    """The kubelet updates the ConfigMap volume up to a minute after the pod's annotations."""
+    write_config(tmp_path / "cfg", "prefill", {"argv": ["--spec"]})
+    (tmp_path / "cfg" / role_document_name("prefill", "aaaaaaaaaa")).write_text(json.dumps({"argv": ["--a"]}))
+    annotate(tmp_path, "prefill", "cccccccccc")
+
+    def publish():
+        time.sleep(0.2)
+        (tmp_path / "cfg" / role_document_name("prefill", "cccccccccc")).write_text(json.dumps({"argv": ["--c"]}))
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(publish)
+        seen, _ = starts(tmp_path, "prefill", until=1)
+    assert seen == [["--c"]]
+
+
+def test_without_documents_by_hash_or_past_the_wait_the_spec_document_stands(tmp_path, caplog):
+    write_config(tmp_path / "cfg", "prefill", {"argv": ["--spec"]})
+    annotate(tmp_path, "prefill", None)  # a pod rendered without the hash file
+    assert starts(tmp_path, "prefill", until=1)[0] == [["--spec"]]
+    annotate(tmp_path, "prefill", "cccccccccc")  # a ConfigMap written without documents by hash
+    assert starts(tmp_path, "prefill", until=1)[0] == [["--spec"]]
+    (tmp_path / "cfg" / role_document_name("prefill", "aaaaaaaaaa")).write_text(json.dumps({"argv": ["--a"]}))
+    with caplog.at_level(logging.WARNING, logger="hybridserving_engine.launcher"):
+        assert starts(tmp_path, "prefill", until=1, config_wait_s=0.05)[0] == [["--spec"]]
+    assert "prefill-cccccccccc.json has not appeared" in caplog.text
+
+
+def test_a_pod_annotated_with_the_other_role_starts_from_the_spec_document(tmp_path):
+    """A hash is that of the role the pod is annotated with; it says nothing of the other role's flags."""
+    write_config(tmp_path / "cfg", "prefill", {"argv": ["--spec"]})
+    (tmp_path / "cfg" / role_document_name("prefill", "aaaaaaaaaa")).write_text(json.dumps({"argv": ["--a"]}))
+    annotate(tmp_path, "decode", "aaaaaaaaaa")
+    assert pinned_document(tmp_path / "cfg", tmp_path / "podinfo" / "role", "prefill") is None
+    assert pinned_document(tmp_path / "cfg", tmp_path / "podinfo" / "role", "decode") == (
+        tmp_path / "cfg" / "decode-aaaaaaaaaa.json")
 
 
 def test_worker_ranks_reach_the_leader_for_loads():

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing
 from hybridserving.controller.kube import KubeError
-from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
+from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE, role_document_name
 from hybridserving.core import health, pairing, planner, ports, rendering
 from hybridserving.core.fleet import assess
 from hybridserving.core.naming import (
@@ -31,6 +31,7 @@ from hybridserving.core.naming import (
     LABEL_PAIRING,
     LABEL_REVISION,
     LABEL_SURGE,
+    digest,
 )
 from hybridserving.core.observed import Observed
 from hybridserving.core.podtemplate import OWNED_ENGINE_FIELDS
@@ -473,6 +474,56 @@ def test_pausing_mid_rollout_holds_it_where_it_is_and_resuming_completes_it() ->
     converge(cluster, resumed, check=rollout_invariants(resumed))
     assert updated(cluster, resumed) == {"prefill": 3, "decode": 3}
     assert all(i == {"v2"} for i in images(cluster).values())
+
+
+def documents_invariant(*specs: HybridServing):
+    """Every live pod finds in its role's ConfigMap the very document its configHash was made from,
+    so an engine restarting on a pod not yet rolled keeps that pod's flags."""
+    made = {(role, digest(rendering.role_config(hs.spec, role))): rendering.role_config(hs.spec, role)
+            for hs in specs for role in ROLES}
+
+    def check(cluster: FakeCluster) -> None:
+        for pod in cluster.pods().values():
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            annotations = pod["metadata"]["annotations"]
+            role, flags_half = annotations[ANNOTATION_ROLE], annotations[ANNOTATION_CONFIG_HASH][10:]
+            data = cluster.store[("ConfigMap", config_map_name("hs", role))]["data"]
+            key = role_document_name(role, flags_half)
+            assert key in data, f"{pod['metadata']['name']} runs {key}, which its ConfigMap lost"
+            assert json.loads(data[key]) == made[(role, flags_half)]
+
+    return check
+
+
+def test_pods_not_yet_rolled_keep_their_flags_document_until_the_last_of_them_is_gone() -> None:
+    hs = fleet()
+    cluster = FakeCluster()
+    converge(cluster, hs, check=documents_invariant(hs))
+    v2 = fleet(decode={"layout": {"tp": 8}, "maxRunningRequests": 64}, rollout={"canary": 1})
+    converge(cluster, v2, check=documents_invariant(hs, v2))
+    data = cluster.store[("ConfigMap", "hs-decode-config")]["data"]
+    old, new = (role_document_name("decode", digest(rendering.role_config(s.spec, "decode"))) for s in (hs, v2))
+    assert old != new and {old, new} <= set(data), "held at the canary: both configurations run"
+    assert json.loads(data["decode.json"]) == json.loads(data[new]), "<role>.json is the spec's"
+    done = fleet(decode={"layout": {"tp": 8}, "maxRunningRequests": 64})
+    converge(cluster, done, check=documents_invariant(hs, done))
+    assert set(cluster.store[("ConfigMap", "hs-decode-config")]["data"]) == {"decode.json", new}, \
+        "the old document goes with the last pod that ran it"
+    assert set(cluster.store[("ConfigMap", "hs-prefill-config")]["data"]) == {
+        "prefill.json", role_document_name("prefill", digest(rendering.role_config(hs.spec, "prefill")))}
+
+
+def test_a_switched_pod_runs_the_spec_document_of_its_new_role() -> None:
+    """The relabel gives the pod the hash of its new role's current document, which the map holds."""
+    hs = fleet(roleSwitch={"enabled": True})
+    cluster = FakeCluster()
+    converge(cluster, hs)
+    cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
+    cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})[
+        "hybridserving.io/switch"] = SWITCH_RECORD
+    converge(cluster, hs, check=documents_invariant(hs))
+    assert cluster.pods()["hs-5-0"]["metadata"]["annotations"][ANNOTATION_ROLE] == "prefill"
 
 
 # --------------------------------------------------------------------------- role switches

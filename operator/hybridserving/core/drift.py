@@ -19,6 +19,8 @@ _EXACT_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
     "Service": (("spec", "selector"),),
     "PodDisruptionBudget": (("spec", "selector"),),
     "NetworkPolicy": (("spec",),),
+    # A role's documents go with the last pod that runs them (`rendering.running_documents`).
+    "ConfigMap": (("data",),),
     "Deployment": (
         ("spec", "selector"),
         ("spec", "template", "metadata", "labels"),

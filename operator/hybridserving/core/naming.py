@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from hybridserving.api.v1alpha1 import GROUP, VERSION, Role
+from hybridserving.contract import HALF_HASH
 
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -50,8 +51,6 @@ ANNOTATION_SPEC_HASH = "hybridserving.io/spec-hash"
 ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
 ANNOTATION_WORKER_PORTS = "smg.ai/worker-ports"
 
-
-HALF_HASH = 10
 
 
 def engine_selector(hs: str) -> str:

@@ -52,7 +52,7 @@ from hybridserving.core.naming import (
     split_config_hash,
 )
 from hybridserving.core.observed import ObjectKey, Observed
-from hybridserving.core.rendering import EngineAccess, fleet_objects, render_instance, role_config
+from hybridserving.core.rendering import EngineAccess, fleet_objects, render_instance, role_config, running_documents
 from hybridserving.core.rollout import (
     held_by,
     instance_pairing_key,
@@ -129,7 +129,8 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     pairing_keys = routed_keys(views, pairing_key, running, holding, routers, ready_routers)
     objects: dict[ObjectKey, dict[str, Any]] = {
         (obj["kind"], obj["metadata"]["name"]): obj
-        for obj in fleet_objects(hs, configs, role_hashes, spec_hash, instances, access, owner, pairing_keys)
+        for obj in fleet_objects(hs, configs, role_hashes, spec_hash, instances, access, owner, pairing_keys,
+                                 running_documents(name, observed))
     }
     return DesiredState(
         name=name,

@@ -18,6 +18,7 @@ from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing, Hybr
 from hybridserving.contract import (
     ANNOTATION_ROLE,
     CONFIG_DIR,
+    CONFIG_HASH_FILE_NAME,
     ENGINE_COMMAND,
     ENV_CONFIG_DIR,
     ENV_DRAIN_TIMEOUT_S,
@@ -29,6 +30,7 @@ from hybridserving.contract import (
     PODINFO_DIR,
     ROLE_FILE,
     placeholder_env,
+    role_document_name,
 )
 from hybridserving.core import enginekey, flags, gang, podtemplate, ports, privileges, resolution, router, weights
 from hybridserving.core.desired import InstancePlan
@@ -56,9 +58,10 @@ from hybridserving.core.naming import (
     pod_name,
     router_deployment_name,
     router_name,
+    split_config_hash,
     standard_labels,
 )
-from hybridserving.core.observed import ObservedInstance
+from hybridserving.core.observed import Observed, ObservedInstance
 from hybridserving.core.switching import SWITCH_PHASES
 
 ENGINE_CONTAINER = "engine"
@@ -303,7 +306,9 @@ def pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instanc
                 "name": "podinfo",
                 "downwardAPI": {
                     "items": [
-                        {"path": "role", "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_ROLE}']"}}
+                        {"path": "role", "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_ROLE}']"}},
+                        {"path": CONFIG_HASH_FILE_NAME,
+                         "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_CONFIG_HASH}']"}},
                     ]
                 },
             },
@@ -403,16 +408,43 @@ def _instance_service(hs: HybridServing, instance: str, p: InstancePorts, owner:
 
 
 def _config_map(
-    hs: HybridServing, role: Role, config: dict[str, Any], config_hash: str, owner: dict[str, Any]
+    hs: HybridServing, role: Role, config: dict[str, Any], config_hash: str, running: Mapping[str, str],
+    owner: dict[str, Any],
 ) -> dict[str, Any]:
+    """`<role>.json` is the spec's document; `<role>-<hash>.json` the same under its hash, beside the
+    documents in `running` (those the fleet's pods still run, `running_documents`)."""
     meta = _meta(hs, config_map_name(hs.metadata.name, role), owner, "config")
     meta["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash}
+    document = json.dumps(config, indent=1, sort_keys=True)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta,
-        "data": {f"{role}.json": json.dumps(config, indent=1, sort_keys=True)},
+        "data": {**running, f"{role}.json": document, role_document_name(role, config_hash): document},
     }
+
+
+def running_documents(hs: str, observed: Observed) -> dict[Role, dict[str, str]]:
+    """The role documents the fleet's pods and instances still run, by ConfigMap key, from the
+    ConfigMaps that hold them.
+
+    A rollout replaces pods a budget at a time and may be paused for hours; until the last pod of a
+    configuration is gone its document stays, so an engine restarting meanwhile (a crash, a relaunch)
+    starts on the flags its pod was made with, not on the new ones its pod has not rolled to.
+    """
+    running = {(pod.annotations.get(ANNOTATION_ROLE), pod.annotations.get(ANNOTATION_CONFIG_HASH, ""))
+               for pod in observed.pods.values() if not pod.deleting}
+    running |= {(i.spec.role, i.spec.config_hash) for i in observed.instances.values() if not i.deleting}
+    out: dict[Role, dict[str, str]] = {role: {} for role in ROLES}
+    for role, config_hash in running:
+        flags_half = split_config_hash(config_hash)[1]
+        if role not in out or not flags_half:
+            continue
+        key = role_document_name(role, flags_half)
+        held = (observed.objects.get(("ConfigMap", config_map_name(hs, role))) or {}).get("data") or {}
+        if key in held:
+            out[role][key] = held[key]
+    return out
 
 
 def _applied_spec(hs: HybridServing, spec_hash: str, owner: dict[str, Any]) -> dict[str, Any]:
@@ -636,13 +668,14 @@ def fleet_objects(
     access: EngineAccess,
     owner: dict[str, Any],
     pairing_keys: Sequence[str],
+    running: Mapping[Role, Mapping[str, str]],
 ) -> list[dict[str, Any]]:
     """The fleet's objects besides its instances: engine configuration, the applied spec, the
     disruption budgets, the engine network policy and, when enabled, the router (one per key in
     `pairing_keys`: the spec's and those of the engine pods still running an older one)."""
     objects: list[dict[str, Any]] = []
     for role in ROLES:
-        objects.append(_config_map(hs, role, configs[role], role_hashes[role], owner))
+        objects.append(_config_map(hs, role, configs[role], role_hashes[role], running[role], owner))
         objects.append(_pdb(hs, role, sum(1 for i in instances.values() if i.role == role), owner))
     objects.append(_applied_spec(hs, spec_hash, owner))
     objects.append(_network_policy(hs, access, owner))
