@@ -326,6 +326,41 @@ def test_a_kubeconfig_that_is_not_one_is_an_error_naming_the_file(tmp_path: Path
         "  fix: pass --kubeconfig with the cluster's kubeconfig, or set KUBECONFIG"), out
 
 
+def exec_kubeconfig(tmp_path: Path, command: str) -> str:
+    """A kubeconfig whose user's credentials come from a plugin (`users[].user.exec`), as on EKS or GKE."""
+    return write(tmp_path, "kubeconfig", f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:1"}}}}]
+users: [{{name: u, user: {{exec: {{apiVersion: client.authentication.k8s.io/v1, command: {command}}}}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: u}}}}]
+current-context: c
+""")
+
+
+@pytest.mark.parametrize("command", [("status",), ("rollback", "t"), ("upgrade-check",)])
+def test_a_credential_plugin_not_installed_is_named_before_any_request(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    """The client only logs the plugin's failure and sends no credentials: the 401 that follows names nothing."""
+    code, out = run(*command, "--kubeconfig", exec_kubeconfig(tmp_path, "no-such-auth-plugin"))
+    assert code == 1
+    assert out == (f"error: the kubeconfig from {tmp_path / 'kubeconfig'} gets its credentials from the plugin "
+                   "no-such-auth-plugin, which failed: [Errno 2] No such file or directory: 'no-such-auth-plugin'\n"
+                   "  fix: install no-such-auth-plugin where PATH finds it (kubectl needs it too), or pass another "
+                   "--kubeconfig\n"), out
+
+
+def test_a_credential_plugin_that_fails_is_quoted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plugin = tmp_path / "auth-plugin"
+    plugin.write_text("#!/bin/sh\necho 'the SSO session has expired' >&2\nexit 1\n")
+    plugin.chmod(0o755)
+    code, out = run("status", "--kubeconfig", exec_kubeconfig(tmp_path, str(plugin)))
+    assert code == 1
+    assert out.startswith(f"error: the kubeconfig from {tmp_path / 'kubeconfig'} gets its credentials from the plugin "
+                          f"{plugin}, which failed: exec: process returned 1. the SSO session has expired\n"), out
+    assert out.endswith(f"  fix: run {plugin} by hand (or log in again with its tool) to see why, then try again\n")
+    assert "SSO" not in capsys.readouterr().err, "said once, in the command's error"
+
+
 def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used_and_its_absence_named(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBECONFIG", raising=False)

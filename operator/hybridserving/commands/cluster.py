@@ -8,9 +8,12 @@ plugin's name, so `--context` has to be the plugin's."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -87,7 +90,9 @@ def connect(kubeconfig: str | None, context: str | None = None,
             config.load_incluster_config(client_configuration=configuration)
         else:
             _check_context(kubeconfig, context, where)
-            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+            with _logged_errors() as errors:
+                config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+            _check_credentials(kubeconfig, context, where, configuration, errors)
     # No file, not YAML, not a kubeconfig's shape, no such context.
     except (ConfigException, OSError, ValueError, TypeError, AttributeError, KeyError, yaml.YAMLError) as exc:
         if isinstance(exc, TypeError | AttributeError | KeyError):  # the client indexed a shape it assumed
@@ -138,6 +143,60 @@ def _check_context(kubeconfig: str | None, context: str | None, where: str) -> N
         raise ClusterError(f"the kubeconfig from {where} has no context {context}",
                            f"pass --context with one of: {', '.join(map(str, names)) or 'none'} "
                            "(kubectl config get-contexts)")
+
+
+@contextlib.contextmanager
+def _logged_errors() -> Iterator[list[str]]:
+    """The errors the kubernetes client logs (on the root logger) while it loads a kubeconfig: the one
+    place it says why a credential plugin gave nothing. Kept from the terminal, where Python's
+    last-resort handler would print them bare before the command's own error."""
+    errors: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            errors.append(" ".join(record.getMessage().split()))
+
+    handler = Collect(logging.ERROR)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield errors
+    finally:
+        root.removeHandler(handler)
+
+
+def _check_credentials(kubeconfig: str | None, context: str | None, where: str, configuration: Any,
+                       errors: list[str]) -> None:
+    """A credential plugin (`users[].user.exec`) that is not installed or failed. The client then
+    sends every request without credentials, and the apiserver's 401 says nothing of the plugin."""
+    if configuration.api_key.get("authorization") or configuration.cert_file:
+        return
+    command = _exec_command(kubeconfig, context)
+    if command is None:
+        return
+    said = errors[-1] if errors else "it gave no token or client certificate"
+    if shutil.which(command) is None:
+        fix = f"install {command} where PATH finds it (kubectl needs it too), or pass another --kubeconfig"
+    else:
+        fix = f"run {command} by hand (or log in again with its tool) to see why, then try again"
+    raise ClusterError(f"the kubeconfig from {where} gets its credentials from the plugin {command}, which failed: "
+                       f"{said}", fix)
+
+
+def _exec_command(kubeconfig: str | None, context: str | None) -> str | None:
+    """The credential plugin the context's user runs, if any (the kubeconfig as the client merges it)."""
+    from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION, KubeConfigMerger
+
+    try:
+        merged = KubeConfigMerger(kubeconfig or KUBE_CONFIG_DEFAULT_LOCATION).config.value
+        name = context or merged["current-context"]
+        user = next(c["context"]["user"] for c in merged["contexts"] if c["name"] == name)
+        command = next(u["user"]["exec"]["command"] for u in merged["users"] if u["name"] == user)
+    # No such context or user, or no plugin: nothing to name (a missing key is the client's ConfigException).
+    except (ConfigException, StopIteration, LookupError, TypeError, AttributeError, OSError, yaml.YAMLError):
+        return None
+    return str(command)
 
 
 def _in_pod(kubeconfig: str | None, context: str | None = None) -> bool:
