@@ -76,6 +76,7 @@ PLACEHOLDERS: dict[str, str] = {
     "dist_init_addr": "{dist_init_addr}",
 }
 
+
 def role_document_name(role: str, flags_hash: str) -> str:
     """The ConfigMap key of the role document whose digest is `flags_hash` (a configHash's second half)."""
     return f"{role}-{flags_hash}.json"

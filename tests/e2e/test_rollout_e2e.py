@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from hybridserving.contract import CONFIG_HASH_FILE_NAME, role_document_name
+from hybridserving.contract import CONFIG_HASH_FILE_NAME, HALF_HASH, role_document_name
 from hybridserving.devcluster import stack
 from support.polling import wait_for
 from support.router_service import RouterService
@@ -75,7 +75,8 @@ def pod_document(pods_dir, pod: dict[str, Any]) -> dict[str, Any]:
     volumes = pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / "volumes"
     role = (volumes / "podinfo" / "role").read_text()
     config_hash = (volumes / "podinfo" / CONFIG_HASH_FILE_NAME).read_text()
-    document: dict[str, Any] = json.loads((volumes / "config" / role_document_name(role, config_hash[10:])).read_text())
+    flags_half = config_hash[HALF_HASH:]
+    document: dict[str, Any] = json.loads((volumes / "config" / role_document_name(role, flags_half)).read_text())
     return document
 
 

@@ -32,6 +32,7 @@ from hybridserving.core.naming import (
     LABEL_REVISION,
     LABEL_SURGE,
     digest,
+    split_config_hash,
 )
 from hybridserving.core.observed import Observed
 from hybridserving.core.podtemplate import OWNED_ENGINE_FIELDS
@@ -487,7 +488,7 @@ def documents_invariant(*specs: HybridServing):
             if pod["metadata"].get("deletionTimestamp"):
                 continue
             annotations = pod["metadata"]["annotations"]
-            role, flags_half = annotations[ANNOTATION_ROLE], annotations[ANNOTATION_CONFIG_HASH][10:]
+            role, flags_half = annotations[ANNOTATION_ROLE], split_config_hash(annotations[ANNOTATION_CONFIG_HASH])[1]
             data = cluster.store[("ConfigMap", config_map_name("hs", role))]["data"]
             key = role_document_name(role, flags_half)
             assert key in data, f"{pod['metadata']['name']} runs {key}, which its ConfigMap lost"

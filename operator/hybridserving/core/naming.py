@@ -52,7 +52,6 @@ ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
 ANNOTATION_WORKER_PORTS = "smg.ai/worker-ports"
 
 
-
 def engine_selector(hs: str) -> str:
     """The fleet's engine pods as a label selector string: what the scale subresource reports, so
     HPA averages its pod metrics over exactly these pods."""

@@ -435,15 +435,16 @@ def running_documents(hs: str, observed: Observed) -> dict[Role, dict[str, str]]
     running = {(pod.annotations.get(ANNOTATION_ROLE), pod.annotations.get(ANNOTATION_CONFIG_HASH, ""))
                for pod in observed.pods.values() if not pod.deleting}
     running |= {(i.spec.role, i.spec.config_hash) for i in observed.instances.values() if not i.deleting}
+    held = {role: (observed.objects.get(("ConfigMap", config_map_name(hs, role))) or {}).get("data") or {}
+            for role in ROLES}
     out: dict[Role, dict[str, str]] = {role: {} for role in ROLES}
     for role, config_hash in running:
         flags_half = split_config_hash(config_hash)[1]
         if role not in out or not flags_half:
             continue
         key = role_document_name(role, flags_half)
-        held = (observed.objects.get(("ConfigMap", config_map_name(hs, role))) or {}).get("data") or {}
-        if key in held:
-            out[role][key] = held[key]
+        if key in held[role]:
+            out[role][key] = held[role][key]
     return out
 
 
