@@ -461,25 +461,33 @@ class Launcher:
         ConfigMap volume shows it; else the spec's `<role>.json`.
 
         A ConfigMap written by an operator that keeps no documents by hash has no `<role>-*.json`
-        key: nothing to wait for then.
+        key: nothing to wait for then; nor on SIGTERM, which would otherwise wait out the deadline
+        (`_sleep` returns at once from then on) and keep the pod from stopping.
         """
         s = self.settings
         deadline = time.monotonic() + s.config_wait_s
         path = pinned_document(s.config_dir, s.role_file, role)
         while path is not None and not path.exists():
-            if not any(s.config_dir.glob(f"{role}-*.json")):
+            if self._terminate.is_set() or not any(s.config_dir.glob(f"{role}-*.json")):
                 path = None
             elif time.monotonic() >= deadline:
                 log.warning("%s has not appeared in %.0f s; starting %s from %s.json, the spec's", path,
                             s.config_wait_s, role, role)
                 path = None
             else:
+                # The pod is unready meanwhile; its /status and log say on what.
+                self.set_phase(self.phase, f"waiting up to {s.config_wait_s:.0f} s for {path.name}, the"
+                                           f" configuration this pod runs, in {s.config_dir}")
                 await self._sleep(s.poll_interval_s)
                 path = pinned_document(s.config_dir, s.role_file, role)
         return load_role_config(path or s.config_dir / f"{role}.json")
 
     async def start_engine(self, role: str) -> None:
+        """Start the engine in `role`, unless SIGTERM came while its configuration was awaited: an
+        engine started then would only be stopped again, after taking the GPUs for its start-up."""
         config = await self._config(role)
+        if self._terminate.is_set():
+            return
         self.nnodes = config.nnodes
         self.argv = fill_pod_values(config.argv_for(self.settings.node_rank), os.environ, self.settings.node_rank)
         cmd = self.command(self.settings.backend, self.argv)

@@ -112,6 +112,21 @@ def engine_pod(tmp_path: pathlib.Path):
         pod.stop()
 
 
+class RouterURL(str):
+    """A router's URL, which requests are sent to, with its Prometheus endpoint beside it."""
+
+    metrics_url: str
+
+    def __new__(cls, url: str, metrics_url: str) -> RouterURL:
+        router = super().__new__(cls, url)
+        router.metrics_url = metrics_url
+        return router
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+
 @pytest.fixture
 def smg_router(tmp_path: pathlib.Path):
     """Start `smg launch --pd-disaggregation` over a prefill pod and decode pods; returns its URL."""
@@ -121,7 +136,7 @@ def smg_router(tmp_path: pathlib.Path):
     procs: list[subprocess.Popen] = []
 
     def start(prefill: EnginePod | Sequence[EnginePod], *decodes: EnginePod,
-              worker_flags: tuple[str, ...] = WORKER_FLAGS, prefill_policy: str = "round_robin") -> str:
+              worker_flags: tuple[str, ...] = WORKER_FLAGS, prefill_policy: str = "round_robin") -> RouterURL:
         prefills = [prefill] if isinstance(prefill, EnginePod) else list(prefill)
         port, metrics_port = free_ports(2)
         cmd = [
@@ -135,7 +150,7 @@ def smg_router(tmp_path: pathlib.Path):
         ]
         log = open(tmp_path / f"smg{len(procs)}.log", "wb")  # noqa: SIM115 - lives as long as the router
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
-        url = f"http://127.0.0.1:{port}"
+        url = RouterURL(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

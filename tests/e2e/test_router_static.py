@@ -266,6 +266,16 @@ def test_a_prefill_that_crashes_leaves_routing_within_seconds_and_returns_with_i
         httpx.post(crashing.engine_url + "/sim/faults", json={"crash": True}, timeout=5)
         wait_for(lambda: not routed(), 10, "the router to shut the dead prefill out")
         shut_out = time.monotonic()
+        # What HybridServingRouterNoWorkers reads: the unhealthy prefill stays in the pool
+        # (--no-remove-unhealthy-workers), and its checks count as failures.
+        before = router.metrics()
+        time.sleep(2.5)
+        out = router.metrics()
+        assert metric_sum(out, "smg_worker_pool_size", worker_type="prefill") == 2
+        assert metric_sum(out, "smg_worker_health", worker=crashing.engine_url) == 0
+        assert metric_sum(out, "smg_worker_health", worker=steady.engine_url) == 1
+        assert (metric_sum(out, "smg_worker_health_checks_total", worker_type="prefill", result="failure")
+                > metric_sum(before, "smg_worker_health_checks_total", worker_type="prefill", result="failure"))
         wait_for(lambda: httpx.get(crashing.engine_url + "/ready", timeout=2).status_code == 200, restart + 30,
                  "the crashed prefill's engine to start again")
     finally:

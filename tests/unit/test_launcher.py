@@ -157,6 +157,36 @@ def test_a_document_the_volume_does_not_show_yet_is_waited_for(tmp_path):
     assert seen == [["--c"]]
 
 
+def test_a_pod_awaiting_its_document_says_so_and_stops_at_once_on_sigterm(tmp_path):
+    """An unready pod names the file it waits for; deleting it neither waits out the deadline nor
+    starts an engine only to stop it."""
+    write_config(tmp_path / "cfg", "decode", {"argv": ["--spec"]})
+    (tmp_path / "cfg" / role_document_name("decode", "aaaaaaaaaa")).write_text(json.dumps({"argv": ["--a"]}))
+    annotate(tmp_path, "decode", "cccccccccc")
+    started: list[list[str]] = []
+    launcher = Launcher(Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "podinfo" / "role",
+                                 backend="simulator", host="127.0.0.1", port=free_port(), poll_interval_s=0.01,
+                                 config_wait_s=60.0),
+                        command=lambda backend, argv: started.append(list(argv)) or [sys.executable, "-c", ""])
+
+    async def scenario() -> tuple[dict, float]:
+        task = asyncio.create_task(launcher.run())
+        while "decode-cccccccccc.json" not in launcher.status()["message"] and not task.done():
+            await asyncio.sleep(0.005)
+        waiting = launcher.status()
+        sigterm = time.monotonic()
+        launcher._terminate.set()
+        assert await asyncio.wait_for(task, 5) == 0
+        return waiting, time.monotonic() - sigterm
+
+    waiting, stopped_in = asyncio.run(scenario())
+    assert waiting["ready"] is False and waiting["phase"] == "WaitingForRole"
+    assert waiting["message"] == (f"waiting up to 60 s for decode-cccccccccc.json, the configuration this pod"
+                                  f" runs, in {tmp_path / 'cfg'}")
+    assert started == [] and launcher.status()["phase"] == "Stopped"
+    assert stopped_in < 1.0
+
+
 def test_without_documents_by_hash_or_past_the_wait_the_spec_document_stands(tmp_path, caplog):
     write_config(tmp_path / "cfg", "prefill", {"argv": ["--spec"]})
     annotate(tmp_path, "prefill", None)  # a pod rendered without the hash file

@@ -253,14 +253,14 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
                 kube.delete(action.kind, namespace, action.name, uid=action.uid)
         except KubeError as exc:
             held = _holder(kube, namespace, action) if exc.status == 409 and action.verb == "create" else None
-            if held is not None and not _owned(held, owners or set()) and _leaving(kube, namespace, held, action):
-                log.info("%s/%s: %s is held by an object on its way out; created once it is gone", namespace,
-                         action.name, action.kind)
-                continue
             if held is not None and not _owned(held, owners or set()):
-                outcome.fail("NameTaken", f"{action.kind}/{action.name} already exists and is not owned by this "
-                             "fleet: delete or rename that object (the operator will not take it over)")
-                metrics.ACTION_ERRORS.labels(action.kind).inc()
+                if _leaving(kube, namespace, held, action):
+                    log.info("%s/%s: %s is held by an object on its way out; created once it is gone", namespace,
+                             action.name, action.kind)
+                else:
+                    outcome.fail("NameTaken", f"{action.kind}/{action.name} already exists and is not owned by "
+                                 "this fleet: delete or rename that object (the operator will not take it over)")
+                    metrics.ACTION_ERRORS.labels(action.kind).inc()
                 continue
             if held is not None and (label := _hidden(held, action)):
                 # The fleet's own object, hidden from the pass by a removed label: give it back,
