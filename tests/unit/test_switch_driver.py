@@ -268,6 +268,42 @@ def test_relaunch_mode_when_the_layout_forbids_in_place() -> None:
     assert h.history()[-1]["mode"] == "relaunch" and h.history()[-1]["outcome"] == "Succeeded"
 
 
+def test_a_multi_node_instance_relaunches_as_a_new_gang_in_the_new_role() -> None:
+    """Relaunched on its pods, each rank's launcher would see the new role when its kubelet
+    refreshed the pod's downward-API volume: a worker rank could restart in the old role beside
+    a leader in the new one. A new gang's launchers all start in the new role."""
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["transfer"] = {"backend": "nixl"}  # no in-place switch
+    for role in ("prefill", "decode"):
+        spec[role] = {**spec[role], "layout": {"tp": 16}, "nodesPerInstance": 2}
+    h = Harness(spec)
+    name = prefill_instances(h)[0]
+    uids = {rank: h.api.store[("Pod", f"{name}-{rank}")]["metadata"]["uid"] for rank in (0, 1)}
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    phases = []
+    for _ in range(60):
+        h.tick()
+        phases.append(h.instance(name)["status"].get("phase"))
+        for rank in (0, 1):
+            pod = h.api.store.get(("Pod", f"{name}-{rank}"))
+            if pod is not None and pod["metadata"]["uid"] == uids[rank]:
+                assert pod["metadata"]["annotations"][ANNOTATION_ROLE] == "prefill", "an old pod never relabelled"
+        if finished(h, 1):
+            break
+    entry = h.history()[-1]
+    assert (entry["outcome"], entry["mode"]) == ("Succeeded", "relaunch"), entry
+    assert entry["reason"].endswith("by relaunch (the gang is recreated as decode): its 2 ranks start the new role "
+                                    "together")
+    assert "Relaunching" in phases and "Switching" not in phases
+    h.tick(2)
+    for rank in (0, 1):
+        pod = h.api.store[("Pod", f"{name}-{rank}")]
+        assert pod["metadata"]["uid"] != uids[rank], f"rank {rank} recreated"
+        assert pod["metadata"]["annotations"][ANNOTATION_ROLE] == "decode"
+    assert h.instance(name)["spec"]["restartGeneration"] == 1
+    assert h.engine(name).log == ["started as decode"], "the old launcher never switched"
+
+
 def test_refusal_restores_the_old_role_and_records_refused(h: Harness) -> None:
     name = prefill_instances(h)[0]
     h.engine(name).refuse = True

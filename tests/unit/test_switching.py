@@ -210,7 +210,7 @@ def test_after_an_in_place_refusal_the_next_switch_that_way_relaunches_by_recrea
     assert memory is not None and refused_in_place(memory, "prefill", "decode", "rev-1") is not None
 
     again = start_switch("prefill", "decode", "policy: prefill idle", 2000.0, in_place=True, refused=memory,
-                         revision="rev-1")
+                         revision="rev-1", nodes=1)
     assert again.mode == "relaunch" and again.recreate
     assert "refused this switch in place 900 s ago" in again.reason and again.reason.startswith("policy: prefill idle")
     state, steps = run(world, state=again, **variant)  # the engine would still refuse in place
@@ -223,13 +223,29 @@ def test_after_an_in_place_refusal_the_next_switch_that_way_relaunches_by_recrea
 def test_a_recreating_relaunch_asks_for_the_next_generation_with_the_new_role_in_one_step() -> None:
     state = start_switch("prefill", "decode", "r", 0.0, in_place=True, refused=remember_refusal(
         None, replace(SwitchState.start("prefill", "decode", "in-place", "r", 0.0), outcome="Refused"), "", 0.0),
-        revision="")
+        revision="", nodes=1)
     obs = World(inflight=0, label=None, phase="Draining", generation=4).observe()
     assert desired(state, obs) == Desired("Draining", "prefill")
     switching, want = step(state.advance("Drain", 0.0), obs, 10.0, CONFIG)
     assert switching.step == "Switch" and switching.restart_generation == 5
     assert want == Desired("Relaunching", "decode", 5)
     assert SwitchState.from_annotation(switching.to_annotation()) == switching
+
+
+def test_a_multi_node_instance_that_cannot_switch_in_place_is_recreated_in_the_new_role() -> None:
+    """Its ranks change role together; in place, the leader switches them all."""
+    state = start_switch("prefill", "decode", "policy: decode short", 0.0, in_place=False, refused=None,
+                         revision="rev-1", nodes=2)
+    assert (state.mode, state.recreate) == ("relaunch", True)
+    assert state.reason == ("policy: decode short; by relaunch (the gang is recreated as decode): its 2 ranks start "
+                            "the new role together")
+    obs = World(inflight=0, label=None, phase="Draining", generation=3).observe()
+    switching, want = step(state.advance("Drain", 0.0), obs, 10.0, CONFIG)
+    assert want == Desired("Relaunching", "decode", 4), "the next gang, in the new role, in one write"
+    in_place = start_switch("prefill", "decode", "r", 0.0, in_place=True, refused=None, revision="rev-1", nodes=2)
+    assert (in_place.mode, in_place.recreate) == ("in-place", False)
+    one_node = start_switch("prefill", "decode", "r", 0.0, in_place=False, refused=None, revision="rev-1", nodes=1)
+    assert (one_node.mode, one_node.recreate) == ("relaunch", False), "the launcher relaunches on its pod"
 
 
 def test_an_in_place_refusal_is_remembered_only_for_its_direction_and_revision() -> None:
@@ -239,7 +255,7 @@ def test_an_in_place_refusal_is_remembered_only_for_its_direction_and_revision()
 
     def mode(from_role: str, to_role: str, revision: str = "rev-1", in_place: bool = True) -> tuple[str, bool]:
         s = start_switch(from_role, to_role, "r", 10.0, in_place=in_place, refused=memory,  # type: ignore[arg-type]
-                         revision=revision)
+                         revision=revision, nodes=1)
         return s.mode, s.recreate
 
     assert mode("prefill", "decode") == ("relaunch", True)
@@ -262,7 +278,8 @@ def test_a_failed_rebuild_is_not_remembered_and_restarts_as_before(variant: dict
     state, steps = run(world, **variant)
     assert steps == ["Unroute", "Drain", "Switch", "Restart", "Done"] and state.outcome == "Failed"
     assert remember_refusal(None, state, "rev-1", 0.0) is None
-    assert start_switch("prefill", "decode", "r", 0.0, in_place=True, refused=None, revision="rev-1").mode == "in-place"
+    assert start_switch("prefill", "decode", "r", 0.0, in_place=True, refused=None, revision="rev-1",
+                        nodes=1).mode == "in-place"
 
 
 def test_an_old_refusal_on_the_launcher_is_not_taken_for_this_switch() -> None:

@@ -465,7 +465,8 @@ class SwitchController:
         state = switching.start_switch(inst.role, to_role, reason, now,  # type: ignore[arg-type]
                                        in_place=flags.in_place_role_switch(spec),
                                        refused=inst.annotations.get(ANNOTATION_IN_PLACE_REFUSED),
-                                       revision=inst.revision)
+                                       revision=inst.revision,
+                                       nodes=max(spec.prefill.nodes_per_instance, spec.decode.nodes_per_instance))
         mode = state.mode
         want = switching.desired(state, inst.observation())
         if not self._write(namespace, inst, state, want, extra_annotations):

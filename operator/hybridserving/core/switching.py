@@ -15,7 +15,9 @@ refusals every time (no memory left for decode CUDA graphs, a staging buffer, a 
 that cannot switch), so the next switch of that instance that way goes by relaunch (`start_switch`).
 The launcher relaunches only where the roles' flags do not switch in place, so that relaunch
 recreates the gang in the new role (`recreate`: `spec.role` and `spec.restartGeneration` + 1 in one
-write); a new revision (the fleet's configuration changed) tries in place again.
+write); a new revision (the fleet's configuration changed) tries in place again. A multi-node
+instance that cannot switch in place is always recreated so (`start_switch`): its ranks change
+role together.
 
 * **Unroute**: instance status.phase `Draining`; the planner drops the leader's router label
   (`hybridserving.io/role`), so the router removes the worker. Done when the label is gone.
@@ -114,8 +116,9 @@ class SwitchState:
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds spent in each finished step."""
     recreate: bool = False
-    """A relaunch the launcher would not make (both roles' flags switch in place, and the engine
-    refused that before): the Switch recreates the gang in the new role instead."""
+    """A relaunch the launchers should not make on their pods (both roles' flags switch in place,
+    and the engine refused that before; or the instance spans several nodes, whose ranks must
+    change role together): the Switch recreates the gang in the new role instead."""
 
     @classmethod
     def start(cls, from_role: Role, to_role: Role, mode: Mode, reason: str, now: float, *,
@@ -206,14 +209,25 @@ def remember_refusal(text: str | None, state: SwitchState, revision: str, now: f
 
 
 def start_switch(from_role: Role, to_role: Role, reason: str, now: float, *, in_place: bool,
-                 refused: str | None, revision: str) -> SwitchState:
+                 refused: str | None, revision: str, nodes: int) -> SwitchState:
     """The record of a switch about to start: in place where the layout allows it
     (`core.flags.in_place_role_switch`), else by relaunch (the launcher's, on the same pods).
 
     Where the engine refused this very move in place on this revision, it relaunches instead: the
     launcher would only try in place again (its flags allow it), so the gang is recreated in the
     new role (`recreate`), and the reason says why.
+
+    An instance of several `nodes` that cannot switch in place is recreated too. Its ranks must
+    stop together (a worker rank's engine stops only with rank 0's shutdown broadcast) and start
+    the new role together, while each pod's launcher would see the role change on its own (the
+    kubelet refreshes each pod's downward-API volume on its own schedule, up to a minute apart):
+    on the same pods, a worker rank could restart in the old role beside a leader in the new one.
+    A new gang's launchers all start in the new role.
     """
+    if not in_place and nodes > 1:
+        return SwitchState.start(from_role, to_role, "relaunch", f"{reason[:240]}; by relaunch (the gang is "
+                                 f"recreated as {to_role}): its {nodes} ranks start the new role together", now,
+                                 recreate=True)
     refusal = refused_in_place(refused, from_role, to_role, revision) if in_place else None
     if refusal is None:
         return SwitchState.start(from_role, to_role, "in-place" if in_place else "relaunch", reason, now)
