@@ -838,6 +838,36 @@ def test_worker_rank_serves_the_dummy_health_check_and_ignores_sigterm_until_ran
             worker.wait()
 
 
+def test_worker_rank_exits_when_rank_0_stops_without_a_signal_of_its_own():
+    # entrypoints/engine.py:1015-1026, 1287: a worker rank's main process blocks until its schedulers
+    # exit, and they exit with rank 0's ShutdownReq broadcast (lines 1261-1263): a leader that stops, or
+    # restarts, takes the worker's engine with it, SIGTERM or not.
+    import subprocess
+
+    from hybridserving_engine.simulator.process import SimulatorProcess, simulator_env
+
+    port = free_port()
+    common = ["--model-path", "m", "--port", str(port), "--tp-size", "16", "--nnodes", "2",
+              "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    leader = SimulatorProcess([*common, "--host", "127.0.0.1", "--node-rank", "0"],
+                              env=simulator_env(time_scale=0.01)).wait_ready()
+    worker = subprocess.Popen([*leader.proc.args[:3], *common, "--host", "127.0.0.2", "--node-rank", "1"],
+                              env=simulator_env(startup_seconds=0.2),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while "serving its health check" not in worker.stderr.readline():
+            assert worker.poll() is None
+        assert http_status(f"http://127.0.0.2:{port}/health") == 200
+        leader.stop()
+        assert worker.wait(15) == 0
+        assert "rank 0 stopped" in worker.stderr.read()
+    finally:
+        leader.stop()
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
 def test_a_faults_file_is_read_at_every_start_and_adds_to_the_env_faults(tmp_path):
     path = tmp_path / "faults"
     env = {"HYBRIDSERVING_SIM_FAULTS": "slow=2", "HYBRIDSERVING_SIM_FAULTS_FILE": str(path)}

@@ -373,18 +373,19 @@ class Pod:
     def __init__(self, tmp_path: Path, role: str, switch_flag: bool = True, faults: str = "",
                  extra: list[str] | None = None, time_scale: float = 0.01, idle_window_s: float = 1.0,
                  api_key: str | None = None, node_rank: int = 0, startup_seconds: float = 0.0,
-                 extra_env: dict[str, str] | None = None) -> None:
-        self.port, self.bootstrap, self.launcher_port = free_port(), free_port(), free_port()
-        # A worker rank of a two-node instance runs on a host of its own; its leader is not started.
+                 extra_env: dict[str, str] | None = None, nnodes: int = 1, port: int | None = None) -> None:
+        self.port, self.bootstrap, self.launcher_port = port or free_port(), free_port(), free_port()
+        # A worker rank of a two-node instance runs on a host of its own, and reaches its leader (if
+        # the test starts one, on the same `port`) on 127.0.0.1.
+        nnodes = 2 if node_rank else nnodes
         host = "127.0.0.2" if node_rank else "127.0.0.1"
-        multi_node = ["--tp-size", "16", "--dist-init-addr", f"127.0.0.1:{free_port()}"] if node_rank else []
+        multi_node = ["--tp-size", "16", "--dist-init-addr", f"127.0.0.1:{free_port()}"] if nnodes > 1 else []
         for r in ("prefill", "decode"):
             # Like the operator's ConfigMap: per-pod values are placeholders the launcher fills from env.
             argv = ["--model-path", "m", "--host", host, "--port", "{port}",
                     "--disaggregation-mode", r, "--disaggregation-bootstrap-port", str(self.bootstrap),
                     *(["--enable-pd-role-switch"] if switch_flag else []), *multi_node, *(extra or [])]
-            write_config(tmp_path / "cfg", r, {"argv": argv, "decode_cuda_graph_memory_gb": 1.0,
-                                               "nnodes": 2 if node_rank else 1})
+            write_config(tmp_path / "cfg", r, {"argv": argv, "decode_cuda_graph_memory_gb": 1.0, "nnodes": nnodes})
         self.role_file = tmp_path / "role"
         self.role_file.write_text(role)
         env = simulator_env(time_scale=time_scale, faults=faults, startup_seconds=startup_seconds)
@@ -488,6 +489,31 @@ def test_a_worker_rank_is_ready_only_once_its_engine_serves_its_health_check(pod
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_leader_restart_takes_the_worker_ranks_engine_down_and_its_launcher_starts_it_again(pod):
+    """SGLang's worker ranks exit with rank 0's shutdown broadcast (`entrypoints/engine.py:1261-1263,
+    1287`): a leader engine that restarts leaves its workers to be started again by their own
+    launchers, which then serve as before."""
+    leader = pod("decode", nnodes=2)
+    worker = pod("decode", node_rank=1, port=leader.port)
+    worker_pid = worker.status()["engine"]["pid"]
+    leader_pid = leader.status()["engine"]["pid"]
+    with urllib.request.urlopen(urllib.request.Request(leader.engine + "/sim/faults", data=b'{"crash": true}',
+                                                       headers={"Content-Type": "application/json"}), timeout=5):
+        pass
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ls, ws = leader.status(), worker.status()
+        if (ls["ready"] and ws["ready"] and ls["engine"]["pid"] != leader_pid
+                and ws["engine"]["pid"] not in (None, worker_pid)):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"leader {leader.status()}\nworker {worker.status()}\n{worker.log.read_text()[-3000:]}")
+    assert ws["role"] == "decode" and ws["engine"]["restarts"] == 1 and ws["engine"]["lastExitCode"] == 0, ws
+    assert "rank 0 stopped" in worker.log.read_text()
+
+
 def test_in_place_switch_drains_then_posts_pd_role_switch(pod):
     p = pod("prefill")
     pid = p.status()["engine"]["pid"]

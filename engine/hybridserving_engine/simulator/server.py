@@ -884,7 +884,12 @@ async def _serve_worker_rank(args: argparse.Namespace, options: SimulatorOptions
     """A worker rank (`entrypoints/engine.py:1234-1284`): once its schedulers are up it serves
     `launch_dummy_health_check_server` (`utils/common.py:3624-3664`) on `--host:--port`, whose
     `/ping`, `/health` and `/health_generate` answer 200 with no key, whatever the instance does. It
-    runs no batches here, so it serves no `/metrics` (SGLang's would, with `--enable-metrics`)."""
+    runs no batches here, so it serves no `/metrics` (SGLang's would, with `--enable-metrics`).
+
+    It then blocks until its schedulers exit (`block_until_scheduler_exits`, lines 1015-1026),
+    which they do with rank 0's shutdown broadcast whether or not this rank had SIGTERM: a leader
+    that stops (or restarts) takes its workers' engines with it. Here: once the leader, having
+    answered, is gone."""
     log.info("simulator node rank %d of %d: loading, then serving the dummy health check server",
              args.node_rank, args.nnodes)
     loading = asyncio.create_task(asyncio.sleep(SimulatorServer(args, options, argv).startup_seconds()))
@@ -899,29 +904,53 @@ async def _serve_worker_rank(args: argparse.Namespace, options: SimulatorOptions
         await runner.setup()
         await web.TCPSite(runner, args.host, args.port).start()
         log.info("simulator node rank %d serving its health check on %s:%d", args.node_rank, args.host, args.port)
+        leader_gone = asyncio.create_task(_leader_stopped(args))
+        await asyncio.wait({stopping, leader_gone}, return_when=asyncio.FIRST_COMPLETED)
+        if leader_gone.done():
+            log.info("rank 0 stopped: node rank %d's schedulers exit with its shutdown broadcast", args.node_rank)
+            stopping.cancel()
+        else:
+            leader_gone.cancel()
     else:
         loading.cancel()
-    await stopping
-    await _follow_leader_shutdown(args)
+    if stopping.done():
+        log.warning("SIGTERM received on node_rank %d; waiting for rank 0 to stop", args.node_rank)
+        await _leader_answers_until_gone(args)
     if runner is not None:
         await runner.cleanup()
 
 
-async def _follow_leader_shutdown(args: argparse.Namespace) -> None:
+def _leader_url(args: argparse.Namespace) -> str:
+    host = (args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
+    return f"http://{host}:{args.port}/ready"
+
+
+async def _leader_answers(url: str) -> bool:
+    """Whether the leader's HTTP server answers at all (a 503 while it starts or stops counts)."""
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, lambda: urllib.request.urlopen(url, timeout=1).close())
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+    return True
+
+
+async def _leader_answers_until_gone(args: argparse.Namespace) -> None:
     """A worker rank ignores SIGTERM and stops with rank 0's shutdown broadcast
     (`entrypoints/engine.py:1261-1272`): here, once the leader's HTTP server is gone."""
-    log.warning("SIGTERM received on node_rank %d; waiting for rank 0 to stop", args.node_rank)
-    host = (args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
-    url = f"http://{host}:{args.port}/ready"
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            await loop.run_in_executor(None, lambda: urllib.request.urlopen(url, timeout=1).close())
-        except urllib.error.HTTPError:
-            pass  # still there (503 while it shuts down)
-        except (urllib.error.URLError, OSError):
-            return
+    url = _leader_url(args)
+    while await _leader_answers(url):
         await asyncio.sleep(0.2)
+
+
+async def _leader_stopped(args: argparse.Namespace) -> None:
+    """Returns once the leader has answered and then stopped answering: a worker whose leader
+    never came up has no broadcast to wait for (SGLang's would still be in its distributed init)."""
+    url = _leader_url(args)
+    while not await _leader_answers(url):
+        await asyncio.sleep(0.2)
+    await _leader_answers_until_gone(args)
 
 
 async def _serve(args: argparse.Namespace, options: SimulatorOptions, argv: list[str]) -> int:
