@@ -42,6 +42,7 @@ from hybridserving.contract import (
     ENV_DRAIN_TIMEOUT_S,
     ENV_ENGINE_API_KEY,
     ENV_LAUNCHER_PORT,
+    ENV_SETTINGS,
     ENV_NODE_RANK,
     ENV_ROLE_FILE,
     HALF_HASH,
@@ -217,40 +218,45 @@ class Settings:
     engine_health_timeout_s: float = 20.0
     """`SGLANG_HEALTH_CHECK_TIMEOUT`, which the engine inherits: its `/health` answers within it and a second."""
     preflight: str = "enforce"
+    preflight_rdma: bool = True
     api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
         e = dict(os.environ if env is None else env)
 
-        def num(name: str, default: float) -> float:
-            return float(e.get(name, default))
+        def setting(name: str) -> Any:
+            """Read as the operator checked it at admission (`contract.ENV_SETTINGS`); a value it could
+            not check (from a Secret or ConfigMap) that is wrong stops the launcher, naming it."""
+            try:
+                return ENV_SETTINGS[name].read(e.get(name))
+            except ValueError as err:
+                raise ConfigError(f"{err}: fix it in the fleet's spec.engine.env") from None
 
         values: dict[str, Any] = dict(
             config_dir=Path(e.get(ENV_CONFIG_DIR, CONFIG_DIR)),
             role_file=Path(e.get(ENV_ROLE_FILE, ROLE_FILE)),
             node_rank=int(e.get(ENV_NODE_RANK, "0")),
-            backend=e.get("HYBRIDSERVING_ENGINE_BACKEND", "sglang"),
+            backend=setting("HYBRIDSERVING_ENGINE_BACKEND"),
             host=e.get("HYBRIDSERVING_LAUNCHER_HOST", "0.0.0.0"),
             port=int(e.get(ENV_LAUNCHER_PORT, "8080")),
-            drain_timeout_s=num(ENV_DRAIN_TIMEOUT_S, 600),
-            idle_window_s=num("HYBRIDSERVING_IDLE_WINDOW_S", 3.0),
-            stop_grace_s=num("HYBRIDSERVING_STOP_GRACE_S", 30),
-            startup_timeout_s=num("HYBRIDSERVING_STARTUP_TIMEOUT_S", 3600),
-            poll_interval_s=num("HYBRIDSERVING_POLL_INTERVAL_S", 1.0),
-            config_wait_s=num("HYBRIDSERVING_CONFIG_WAIT_S", 120.0),
-            restart_backoff_s=num("HYBRIDSERVING_RESTART_BACKOFF_S", 2.0),
-            restart_backoff_max_s=num("HYBRIDSERVING_RESTART_BACKOFF_MAX_S", 60.0),
-            crash_loop_restarts=int(e.get("HYBRIDSERVING_CRASH_LOOP_RESTARTS", "5")),
-            crash_loop_exit=e.get("HYBRIDSERVING_CRASH_LOOP_EXIT", "1") != "0",
-            health_recheck_s=num("HYBRIDSERVING_HEALTH_RECHECK_S", 30),
-            engine_health_timeout_s=num("SGLANG_HEALTH_CHECK_TIMEOUT", 20),
-            preflight=e.get("HYBRIDSERVING_PREFLIGHT", "enforce"),
+            drain_timeout_s=setting(ENV_DRAIN_TIMEOUT_S),
+            idle_window_s=setting("HYBRIDSERVING_IDLE_WINDOW_S"),
+            stop_grace_s=setting("HYBRIDSERVING_STOP_GRACE_S"),
+            startup_timeout_s=setting("HYBRIDSERVING_STARTUP_TIMEOUT_S"),
+            poll_interval_s=setting("HYBRIDSERVING_POLL_INTERVAL_S"),
+            config_wait_s=setting("HYBRIDSERVING_CONFIG_WAIT_S"),
+            restart_backoff_s=setting("HYBRIDSERVING_RESTART_BACKOFF_S"),
+            restart_backoff_max_s=setting("HYBRIDSERVING_RESTART_BACKOFF_MAX_S"),
+            crash_loop_restarts=setting("HYBRIDSERVING_CRASH_LOOP_RESTARTS"),
+            crash_loop_exit=setting("HYBRIDSERVING_CRASH_LOOP_EXIT") == "1",
+            health_recheck_s=setting("HYBRIDSERVING_HEALTH_RECHECK_S"),
+            engine_health_timeout_s=setting("SGLANG_HEALTH_CHECK_TIMEOUT"),
+            preflight=setting("HYBRIDSERVING_PREFLIGHT"),
+            preflight_rdma=setting("HYBRIDSERVING_PREFLIGHT_RDMA") == "1",
             api_key=e.get(ENV_ENGINE_API_KEY) or None,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
-        if values["backend"] not in ("sglang", "simulator"):
-            raise ConfigError(f"unknown engine backend {values['backend']!r}; use sglang or simulator")
         return cls(**values)
 
 
@@ -697,8 +703,7 @@ class Launcher:
             return True
         assert self.role is not None, "preflight runs once the role is read"
         argv = (await self._config(self.role)).argv_for(self.settings.node_rank)
-        require_rdma = os.environ.get("HYBRIDSERVING_PREFLIGHT_RDMA", "1") != "0"
-        problems = preflight.check(argv, self.probes, require_rdma=require_rdma)
+        problems = preflight.check(argv, self.probes, require_rdma=self.settings.preflight_rdma)
         for problem in problems:
             log.error("preflight: %s", problem)
         if problems and self.settings.preflight == "enforce":

@@ -10,11 +10,13 @@ operator code for it.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 ROLES = ("prefill", "decode")
 
@@ -75,6 +77,67 @@ PLACEHOLDERS: dict[str, str] = {
     "node_rank": "{node_rank}",
     "dist_init_addr": "{dist_init_addr}",
 }
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """A setting the engine container reads from its environment (docs/engine.md, Environment).
+
+    The launcher reads each with `read`, and the operator checks a fleet's `spec.engine.env`
+    value with the same `read` at admission: a typo is refused with the fleet instead of
+    crash-looping every engine pod of a rollout, or, for a choice, quietly meaning another one.
+    """
+
+    name: str
+    default: str
+    kind: Literal["seconds", "count", "choice"]
+    minimum: float = 0.0
+    """The smallest value taken; `positive` excludes it."""
+    positive: bool = False
+    choices: tuple[str, ...] = ()
+
+    @property
+    def expected(self) -> str:
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
+        bound = f"{'above' if self.positive else 'at least'} {self.minimum:g}"
+        return f"a number of seconds {bound}" if self.kind == "seconds" else f"a whole number {bound}"
+
+    def read(self, raw: str | None) -> float | int | str:
+        """The value `raw` (None: unset) stands for; ValueError naming the variable and what it takes."""
+        text = self.default if raw is None else raw
+        if self.kind == "choice":
+            if text in self.choices:
+                return text
+            raise ValueError(f"{self.name}={text!r} is not {self.expected}")
+        try:
+            value: float | int = float(text) if self.kind == "seconds" else int(text)
+        except ValueError:
+            raise ValueError(f"{self.name}={text!r} is not {self.expected}") from None
+        if not math.isfinite(value) or value < self.minimum or (self.positive and value == self.minimum):
+            raise ValueError(f"{self.name}={text!r} is not {self.expected}")
+        return value
+
+
+ENV_SETTINGS: dict[str, EnvSetting] = {s.name: s for s in (
+    EnvSetting("HYBRIDSERVING_ENGINE_BACKEND", "sglang", "choice", choices=("sglang", "simulator")),
+    EnvSetting(ENV_DRAIN_TIMEOUT_S, "600", "seconds"),
+    EnvSetting("HYBRIDSERVING_IDLE_WINDOW_S", "3", "seconds"),
+    EnvSetting("HYBRIDSERVING_STOP_GRACE_S", "30", "seconds"),
+    EnvSetting("HYBRIDSERVING_STARTUP_TIMEOUT_S", "3600", "seconds", positive=True),
+    EnvSetting("HYBRIDSERVING_POLL_INTERVAL_S", "1", "seconds", positive=True),
+    EnvSetting("HYBRIDSERVING_CONFIG_WAIT_S", "120", "seconds"),
+    EnvSetting("HYBRIDSERVING_RESTART_BACKOFF_S", "2", "seconds"),
+    EnvSetting("HYBRIDSERVING_RESTART_BACKOFF_MAX_S", "60", "seconds"),
+    EnvSetting("HYBRIDSERVING_CRASH_LOOP_RESTARTS", "5", "count", minimum=1),
+    EnvSetting("HYBRIDSERVING_CRASH_LOOP_EXIT", "1", "choice", choices=("1", "0")),
+    EnvSetting("HYBRIDSERVING_HEALTH_RECHECK_S", "30", "seconds", positive=True),
+    # SGLang's own, which the engine inherits: `int(os.getenv(...))` at import
+    # (`entrypoints/http_server.py:218`), so "2.5" stops it from starting.
+    EnvSetting("SGLANG_HEALTH_CHECK_TIMEOUT", "20", "count", minimum=1),
+    EnvSetting("HYBRIDSERVING_PREFLIGHT", "enforce", "choice", choices=("enforce", "warn", "off")),
+    EnvSetting("HYBRIDSERVING_PREFLIGHT_RDMA", "1", "choice", choices=("1", "0")),
+)}
 
 
 def role_document_name(role: str, flags_hash: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest
@@ -27,6 +29,7 @@ from hybridserving_engine.launcher import (
     engine_url,
     inflight_requests,
     load_role_config,
+    main,
     pinned_document,
     read_role,
 )
@@ -82,6 +85,23 @@ def test_keys_a_newer_operator_adds_are_skipped_with_a_warning(tmp_path, caplog)
         config = load_role_config(tmp_path / "decode.json")
     assert config.argv_for(0) == ["--x"]
     assert "ignoring keys this launcher does not know, ['future_knob']" in caplog.text
+
+
+def test_settings_are_read_as_admission_checks_them_and_a_bad_one_is_named(caplog):
+    """A value the operator could not check (from a Secret or ConfigMap) stops the launcher with its
+    name, where `float()` would have died with a traceback, and "false" would have meant on."""
+    s = Settings.from_env({"HYBRIDSERVING_IDLE_WINDOW_S": "0.5", "HYBRIDSERVING_CRASH_LOOP_RESTARTS": "7",
+                           "HYBRIDSERVING_PREFLIGHT_RDMA": "0", "SGLANG_HEALTH_CHECK_TIMEOUT": "45"})
+    assert (s.idle_window_s, s.crash_loop_restarts, s.preflight_rdma, s.engine_health_timeout_s) == (0.5, 7, False, 45)
+    assert Settings.from_env({}).preflight_rdma is True
+    for name, value in (("HYBRIDSERVING_STOP_GRACE_S", "30s"), ("HYBRIDSERVING_CRASH_LOOP_EXIT", "false"),
+                        ("HYBRIDSERVING_ENGINE_BACKEND", "vllm")):
+        with pytest.raises(ConfigError, match=f"^{name}='{value}' is not .*: fix it in the fleet's spec.engine.env$"):
+            Settings.from_env({name: value})
+    env = {"HYBRIDSERVING_HEALTH_RECHECK_S": "-1"}
+    with mock.patch.dict(os.environ, env), caplog.at_level(logging.ERROR, logger="hybridserving_engine.launcher"):
+        assert main([]) == 2
+    assert "HYBRIDSERVING_HEALTH_RECHECK_S='-1' is not a number of seconds above 0" in caplog.text
 
 
 def test_role_file_holds_a_bare_value_or_a_labels_file(tmp_path):
@@ -474,21 +494,22 @@ def test_sigterm_drains_in_flight_requests_before_stopping_the_engine(pod):
 def test_a_worker_rank_is_ready_only_once_its_engine_serves_its_health_check(pod):
     # A live process is not a loaded one: a worker rank's dummy health check answers only after its
     # schedulers are up (entrypoints/engine.py:1234-1284), so its pod is not Ready while it loads.
-    p = pod("decode", node_rank=1, startup_seconds=3.0)
+    leader = pod("decode", nnodes=2)
+    p = pod("decode", node_rank=1, startup_seconds=3.0, port=leader.port)
     assert p.status()["phase"] == "Starting"
     deadline = time.monotonic() + 30
     while p.status()["phase"] != "Ready":
         assert time.monotonic() < deadline, p.log.read_text()
         time.sleep(0.1)
     assert "serving its health check" in p.log.read_text()
-    # Its leader is gone (never started here): there is nothing to drain, so it stops at once rather
-    # than after the drain timeout (30 s).
+    # Its leader is gone: there is nothing to drain, so it stops at once rather than after the
+    # drain timeout (30 s).
+    leader.stop()
     stopping = time.monotonic()
     p.stop()
     assert time.monotonic() - stopping < 10, p.log.read_text()
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_a_leader_restart_takes_the_worker_ranks_engine_down_and_its_launcher_starts_it_again(pod):
     """SGLang's worker ranks exit with rank 0's shutdown broadcast (`entrypoints/engine.py:1261-1263,

@@ -262,11 +262,49 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
                          "spec.engine.env[1]"),
     "bootstrap-port-distinct": ({"transfer": {"bootstrapPort": 12003}}, {"transfer": {"bootstrapPort": 19999}},
                                 "spec.transfer.bootstrapPort"),
+    "engine-env-setting": ({"engine": {"env": [{"name": "HYBRIDSERVING_IDLE_WINDOW_S", "value": "3s"}]}},
+                           {"engine": {"env": [{"name": "HYBRIDSERVING_IDLE_WINDOW_S", "value": "3.5"}]}},
+                           "spec.engine.env[0].value"),
 }
 
 
 def _with_rule(issues: list[LayoutIssue], rule: str) -> list[LayoutIssue]:
     return [issue for issue in issues if issue.rule == rule]
+
+
+def test_the_launchers_settings_are_checked_as_the_launcher_reads_them() -> None:
+    env = [
+        {"name": "HYBRIDSERVING_IDLE_WINDOW_S", "value": "nan"},
+        {"name": "HYBRIDSERVING_POLL_INTERVAL_S", "value": "0"},
+        {"name": "HYBRIDSERVING_CRASH_LOOP_RESTARTS", "value": "2.5"},
+        {"name": "HYBRIDSERVING_PREFLIGHT", "value": "enfroce"},
+        {"name": "HYBRIDSERVING_CRASH_LOOP_EXIT", "value": "false"},
+        {"name": "SGLANG_HEALTH_CHECK_TIMEOUT", "value": "2.5"},
+        {"name": "HYBRIDSERVING_STOP_GRACE_S"},  # neither value nor valueFrom: empty, as in a Pod
+        {"name": "HYBRIDSERVING_STARTUP_TIMEOUT_S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        {"name": "HYBRIDSERVING_CONFIG_WAIT_S", "value": "1e3"},
+        {"name": "SGLANG_ENABLE_METRICS_DEVICE_TIMER", "value": "0"},
+    ]
+    found = {(i.path, i.message, i.fix) for i in validate(make({"engine": {"env": env}}))
+             if i.rule in ("engine-env-setting", "engine-env-owned")}
+    assert found == {
+        ("spec.engine.env[0].value", "HYBRIDSERVING_IDLE_WINDOW_S='nan' is not a number of seconds at least 0",
+         "set HYBRIDSERVING_IDLE_WINDOW_S to a number of seconds at least 0 (default 3), or remove it"),
+        ("spec.engine.env[1].value", "HYBRIDSERVING_POLL_INTERVAL_S='0' is not a number of seconds above 0",
+         "set HYBRIDSERVING_POLL_INTERVAL_S to a number of seconds above 0 (default 1), or remove it"),
+        ("spec.engine.env[2].value", "HYBRIDSERVING_CRASH_LOOP_RESTARTS='2.5' is not a whole number at least 1",
+         "set HYBRIDSERVING_CRASH_LOOP_RESTARTS to a whole number at least 1 (default 5), or remove it"),
+        ("spec.engine.env[3].value", "HYBRIDSERVING_PREFLIGHT='enfroce' is not one of enforce, warn, off",
+         "set HYBRIDSERVING_PREFLIGHT to one of enforce, warn, off (default enforce), or remove it"),
+        ("spec.engine.env[4].value", "HYBRIDSERVING_CRASH_LOOP_EXIT='false' is not one of 1, 0",
+         "set HYBRIDSERVING_CRASH_LOOP_EXIT to one of 1, 0 (default 1), or remove it"),
+        ("spec.engine.env[5].value", "SGLANG_HEALTH_CHECK_TIMEOUT='2.5' is not a whole number at least 1",
+         "set SGLANG_HEALTH_CHECK_TIMEOUT to a whole number at least 1 (default 20), or remove it"),
+        ("spec.engine.env[6].value", "HYBRIDSERVING_STOP_GRACE_S='' is not a number of seconds at least 0",
+         "set HYBRIDSERVING_STOP_GRACE_S to a number of seconds at least 0 (default 30), or remove it"),
+        ("spec.engine.env[9]", "SGLANG_ENABLE_METRICS_DEVICE_TIMER is set by the operator for each pod; a copy "
+         "here would replace it", "remove SGLANG_ENABLE_METRICS_DEVICE_TIMER from spec.engine.env"),
+    }
 
 
 def test_base_spec_is_clean() -> None:
@@ -559,5 +597,5 @@ def test_every_variable_the_planner_sets_per_pod_is_owned() -> None:
                                        "spec": make().to_wire()})
     inst = next(iter(planner.plan(hs, Observed()).instances.values()))
     env = rendering.pod_spec(hs, inst.name, 0, inst.role, inst.ports)["containers"][0]["env"]
-    rendered = {e["name"] for e in env if e["name"].startswith("HYBRIDSERVING_")}
+    rendered = {e["name"] for e in env if e["name"].startswith(("HYBRIDSERVING_", "SGLANG_"))}
     assert rendered == OWNED_ENV

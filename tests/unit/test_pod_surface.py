@@ -385,6 +385,21 @@ def router_objects(hs: HybridServing) -> dict[tuple[str, str], dict[str, Any]]:
     return {k: v for k, v in planner.plan(hs, Observed()).objects.items() if k[1].startswith("hs-router")}
 
 
+def test_the_pods_termination_grace_covers_the_drain_and_the_launchers_stop_grace() -> None:
+    """After SIGTERM the launcher drains (up to drainTimeoutSeconds), then gives SGLang its stop
+    grace before SIGKILL; a kubelet that killed the pod sooner would cut SGLang's exit short."""
+    def grace(env: list[dict[str, Any]]) -> set[int]:
+        hs = fleet(roleSwitch={"drainTimeoutSeconds": 120}, engine={"env": env})
+        return {p["spec"]["terminationGracePeriodSeconds"] for p in pods_of(hs).values()}
+
+    assert grace([]) == {150}
+    assert grace([{"name": "HYBRIDSERVING_STOP_GRACE_S", "value": "89.5"}]) == {210}
+    assert grace([{"name": "HYBRIDSERVING_STOP_GRACE_S", "value": "90"},
+                  {"name": "HYBRIDSERVING_STOP_GRACE_S", "value": "10"}]) == {130}, "the last entry wins"
+    from_secret = {"name": "HYBRIDSERVING_STOP_GRACE_S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    assert grace([from_secret]) == {150}, "unknown here: the default"
+
+
 def test_the_router_has_probes_resources_and_scraped_metrics() -> None:
     objs = router_objects(fleet())
     container = objs[("Deployment", router_deployment(fleet()))]["spec"]["template"]["spec"]["containers"][0]

@@ -886,13 +886,14 @@ async def _serve_worker_rank(args: argparse.Namespace, options: SimulatorOptions
     `/ping`, `/health` and `/health_generate` answer 200 with no key, whatever the instance does. It
     runs no batches here, so it serves no `/metrics` (SGLang's would, with `--enable-metrics`).
 
-    It then blocks until its schedulers exit (`block_until_scheduler_exits`, lines 1015-1026),
-    which they do with rank 0's shutdown broadcast whether or not this rank had SIGTERM: a leader
-    that stops (or restarts) takes its workers' engines with it. Here: once the leader, having
-    answered, is gone."""
-    log.info("simulator node rank %d of %d: loading, then serving the dummy health check server",
+    Its schedulers come up only once they have joined rank 0 (the distributed init at
+    `--dist-init-addr`): here, once the leader's HTTP server answers. It then blocks until its
+    schedulers exit (`block_until_scheduler_exits`, lines 1015-1026), which they do with rank 0's
+    shutdown broadcast whether or not this rank had SIGTERM: a leader that stops (or restarts)
+    takes its workers' engines with it. Here: once the leader is gone."""
+    log.info("simulator node rank %d of %d: joining rank 0, loading, then serving the dummy health check server",
              args.node_rank, args.nnodes)
-    loading = asyncio.create_task(asyncio.sleep(SimulatorServer(args, options, argv).startup_seconds()))
+    loading = asyncio.create_task(_join_then_load(args, SimulatorServer(args, options, argv).startup_seconds()))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     runner: web.AppRunner | None = None
@@ -904,7 +905,7 @@ async def _serve_worker_rank(args: argparse.Namespace, options: SimulatorOptions
         await runner.setup()
         await web.TCPSite(runner, args.host, args.port).start()
         log.info("simulator node rank %d serving its health check on %s:%d", args.node_rank, args.host, args.port)
-        leader_gone = asyncio.create_task(_leader_stopped(args))
+        leader_gone = asyncio.create_task(_leader_answers_until_gone(args))
         await asyncio.wait({stopping, leader_gone}, return_when=asyncio.FIRST_COMPLETED)
         if leader_gone.done():
             log.info("rank 0 stopped: node rank %d's schedulers exit with its shutdown broadcast", args.node_rank)
@@ -944,13 +945,12 @@ async def _leader_answers_until_gone(args: argparse.Namespace) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _leader_stopped(args: argparse.Namespace) -> None:
-    """Returns once the leader has answered and then stopped answering: a worker whose leader
-    never came up has no broadcast to wait for (SGLang's would still be in its distributed init)."""
+async def _join_then_load(args: argparse.Namespace, startup_seconds: float) -> None:
     url = _leader_url(args)
     while not await _leader_answers(url):
         await asyncio.sleep(0.2)
-    await _leader_answers_until_gone(args)
+    log.info("simulator node rank %d joined rank 0", args.node_rank)
+    await asyncio.sleep(startup_seconds)
 
 
 async def _serve(args: argparse.Namespace, options: SimulatorOptions, argv: list[str]) -> int:

@@ -192,7 +192,7 @@ def _leaving(kube: Kube, namespace: str, held: Mapping[str, Any], action: Action
     """Whether the object that holds a name the fleet creates goes away by itself: it is being
     deleted, or it carries the fleet's label and every owner it names is gone (the garbage
     collector deletes it). The pods of a scaled-down instance drain under its uid for up to
-    drainTimeoutSeconds + 30 s, and a new instance that takes its index (a scale-up, a rollout's
+    drainTimeoutSeconds + the stop grace, and a new instance that takes its index (a scale-up, a rollout's
     surge) asks for the same names meanwhile: the create is due again once they are gone."""
     meta = held.get("metadata") or {}
     if meta.get("deletionTimestamp"):

@@ -25,7 +25,7 @@ from pydantic.alias_generators import to_camel
 
 from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, LayoutSpec, Role, RoleSpec
 from hybridserving.core import ports, resolution, sglang_options
-from hybridserving.contract import ENV_ENGINE_API_KEY, PLACEHOLDERS
+from hybridserving.contract import ENV_ENGINE_API_KEY, ENV_SETTINGS, PLACEHOLDERS
 from hybridserving.api.profiles import PROFILES, ModelArchitecture
 from hybridserving.core.resolution import SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS
 
@@ -196,6 +196,9 @@ _RULES: tuple[Rule, ...] = (
          "late: the parser reads the value as a flag and exits with status 2"),
     Rule("engine-env-owned", "error", "engine.env does not set a variable the operator sets per pod",
          "n/a: the later entry wins, so the launcher would take the user's port, rank or rendezvous"),
+    Rule("engine-env-setting", "error", "engine.env gives the launcher's settings (and SGLang's health-check "
+         "timeout) values they take", "late: the launcher exits naming it, so every engine pod of the rollout "
+         "fails to start"),
     Rule("bootstrap-port-distinct", "error", "transfer.bootstrapPort's series stays clear of the ports the "
          "operator allocates", "n/a: two servers of one instance would bind one port"),
 )
@@ -874,6 +877,8 @@ OWNED_ENV = frozenset({
     "HYBRIDSERVING_DRAIN_TIMEOUT_S", "HYBRIDSERVING_PORT", "HYBRIDSERVING_BOOTSTRAP_PORT",
     "HYBRIDSERVING_ENGINE_INFO_BOOTSTRAP_PORT", "HYBRIDSERVING_LAUNCHER_PORT", "HYBRIDSERVING_DIST_INIT_ADDR",
     ENV_ENGINE_API_KEY,  # the operator's engine calls and the router's use the derived key (core/enginekey.py)
+    # The busy time the role-switch policy reads (core/rendering.py sets it to 1).
+    "SGLANG_ENABLE_METRICS_DEVICE_TIMER",
 })
 
 
@@ -883,6 +888,13 @@ def _check_env(spec: HybridServingSpec) -> Issues:
             yield _issue("engine-env-owned", f"spec.engine.env[{index}]",
                          f"{var.name} is set by the operator for each pod; a copy here would replace it",
                          f"remove {var.name} from spec.engine.env")
+        elif var.name in ENV_SETTINGS and var.value_from is None:
+            setting = ENV_SETTINGS[var.name]
+            try:
+                setting.read(var.value or "")
+            except ValueError as err:
+                yield _issue("engine-env-setting", f"spec.engine.env[{index}].value", str(err),
+                             f"set {var.name} to {setting.expected} (default {setting.default}), or remove it")
 
 
 def _check_model(spec: HybridServingSpec) -> Issues:

@@ -9,6 +9,7 @@ is the rollout's job (`core.rollout`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from hybridserving.contract import (
     ENV_LAUNCHER_PORT,
     ENV_NODE_RANK,
     ENV_ROLE_FILE,
+    ENV_SETTINGS,
     LABEL_ROLE,
     PODINFO_DIR,
     ROLE_FILE,
@@ -66,8 +68,23 @@ from hybridserving.core.switching import SWITCH_PHASES
 
 ENGINE_CONTAINER = "engine"
 ROUTER_METRICS_PORT = 29000
-# Extra grace after the drain timeout, for the engine to exit once drained.
-EXIT_GRACE_SECONDS = 30
+STOP_GRACE = ENV_SETTINGS["HYBRIDSERVING_STOP_GRACE_S"]
+
+
+def stop_grace_seconds(spec: HybridServingSpec) -> int:
+    """The launcher's SIGTERM-to-SIGKILL grace for the engine, as `spec.engine.env` sets it (the last
+    entry wins, as in a Pod; one from a Secret or ConfigMap is unknown here: the default). The pod's
+    termination grace covers it after the drain, or the kubelet would kill SGLang mid-exit."""
+    value = float(STOP_GRACE.default)
+    for var in spec.engine.env:
+        if var.name == STOP_GRACE.name:
+            written = None if var.value_from is not None else var.value or ""
+            try:
+                value = float(STOP_GRACE.read(written))
+            except ValueError:
+                value = float(STOP_GRACE.default)  # refused at admission (engine-env-setting)
+    return math.ceil(value)
+
 
 
 def role_config(spec: HybridServingSpec, role: Role) -> dict[str, Any]:
@@ -316,7 +333,7 @@ def pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instanc
             *pod_weights.volumes,
         ],
         "affinity": _affinity(hs, instance, leader),
-        "terminationGracePeriodSeconds": spec.role_switch.drain_timeout_seconds + EXIT_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": spec.role_switch.drain_timeout_seconds + stop_grace_seconds(spec),
         "enableServiceLinks": False,
         # Engines never call the API: no token to steal from an engine pod.
         "automountServiceAccountToken": False,

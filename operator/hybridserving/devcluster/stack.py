@@ -108,7 +108,7 @@ def delete_namespace(cluster: Cluster, namespace: str, timeout: float = 180) -> 
     left it looks again only after half the longest `terminationGracePeriodSeconds` among them,
     plus a second (kube-controller-manager, pkg/controller/namespace: OrderedNamespaceDeletion,
     on by default since 1.33, and its requeue of a `ResourcesRemainingError`). An engine
-    pod's grace is its fleet's `drainTimeoutSeconds` + 30 s, a router's 120 s: a namespace deleted
+    pod's grace is its fleet's `drainTimeoutSeconds` + its stop grace (30 s), a router's 120 s: a namespace deleted
     with its fleets stays Terminating for one to five minutes after their pods are gone. Deleted
     first, in the foreground, the fleets hand their pods to the garbage collector, and the
     namespace controller's first look finds none left and removes the rest at once.
