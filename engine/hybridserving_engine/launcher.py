@@ -481,9 +481,12 @@ class Launcher:
                             s.config_wait_s, role, role)
                 path = None
             else:
-                # The pod is unready meanwhile; its /status and log say on what.
-                self.set_phase(self.phase, f"waiting up to {s.config_wait_s:.0f} s for {path.name}, the"
-                                           f" configuration this pod runs, in {s.config_dir}")
+                # Nothing starts or switches meanwhile; /status and the log say on what (the phase stays).
+                waiting = (f"waiting up to {s.config_wait_s:.0f} s for {path.name}, the configuration this "
+                           f"pod runs, in {s.config_dir}")
+                if self.message != waiting:
+                    log.info("%s", waiting)
+                    self.message = waiting
                 await self._sleep(s.poll_interval_s)
                 path = pinned_document(s.config_dir, s.role_file, role)
         return load_role_config(path or s.config_dir / f"{role}.json")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import signal
+import subprocess
 import time
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from hybridserving_engine.simulator.args import FlagError, SimulatorOptions, parse_server_args
 from hybridserving_engine.simulator.engine import SimRequest, count_tokens
 from hybridserving_engine.simulator.faults import Faults
-from hybridserving_engine.simulator.process import free_port
+from hybridserving_engine.simulator.process import SimulatorProcess, free_port, simulator_env
 from hybridserving_engine.simulator import server as simulator_server
 from hybridserving_engine.simulator.server import SimulatorServer
 
@@ -800,76 +803,72 @@ def test_a_health_check_waiting_when_sigterm_comes_passes_and_the_drain_goes_on(
     run(check, server)
 
 
-def test_worker_rank_serves_the_dummy_health_check_and_ignores_sigterm_until_rank_0_stops():
+@dataclass
+class TwoNodes:
+    """Rank 0 and rank 1 of one instance, each on a host of its own, serving on one port."""
+
+    leader: SimulatorProcess
+    worker: subprocess.Popen
+    port: int
+
+
+@pytest.fixture
+def two_nodes():
+    """Start a two-node instance (rank 0 ready first); the worker's stderr is a text pipe."""
+    started: list[TwoNodes] = []
+
+    def start(*extra: str) -> TwoNodes:
+        port = free_port()
+        common = ["--model-path", "m", "--port", str(port), "--tp-size", "16", "--nnodes", "2",
+                  "--dist-init-addr", f"127.0.0.1:{free_port()}", *extra]
+        leader = SimulatorProcess([*common, "--host", "127.0.0.1", "--node-rank", "0"],
+                                  env=simulator_env(time_scale=0.01)).wait_ready()
+        worker = subprocess.Popen([*leader.proc.args[:3], *common, "--host", "127.0.0.2", "--node-rank", "1"],
+                                  env=simulator_env(startup_seconds=0.3),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        started.append(TwoNodes(leader, worker, port))
+        while "serving its health check" not in worker.stderr.readline():  # its schedulers are up
+            assert worker.poll() is None
+        return started[-1]
+
+    yield start
+    for nodes in started:
+        nodes.leader.stop()
+        if nodes.worker.poll() is None:
+            nodes.worker.kill()
+            nodes.worker.wait()
+
+
+def test_worker_rank_serves_the_dummy_health_check_and_ignores_sigterm_until_rank_0_stops(two_nodes):
     # entrypoints/engine.py:1234-1284: once its schedulers are up a non-zero rank serves
     # launch_dummy_health_check_server (utils/common.py:3624-3664: /ping, /health, /health_generate,
     # no key) on its own --host:--port, logs SIGTERM and waits for rank 0's shutdown.
-    import signal
-    import subprocess
-    import time
-
-    from hybridserving_engine.simulator.process import SimulatorProcess, simulator_env
-
-    port = free_port()
-    common = ["--model-path", "m", "--port", str(port), "--tp-size", "16", "--nnodes", "2",
-              "--dist-init-addr", f"127.0.0.1:{free_port()}", "--api-key", "k"]
-    leader = SimulatorProcess([*common, "--host", "127.0.0.1", "--node-rank", "0"],
-                              env=simulator_env(time_scale=0.01)).wait_ready()
-    worker = subprocess.Popen([*leader.proc.args[:3], *common, "--host", "127.0.0.2", "--node-rank", "1"],
-                              env=simulator_env(startup_seconds=0.5),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        while "serving its health check" not in worker.stderr.readline():  # its schedulers are up
-            assert worker.poll() is None
-        worker_url = f"http://127.0.0.2:{port}"
-        for path in ("/ping", "/health", "/health_generate"):
-            assert http_status(worker_url + path) == 200, path
-        for path in ("/ready", "/metrics", "/v1/loads"):
-            assert http_status(worker_url + path) == 404, path
-        worker.send_signal(signal.SIGTERM)
-        time.sleep(1.5)
-        assert worker.poll() is None, "the worker rank stopped before rank 0"
-        leader.stop()
-        assert worker.wait(15) == 0
-    finally:
-        leader.stop()
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
+    nodes = two_nodes("--api-key", "k")
+    worker_url = f"http://127.0.0.2:{nodes.port}"
+    for path in ("/ping", "/health", "/health_generate"):
+        assert http_status(worker_url + path) == 200, path
+    for path in ("/ready", "/metrics", "/v1/loads"):
+        assert http_status(worker_url + path) == 404, path
+    nodes.worker.send_signal(signal.SIGTERM)
+    time.sleep(1.5)
+    assert nodes.worker.poll() is None, "the worker rank stopped before rank 0"
+    nodes.leader.stop()
+    assert nodes.worker.wait(15) == 0
 
 
-def test_worker_rank_exits_when_rank_0_stops_without_a_signal_of_its_own():
+def test_worker_rank_exits_when_rank_0_stops_without_a_signal_of_its_own(two_nodes):
     # entrypoints/engine.py:1015-1026, 1287: a worker rank's main process blocks until its schedulers
     # exit, and they exit with rank 0's ShutdownReq broadcast (lines 1261-1263): a leader that stops, or
     # restarts, takes the worker's engine with it, SIGTERM or not.
-    import subprocess
-
-    from hybridserving_engine.simulator.process import SimulatorProcess, simulator_env
-
-    port = free_port()
-    common = ["--model-path", "m", "--port", str(port), "--tp-size", "16", "--nnodes", "2",
-              "--dist-init-addr", f"127.0.0.1:{free_port()}"]
-    leader = SimulatorProcess([*common, "--host", "127.0.0.1", "--node-rank", "0"],
-                              env=simulator_env(time_scale=0.01)).wait_ready()
-    worker = subprocess.Popen([*leader.proc.args[:3], *common, "--host", "127.0.0.2", "--node-rank", "1"],
-                              env=simulator_env(startup_seconds=0.2),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    nodes = two_nodes()
+    assert http_status(f"http://127.0.0.2:{nodes.port}/health") == 200
+    nodes.leader.stop()
     try:
-        while "serving its health check" not in worker.stderr.readline():
-            assert worker.poll() is None
-        assert http_status(f"http://127.0.0.2:{port}/health") == 200
-        leader.stop()
-        try:
-            _, log = worker.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            pytest.fail(f"the worker rank outlived rank 0:\n{worker.communicate()[1]}")
-        assert worker.returncode == 0 and "rank 0 stopped" in log
-    finally:
-        leader.stop()
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
+        _, log = nodes.worker.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        nodes.worker.kill()
+        pytest.fail(f"the worker rank outlived rank 0:\n{nodes.worker.communicate()[1]}")
+    assert nodes.worker.returncode == 0 and "rank 0 stopped" in log
 
 
 def test_a_faults_file_is_read_at_every_start_and_adds_to_the_env_faults(tmp_path):

@@ -86,7 +86,6 @@ def stop_grace_seconds(spec: HybridServingSpec) -> int:
     return math.ceil(value)
 
 
-
 def role_config(spec: HybridServingSpec, role: Role) -> dict[str, Any]:
     """The document the engine launcher reads for `role`: `{"nnodes": N, "argv": [...]}`.
 
