@@ -121,11 +121,17 @@ class EnvVar(ApiModel):
             raise ValueError(f"env {self.name}: set value or valueFrom, not both")
         return self
 
+    @property
+    def plain_value(self) -> str | None:
+        """What the container sees, where the spec alone says it (empty when neither is set, as in
+        Kubernetes); None for valueFrom, which only the kubelet resolves."""
+        return None if self.value_from is not None else self.value or ""
+
     def to_pod(self) -> dict[str, Any]:
-        """The container env entry; a plain value defaults to empty as in Kubernetes."""
+        """The container env entry."""
         if self.value_from is not None:
             return {"name": self.name, "valueFrom": self.value_from.to_wire()}
-        return {"name": self.name, "value": self.value or ""}
+        return {"name": self.name, "value": self.plain_value}
 
 
 DEFAULT_ENGINE_IMAGE = "hybridserving/engine:0.1.0-sglang0.5.23"

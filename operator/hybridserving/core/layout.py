@@ -888,10 +888,10 @@ def _check_env(spec: HybridServingSpec) -> Issues:
             yield _issue("engine-env-owned", f"spec.engine.env[{index}]",
                          f"{var.name} is set by the operator for each pod; a copy here would replace it",
                          f"remove {var.name} from spec.engine.env")
-        elif var.name in ENV_SETTINGS and var.value_from is None:
+        elif var.name in ENV_SETTINGS and var.plain_value is not None:
             setting = ENV_SETTINGS[var.name]
             try:
-                setting.read(var.value or "")
+                setting.read(var.plain_value)
             except ValueError as err:
                 yield _issue("engine-env-setting", f"spec.engine.env[{index}].value", str(err),
                              f"set {var.name} to {setting.expected} (default {setting.default}), or remove it")

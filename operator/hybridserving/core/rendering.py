@@ -75,15 +75,11 @@ def stop_grace_seconds(spec: HybridServingSpec) -> int:
     """The launcher's SIGTERM-to-SIGKILL grace for the engine, as `spec.engine.env` sets it (the last
     entry wins, as in a Pod; one from a Secret or ConfigMap is unknown here: the default). The pod's
     termination grace covers it after the drain, or the kubelet would kill SGLang mid-exit."""
-    value = float(STOP_GRACE.default)
-    for var in spec.engine.env:
-        if var.name == STOP_GRACE.name:
-            written = None if var.value_from is not None else var.value or ""
-            try:
-                value = float(STOP_GRACE.read(written))
-            except ValueError:
-                value = float(STOP_GRACE.default)  # refused at admission (engine-env-setting)
-    return math.ceil(value)
+    last = next((var for var in reversed(spec.engine.env) if var.name == STOP_GRACE.name), None)
+    try:
+        return math.ceil(float(STOP_GRACE.read(last.plain_value if last else None)))
+    except ValueError:
+        return math.ceil(float(STOP_GRACE.default))  # refused at admission (engine-env-setting)
 
 
 def role_config(spec: HybridServingSpec, role: Role) -> dict[str, Any]:
