@@ -587,7 +587,7 @@ def test_role_switch_refusals_carry_safe_to_restore():
 
 
 @pytest.mark.slow
-def test_role_switch_in_progress_unhealthy_and_success(monkeypatch):
+def test_what_arrives_during_a_role_switch_waits_for_it_and_a_failed_rebuild_breaks_the_instance(monkeypatch):
     monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "2")  # an unhealthy engine's /health gives up after it
     flaky = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"), faults="fail_rebuild")
     good = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
@@ -597,11 +597,27 @@ def test_role_switch_in_progress_unhealthy_and_success(monkeypatch):
         assert status == 400 and body["safe_to_restore"] is True and "decode_cuda_graph_memory_gb" in body["message"]
         first = asyncio.create_task(_switch(session, good_url, "decode", decode_cuda_graph_memory_gb=1.0))
         await asyncio.sleep(0.02)  # in-place switch takes 12 s x 0.01
-        status, body = await _switch(session, good_url, "decode", decode_cuda_graph_memory_gb=1.0)
-        assert status == 400 and body["safe_to_restore"] is False and "in progress" in body["message"]
+        # Sent during the switch: a second switch queues behind it in the tokenizer's FIFO
+        # (managers/communicator.py:41-57) and finds the role it asks for, a success whose old role
+        # is the new one; a request and a health check wait for the scheduler (role_switch.py:123-166)
+        # and the request is served in the new role: a decode's output, not a prefill's one token.
+        second = asyncio.create_task(_switch(session, good_url, "decode"))
+        request = asyncio.create_task(session.post(good_url + "/generate", json={
+            "input_ids": [0], "bootstrap_host": "2.2.2.2", "bootstrap_room": 0,
+            "sampling_params": {"max_new_tokens": 3}}))
+        health = asyncio.create_task(session.get(good_url + "/health"))
+        await asyncio.sleep(0.02)
+        assert not good.engine.responds() and not request.done()
         status, body = await first
         assert status == 200 and body == {"success": True, "message": "ok", "old_role": "prefill",
                                           "new_role": "decode", "safe_to_restore": False}
+        status, body = await second
+        assert status == 200 and body == {"success": True, "message": "ok", "old_role": "decode",
+                                          "new_role": "decode", "safe_to_restore": False}
+        async with await request as r:
+            assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 3
+        async with await health as r:
+            assert r.status == 200
         # The live role is in /model_info and internal_states; /server_info's top level is the
         # start-up configuration (sglang/srt/entrypoints/http_server.py:834-836, 863-892).
         async with session.get(good_url + "/server_info") as r:

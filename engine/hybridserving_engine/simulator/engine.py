@@ -72,6 +72,17 @@ class RequestAborted(Exception):
         self.status = status
 
 
+@dataclass(frozen=True)
+class SwitchAnswer:
+    """The scheduler's `PdRoleSwitchReqOutput` (`managers/io_struct.py`), less the role asked for."""
+
+    success: bool
+    message: str
+    safe_to_restore: bool
+    old_role: str
+    """The role the scheduler had when it took the call, which a call queued behind a switch sees."""
+
+
 @dataclass(eq=False)
 class SimRequest:
     """One generation request as the scheduler sees it."""
@@ -153,7 +164,11 @@ class SimulatedEngine:
         """Each rank's request in the middle of a chunked prefill (SGLang's `chunked_req`)."""
         self.has_decode_graphs = role == "decode"
         self.healthy = True
-        self.switch_in_progress = False
+        self._scheduler_free = asyncio.Event()
+        """Clear while a role switch holds the scheduler: requests and health checks wait for it."""
+        self._scheduler_free.set()
+        self._switch_queue = asyncio.Lock()
+        """The tokenizer's FIFO of `/pd_role_switch` calls (`managers/communicator.py:41-57`)."""
         self.paused = False
         self.kv_used = [0] * dp_ranks
         self.active: dict[SimRequest, asyncio.Task[None]] = {}
@@ -197,12 +212,16 @@ class SimulatedEngine:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, req: SimRequest) -> None:
-        """Admit a request and start serving it; its output arrives on `req.events`."""
+    async def submit(self, req: SimRequest) -> None:
+        """Admit a request and start serving it; its output arrives on `req.events`.
+
+        A request sent while the engine switches role waits for the switch to end and is then
+        served in the new role: SGLang's scheduler runs the switch inside its request dispatch, one
+        thread (`disaggregation/role_switch.py:123-166`), and takes what arrived meanwhile from its
+        socket once the new role's event loop starts (`managers/scheduler.py:2224-2270`)."""
+        await self._scheduler_free.wait()
         if not self.healthy:
             raise RequestAborted(503, "engine is unhealthy after a failed role switch; restart required")
-        if self.switch_in_progress:
-            raise RequestAborted(503, "engine is switching role")
         if req.bootstrap_room is None and self.transfer_backend == "fake":
             # The tokenizer numbers the rooms of the fake backend (managers/tokenizer_manager.py:1576-1582).
             req.bootstrap_room, self._fake_bootstrap_room = self._fake_bootstrap_room, self._fake_bootstrap_room + 1
@@ -290,8 +309,9 @@ class SimulatedEngine:
         """Whether a request sent now would get output from the scheduler, which is all SGLang's
         `/health` waits for (`entrypoints/http_server.py:776-785`): not from a stalled scheduler,
         nor while paused (the tokenizer holds new requests until it continues,
-        `managers/tokenizer_manager.py:938-939`), nor after a failed rebuild."""
-        return self.healthy and not self.paused and not self.faults.stall_scheduler
+        `managers/tokenizer_manager.py:938-939`), nor while a role switch holds the scheduler, nor
+        after a failed rebuild."""
+        return self.healthy and not self.paused and not self.faults.stall_scheduler and self._scheduler_free.is_set()
 
     def resume(self) -> None:
         """Continue after `/pause_generation`."""
@@ -738,12 +758,25 @@ class SimulatedEngine:
 
     # ------------------------------------------------------------------ role switch
 
-    async def switch_role(self, new_role: str, decode_cuda_graph_memory_gb: float | None) -> tuple[bool, str, bool]:
-        """SGLang's `/pd_role_switch` preconditions, in its order; returns (success, message, safe_to_restore)."""
+    async def switch_role(self, new_role: str, decode_cuda_graph_memory_gb: float | None) -> SwitchAnswer:
+        """SGLang's `/pd_role_switch`.
+
+        The tokenizer refuses a server without the flag itself (`managers/tokenizer_control_mixin.py:926-933`)
+        and queues every other call, one at a time in arrival order, for the scheduler, which checks
+        its preconditions in its order (`disaggregation/role_switch.py:43-112`, `_reject_reason`). A
+        second call sent during a switch therefore waits for it and is then judged on the role it
+        left: the same role is a success. Its "another role switch is already in progress" cannot
+        be reached over HTTP, so it is not modelled."""
+        if not self.role_switch_enabled:
+            return SwitchAnswer(False, "--enable-pd-role-switch is not set on this server", True, self.role)
+        async with self._switch_queue:
+            old_role = self.role
+            success, message, safe = await self._switch_role(new_role, decode_cuda_graph_memory_gb)
+            return SwitchAnswer(success, message, safe, old_role)
+
+    async def _switch_role(self, new_role: str, decode_cuda_graph_memory_gb: float | None) -> tuple[bool, str, bool]:
         checks = (
-            (not self.role_switch_enabled, True, "--enable-pd-role-switch is not set on this server"),
             (not self.healthy, False, "instance is unhealthy after a failed role switch; restart required"),
-            (self.switch_in_progress, False, "another role switch is already in progress"),
             (new_role not in ("prefill", "decode"), True, f"invalid new_role={new_role!r}"),
             (self.role == "null", True, "instance is not running in PD disaggregation mode"),
             (self.transfer_backend not in ("mooncake", "mooncake_tcp", "mori", "ascend"), True,
@@ -763,7 +796,7 @@ class SimulatedEngine:
                 return False, "decode_cuda_graph_memory_gb must be non-negative", True
         if self.faults.refuse_switch:
             return False, "simulator fault: role switch refused", True
-        self.switch_in_progress = True
+        self._scheduler_free.clear()
         try:
             await asyncio.sleep(self.perf.switch_seconds("in-place") * self.faults.slow_factor)
             if self.faults.fail_rebuild:
@@ -774,4 +807,4 @@ class SimulatedEngine:
             log.info("simulator PD role switch succeeded: %s -> %s", old, new_role)
             return True, "ok", False
         finally:
-            self.switch_in_progress = False
+            self._scheduler_free.set()

@@ -589,7 +589,7 @@ class SimulatorServer:
 
     async def _tokens(self, req: SimRequest) -> AsyncIterator[int]:
         """Generated-token counts as they arrive; raises RequestAborted if the scheduler aborts it."""
-        self.engine.submit(req)
+        await self.engine.submit(req)
         while True:
             kind, *rest = await req.events.get()
             if kind == "token":
@@ -836,12 +836,11 @@ class SimulatorServer:
         except RequestValidationError as e:
             return _validation_error(e.message)
         new_role = body.get("new_role", "")
-        old_role = self.engine.role
-        success, message, safe = await self.engine.switch_role(new_role, body.get("decode_cuda_graph_memory_gb"))
+        answer = await self.engine.switch_role(new_role, body.get("decode_cuda_graph_memory_gb"))
         return web.json_response(
-            {"success": success, "message": "ok" if success else message, "old_role": old_role, "new_role": new_role,
-             "safe_to_restore": safe},
-            status=200 if success else 400,
+            {"success": answer.success, "message": "ok" if answer.success else answer.message,
+             "old_role": answer.old_role, "new_role": new_role, "safe_to_restore": answer.safe_to_restore},
+            status=200 if answer.success else 400,
         )
 
     async def pause_generation(self, request: web.Request) -> web.Response:
