@@ -190,9 +190,13 @@ def inflight_requests(loads: Mapping[str, Any]) -> int:
     when asked for, so theirs default to 0. `num_waiting_reqs` already counts a prefill's bootstrap
     queue and a decode's prealloc, transfer and retracted queues
     (`managers/scheduler_components/load_inquirer.py:114-141`); a prefill's inflight queue (its KV
-    still being sent), the paused requests and those waiting for their grammar to compile (held
-    outside the waiting queue until it is ready: `constrained/grammar_manager.py:206-207`,
-    `managers/scheduler.py:3327-3329`) are counted apart (`load_inquirer.py:209-221`). The grammar
+    still being sent) and the requests waiting for their grammar to compile (held outside the
+    waiting queue until it is ready: `constrained/grammar_manager.py:206-207`,
+    `managers/scheduler.py:3327-3329`) are counted apart (`load_inquirer.py:209-221`). Its
+    `queues.paused` is not read: 0.5.23 never raises it (the reporter copies and resets a count
+    nothing adds to, `metrics_reporter.py:875-876, 1102-1103`), and a request sent to a paused
+    engine waits at the tokenizer, in no count (`managers/tokenizer_manager.py:938-939`); nothing
+    here pauses an engine. The grammar
     count is the scheduler's metrics snapshot, taken at each batch's stats and at the latest every
     30 s while idle (`managers/scheduler_components/metrics_reporter.py:864, 1494-1519`; engine pods
     run `--enable-metrics`, without which it stays 0).
@@ -209,7 +213,7 @@ def inflight_requests(loads: Mapping[str, Any]) -> int:
         queues = load.get("queues") or {}
         held = int(load.get("num_running_reqs") or 0) + int(load.get("num_waiting_reqs") or 0)
         held += int((load.get("disaggregation") or {}).get("prefill_inflight_queue_reqs") or 0)
-        held += int(queues.get("paused") or 0) + int(queues.get("grammar") or 0)
+        held += int(queues.get("grammar") or 0)
         if int(load.get("num_waiting_uncached_tokens") or 0) > 0:
             held = max(held, 1)
         total += held

@@ -20,6 +20,7 @@ from hybridserving_engine.simulator.process import SimulatorProcess, free_port, 
 from hybridserving_engine.simulator import server as simulator_server
 from hybridserving_engine.simulator.server import SimulatorServer
 
+from hybridserving.contract import inflight_requests
 from hybridserving.controller.engines import Scrape, busy_fraction, instance_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -606,6 +607,8 @@ def test_what_arrives_during_a_role_switch_waits_for_it_and_a_failed_rebuild_bre
             "input_ids": [0], "bootstrap_host": "2.2.2.2", "bootstrap_room": 0,
             "sampling_params": {"max_new_tokens": 3}}))
         health = asyncio.create_task(session.get(good_url + "/health"))
+        # /server_info asks the scheduler for its internal states (entrypoints/http_server.py:876-878).
+        info = asyncio.create_task(session.get(good_url + "/server_info"))
         await asyncio.sleep(0.02)
         assert not good.engine.responds() and not request.done()
         status, body = await first
@@ -618,6 +621,8 @@ def test_what_arrives_during_a_role_switch_waits_for_it_and_a_failed_rebuild_bre
             assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 3
         async with await health as r:
             assert r.status == 200
+        async with await info as r:
+            assert (await r.json())["internal_states"][0]["disaggregation_mode"] == "decode"
         # The live role is in /model_info and internal_states; /server_info's top level is the
         # start-up configuration (sglang/srt/entrypoints/http_server.py:834-836, 863-892).
         async with session.get(good_url + "/server_info") as r:
@@ -724,6 +729,38 @@ def test_a_pause_in_place_keeps_the_batch_that_arms_the_watchdog_and_an_abort_dr
             await asyncio.sleep(0.05)
             assert server.engine.has_current_batch is armed, mode
         (await pending).close()
+
+    run(check, server)
+
+
+def test_a_pause_holds_new_requests_before_the_scheduler_where_a_switch_and_sigterm_find_them():
+    # managers/tokenizer_manager.py:938-939: the tokenizer holds a request sent while paused before
+    # the scheduler sees it, so no queue of /v1/loads counts it and queues.paused stays 0, as always
+    # in 0.5.23 (metrics_reporter.py:875-876, 1102-1103); the scheduler is idle (role_switch.py:73),
+    # so a switch goes ahead and the request is served in the new role once generation continues.
+    # SIGTERM's drain waits for it all the same (rid_to_state, tokenizer_manager.py:3508-3545).
+    server = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
+
+    async def check(session, url):
+        async with session.post(url + "/pause_generation", json={"mode": "in_place"}) as r:
+            assert r.status == 200
+        held = asyncio.create_task(session.post(url + "/generate", json={
+            "input_ids": [0], "bootstrap_host": "2.2.2.2", "bootstrap_room": 0,
+            "sampling_params": {"max_new_tokens": 3}}))
+        await asyncio.sleep(0.05)
+        async with session.get(url + "/v1/loads", params={"include": "all"}) as r:
+            loads = await r.json()
+        assert inflight_requests(loads) == 0 and [load["queues"]["paused"] for load in loads["loads"]] == [0]
+        status, body = await _switch(session, url, "decode", decode_cuda_graph_memory_gb=1.0)
+        assert status == 200 and body["success"] is True
+        shutting = asyncio.create_task(server.shut_down())
+        await asyncio.sleep(0.5)
+        assert not shutting.done() and not held.done()
+        async with session.post(url + "/continue_generation") as r:
+            assert r.status == 200
+        async with await held as r:
+            assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 3
+        await asyncio.wait_for(shutting, 5)
 
     run(check, server)
 

@@ -237,9 +237,10 @@ def test_worker_ranks_reach_the_leader_for_loads():
 
 def test_inflight_requests_counts_every_queue_of_every_dp_rank():
     # As SGLang reports them: a decode's num_waiting_reqs already holds its prealloc and transfer
-    # queues (2 waiting + 3 + 4), a prefill's its bootstrap queue; a prefill's inflight queue is apart.
+    # queues (2 waiting + 3 + 4), a prefill's its bootstrap queue; a prefill's inflight queue and the
+    # requests waiting for their grammar are apart.
     decode = {"loads": [
-        {"num_running_reqs": 1, "num_waiting_reqs": 9, "queues": {"paused": 1},
+        {"num_running_reqs": 1, "num_waiting_reqs": 9, "queues": {"grammar": 1},
          "disaggregation": {"mode": "decode", "decode_prealloc_queue_reqs": 3, "decode_transfer_queue_reqs": 4,
                             "kv_transfer_latency_ms": 9.0}},
         {"num_running_reqs": 5, "num_waiting_reqs": 0},

@@ -169,7 +169,11 @@ class SimulatedEngine:
         self._scheduler_free.set()
         self._switch_queue = asyncio.Lock()
         """The tokenizer's FIFO of `/pd_role_switch` calls (`managers/communicator.py:41-57`)."""
-        self.paused = False
+        self._resumed = asyncio.Event()
+        """Clear while `/pause_generation` holds new requests at the tokenizer."""
+        self._resumed.set()
+        self._held = 0
+        """Requests the tokenizer has taken but not yet sent to the scheduler (a pause or a switch holds them)."""
         self.kv_used = [0] * dp_ranks
         self.active: dict[SimRequest, asyncio.Task[None]] = {}
         self.waiting: deque[SimRequest] = deque()
@@ -219,7 +223,14 @@ class SimulatedEngine:
         served in the new role: SGLang's scheduler runs the switch inside its request dispatch, one
         thread (`disaggregation/role_switch.py:123-166`), and takes what arrived meanwhile from its
         socket once the new role's event loop starts (`managers/scheduler.py:2224-2270`)."""
-        await self._scheduler_free.wait()
+        self._held += 1
+        try:
+            # A pause holds new requests at the tokenizer, before the scheduler sees them, so no
+            # queue of `/v1/loads` counts them (`managers/tokenizer_manager.py:938-939`).
+            await self._resumed.wait()
+            await self._scheduler_free.wait()
+        finally:
+            self._held -= 1
         if not self.healthy:
             raise RequestAborted(503, "engine is unhealthy after a failed role switch; restart required")
         if req.bootstrap_room is None and self.transfer_backend == "fake":
@@ -295,7 +306,11 @@ class SimulatedEngine:
             self.abort_all()
         if mode != "in_place":
             self.has_current_batch = False
-        self.paused = True
+        self._resumed.clear()
+
+    @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
 
     def apply_faults(self) -> None:
         """Take up a change of `faults`: a stalled scheduler stops where it is, a released one goes on."""
@@ -315,11 +330,24 @@ class SimulatedEngine:
 
     def resume(self) -> None:
         """Continue after `/pause_generation`."""
-        self.paused = False
+        self._resumed.set()
         self._wake.set()
 
     def is_idle(self) -> bool:
+        """Idle as the scheduler sees it (`is_fully_idle`): requests a pause or a switch holds
+        before the scheduler do not count."""
         return not self.active
+
+    def has_requests(self) -> bool:
+        """Whether any request is still to be answered, held before the scheduler or in it: what
+        SGLang's SIGTERM drain waits for (`rid_to_state`, `managers/tokenizer_manager.py:3508-3545`)."""
+        return bool(self.active) or self._held > 0
+
+    async def scheduler_answers(self) -> None:
+        """Return once the scheduler would answer a control request (`get_internal_state` through
+        `managers/communicator.py:41-57`, no time limit): not while a switch or a stall holds it."""
+        await self._scheduler_free.wait()
+        await self._progress.wait()
 
     def _kv_need(self, req: SimRequest) -> int:
         if self.role == "prefill":
@@ -720,7 +748,9 @@ class SimulatedEngine:
             "queues": {
                 "waiting": len(waiting),
                 "grammar": 0,
-                "paused": len(mine(self.active)) if self.paused else 0,
+                # Never raised in 0.5.23: the reporter copies and resets a count nothing adds to
+                # (`managers/scheduler_components/metrics_reporter.py:875-876, 1102-1103`).
+                "paused": 0,
                 "retracted": 0,
                 "prealloc_ready": 0,
             },

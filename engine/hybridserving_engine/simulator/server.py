@@ -248,7 +248,7 @@ class SimulatorServer:
         or `SGL_FORCE_SHUTDOWN` stops at once.
         SGLang looks every 5 s; the simulator every 0.2 s, so that a stop costs tests no waiting."""
         self.shutting_down = True
-        while (self.server_status is ServerStatus.UP and not self.engine.is_idle()
+        while (self.server_status is ServerStatus.UP and self.engine.has_requests()
                and not env_bool("SGL_FORCE_SHUTDOWN", False)):
             await asyncio.sleep(0.2)
         await self.stop()
@@ -469,6 +469,9 @@ class SimulatorServer:
         }
 
     async def server_info(self, request: web.Request) -> web.Response:
+        """Its `internal_states` come from the scheduler (`entrypoints/http_server.py:878`), so the
+        answer waits while a role switch or a stall holds it."""
+        await self.engine.scheduler_answers()
         return web.json_response(self.server_info_dict())
 
     async def model_info(self, request: web.Request) -> web.Response:
