@@ -922,6 +922,8 @@ class Launcher:
         if to_role == "decode" and graph_gb is not None:
             body["decode_cuda_graph_memory_gb"] = graph_gb
         answer = await self._until_terminate(self._post_role_switch(body))
+        if answer is not None and not answer.get("success") and answer.get("safe_to_restore"):
+            answer = await self._switch_again(body, answer)
         if answer is None:
             # The engine was drained and the pod has been unready since: the pod's own drain has
             # nothing to wait for, whatever state the switch left the engine in.
@@ -945,6 +947,20 @@ class Launcher:
         else:
             record.advance("Relaunching", f"switch failed, engine needs a restart: {answer.get('message', '')}")
             await self._relaunch(record, to_role)
+
+    async def _switch_again(self, body: dict[str, Any], refusal: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask once more after a refusal that left the engine as it was: it may have been a request
+        that landed after the drain's idle window, refused as not idle
+        (`disaggregation/role_switch.py:73-77`), where the engine's other such refusals (no flag, a
+        backend that cannot switch, no memory for decode graphs) repeat. Refused outright, an
+        in-place switch is remembered on the instance and the next one that way goes by relaunch
+        (docs/role-switch.md). So the engine is drained anew and asked again; its second answer
+        stands, and the first one if the drain does not end idle. None: SIGTERM came."""
+        log.info("engine refused the switch (%s); draining once more and asking again", refusal.get("message", ""))
+        self.may_hold_requests = True
+        if not await self.drain(until_terminate=True):
+            return None if self._terminate.is_set() else refusal
+        return await self._until_terminate(self._post_role_switch(body))
 
     async def _post_role_switch(self, body: dict[str, Any]) -> dict[str, Any]:
         """The engine's answer; no time limit, as rebuilding its pools and graphs takes as long as it takes."""

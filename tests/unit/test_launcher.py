@@ -661,6 +661,9 @@ def test_an_engine_that_does_not_start_in_time_is_stopped_and_restarted_as_a_fai
         "HYBRIDSERVING_STARTUP_TIMEOUT_S (2 s) of its start); exiting so that the container restarts"), log
 
 
+ASKED_AGAIN = "draining once more and asking again"
+
+
 @pytest.mark.slow
 def test_refused_switch_keeps_the_old_role_and_reports_it(pod):
     p = pod("prefill", faults="refuse_switch")
@@ -669,6 +672,25 @@ def test_refused_switch_keeps_the_old_role_and_reports_it(pod):
     assert status["lastSwitch"]["outcome"] == "Refused" and "still prefill" in status["lastSwitch"]["message"]
     assert (status["role"], status["phase"], status["ready"]) == ("prefill", "Ready", True)
     assert httpx.get(p.engine + "/model_info").json()["disaggregation_mode"] == "prefill"
+    assert p.log.read_text().count(ASKED_AGAIN) == 1, "asked twice, the second refusal stands"
+
+
+@pytest.mark.slow
+def test_a_refusal_that_does_not_repeat_after_a_second_drain_is_no_refusal(pod):
+    # A request that lands after the drain's idle window is refused as not idle, with the engine
+    # left as it was (disaggregation/role_switch.py:73-77): drained again, the engine switches.
+    # Here the refusal is the simulator's fault, lifted while the launcher drains the second time.
+    p = pod("prefill", faults="refuse_switch", idle_window_s=1.0)
+    p.role_file.write_text("decode")
+    deadline = time.monotonic() + 20
+    while ASKED_AGAIN not in p.log.read_text():
+        assert time.monotonic() < deadline, p.log.read_text()
+        time.sleep(0.05)
+    assert httpx.post(p.engine + "/sim/faults", json={"refuse_switch": False}).json()["refuse_switch"] is False
+    status = p.wait_switch()
+    assert status["lastSwitch"]["outcome"] == "Succeeded", status
+    assert (status["role"], status["phase"]) == ("decode", "Ready")
+    assert httpx.get(p.engine + "/model_info").json()["disaggregation_mode"] == "decode"
 
 
 @pytest.mark.slow
