@@ -30,6 +30,7 @@ from hybridserving.devcluster import stack
 from hybridserving.devcluster.stack import Router, launcher_url
 from support.completions import complete, stream_completion
 from support.polling import wait_for
+from support.processes import alive
 from support.scrape import metric_sum
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -227,7 +228,7 @@ def test_killed_launcher_is_restarted_and_counted(serving_fleet: Fleet):
     status = f.pod(name)["status"]["containerStatuses"][0]
     assert status["lastState"]["terminated"]["exitCode"] == 128 + signal.SIGKILL
     # Nothing of the killed container survives: its engine went with it.
-    assert not pathlib.Path(f"/proc/{engine_pid}").exists()
+    assert not alive(engine_pid)
 
 
 def test_pod_deleted_under_load_finishes_its_requests(serving_fleet: Fleet):

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from support.processes import alive
 from hybridserving_engine import children
 from hybridserving_engine.children import Redactor
 from hybridserving_engine.launcher import Launcher, Settings
@@ -39,13 +40,6 @@ def settings(tmp_path: Path, role: str = "prefill", argv: list[str] | None = Non
 def python(script: str):
     """An engine command: `script` run by Python with the engine's argv."""
     return lambda backend, argv: [sys.executable, "-c", textwrap.dedent(script), *argv]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 async def until(condition, timeout: float = 10.0) -> None:

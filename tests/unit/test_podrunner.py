@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 from urllib3.exceptions import MaxRetryError
 
 from support.polling import wait_for
+from support.processes import alive
 from hybridserving.contract import expand_references
 from hybridserving_engine.podrunner.container import container_command
 from hybridserving_engine.podrunner.runner import FINALIZER, PodRunner, PodWorker, runs
@@ -140,6 +142,39 @@ def test_a_pod_is_held_by_a_finalizer_until_its_process_has_stopped(tmp_path: Pa
     worker.thread.join(10)
 
 
+def test_an_engine_orphaned_while_the_runner_reads_its_container_dies_with_the_container(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner reads a container's processes on every tick, to kill them all once it exits. A
+    launcher killed during that read has already handed its engine to another parent, so the read
+    finds none: the engine must still be killed with the container, not left holding its port."""
+    from hybridserving_engine.podrunner import container
+
+    launcher = "import subprocess, sys, time\n" \
+               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n" \
+               "time.sleep(120)"
+    proc = container.ContainerProcess([sys.executable, "-c", launcher], {}, tmp_path, tmp_path / "log")
+    proc.start()
+    assert proc.pid is not None
+    engine = wait_for(lambda: next(iter(container.descendants(proc.pid or 0)), None), timeout=20)
+    try:
+        assert proc.exit_code() is None, "running"
+        read = container.descendants
+
+        def killed_during_the_read(pid: int) -> list[int]:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not alive(pid), timeout=10)  # exited: its engine is reparented already
+            return read(pid)
+
+        monkeypatch.setattr(container, "descendants", killed_during_the_read)
+        assert proc.exit_code() == -signal.SIGKILL, "the exit is seen on the tick that missed the engine"
+        wait_for(lambda: not alive(engine), timeout=10)
+    finally:
+        if alive(engine):
+            os.kill(engine, signal.SIGKILL)
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.proc.kill()
+
+
 def test_containers_die_with_the_runner(tmp_path: Path) -> None:
     """A runner killed outright (SIGKILL) leaves no launcher behind."""
     pid_file = tmp_path / "child.pid"
@@ -161,16 +196,7 @@ def test_containers_die_with_the_runner(tmp_path: Path) -> None:
         os.kill(child, 0)  # running
         runner.send_signal(signal.SIGKILL)
         runner.wait(10)
-
-        def gone() -> bool:
-            try:
-                os.kill(child, 0)
-            except ProcessLookupError:
-                return True
-            # A zombie awaiting its (dead) parent's reaper counts as gone.
-            return Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"
-
-        wait_for(gone, timeout=10)
+        wait_for(lambda: not alive(child), timeout=10)
     finally:
         if runner.poll() is None:
             runner.kill()

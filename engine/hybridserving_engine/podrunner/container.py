@@ -151,11 +151,25 @@ class ContainerProcess:
         container's leftover processes are killed, as the end of its cgroup would."""
         if self.proc is None:
             return None
+        code = self._watch()
+        if code is not None:
+            self._kill_family()
+        return code
+
+    def _watch(self) -> int | None:
+        """The main process's exit status once it has exited; while it runs, its processes seen now.
+
+        The processes are read between two polls: a main process that dies during the read has
+        already handed its orphans to another parent, so the read misses them. Such a read is
+        dropped and the processes seen before it stand, to be killed with the container.
+        """
+        assert self.proc is not None
         code = self.proc.poll()
         if code is None:
-            self._family = descendants(self.proc.pid)
-        else:
-            self._kill_family()
+            family = descendants(self.proc.pid)
+            code = self.proc.poll()
+            if code is None:
+                self._family = family
         return code
 
     def _kill_family(self) -> None:
@@ -170,13 +184,13 @@ class ContainerProcess:
         """SIGTERM to the container's main process, SIGKILL to all of its processes after the grace."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self._family = descendants(self.proc.pid)
+        if self._watch() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(grace_seconds)
             except subprocess.TimeoutExpired:
-                self._family = [self.proc.pid, *descendants(self.proc.pid)]
+                if self._watch() is None:
+                    self._family = [self.proc.pid, *self._family]
         self._kill_family()
         self.proc.wait()
         return self.proc.returncode
