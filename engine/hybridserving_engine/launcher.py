@@ -678,6 +678,10 @@ class Launcher:
             await self._shutdown()
             return 0
         finally:
+            if self.proc is not None:
+                # Left running by an error on the way out. A container's end would take it with the
+                # launcher; a launcher run outside one must not leave it holding its port.
+                self._kill_group(self.proc)
             if reaper is not None:
                 reaper.cancel()
             if self._session is not None:

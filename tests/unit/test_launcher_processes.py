@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from support.polling import wait_for
 from support.processes import alive
 from hybridserving_engine import children
 from hybridserving_engine.children import Redactor
@@ -157,6 +158,26 @@ def test_sigterm_while_the_engine_starts_stops_it_without_draining(tmp_path):
 
     assert asyncio.run(scenario()) < 5
     assert launcher.phase == "Stopped" and launcher.proc is None
+
+
+def test_a_launcher_that_fails_takes_its_engine_down_with_it(tmp_path, monkeypatch):
+    launcher = Launcher(settings(tmp_path), command=python("import time; time.sleep(60)"))
+
+    async def failing_supervision() -> None:
+        raise RuntimeError("supervision failed")
+
+    monkeypatch.setattr(launcher, "_supervise", failing_supervision)
+
+    async def scenario() -> int:
+        task = asyncio.create_task(launcher.run())
+        await until(lambda: launcher.proc is not None)
+        engine = launcher.proc.pid
+        with pytest.raises(RuntimeError, match="supervision failed"):
+            await asyncio.wait_for(task, 20)
+        return engine
+
+    engine = asyncio.run(scenario())
+    wait_for(lambda: not alive(engine), 5, "the engine to be killed")
 
 
 def test_sigterm_during_a_relaunch_switch_starts_no_new_engine(tmp_path):
