@@ -26,11 +26,11 @@ import yaml
 
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import PROFILES
+from hybridserving.devcluster.cluster import pid_alive
 from hybridserving.devcluster import stack
 from hybridserving.devcluster.stack import Router, launcher_url
 from support.completions import complete, stream_completion
 from support.polling import wait_for
-from support.processes import alive
 from support.scrape import metric_sum
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -228,7 +228,7 @@ def test_killed_launcher_is_restarted_and_counted(serving_fleet: Fleet):
     status = f.pod(name)["status"]["containerStatuses"][0]
     assert status["lastState"]["terminated"]["exitCode"] == 128 + signal.SIGKILL
     # Nothing of the killed container survives: its engine went with it.
-    assert not alive(engine_pid)
+    assert not pid_alive(engine_pid)
 
 
 def test_pod_deleted_under_load_finishes_its_requests(serving_fleet: Fleet):

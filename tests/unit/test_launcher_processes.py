@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from support.polling import wait_for
-from support.processes import alive
+from hybridserving.devcluster.cluster import pid_alive
 from hybridserving_engine import children
 from hybridserving_engine.children import Redactor
 from hybridserving_engine.launcher import Launcher, Settings
@@ -139,7 +139,7 @@ def test_stop_signals_the_engines_main_process_and_kills_its_group_after_the_gra
     took = asyncio.run(scenario())
     child = int((marks / "pid").read_text())
     assert (marks / "parent").exists() and not (marks / "child").exists()
-    assert 1.0 <= took < 10 and not alive(child)
+    assert 1.0 <= took < 10 and not pid_alive(child)
     assert launcher.last_exit_code == -9
 
 
@@ -177,7 +177,7 @@ def test_a_launcher_that_fails_takes_its_engine_down_with_it(tmp_path, monkeypat
         return engine
 
     engine = asyncio.run(scenario())
-    wait_for(lambda: not alive(engine), 5, "the engine to be killed")
+    wait_for(lambda: not pid_alive(engine), 5, "the engine to be killed")
 
 
 def test_sigterm_during_a_relaunch_switch_starts_no_new_engine(tmp_path):

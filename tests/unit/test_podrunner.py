@@ -17,8 +17,8 @@ from kubernetes import client
 from urllib3.exceptions import MaxRetryError
 
 from support.polling import wait_for
-from support.processes import alive
 from hybridserving.contract import expand_references
+from hybridserving.devcluster.cluster import pid_alive
 from hybridserving_engine.podrunner.container import container_command
 from hybridserving_engine.podrunner.runner import FINALIZER, PodRunner, PodWorker, runs
 
@@ -162,14 +162,14 @@ def test_an_engine_orphaned_while_the_runner_reads_its_container_dies_with_the_c
 
         def killed_during_the_read(pid: int) -> list[int]:
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not alive(pid), timeout=10)  # exited: its engine is reparented already
+            wait_for(lambda: not pid_alive(pid), timeout=10)  # exited: its engine is reparented already
             return read(pid)
 
         monkeypatch.setattr(container, "descendants", killed_during_the_read)
         assert proc.exit_code() == -signal.SIGKILL, "the exit is seen on the tick that missed the engine"
-        wait_for(lambda: not alive(engine), timeout=10)
+        wait_for(lambda: not pid_alive(engine), timeout=10)
     finally:
-        if alive(engine):
+        if pid_alive(engine):
             os.kill(engine, signal.SIGKILL)
         if proc.proc is not None and proc.proc.poll() is None:
             proc.proc.kill()
@@ -196,7 +196,7 @@ def test_containers_die_with_the_runner(tmp_path: Path) -> None:
         os.kill(child, 0)  # running
         runner.send_signal(signal.SIGKILL)
         runner.wait(10)
-        wait_for(lambda: not alive(child), timeout=10)
+        wait_for(lambda: not pid_alive(child), timeout=10)
     finally:
         if runner.poll() is None:
             runner.kill()

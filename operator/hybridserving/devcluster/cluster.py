@@ -222,8 +222,9 @@ def make_pki(pki: pathlib.Path) -> None:
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
-def _pid_alive(pid: int) -> bool:
-    """True for a live, non-zombie process."""
+def pid_alive(pid: int) -> bool:
+    """A zombie is not alive: it holds no port or memory, only an entry until its reaper waits on it,
+    and a reaper outside this process (the machine's init) waits when it will."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             stat = fh.read()
@@ -267,20 +268,58 @@ def _is_supervisor(cmd: list[str]) -> bool:
     return len(cmd) > 2 and pathlib.PurePath(cmd[2]).parts[-2:] == SUPERVISOR.parts[-2:]
 
 
-def _group_rss_kib(pgid: int) -> int:
-    """The resident memory of a process group: a supervised component's is its supervisor's."""
-    total = 0
+def _is_component(cmd: list[str]) -> bool:
+    return bool(cmd) and (os.path.basename(cmd[0]) in COMPONENTS or _is_supervisor(cmd))
+
+
+def _references(cmd: list[str], marker: str) -> bool:
+    return any(marker in arg for arg in cmd[1:])
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """Every process's parent and process group (pid → (ppid, pgid))."""
+    table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                group = int(fh.read().rpartition(")")[2].split()[2])
+                fields = fh.read().rpartition(")")[2].split()
+            table[int(entry)] = (int(fields[1]), int(fields[2]))
         except (OSError, ValueError, IndexError):
             continue
-        if group == pgid:
-            total += _pid_rss_kib(int(entry))
-    return total
+    return table
+
+
+def _group_rss_kib(pgid: int) -> int:
+    """The resident memory of a process group: a supervised component's is its supervisor's."""
+    return sum(_pid_rss_kib(pid) for pid, (_, group) in _process_table().items() if group == pgid)
+
+
+def _clients_referencing(marker: str) -> list[int]:
+    """The cluster's clients still running, and every process below them.
+
+    The operator and the pod runner name the cluster's kubeconfig on their command line. A session
+    killed before its teardown leaves them running, and the pod runner's engines (in sessions of
+    their own) with them, bound to pod IPs that the next cluster hands out again.
+    """
+    table = _process_table()
+    mine, pid = set(), os.getpid()
+    while pid > 1 and pid not in mine:  # never this process or the ones that started it
+        mine.add(pid)
+        pid = table.get(pid, (0, 0))[0]
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    todo = [pid for pid in table if pid not in mine and pid_alive(pid) and _references(_pid_cmdline(pid), marker)
+            and not _is_component(_pid_cmdline(pid))]
+    out: list[int] = []
+    while todo:
+        pid = todo.pop()
+        if pid not in mine and pid not in out:
+            out.append(pid)
+            todo.extend(children.get(pid, []))
+    return out
 
 
 def _pids_referencing(marker: str) -> list[int]:
@@ -291,11 +330,10 @@ def _pids_referencing(marker: str) -> list[int]:
         if not entry.isdigit():
             continue
         pid = int(entry)
-        if pid == me or not _pid_alive(pid):
+        if pid == me or not pid_alive(pid):
             continue
         cmd = _pid_cmdline(pid)
-        ours = bool(cmd) and (os.path.basename(cmd[0]) in COMPONENTS or _is_supervisor(cmd))
-        if ours and any(marker in arg for arg in cmd[1:]):
+        if _is_component(cmd) and _references(cmd, marker):
             out.append(pid)
     return out
 
@@ -460,7 +498,7 @@ class Cluster:
             if proc is not None and proc.pid == pid:
                 out[comp] = proc.poll() is None
             else:
-                out[comp] = _pid_alive(pid) and self._marker in " ".join(_pid_cmdline(pid))
+                out[comp] = pid_alive(pid) and self._marker in " ".join(_pid_cmdline(pid))
         return out
 
     def is_running(self) -> bool:
@@ -468,7 +506,7 @@ class Cluster:
         return bool(alive) and all(alive.get(c, False) for c in COMPONENTS)
 
     def rss_mib(self) -> dict[str, float]:
-        return {c: _group_rss_kib(p) / 1024 for c, p in self.pids().items() if _pid_alive(p)}
+        return {c: _group_rss_kib(p) / 1024 for c, p in self.pids().items() if pid_alive(p)}
 
     def status(self) -> dict[str, Any]:
         st = self.state()
@@ -553,7 +591,7 @@ class Cluster:
         pid, start = st.get("owner_pid"), st.get("owner_start")
         if not pid:
             return False
-        return _pid_alive(pid) and _pid_starttime(pid) == start
+        return pid_alive(pid) and _pid_starttime(pid) == start
 
     def _start(self, bins: dict[str, pathlib.Path], deadline: float) -> None:
         d = self.dir
@@ -889,6 +927,14 @@ class Cluster:
         say = (lambda m: None) if quiet else self._say
         pids = self.pids()
         marker = self._marker
+        clients = _clients_referencing(marker)
+        if clients:
+            say(f"killing {len(clients)} processes the cluster's clients left running")
+            for pid in clients:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         # stop in reverse start order, one at a time: the apiserver exits in about
         # a second once its clients are gone, but hangs for long when etcd goes first
         order = [c for c in reversed(COMPONENTS) if c in pids]
@@ -896,7 +942,7 @@ class Cluster:
             pid = pids[comp]
             self._stop_component(comp, pid, say, grace)
         # anything left (including strays mentioning our state dir) gets SIGKILL
-        leftovers = {p for p in pids.values() if _pid_alive(p) and marker in " ".join(_pid_cmdline(p))}
+        leftovers = {p for p in pids.values() if pid_alive(p) and marker in " ".join(_pid_cmdline(p))}
         leftovers.update(_pids_referencing(marker))
         for pid in leftovers:
             say(f"killing leftover pid {pid}")
@@ -929,7 +975,7 @@ class Cluster:
         """SIGTERM to the component's process group (it leads its own), or to its supervisor alone,
         which hands it on (the component must get it once, `supervise.py`); SIGKILL to the group
         after `grace` seconds. A pid that is no longer this cluster's component is left alone."""
-        if not (_pid_alive(pid) and self._marker in " ".join(_pid_cmdline(pid))):
+        if not (pid_alive(pid) and self._marker in " ".join(_pid_cmdline(pid))):
             return
         say(f"stopping {comp} (pid {pid})")
         terminate = os.kill if comp in SUPERVISED else os.killpg
@@ -942,7 +988,7 @@ class Cluster:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             self._reap()
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return
             time.sleep(0.05)
         say(f"{comp} ignored SIGTERM for {grace}s; killing it")
