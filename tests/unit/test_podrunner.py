@@ -142,6 +142,69 @@ def test_a_pod_is_held_by_a_finalizer_until_its_process_has_stopped(tmp_path: Pa
     worker.thread.join(10)
 
 
+class HoldRefusedAtFirst(FlakyCore):
+    """An apiserver that answers reads but fails the first `refusals` finalizer patches."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__(down=0)
+        self.refusals = refusals
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
+        if isinstance(body, dict) and self.refusals > 0:
+            self.refusals -= 1
+            raise MaxRetryError(None, "/api/v1", "connection refused")  # type: ignore[arg-type]
+        super().patch_namespaced_pod(name, namespace, body, **kwargs)
+
+
+def test_a_container_starts_only_once_its_pod_is_held(tmp_path: Path) -> None:
+    """A container started before the finalizer is on its pod could be left draining on an IP that
+    a deletion in between has already freed for another pod."""
+    runner = PodRunner(client.ApiClient(), tmp_path, volume_refresh_seconds=0.1, shutdown_grace_seconds=2)
+    core = HoldRefusedAtFirst(refusals=3)
+    runner.core = core  # type: ignore[assignment]
+    worker = PodWorker(runner, leader_pod([sys.executable, "-c", "import time; time.sleep(60)"]))
+    held_at_start: list[bool] = []
+    start = worker._start
+
+    def start_and_record() -> None:
+        held_at_start.append(FINALIZER in core.finalizers)
+        start()
+
+    worker._start = start_and_record  # type: ignore[method-assign]
+    worker.thread.start()
+    try:
+        wait_for(lambda: worker.process is not None, timeout=20)
+        assert core.refusals == 0 and held_at_start == [True]
+    finally:
+        worker.terminate(1)
+        worker.thread.join(10)
+
+
+def test_a_runner_that_stops_cuts_a_pods_stop_under_way_to_its_shutdown_grace(tmp_path: Path) -> None:
+    """A pod deleted with a long grace is still in its preStop sleep, or draining, when the runner
+    is told to stop. The runner is killed soon after its own shutdown grace, and its containers'
+    engines would outlive it: the stop under way must end within that grace, not the pod's."""
+    runner = PodRunner(client.ApiClient(), tmp_path, volume_refresh_seconds=0.1, shutdown_grace_seconds=1)
+    core = FlakyCore(down=0)
+    runner.core = core  # type: ignore[assignment]
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)"
+    pod = leader_pod([sys.executable, "-c", deaf])
+    pod["spec"]["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": 60}}}
+    worker = PodWorker(runner, pod)
+    runner.workers[worker.uid] = worker
+    worker.thread.start()
+    process = wait_for(lambda: worker.process if worker.process and worker.process.pid else None, timeout=20)
+    assert FINALIZER in core.finalizers
+    worker.terminate(90)
+    time.sleep(0.5)  # in its preStop sleep
+    began = time.monotonic()
+    runner.stop()
+    took = time.monotonic() - began
+    assert took < 5, f"the runner's stop took {took:.1f} s: the pod's own grace was kept"
+    assert not pid_alive(process.pid), "a container that ignores SIGTERM is killed at the shutdown grace"
+    assert core.finalizers == ["someone-else"], "released once stopped"
+
+
 def test_an_engine_orphaned_while_the_runner_reads_its_container_dies_with_the_container(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The runner reads a container's processes on every tick, to kill them all once it exits. A

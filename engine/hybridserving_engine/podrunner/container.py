@@ -109,6 +109,7 @@ def descendants(pid: int) -> list[int]:
 
 
 _PR_SET_PDEATHSIG = 1
+_STOP_POLL_SECONDS = 0.1
 
 
 def _die_with_parent() -> None:
@@ -180,17 +181,20 @@ class ContainerProcess:
                 pass
         self._family = []
 
-    def stop(self, grace_seconds: float) -> int | None:
-        """SIGTERM to the container's main process, SIGKILL to all of its processes after the grace."""
+    def stop(self, deadline: Callable[[], float]) -> int | None:
+        """SIGTERM to the container's main process, SIGKILL to all of its processes at the deadline.
+
+        The deadline (a `time.monotonic()` instant) is asked again while the process drains: the
+        runner's own shutdown can bring it forward.
+        """
         if self.proc is None:
             return None
         if self._watch() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_seconds)
-            except subprocess.TimeoutExpired:
-                if self._watch() is None:
-                    self._family = [self.proc.pid, *self._family]
+            while (code := self._watch()) is None and time.monotonic() < deadline():
+                time.sleep(_STOP_POLL_SECONDS)
+            if code is None:
+                self._family = [self.proc.pid, *self._family]
         self._kill_family()
         self.proc.wait()
         return self.proc.returncode

@@ -236,11 +236,14 @@ class PodWorker:
                 self._changed.clear()
                 next_refresh = now + self.runner.volume_refresh_seconds
                 self._materialise()
+            # No process starts before the pod is held: a pod deleted before that would free its IP
+            # while the process still drains on it.
+            startable = self._materialised and (self._held or self._hold_tried)
             if self._init_index < len(self.init_containers):
-                if self._materialised:
+                if startable:
                     self._step_init(now)
             elif self.process is None or restart_at is not None:
-                if restart_at is not None and now >= restart_at and self._materialised:
+                if restart_at is not None and now >= restart_at and startable:
                     self._start()
                     restart_at = None
                     next_probe = now
@@ -381,21 +384,30 @@ class PodWorker:
 
     def _stop(self) -> None:
         grace = self._terminate if self._terminate is not None else self.runner.shutdown_grace_seconds
-        grace = min(grace, self.runner.shutdown_grace_seconds) if self.runner.stopping.is_set() else grace
+        own = time.monotonic() + grace
+
+        def deadline() -> float:
+            # The runner's own shutdown cuts a stop under way to its shutdown grace: a runner
+            # killed before its containers are stopped leaves their engines running.
+            stop_by = self.runner.stop_by
+            return own if stop_by is None else min(own, stop_by)
+
         self.probe.ready = False
         self._report()  # a terminating pod is unready at once
         if self._init_process is not None:
-            self._init_process.stop(grace)
+            self._init_process.stop(deadline)
         if self.process is not None:
             # The kubelet runs the preStop hook first, within the grace period.
             pause = float(((self.container_spec.get("lifecycle") or {}).get("preStop") or {}).get(
                 "sleep", {}).get("seconds", 0))
             if pause and self._terminate is not None:
                 log.info("%s/%s: preStop sleep %.0f s", self.namespace, self.name, min(pause, grace))
-                time.sleep(min(pause, grace))
-                grace = max(0.0, grace - pause)
-            log.info("%s/%s: stopping (grace %.0f s)", self.namespace, self.name, grace)
-            code = self.process.stop(grace)
+                pause_end = time.monotonic() + pause
+                while (left := min(pause_end, deadline()) - time.monotonic()) > 0:
+                    time.sleep(min(left, TICK_SECONDS))
+            log.info("%s/%s: stopping (grace %.0f s)", self.namespace, self.name,
+                     max(0.0, deadline() - time.monotonic()))
+            code = self.process.stop(deadline)
             log.info("%s/%s: stopped, exit %s", self.namespace, self.name, code)
         shutil.rmtree(self.dir / "volumes", ignore_errors=True)
 
@@ -471,6 +483,8 @@ class PodRunner:
         self.shutdown_grace_seconds = shutdown_grace_seconds
         self.node_selector = node_selector
         self.stopping = threading.Event()
+        # When every container must be stopped by, once the runner itself stops.
+        self.stop_by: float | None = None
         self.workers: dict[str, PodWorker] = {}
         self._nodes: set[str] = set()
 
@@ -599,6 +613,7 @@ class PodRunner:
 
     def stop(self) -> None:
         """Stop every pod's process (within the shutdown grace) and wait for the workers."""
+        self.stop_by = time.monotonic() + self.shutdown_grace_seconds
         self.stopping.set()
         for worker in list(self.workers.values()):
             worker.wake()
