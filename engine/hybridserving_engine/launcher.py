@@ -889,9 +889,16 @@ class Launcher:
         record = SwitchRecord(from_role, to_role, await self._switch_mode(to_role))
         self.last_switch = record
         self.switch_count += 1
-        record.advance("Draining")
-        self.set_phase("Draining", f"switching {from_role} -> {to_role}")
         try:
+            if record.mode == "in-place" and self.settings.node_rank > 0:
+                # The leader's scheduler switches every rank, and a worker rank holds no request of its
+                # own: a drain here would wait out the leader's requests, which it may serve again by
+                # the time this pod's role file changes (each kubelet refreshes it on its own schedule).
+                self.role = to_role
+                record.finish("Succeeded", f"the leader rank switches this rank's engine; it restarts as {to_role}")
+                return record
+            record.advance("Draining")
+            self.set_phase("Draining", f"switching {from_role} -> {to_role}")
             if not await self.drain(until_terminate=True):
                 if self._terminate.is_set():
                     record.finish("Aborted", "pod is terminating")
@@ -912,12 +919,6 @@ class Launcher:
 
     async def _switch_in_place(self, record: SwitchRecord) -> None:
         to_role = record.to_role
-        if self.settings.node_rank > 0:
-            # The leader's scheduler switches every rank of the instance; workers only follow.
-            self.role = to_role
-            record.finish("Succeeded", "switched by the leader rank")
-            self.set_phase("Ready")
-            return
         self.set_phase("Switching", f"POST /pd_role_switch new_role={to_role}")
         record.advance("Switching")
         body: dict[str, Any] = {"new_role": to_role}
@@ -948,6 +949,12 @@ class Launcher:
         elif answer.get("safe_to_restore"):
             record.finish("Refused", f"engine refused, still {self.role}: {answer.get('message', '')}")
             self.set_phase("Ready", record.message)
+        elif self.nnodes > 1:
+            # This rank's relaunch would take the worker ranks' engines down with it, and they would
+            # come back in whichever role their own launchers hold by then: a gang changes role
+            # together, recreated by the controller on this outcome (Switch → Restart).
+            record.finish("Failed", f"switch failed, the gang needs a restart: {answer.get('message', '')}")
+            self.set_phase("Ready" if self.engine_healthy else "Starting", record.message)
         else:
             record.advance("Relaunching", f"switch failed, engine needs a restart: {answer.get('message', '')}")
             await self._relaunch(record, to_role)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -447,9 +448,22 @@ class Pod:
         raise TimeoutError(self.log.read_text())
 
     def stop(self) -> None:
+        """SIGTERM, and SIGKILL to the launcher and its engine if it has not stopped in 30 s."""
         if self.proc.poll() is None:
+            try:
+                engine = (self.status().get("engine") or {}).get("pid")
+            except OSError:
+                engine = None
             self.proc.terminate()
-            self.proc.wait(30)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                if engine:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(engine, signal.SIGKILL)  # the engine leads a session of its own
+                raise
 
 
 @pytest.fixture
@@ -461,8 +475,14 @@ def pod(tmp_path):
         return pods[-1]
 
     yield start
-    for p in pods:
-        p.stop()
+    stopped = [p for p in pods if p.proc.poll() is None]
+    errors = []
+    for p in stopped:
+        try:
+            p.stop()
+        except subprocess.TimeoutExpired as e:
+            errors.append(e)
+    assert not errors, f"launchers that did not stop on SIGTERM: {errors}"
 
 
 @pytest.mark.slow
@@ -739,6 +759,49 @@ def test_failed_in_place_rebuild_falls_back_to_a_relaunch(pod):
     assert steps[:2] == ["Draining", "Switching"] and "Relaunching" in steps and steps[-1] == "Succeeded"
     assert status["role"] == "decode" and status["ready"] is True
     assert httpx.get(p.engine + "/health").status_code == 200
+
+
+@pytest.mark.slow
+def test_a_multi_node_leader_whose_rebuild_failed_leaves_the_gang_to_be_recreated(pod):
+    """Relaunched alone, the leader would take its worker ranks' engines down, and each would come
+    back in whatever role its own launcher held by then: the gang changes role together, recreated
+    by the controller on a Failed outcome."""
+    leader = pod("prefill", nnodes=2, faults="fail_rebuild")
+    worker = pod("prefill", node_rank=1, port=leader.port)
+    leader_pid, worker_pid = leader.status()["engine"]["pid"], worker.status()["engine"]["pid"]
+    leader.role_file.write_text("decode")
+    status = leader.wait_switch()
+    last = status["lastSwitch"]
+    assert last["outcome"] == "Failed" and "the gang needs a restart" in last["message"], last
+    assert "Relaunching" not in [s["step"] for s in last["steps"]], last
+    assert status["role"] == "prefill" and status["engine"]["pid"] == leader_pid, status
+    assert worker.status()["engine"]["pid"] == worker_pid, "the worker rank's engine was left alone"
+
+
+@pytest.mark.slow
+def test_a_worker_rank_follows_a_switch_without_waiting_out_its_leaders_requests(pod):
+    """A worker rank's role file can change after its leader serves again (each kubelet refreshes it
+    on its own schedule): it holds no request of its own, so it takes the new role at once, where a
+    drain would wait on the leader's requests until the drain timeout and keep the old role."""
+    leader = pod("prefill", nnodes=2)
+    worker = pod("prefill", node_rank=1, port=leader.port)
+    # A prefill request whose decode never comes for its KV waits in the bootstrap queue.
+    body = {"input_ids": [1] * 16, "sampling_params": {"max_new_tokens": 4}, "bootstrap_host": "127.0.0.1",
+            "bootstrap_room": 7}
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(httpx.post, leader.engine + "/generate", json=body, timeout=5)
+        deadline = time.monotonic() + 10
+        while not inflight_requests(httpx.get(leader.engine + "/v1/loads").json()):
+            assert time.monotonic() < deadline, "the leader holds the request"
+            time.sleep(0.05)
+        worker.role_file.write_text("decode")
+        status = worker.wait_switch(timeout=4)
+        assert inflight_requests(httpx.get(leader.engine + "/v1/loads").json()), "the leader is still busy"
+        # Freed, so that the leader's own drain at the end of the test has nothing to wait for.
+        assert httpx.post(leader.engine + "/pause_generation", json={"mode": "abort"}).status_code == 200
+        assert httpx.post(leader.engine + "/continue_generation").status_code == 200
+    assert (status["lastSwitch"]["outcome"], status["role"]) == ("Succeeded", "decode"), status
+    assert "Draining" not in [s["step"] for s in status["lastSwitch"]["steps"]], status
 
 
 def test_pod_values_fill_the_operators_placeholders_from_the_environment() -> None:
