@@ -311,15 +311,15 @@ def _clients_referencing(marker: str) -> list[int]:
     children: dict[int, list[int]] = {}
     for child, (parent, _) in table.items():
         children.setdefault(parent, []).append(child)
-    todo = [pid for pid in table if pid not in mine and pid_alive(pid) and _references(_pid_cmdline(pid), marker)
-            and not _is_component(_pid_cmdline(pid))]
-    out: list[int] = []
-    while todo:
-        pid = todo.pop()
+    clients = [pid for pid, cmd in ((p, _pid_cmdline(p)) for p in table if p not in mine and pid_alive(p))
+               if _references(cmd, marker) and not _is_component(cmd)]
+    out: dict[int, None] = {}  # in the order found, each once
+    while clients:
+        pid = clients.pop()
         if pid not in mine and pid not in out:
-            out.append(pid)
-            todo.extend(children.get(pid, []))
-    return out
+            out[pid] = None
+            clients.extend(children.get(pid, []))
+    return list(out)
 
 
 def _pids_referencing(marker: str) -> list[int]:
