@@ -246,6 +246,24 @@ SPECULATIVE = [
 ]
 
 
+def test_a_request_for_no_tokens_ends_as_the_wheel_ends_it() -> None:
+    """What `SimulatedEngine._emit_first_output` and the simulator's finish reason mirror: no token is
+    sampled for `max_new_tokens` 0, the length cap ends it at 0 and the output is cut there, the
+    tokenizer manager observes TTFT on that output, and a PD prefill ends every request at length 0."""
+    assert "return self.sampling_params.max_new_tokens == 0 and spec_alg is None" in cited(
+        "managers/schedule_batch.py", 1501, 1506)
+    assert "if len(self.output_ids) >= self.sampling_params.max_new_tokens:" in cited(
+        "managers/schedule_batch.py", 2038, 2042)
+    assert "self.finished_len = self.sampling_params.max_new_tokens" in cited("managers/schedule_batch.py", 2038, 2042)
+    assert "return self.output_ids[: self.finished_len]" in cited("managers/schedule_batch.py", 1509, 1513)
+    assert "if not forward_batch.is_prefill_only:" in cited("managers/tp_worker.py", 742, 751)
+    assert "torch.zeros(" in cited("managers/tp_worker.py", 742, 751)
+    ttft = cited("managers/tokenizer_manager.py", 3235, 3246)
+    assert "and self.disaggregation_mode != DisaggregationMode.PREFILL" in ttft
+    assert "observe_time_to_first_token(" in ttft
+    assert "req.finished_reason = FINISH_LENGTH(length=0)" in cited("disaggregation/prefill.py", 1225, 1226)
+
+
 def test_the_draft_slots_reserved_against_the_context_are_the_wheels() -> None:
     # managers/utils.py:484-500 (compute_num_reserved_tokens), added to the prompt's length by
     # managers/tokenizer_manager.py:1333-1335; from the wheel's resolved draft shape.

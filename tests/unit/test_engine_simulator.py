@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import signal
@@ -953,6 +954,58 @@ def test_generation_limits_are_read_and_refused_as_sglang_reads_them():
             assert r.status == 400 and "max_new_tokens must be at least 0, got -2." in (await r.json())["message"]
 
     run(check, server)
+
+
+def test_a_request_for_no_tokens_is_prefilled_and_answered_with_none_its_ttft_observed():
+    # managers/schedule_batch.py:1501-1506 (is_prefill_only), 2038-2042 (finished at length 0, the
+    # dummy id of tp_worker.py:742-751 cut off), tokenizer_manager.py:3235-3246 (TTFT on that output);
+    # a PD prefill answers its one token at length 0 (disaggregation/prefill.py:1225-1226).
+    unified = make_server("--enable-metrics")
+
+    async def check_unified(session, url):
+        nothing = {"type": "length", "length": 0}
+        async with session.post(url + "/generate", json={"text": "abcd" * 40,
+                                                         "sampling_params": {"max_new_tokens": 0}}) as r:
+            body = await r.json()
+        assert r.status == 200 and body["text"] == "" and body["output_ids"] == []
+        assert body["meta_info"]["completion_tokens"] == 0 and body["meta_info"]["finish_reason"] == nothing
+        chunks = []
+        async with session.post(url + "/generate", json={"input_ids": [1, 2, 3], "stream": True,
+                                                         "sampling_params": {"max_new_tokens": 0}}) as r:
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    chunks.append(line[6:].strip())
+        assert chunks[-1] == b"[DONE]" and len(chunks) == 2, chunks
+        assert json.loads(chunks[0])["meta_info"]["finish_reason"] == nothing
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0, "max_tokens": 0}
+        async with session.post(url + "/v1/chat/completions", json=chat) as r:
+            answer = await r.json()
+        assert answer["usage"]["completion_tokens"] == 0 and answer["choices"][0]["finish_reason"] == "length"
+        async with session.get(url + "/metrics") as r:
+            metrics = await r.text()
+        assert metric_sum(metrics, "sglang:time_to_first_token_seconds_count") == 3
+        assert metric_sum(metrics, "sglang:inter_token_latency_seconds_count") == 0
+        assert metric_sum(metrics, "sglang:generation_tokens_total") == 0
+
+    run(check_unified, unified)
+
+    bootstrap = free_port()
+    prefill = make_server(*pd_flags("prefill", bootstrap))
+    decode = make_server(*pd_flags("decode", free_port()))
+
+    async def check_pd(session, p_url, d_url):
+        body = {"text": "abcd" * 250, "sampling_params": {"max_new_tokens": 0}, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": bootstrap, "bootstrap_room": 7}
+        p_resp, d_resp = await asyncio.gather(session.post(p_url + "/generate", json=body),
+                                              session.post(d_url + "/generate", json=body))
+        p_body, d_body = await p_resp.json(), await d_resp.json()
+        assert p_body["meta_info"]["completion_tokens"] == 1
+        assert p_body["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+        assert d_body["meta_info"]["completion_tokens"] == 0 and d_body["text"] == ""
+        async with session.get(d_url + "/metrics") as r:
+            assert metric_sum(await r.text(), "sglang:time_to_first_token_seconds_count") == 1
+
+    run(check_pd, prefill, decode)
 
 
 def test_a_role_switch_body_sglangs_types_refuse_is_a_validation_error_and_switches_nothing():

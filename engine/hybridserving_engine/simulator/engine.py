@@ -424,7 +424,7 @@ class SimulatedEngine:
         finally:
             self.transfer.discard(req)
         # The prefill's first token travels with the KV; decode emits it and continues.
-        self._emit_token(req)
+        self._emit_first_output(req)
         if req.generated >= req.max_new_tokens:
             self._finish(req, "length")
             return
@@ -598,7 +598,7 @@ class SimulatedEngine:
             if self.role == "prefill":
                 req.prefilled.set()
                 continue
-            self._emit_token(req)
+            self._emit_first_output(req)
             if req.generated >= req.max_new_tokens:
                 self._finish(req, "length")
             else:
@@ -621,18 +621,34 @@ class SimulatedEngine:
 
     # ------------------------------------------------------------------ output and accounting
 
+    def _emit_first_output(self, req: SimRequest) -> None:
+        """A request that asks for no tokens gets none, yet its one output still counts as its
+        first: SGLang skips sampling for it (`Req.is_prefill_only`, `managers/schedule_batch.py:
+        1501-1506`; a dummy id, `managers/tp_worker.py:742-751`), `check_finished` ends it at
+        length 0 (lines 2038-2042) so the output stops before the dummy
+        (`output_ids_through_stop`), and the tokenizer manager observes TTFT on that output all the
+        same (`managers/tokenizer_manager.py:3235-3246`)."""
+        if req.max_new_tokens > 0:
+            self._emit_token(req)
+        elif not req.ttft_observed:
+            self._observe_ttft(req, time.monotonic())
+
+    def _observe_ttft(self, req: SimRequest, now: float) -> None:
+        """A PD prefill never observes TTFT (`managers/tokenizer_manager.py:3235-3246`)."""
+        if self.role != "prefill":
+            req.ttft_observed = True
+            self.metrics.t(self.metrics.time_to_first_token, req.streaming).observe(now - req.arrival)
+
     def _emit_token(self, req: SimRequest) -> None:
         """The tokenizer manager's latency histograms as SGLang keeps them
-        (`managers/tokenizer_manager.py:3235-3258`): a PD prefill never observes TTFT, and so
-        never an inter-token latency either, which follows only an observed TTFT."""
+        (`managers/tokenizer_manager.py:3235-3258`): an inter-token latency follows only an
+        observed TTFT, so a PD prefill, which observes none, never observes one either."""
         now = time.monotonic()
         m = self.metrics
         if req.first_token_at is None:
             req.first_token_at = now
         if not req.ttft_observed:
-            if self.role != "prefill":
-                req.ttft_observed = True
-                m.t(m.time_to_first_token, req.streaming).observe(now - req.arrival)
+            self._observe_ttft(req, now)
         else:
             assert req.last_token_at is not None, "a token followed the first one"
             m.t(m.inter_token_latency).observe(now - req.last_token_at)

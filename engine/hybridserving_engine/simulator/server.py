@@ -582,7 +582,7 @@ class SimulatorServer:
         room = body.get("bootstrap_room")
         return SimRequest(
             prompt_tokens=prompt_tokens,
-            max_new_tokens=max(1, int(default_max if max_new_tokens is None else max_new_tokens)),
+            max_new_tokens=int(default_max if max_new_tokens is None else max_new_tokens),
             streaming=streaming,
             bootstrap_host=body.get("bootstrap_host"),
             bootstrap_port=int(port) if port is not None else self.args.disaggregation_bootstrap_port,
@@ -703,7 +703,11 @@ class SimulatorServer:
     def _generate_chunk(self, req: SimRequest, n: int, final: bool,
                         abort: RequestAborted | None = None) -> dict[str, Any]:
         reason = req.finish_reason if final else None
-        finish: dict[str, Any] | None = {"type": reason, "length": n} if reason else None
+        # FINISH_LENGTH(length=max_new_tokens) where the length cap ends it (`managers/
+        # schedule_batch.py:2038-2042`); a PD prefill ends every request at length 0 once its KV
+        # is sent, its one token notwithstanding (`disaggregation/prefill.py:1225-1226`).
+        length = 0 if self.engine.role == "prefill" else n
+        finish: dict[str, Any] | None = {"type": reason, "length": length} if reason else None
         if abort is not None:
             finish = {"type": "abort", "message": str(abort), "status_code": abort.status, "err_type": None}
         return {
