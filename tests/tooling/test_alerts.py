@@ -192,3 +192,50 @@ def test_operator_service_monitor_keeps_the_fleet_namespace_and_names_its_job() 
     assert ep["honorLabels"] is True
     assert {"targetLabel": "job", "replacement": "hybridserving-operator"} in ep["relabelings"]
 
+
+
+def _degraded_reasons() -> set[str]:
+    """Every reason the operator can give `Degraded`: the literals of its condition in
+    `controller/status.py`, and the reasons `controller/reconcile.py` fails a pass with (literal,
+    named by a module constant, or `_write_reason`'s)."""
+    import ast
+
+    operator = ROOT / "operator" / "hybridserving" / "controller"
+    status = ast.parse((operator / "status.py").read_text())
+    reasons: set[str] = set()
+    for node in ast.walk(status):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "condition"
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "Degraded"):
+            compared = {id(c) for cmp in ast.walk(node.args[2]) if isinstance(cmp, ast.Compare)
+                        for c in ast.walk(cmp)}
+            reasons |= {c.value for c in ast.walk(node.args[2])
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str) and id(c) not in compared}
+    reconcile = ast.parse((operator / "reconcile.py").read_text())
+    constants = {t.id: n.value.value for n in reconcile.body if isinstance(n, ast.Assign)
+                 and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                 for t in n.targets if isinstance(t, ast.Name)}
+    for node in ast.walk(reconcile):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "fail" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant):
+                reasons.add(first.value)
+            elif isinstance(first, ast.Name):
+                reasons.add(constants[first.id])
+        if isinstance(node, ast.FunctionDef) and node.name == "_write_reason":
+            reasons |= {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                        and c.value.isidentifier()}
+    return reasons
+
+
+def test_the_fleet_not_ready_runbook_names_every_degraded_reason() -> None:
+    """The alert pages on-call to this runbook whatever made the fleet not Ready; a reason it does
+    not name leaves them without a diagnosis or a mitigation."""
+    reasons = _degraded_reasons()
+    assert {"ProgressDeadlineExceeded", "NameTaken", "WriteForbidden", "CrashLoop"} <= reasons, reasons
+    runbook = (RUNBOOKS / "HybridServingFleetNotReady.md").read_text()
+    diagnose, mitigate = runbook.split("## Mitigate")
+    missing = sorted(r for r in reasons - {"AsExpected"} if f"`{r}`" not in diagnose)
+    assert not missing, f"Degraded reasons HybridServingFleetNotReady.md does not name: {missing}"
+    unmitigated = sorted(r for r in reasons - {"AsExpected", "WriteForbidden", "WriteInvalid", "ReconcileError"}
+                         if not re.search(rf"^- [^\n:]*\b{r}\b[^\n]*:", mitigate, re.M))
+    assert not unmitigated, f"Degraded reasons with no Mitigate entry: {unmitigated}"

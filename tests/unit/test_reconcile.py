@@ -561,6 +561,45 @@ def test_a_canary_held_for_hours_then_promoted_has_its_whole_progress_deadline(a
     assert api.condition("Degraded")["status"] == "False"
 
 
+def test_a_canary_that_never_comes_up_is_no_hold_and_its_rollout_runs_into_the_progress_deadline(
+        api: MemoryApi) -> None:
+    settle(api)
+    spec = copy.deepcopy(SPEC)
+    spec["engine"] = {"image": "registry.example/sglang:v2"}
+    spec["rollout"] = {"canary": 1}
+    api.user_apply(spec)
+
+    def hang_decode_canary() -> None:
+        """The new image's decode engine loads and never answers /ready, without crashing."""
+        for (kind, _), pod in api.store.items():
+            if (kind == "Pod" and pod["spec"]["containers"][0]["image"].endswith(":v2")
+                    and pod["metadata"]["labels"].get("hybridserving.io/role") == "decode"):
+                pod["status"] = {
+                    "phase": "Running", "conditions": [{"type": "Ready", "status": "False",
+                                                        "lastTransitionTime": ago(7200)}],
+                    "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                                           "state": {"running": {"startedAt": ago(7200)}}}]}
+
+    for _ in range(6):
+        rec.reconcile(api, NS, "fleet")
+        api.run_pods()
+        hang_decode_canary()
+    progressing = api.condition("Progressing")
+    assert progressing["reason"] == "RollingOut" and "once canary fleet-3 is available" in progressing["message"]
+    assert api.status()["rollout"]["held"] == "", "not a hold: nothing asks on-call to promote it"
+    api.status()["lastProgressTime"] = "2020-01-01T00:00:00Z"
+    api.condition("Progressing")["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    rec.reconcile(api, NS, "fleet", progress_deadline_seconds=600)
+    progressing, degraded = api.condition("Progressing"), api.condition("Degraded")
+    assert progressing["status"] == "False" and progressing["reason"] == "ProgressDeadlineExceeded", progressing
+    assert degraded["status"] == "True" and "not ready: fleet-3" in degraded["message"], degraded
+    assert api.condition("Ready")["status"] == "False"
+    api.run_pods()
+    rec.reconcile(api, NS, "fleet", progress_deadline_seconds=600)
+    assert api.condition("Progressing")["reason"] == "RolloutHeldByCanary", "once it serves, the hold is the user's"
+    assert api.condition("Degraded")["status"] == "False"
+
+
 def render_as_a_newer_operator(monkeypatch: pytest.MonkeyPatch) -> None:
     """From now on the operator renders every engine pod with one more env var, as a new operator
     version may: the spec and its configuration revision stay what they were."""

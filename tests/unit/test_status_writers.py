@@ -79,6 +79,9 @@ def test_the_reconcile_leaves_the_phase_alone_once_a_switch_is_recorded(api: Mem
     status = instance(api)["status"]
     assert status["phase"] == "Ready", "the reconcile wrote the phase during a switch"
     assert status["readyPods"] == 0
+    ready = status["conditions"][0]
+    assert ready["type"] == "Ready" and ready["status"] == "False" and ready["reason"] == "Starting", (
+        "the condition tells what the pods say, not the step the switch wrote")
 
     # Once the record is gone the reconcile owns the phase again and reports the facts.
     del instance(api)["metadata"]["annotations"][ANNOTATION_SWITCH]

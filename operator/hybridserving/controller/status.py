@@ -34,7 +34,7 @@ from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
 from hybridserving.core.naming import LABEL_COMPONENT, LABEL_REVISION, engine_selector, revision_name
 from hybridserving.core.observed import Observed, format_time, parse_time
-from hybridserving.core.rollout import RERENDERED, held_by, instance_pairing_key, rerendered
+from hybridserving.core.rollout import RERENDERED, canaries_coming_up, held_by, instance_pairing_key, rerendered
 from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES, switch_owns_phase
 
 
@@ -198,7 +198,10 @@ def instance_status(v: InstanceView, generation: int | None) -> HybridServingIns
         status.role = role if role in ROLES else v.observed.spec.role
     if generation is not None:
         status.observed_generation = generation
-    phase = (status.phase if "phase" in status.model_fields_set else v.observed.phase) or "Pending"
+    # A switch phase (Draining, Switching, ...) is the switch's to show; `Ready`, which it writes as it
+    # routes the instance back or restores it, is a step it took, not what the pods say now.
+    phase = (status.phase if "phase" in status.model_fields_set
+             else v.observed.phase if v.observed.phase in SWITCH_PHASES else instance_phase(v))
     total = max(len(v.plan.pods), 1)
     blocked = next((p.blocked for p in pods if p.blocked), None)
     stall = instance_stall(v) if phase == "Stalled" else None
@@ -337,6 +340,9 @@ def fleet_status(
                else f"{len(outdated)} instance(s) to roll")
     progressing = bool(outdated) or pending_actions > 0 or not all_ready
     held = held_by(desired.spec.rollout, views)
+    coming_up = canaries_coming_up(views) if held == "Canary" else []
+    if coming_up:
+        held = None
     rollout = rollout_status(desired, views, per_role, all_ready and len(views) == total, held,
                              (previous_status or {}).get("rollout") or {})
     if held == "Paused":
@@ -344,6 +350,9 @@ def fleet_status(
         message = f"rollout paused with {to_roll}: {', '.join(outdated)}"
     elif held == "Canary":
         reason, message = "RolloutHeldByCanary", rollout.message
+    elif coming_up:
+        reason = "RollingOut"
+        message = f"{to_roll} once canary {', '.join(coming_up)} is available: {', '.join(outdated)}"
     elif outdated:
         reason = "RollingOut"
         message = f"{to_roll}, one role at a time: {', '.join(outdated)}"

@@ -171,6 +171,17 @@ def held_by(rollout: RolloutSpec, views: Mapping[str, InstanceView]) -> Literal[
     return None
 
 
+def canaries_coming_up(views: Mapping[str, InstanceView]) -> list[str]:
+    """The rolled instances not yet available while older ones remain: a canary holds the rest on
+    purpose only once it serves. One that never comes up (an engine that hangs loading the new
+    image) is progress owed, which the progress deadline must be able to call stuck; told as a
+    hold, its status would ask on-call to promote it."""
+    if not any(not v.current and not v.plan.surge for v in views.values()):
+        return []
+    return [v.plan.name for v in sorted(views.values(), key=lambda v: v.plan.index)
+            if v.current and not v.plan.surge and not v.available]
+
+
 def _serving_roles(views: Mapping[str, InstanceView], spec_key: str, down: set[str],
                    settled: bool = False) -> dict[str, list[Role]]:
     """The roles of the available instances of each pairing key, `down` taken out.
