@@ -27,6 +27,7 @@ from hybridserving.api import crd as crdgen
 from hybridserving.api.instance import CONFIG_HASH, HybridServingInstanceStatus
 from hybridserving.api.v1alpha1 import (
     CONDITION_REASON,
+    ENGINE_IMAGE,
     ENV_VAR_NAME,
     GROUP,
     INSTANCE_PLURAL,
@@ -362,6 +363,21 @@ BAD_FLEETS = {
         _set("spec.router.image", ""),
         "spec.router.image",
         ROUTER_IMAGE.message,
+    ),
+    "an engine image with a space after it": (
+        _set("spec.engine.image", "registry.example/engine:v2 "),
+        "spec.engine.image",
+        ENGINE_IMAGE.message,
+    ),
+    "the router's metrics port as its HTTP port": (
+        _set("spec.router.port", 29000),
+        "spec.router.port",
+        "router.port 29000 is the router's metrics port: choose another port",
+    ),
+    "a fleet total past the 1024 instances a fleet can number": (
+        _both(_set("spec.roleSwitch.enabled", True), _set("spec.replicas", 1025)),
+        "spec.replicas",
+        "less than or equal to 1024",
     ),
     "weights from a scheme the operator cannot read": (
         _set("spec.model.weights", {"uri": "s3://bucket/model"}),

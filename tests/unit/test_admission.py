@@ -85,6 +85,15 @@ def test_a_custom_architecture_without_mla_layers_is_refused_before_it_is_planne
      "spec.podTemplate.spec", "containers[engine].resources.limits[cpu]: 'lots' must be a Kubernetes quantity"),
     ({"spec": {"x": functools.reduce(lambda inner, _: {"a": inner}, range(40), {})}}, "spec.podTemplate.spec",
      "nested more than 32 levels"),
+    # pkg/apis/core/validation/validation.go:7439-7450 (a container's), 7457-7468 (the pod's own).
+    ({"spec": {"containers": [{"name": "engine", "resources": {"requests": {"cpus": "8"}}}]}},
+     "spec.podTemplate.spec", "containers[engine].resources.requests[cpus]: resource 'cpus' is no standard "
+     "resource for containers: name cpu, memory, ephemeral-storage, hugepages-<size>, or an extended resource"),
+    ({"spec": {"containers": [{"name": "engine", "resources": {"limits": {"requests.example.com/x": 1}}}]}},
+     "spec.podTemplate.spec", "limits[requests.example.com/x]: resource 'requests.example.com/x' must be a DNS"),
+    ({"spec": {"resources": {"limits": {"nvidia.com/gpu": 8}}}},
+     "spec.podTemplate.spec", "resources.limits[nvidia.com/gpu]: resource 'nvidia.com/gpu' cannot be set for "
+     "the whole pod: name cpu, memory or hugepages-<size>"),
 ])
 def test_pod_metadata_and_quantities_the_apiserver_would_refuse_are_refused_at_admission(
     template: dict[str, Any], field: str, text: str
@@ -161,6 +170,43 @@ def test_kubernetes_labels_annotations_and_quantities_pass() -> None:
     admission.review(doc, None, "CREATE", [])
     doc["spec"]["router"] = {"resources": {"requests": {"cpu": "lots"}}}
     assert refusal(doc).startswith("spec.router.resources.requests.cpu: 'lots' must be a Kubernetes quantity")
+    doc["spec"]["router"] = {"resources": {"requests": {"cpus": "1"}}}
+    assert refusal(doc).startswith("spec.router.resources.requests.cpus: resource 'cpus' is no standard resource")
+
+
+@pytest.mark.parametrize("image", ["registry.example/engine:v2 ", " registry.example/engine:v2", ""])
+def test_an_engine_image_the_apiserver_would_refuse_is_refused_at_admission(image: str) -> None:
+    """pkg/apis/core/validation/validation.go:4436 (no whitespace around it) and an empty one: every
+    engine pod the rollout recreates would be refused after its predecessor was deleted."""
+    doc = body("role-switch.yaml")
+    doc["spec"]["engine"] = {"image": image}
+    message = refusal(doc)
+    assert message.startswith("spec.engine.image: ") and "must be an image reference" in message, message
+
+
+def test_the_routers_metrics_port_is_refused_as_its_http_port() -> None:
+    """The router Service would carry two ports numbered 29000, which the apiserver refuses, and smg
+    would bind its HTTP and metrics listeners to one port."""
+    doc = body("role-switch.yaml")
+    doc["spec"]["router"] = {"port": 29000}
+    assert refusal(doc).startswith("spec.router.port: router.port 29000 is the router's metrics port: choose another")
+
+
+@pytest.mark.parametrize("spec, field, text", [
+    ({"prefill": {"replicas": 513}, "decode": {"replicas": 512}}, "spec.prefill.replicas",
+     "the fleet may hold 1025 instances, more than the 1024 one fleet can number"),
+    ({"prefill": {"replicas": 512}, "decode": {"replicas": 511}, "rollout": {"maxSurge": 1}}, "spec.rollout.maxSurge",
+     "1023 instances plus 2 surge instances while both roles roll (maxSurge 1 each)"),
+    ({"replicas": 1025}, "spec.replicas", "less than or equal to 1024"),
+])
+def test_a_fleet_larger_than_its_instance_indices_is_refused_before_it_cannot_be_planned(
+    spec: dict[str, Any], field: str, text: str
+) -> None:
+    doc = body("role-switch.yaml")
+    for key, value in spec.items():
+        doc["spec"][key] = {**doc["spec"].get(key, {}), **value} if isinstance(value, dict) else value
+    message = refusal(doc)
+    assert message.startswith(f"{field}: ") and text in message, message
 
 
 @pytest.mark.parametrize("section, field, value, fix", [

@@ -13,7 +13,8 @@ from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core import gang, planner, podtemplate, surface, weights
 from hybridserving.core.naming import LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME
 from hybridserving.core.observed import Observed
-from hybridserving.core.rendering import ROUTER_METRICS_PORT, role_config
+from hybridserving.api.v1alpha1 import ROUTER_METRICS_PORT
+from hybridserving.core.rendering import role_config
 from support.apiserver import FakeCluster
 from support.fleets import converge, fleet, router_deployment, uids
 
@@ -160,11 +161,10 @@ def test_a_custom_gpu_resource_name_is_owned_too() -> None:
 
 def test_only_the_engine_containers_gpus_are_the_operators_an_init_containers_are_checked_against_limits() -> None:
     gpus = {"requests": {"nvidia.com/gpu": 1}}
-    hs = fleet(podTemplate={"spec": {"resources": gpus,
-                                     "initContainers": [{"name": "engine", "image": "x", "resources": gpus}],
+    # The pod's own resources take no GPU at all (tests/unit/test_admission.py).
+    hs = fleet(podTemplate={"spec": {"initContainers": [{"name": "engine", "image": "x", "resources": gpus}],
                                      "containers": [{"name": "engine", "resources": gpus}]}})
     assert [(p, r) for p, r, s in issues(hs) if s == "error"] == [
-        ("spec.podTemplate.spec.resources.requests[nvidia.com/gpu]", "pod-template-resources"),
         ("spec.podTemplate.spec.initContainers[engine].resources.requests[nvidia.com/gpu]", "pod-template-resources"),
         ("spec.podTemplate.spec.containers[engine].resources.requests[nvidia.com/gpu]", "pod-template-owned-field"),
     ]

@@ -330,14 +330,37 @@ def pod_resources(pod: Mapping[str, Any]) -> Iterator[PodResources]:
                 yield PodResources(f"{list_name}[{name}].resources", list_name, name, resources)
 
 
-def _quantity_errors(pod: Mapping[str, Any]) -> list[str]:
-    """Resource quantities of the pod and of its containers that the apiserver would refuse; `pod`
-    has `api.podshape`'s shape."""
+def resource_name_error(name: str, pod_level: bool = False) -> str | None:
+    """Why the apiserver refuses `name` as a resource of a container (or, `pod_level`, of the pod
+    itself), or None (`pkg/apis/core/validation/validation.go:7419-7468`,
+    `pkg/apis/core/helper/helpers.go:166-201`, `component-helpers/resource/helpers.go:65-69`).
+    Caught at admission, as a pod the apiserver refuses would be found only once a rollout has
+    deleted the running one it replaces."""
+    standard = "cpu, memory or hugepages-<size>" if pod_level else "cpu, memory, ephemeral-storage, hugepages-<size>"
+    fix = f"name {standard}" + ("" if pod_level else ", or an extended resource such as nvidia.com/gpu")
+    if not LABEL_KEY.admits(name):
+        return f"resource name {name!r} must be {LABEL_KEY.shape}: {fix}"
+    if pod_level:
+        ok = name in ("cpu", "memory") or name.startswith("hugepages-")
+        return None if ok else f"resource {name!r} cannot be set for the whole pod: {fix}"
+    if "/" not in name:
+        ok = name in ("cpu", "memory", "ephemeral-storage") or name.startswith("hugepages-")
+        return None if ok else f"resource {name!r} is no standard resource for containers: {fix}"
+    if "kubernetes.io/" in name or EXTENDED_RESOURCE.admits(name):
+        return None
+    return f"resource {name!r} must be {EXTENDED_RESOURCE.shape}"
+
+
+def _resource_errors(pod: Mapping[str, Any]) -> list[str]:
+    """Resource names and quantities of the pod and of its containers that the apiserver would
+    refuse; `pod` has `api.podshape`'s shape."""
     errors = []
-    for at, _, _, resources in pod_resources(pod):
+    for at, list_name, _, resources in pod_resources(pod):
         for section in ("requests", "limits"):
             for resource, value in (resources.get(section) or {}).items():
-                if not is_quantity(value):
+                if (wrong := resource_name_error(resource, pod_level=list_name is None)) is not None:
+                    errors.append(f"{at}.{section}[{resource}]: {wrong}")
+                elif not is_quantity(value):
                     errors.append(quantity_error(value, f"{at}.{section}[{resource}]"))
     return errors
 
@@ -360,7 +383,7 @@ class PodTemplate(ApiModel):
         if wrong := shape_errors(spec):
             first, *rest = wrong
             raise FieldInvalid(first.path, "; ".join([first.message, *(f"{e.path}: {e.message}" for e in rest)]))
-        if errors := _quantity_errors(spec):
+        if errors := _resource_errors(spec):
             raise ValueError("; ".join(errors))
         return spec
 

@@ -29,6 +29,7 @@ from hybridserving.api.pods import (
     check_key,
     is_quantity,
     quantity_error,
+    resource_name_error,
     requests_vs_limits,
 )
 from hybridserving.api.weights import URI_MAX_LENGTH, WeightsCache, WeightsSpec
@@ -149,11 +150,16 @@ SGLANG_VERSION = Format("^[0-9]+[.][0-9]+[.][0-9]+([.-][0-9A-Za-z.]+)?$", "an SG
 SglangVersion = Annotated[str, Field(max_length=64), SGLANG_VERSION]
 
 
+# An image reference has no whitespace (the apiserver refuses one with spaces around it, and a pod
+# the apiserver refuses is found only once a rollout has deleted the pod it replaces); nor is it empty.
+ENGINE_IMAGE = Format(r"^[^\t\n\f\r ]+$", "an image reference", "a name without spaces, tagged or by digest, e.g. "
+                      "registry.example/hybridserving/engine:0.1.1-sglang0.5.23 (leave engine.image out for the "
+                      "operator's default)")
+
+
 class EngineSpec(ApiModel):
-    image: str | None = Field(
+    image: Annotated[str, Field(max_length=512), ENGINE_IMAGE] | None = Field(
         default=None,
-        min_length=1,
-        max_length=512,
         description="Engine image: SGLang plus the hybridserving-engine launcher (images/engine/Dockerfile); "
         "pin it by tag or digest. Unset: the operator's default engine image (chart value engineImage), so "
         "the platform team pins one image for every fleet that names none.",
@@ -529,6 +535,8 @@ class Resources(ApiModel):
     @classmethod
     def _quantities(cls, values: dict[str, int | str]) -> dict[str, int | str]:
         for resource, value in values.items():
+            if (wrong := resource_name_error(resource)) is not None:
+                raise FieldInvalid(resource, wrong)
             if not is_quantity(value):
                 raise FieldInvalid(resource, quantity_error(value))
         return values
@@ -547,7 +555,19 @@ ROUTER_IMAGE = Format(r"^[^\t\n\f\r ]+$", "an image reference", "a name without 
                       "lightseekorg/smg:1.13.0 (leave router.image out for the operator's default)")
 
 
+# smg's --prometheus-port, which the operator renders for every router (`core.rendering`).
+ROUTER_METRICS_PORT = 29000
+_ROUTER_PORT_TAKEN = (f"router.port {ROUTER_METRICS_PORT} is the router's metrics port: choose another port "
+                      "(the default is 8000)")
+
+
 class RouterSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel(f"self.port != {ROUTER_METRICS_PORT}", _ROUTER_PORT_TAKEN, "port")]
+        }
+    )
+
     enabled: bool = Field(default=True, description="Deploy an smg router with Kubernetes service discovery.")
     image: Annotated[str, Field(max_length=512), ROUTER_IMAGE] | None = Field(
         default=None,
@@ -561,7 +581,8 @@ class RouterSpec(ApiModel):
         default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "4Gi"}),
         description="CPU/memory of each router replica (Kubernetes quantities).",
     )
-    port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port.")
+    port: int = Field(default=8000, ge=1, le=65535,
+                      description=f"Router HTTP port (not {ROUTER_METRICS_PORT}, its metrics port).")
     prefill_policy: RouterPolicy = Field(
         default="cache_aware",
         description="How smg picks the prefill worker of a request (--prefill-policy): cache_aware (the worker "
@@ -571,6 +592,12 @@ class RouterSpec(ApiModel):
         default="power_of_two",
         description="How smg picks the decode worker of a request (--decode-policy), with prefillPolicy's values; "
         "the default, power_of_two, balances load.")
+
+    @model_validator(mode="after")
+    def _port_free(self) -> RouterSpec:
+        if self.port == ROUTER_METRICS_PORT:
+            raise FieldInvalid("port", _ROUTER_PORT_TAKEN)
+        return self
 
 
 class SloSpec(ApiModel):
@@ -763,7 +790,7 @@ class HybridServingSpec(ApiModel):
         description="Moving instances between prefill and decode as the load shifts: floors, pace, cooldown and "
         "latency targets.")
     replicas: int | None = Field(
-        default=None, ge=2, le=2048,
+        default=None, ge=2, le=1024,
         description="Total instances of the fleet, both roles (the scale subresource: `kubectl scale`, HPA, KEDA). "
         "Needs roleSwitch.enabled: the role-switch controller then owns the split, and prefill.replicas / "
         "decode.replicas give the initial shares. Unset: the fleet has exactly prefill.replicas + decode.replicas.",

@@ -199,6 +199,8 @@ _RULES: tuple[Rule, ...] = (
     Rule("engine-env-setting", "error", "engine.env gives the launcher's settings (and SGLang's health-check "
          "timeout) values they take", "late: the launcher exits naming it, so every engine pod of the rollout "
          "fails to start"),
+    Rule("fleet-size", "error", "a fleet's instances, surge instances included, fit the 1024 it can number",
+         "n/a: the operator numbers instances (and their host-network ports) from 0 to 1023"),
     Rule("bootstrap-port-distinct", "error", "transfer.bootstrapPort's series stays clear of the ports the "
          "operator allocates", "n/a: two servers of one instance would bind one port"),
 )
@@ -758,7 +760,31 @@ def _check_reshard(spec: HybridServingSpec, arch: ModelArchitecture | None) -> I
                      "that supports DSA DCP in PD mode and add dsa-dcp-pd to spec.engine.capabilities")
 
 
+def _check_fleet_size(spec: HybridServingSpec) -> Issues:
+    """Caught at admission: an instance index past the last (`ports.MAX_BLOCKS`) fails only the
+    plan, so the fleet would keep its old spec and never roll; `kubectl scale` is held to it by
+    the CRD's bound on spec.replicas."""
+    if spec.replicas is not None:
+        total, path = spec.replicas, "spec.replicas"
+    else:
+        total, path = spec.prefill.replicas + spec.decode.replicas, "spec.prefill.replicas"
+    if spec.scaling.enabled and spec.scaling.max_replicas > total:
+        total, path = spec.scaling.max_replicas, "spec.scaling.maxReplicas"
+    surge = len(ROLES) * spec.rollout.max_surge
+    if total > ports.MAX_BLOCKS:
+        yield _issue("fleet-size", path, f"the fleet may hold {total} instances, more than the {ports.MAX_BLOCKS} "
+                     "one fleet can number", f"keep the fleet at {ports.MAX_BLOCKS} instances or fewer, or split it "
+                     "into several HybridServings")
+    elif total + surge > ports.MAX_BLOCKS:
+        yield _issue("fleet-size", "spec.rollout.maxSurge",
+                     f"{total} instances plus {surge} surge instances while both roles roll (maxSurge "
+                     f"{spec.rollout.max_surge} each) are more than the {ports.MAX_BLOCKS} one fleet can number",
+                     f"set spec.rollout.maxSurge to at most {(ports.MAX_BLOCKS - total) // len(ROLES)}, or keep "
+                     "the fleet smaller")
+
+
 def _check_fleet(spec: HybridServingSpec) -> Issues:
+    yield from _check_fleet_size(spec)
     if not spec.prefill.prefix_caching:
         yield _issue("prefill-prefix-caching", "spec.prefill.prefixCaching",
                      "prefill without a prefix cache recomputes every shared prompt prefix (system prompts, "

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridserving.api.instance import HybridServingInstanceSpec, InstancePorts
-from hybridserving.api.v1alpha1 import INSTANCE_KIND, ROLES, HybridServing, HybridServingSpec, Role
+from hybridserving.api.v1alpha1 import (
+    INSTANCE_KIND,
+    ROLES,
+    ROUTER_METRICS_PORT,
+    HybridServing,
+    HybridServingSpec,
+    Role,
+)
 from hybridserving.contract import (
     ANNOTATION_ROLE,
     CONFIG_DIR,
@@ -67,7 +74,6 @@ from hybridserving.core.observed import Observed, ObservedInstance
 from hybridserving.core.switching import SWITCH_PHASES
 
 ENGINE_CONTAINER = "engine"
-ROUTER_METRICS_PORT = 29000
 STOP_GRACE = ENV_SETTINGS["HYBRIDSERVING_STOP_GRACE_S"]
 
 
