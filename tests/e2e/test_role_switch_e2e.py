@@ -8,9 +8,11 @@ the other (the local cluster has four 8-GPU nodes):
   instances; the mix shifts to long prompts with short answers, prefill saturates, and the policy on
   its own moves a decode instance to prefill (`POST /pd_role_switch`, no restart);
 * **relaunch** (the same fleet on nixl, which cannot switch in place): an on-call request
-  (`hybridserving.io/switch-to`) moves a decode instance to prefill by relaunching its engine.
+  (`hybridserving.io/switch-to`) moves a decode instance to prefill by relaunching its engine;
+* **restore** (in place, `drainTimeoutSeconds: 1`, long answers): an on-call switch that cannot
+  drain in time aborts and is back in the router within seconds.
 
-Both under client load that never stops: every request must succeed. Each switch shows up in the
+All under client load that never stops: every request must succeed. Each switch shows up in the
 HybridServing's `status.switches` and as Events.
 """
 
@@ -45,7 +47,9 @@ def test_policy_switches_a_decode_instance_to_prefill_in_place_under_load(
         started = time.monotonic()
         switch = wait_for(f.finished_switch, 300, "the policy's switch to finish", interval=1)
         decided_after = time.monotonic() - started
-        wait_for(lambda: f.serving(2, 1), 60, "two prefill and one decode leaders in the router")
+        # Routed again means in the router again, at once: smg ignores a label back within 6 s of its
+        # removal and finds the worker only by its periodic pass, a minute later (docs/role-switch.md).
+        wait_for(lambda: f.serving(2, 1), 15, "two prefill and one decode leaders in the router")
         heavy.stop()
         time.sleep(3)
         steady.stop()
@@ -85,6 +89,7 @@ def test_policy_switches_a_decode_instance_to_prefill_in_place_under_load(
         p2d = wait_for(back_to_decode, 180, "the on-call prefill -> decode switch to finish", interval=1)
         assert (p2d["fromRole"], p2d["toRole"], p2d["mode"], p2d["outcome"]) == (
             "prefill", "decode", "in-place", "Succeeded"), p2d
+        wait_for(lambda: f.serving(1, 2), 15, "one prefill and two decode leaders in the router")
         leader = f.leaders()[born_prefill]
         assert leader["metadata"]["uid"] == victim_uid
         launcher = httpx.get(launcher_url(leader) + "/status", timeout=5, trust_env=False).json()
@@ -131,5 +136,37 @@ def test_on_call_request_relaunches_a_decode_instance_as_prefill_under_load(
         assert leader["metadata"]["uid"] == before["metadata"]["uid"], "same pod"
         assert (leader["status"]["containerStatuses"][0]["restartCount"]
                 == before["status"]["containerStatuses"][0]["restartCount"]), "engine relaunched inside the container"
+    finally:
+        tear_down(local_cluster, namespace)
+
+
+def test_a_switch_that_cannot_drain_in_time_puts_the_instance_back_in_the_router_at_once(
+        local_cluster, fleet_operator, pod_runner, discovering_router) -> None:
+    """drainTimeoutSeconds 1 under long answers: the switch aborts a second into its drain and
+    restores the instance. smg ignores a label back within 6 s of its removal, removes the worker
+    anyway and finds it again only by its periodic pass a minute later; the operator keeps the label
+    off for 8 s, so the instance is back in the router within seconds of the Restore."""
+    namespace = "role-switch-restore"
+    doc = manifest("rs-restore", backend="mooncake", time_scale=0.5, startup_seconds=2.0)
+    doc["spec"]["roleSwitch"]["drainTimeoutSeconds"] = 1
+    f = bring_up(local_cluster, discovering_router, namespace, doc)
+    try:
+        long_answers = Load(f.router, 4, SHORT_PROMPT, 2000, "long answers (1K-token prompts, 2,000 tokens out)")
+        time.sleep(5)
+        instances = f.kubectl_json("get", "hybridservinginstances")["items"]
+        victim = sorted(i["metadata"]["name"] for i in instances if i["spec"]["role"] == "decode")[0]
+        f.cluster.kubectl("-n", namespace, "annotate", "hybridservinginstance", victim,
+                          "hybridserving.io/switch-to=prefill")
+        switch = wait_for(f.finished_switch, 120, "the on-call switch to end", interval=0.5)
+        ended = time.monotonic()
+        wait_for(lambda: f.serving(1, 2), 15, "the restored decode instance back in the router")
+        print(f"  back in the router {time.monotonic() - ended:.1f} s after the switch ended")
+        long_answers.stop()
+        report(f, switch, [long_answers])
+        assert (switch["instance"], switch["fromRole"], switch["toRole"], switch["outcome"]) == (
+            victim, "decode", "prefill", "Aborted"), switch
+        assert "not idle after 1 s of draining" in switch["phase"], switch
+        assert not long_answers.failures, long_answers.failures[:5]
+        assert f.kubectl_json("get", "hybridservinginstance", victim)["spec"]["role"] == "decode"
     finally:
         tear_down(local_cluster, namespace)

@@ -29,7 +29,7 @@ from hybridserving.core.switching import (
 )
 
 CONFIG = SwitchConfig(drain_timeout_s=30, unroute_settle_s=2, in_place_timeout_s=60, relaunch_timeout_s=300,
-                      verify_timeout_s=20, route_timeout_s=20, restore_timeout_s=60)
+                      verify_timeout_s=20, route_timeout_s=20, restore_timeout_s=60, router_forget_s=8)
 TICK = 1.0
 
 
@@ -57,6 +57,7 @@ class World:
     _target: str | None = None
     restarts: int = 0
     ticks: int = 0
+    label_gone_at: int | None = None
 
     def apply(self, want: Desired) -> None:
         self.role = want.role
@@ -69,7 +70,15 @@ class World:
         """One tick of the planner, router, engine and launcher."""
         self.ticks += 1
         routed = self.phase not in ("Draining", "Switching", "Relaunching")
-        self.label = self.role if routed and self.healthy_for_label() else None
+        label = self.role if routed and self.healthy_for_label() else None
+        if self.label is not None and label is None:
+            self.label_gone_at = self.ticks
+        elif (self.label is None and label is not None and self.label_gone_at is not None
+              and self.generation == self.restarts):  # pods recreated now are new to the router
+            # smg drops a worker 1 + 5 s after its label goes and ignores the label back before that.
+            assert (self.ticks - self.label_gone_at) * TICK >= CONFIG.router_forget_s, (
+                f"the router label came back {self.ticks - self.label_gone_at} tick(s) after it went")
+        self.label = label
         if self.pods_role != self.role:
             self.pods_role = self.role
             if self.generation > self.restarts:
@@ -78,6 +87,7 @@ class World:
                 self._target, self._switch_at = self.role, self.ticks + self.switch_ticks
         if self.generation > self.restarts:  # gang recreated in the instance's role
             self.restarts = self.generation
+            self.label_gone_at = None  # new pods: the router has never seen them
             self.launcher_role = self.engine_role = self.role
             self.pods_role = self.role
             self.healthy, self.launcher_phase, self.switch_count, self.last = True, "Ready", 0, None

@@ -80,6 +80,13 @@ class SwitchConfig:
     drain_timeout_s: float = 600.0
     unroute_settle_s: float = 2.0
     """After the router label is gone: time for the router to drop the worker before idle counts."""
+    router_forget_s: float = 8.0
+    """After the router label is gone: how long it stays gone before it comes back (Route,
+    Restore). smg reconciles 1 s after a pod event and removes a worker whose label went 5 s
+    later (its drain_settle_secs); a label back before that finds the worker still registered,
+    is ignored, and the worker is then removed anyway, found again only by the periodic pass a
+    minute later (`model_gateway/src/service_discovery.rs`, `workflow/steps/local/
+    drain_workers.rs`): an instance its status calls routed would serve in no router."""
     in_place_timeout_s: float = 300.0
     relaunch_timeout_s: float = 3600.0
     verify_timeout_s: float = 120.0
@@ -333,7 +340,18 @@ def step(state: SwitchState, obs: Observation, now: float, config: SwitchConfig)
 
     A step advances only when the objects already show what it asked for (phase written, label
     gone, role annotated), so a write that did not land is simply asked for again next time.
+    Route and Restore bring the router label back only `router_forget_s` after it went; until
+    then they ask for what the step before them did.
     """
+    new, want = _advance(state, obs, now, config)
+    if new.step in ("Route", "Restore"):
+        # Unroute saw the label gone no earlier than it went: a lower bound on how long ago.
+        if now - new.started - new.phases.get("Unroute", 0.0) < config.router_forget_s:
+            return new, desired(replace(new, step="Verify" if new.step == "Route" else "Drain"), obs)
+    return new, want
+
+
+def _advance(state: SwitchState, obs: Observation, now: float, config: SwitchConfig) -> tuple[SwitchState, Desired]:
     want = desired(state, obs)
     applied = obs.spec_role == want.role and phase_applied(want.phase, obs.phase)
     elapsed = now - state.step_started
