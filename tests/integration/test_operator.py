@@ -290,6 +290,31 @@ def test_an_invalid_update_is_reported_and_the_fleet_keeps_running(fleet: Fleet)
     assert fleet.uids() == before, "back to the same spec: nothing to roll"
 
 
+def test_a_roll_to_pods_the_apiserver_refuses_is_held_and_every_instance_keeps_serving(fleet: Fleet) -> None:
+    """Pod content the CRD and the layout rules let through and the apiserver refuses in a pod (a
+    toleration operator it does not know): the rollout deletes a gang before it creates the next,
+    so the operator creates the first new pod as a dry run and holds the roll."""
+    manifest = example("role-switch")
+    manifest["spec"]["roleSwitch"]["enabled"] = False
+    fleet.apply(manifest)
+    fleet.wait_settled()
+    before = fleet.uids()
+    toleration = {"key": "example.com/pool", "operator": "Equals", "value": "a", "effect": "NoSchedule"}
+    fleet.edit(lambda s: s.update(podTemplate={"spec": {"tolerations": [toleration]}}))
+    fleet.wait_for(lambda: fleet.condition("Degraded").get("reason") == "RolloutPodInvalid", timeout=60,
+                   what="Degraded=RolloutPodInvalid")
+    degraded = fleet.condition("Degraded")
+    assert "not rolled: the apiserver refuses its new pods" in degraded["message"]
+    assert "tolerations[0].operator" in degraded["message"], degraded["message"]
+    time.sleep(3)
+    assert fleet.uids() == before, "no gang was deleted"
+    assert fleet.condition("Ready").get("status") == "True"
+    fleet.edit(lambda s: s.update(podTemplate=None))  # a merge patch: null removes it
+    fleet.wait_settled()
+    assert fleet.uids() == before, "back to the running configuration: nothing to roll"
+    assert fleet.condition("Degraded").get("status") == "False"
+
+
 def test_deleting_a_fleet_removes_what_it_owns_and_nothing_else(fleet: Fleet) -> None:
     fleet.apply(example("role-switch"))
     fleet.wait_settled()

@@ -600,6 +600,34 @@ def test_a_canary_that_never_comes_up_is_no_hold_and_its_rollout_runs_into_the_p
     assert api.condition("Degraded")["status"] == "False"
 
 
+def test_a_roll_to_pods_the_apiserver_refuses_keeps_the_running_gangs_and_says_why(api: MemoryApi) -> None:
+    """Pod content no admission check caught (the webhook down during the update): the rollout would
+    delete each gang and fail to create its successor. The dry run of the first new pod holds it."""
+    settle(api)
+    pods = {name: pod["metadata"]["uid"] for (kind, name), pod in api.store.items() if kind == "Pod"}
+    hashes = {name: o["spec"]["configHash"] for (kind, name), o in api.store.items() if kind == INSTANCE_KIND}
+    api.fail = lambda verb, kind, name: 422 if verb == "create-dry-run" and kind == "Pod" else None
+    spec = copy.deepcopy(SPEC)
+    spec["engine"] = {"image": "registry.example/sglang:v2"}
+    api.user_apply(spec)
+    for _ in range(4):
+        rec.reconcile(api, NS, "fleet")
+        api.run_pods()
+    assert {name: pod["metadata"]["uid"] for (kind, name), pod in api.store.items() if kind == "Pod"} == pods
+    assert {name: o["spec"]["configHash"] for (kind, name), o in api.store.items() if kind == INSTANCE_KIND} == hashes
+    degraded = api.condition("Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "RolloutPodInvalid", degraded
+    assert "not rolled: the apiserver refuses its new pods" in degraded["message"]
+    assert api.condition("Ready")["status"] == "True", "every instance still serves"
+    assert [e["reason"] for e in events(api) if e["type"] == "Warning"] == ["RolloutPodInvalid"]
+
+    api.fail = lambda verb, kind, name: None  # the field fixed, or the refusal was never the spec's
+    settle(api, passes=20)
+    assert {pod["spec"]["containers"][0]["image"] for (kind, _), pod in api.store.items()
+            if kind == "Pod"} == {"registry.example/sglang:v2"}
+    assert api.condition("Degraded")["status"] == "False"
+
+
 def render_as_a_newer_operator(monkeypatch: pytest.MonkeyPatch) -> None:
     """From now on the operator renders every engine pod with one more env var, as a new operator
     version may: the spec and its configuration revision stay what they were."""

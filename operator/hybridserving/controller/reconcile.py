@@ -84,6 +84,7 @@ WEIGHTS_PROGRESS_SECONDS = 5.0
 
 # The Degraded reason (and Warning Event) of a cluster that drops image volumes.
 WEIGHTS_VOLUME_DROPPED = "WeightsVolumeDropped"
+ROLLOUT_POD_INVALID = "RolloutPodInvalid"
 
 # Asks the running fill steps for their progress: pod name → (IP, port) in, the answers out.
 FillProbe = Callable[[Mapping[str, tuple[str, int]]], Mapping[str, weights.FillProgress]]
@@ -460,6 +461,44 @@ def image_volume_refused(kube: Kube, namespace: str, spec: HybridServingSpec, to
     return not weights.volume_kept(stored)
 
 
+def hold_invalid_rolls(kube: Kube, namespace: str, desired: DesiredState, todo: list[Action],
+                       outcome: Outcome) -> list[Action]:
+    """The pass's writes without the roll of any instance whose new pods the apiserver refuses.
+
+    A rollout deletes the running gang before it creates the new one, so pod content that no
+    admission check caught (an update while the webhook was down, a rule it does not mirror)
+    would take the instance down for good. Its first new pod is created as a dry run, under a
+    generated name (the running pod still holds the real one); refused as invalid (422), the
+    instance keeps its spec and its gang, serving the old configuration, and the pass fails
+    naming the apiserver's words. A dry run refused for anything else (a quota the old pods still
+    use, a webhook that takes no dry runs) tells nothing: the roll goes on.
+    """
+    doomed = {a.name for a in todo if a.verb == "delete" and a.kind == "Pod" and Cause.ROLLOUT in a.causes}
+    held: set[str] = set()
+    for name, plan in desired.instances.items():
+        if not plan.pods or not doomed & {pod["metadata"]["name"] for pod in plan.pods}:
+            continue
+        probe = json.loads(json.dumps(plan.pods[0]))
+        del probe["metadata"]["name"]
+        probe["metadata"]["generateName"] = f"{plan.pods[0]['metadata']['name']}-"
+        try:
+            kube.create("Pod", namespace, probe, dry_run=True)
+        except KubeError as exc:
+            if exc.status != 422:
+                log.info("%s/%s: dry-run create of its new pod failed (%s); rolling on", namespace, name, exc)
+                continue
+            held.add(name)
+            outcome.fail(ROLLOUT_POD_INVALID,
+                         f"{INSTANCE_KIND}/{name} not rolled: the apiserver refuses its new pods ({exc.message}); "
+                         "its running gang keeps serving the previous configuration: fix the field the message "
+                         "names (spec.podTemplate, spec.engine) or roll back the spec")
+    if not held:
+        return todo
+    gangs = {pod["metadata"]["name"] for name in held for pod in desired.instances[name].pods}
+    return [a for a in todo if not ((a.kind == INSTANCE_KIND and a.name in held)
+                                    or (a.kind == "Pod" and a.name in gangs))]
+
+
 def report_instances(kube: Kube, namespace: str, views: dict[str, InstanceView], outcome: Outcome) -> None:
     """Instance status, written only where it changed, and only on the instance as observed.
 
@@ -606,6 +645,7 @@ def reconcile(kube: Kube, namespace: str, name: str,
             assert desired.spec.model.weights is not None, "only a fleet with weights has an image volume"
             outcome.fail(WEIGHTS_VOLUME_DROPPED, weights.volume_dropped_message(desired.spec.model.weights))
             todo = [a for a in todo if not (a.verb == "create" and a.kind == "Pod")]
+        todo = hold_invalid_rolls(kube, namespace, desired, todo, outcome)
         if todo or previous.get("ready") != "True":
             write_engine_key(kube, namespace, meta, operator_key, outcome)
         owners = {meta["uid"]} | {i.uid for i in observed.instances.values()}
