@@ -40,6 +40,7 @@ def record(namespace: str, name: str, status: Mapping[str, Any], views: Mapping[
         metrics.INSTANCE_RESTARTS.labels(namespace, name, inst).set(sum(p.restarts for p in pods))
         metrics.INSTANCE_CRASH_LOOPING.labels(namespace, name, inst).set(1 if any(p.crash_looping for p in pods) else 0)
         metrics.INSTANCE_SWITCHING.labels(namespace, name, inst).set(1 if v.observed.phase in SWITCH_PHASES else 0)
+        metrics.INSTANCE_RELAUNCHING.labels(namespace, name, inst).set(1 if v.observed.phase == "Relaunching" else 0)
     for inst in _instances.get(key, set()) - names:
         _remove_instance(namespace, name, inst)
     _instances[key] = names
@@ -71,7 +72,8 @@ def forget(namespace: str, name: str) -> None:
 
 
 def _remove_instance(namespace: str, name: str, inst: str) -> None:
-    for gauge in (metrics.INSTANCE_RESTARTS, metrics.INSTANCE_CRASH_LOOPING, metrics.INSTANCE_SWITCHING):
+    for gauge in (metrics.INSTANCE_RESTARTS, metrics.INSTANCE_CRASH_LOOPING, metrics.INSTANCE_SWITCHING,
+                  metrics.INSTANCE_RELAUNCHING):
         try:
             gauge.remove(namespace, name, inst)
         except KeyError:

@@ -88,3 +88,9 @@ INSTANCE_SWITCHING = Gauge(
     "hybridserving_instance_switching", "1 while the instance is in a role switch (any step), else 0.",
     ["namespace", "hybridserving", "hybridserving_instance"],
 )
+INSTANCE_RELAUNCHING = Gauge(
+    "hybridserving_instance_relaunching",
+    "1 while a role switch relaunches the instance's engine (its Switch step by relaunch, bounded by the "
+    "launcher's start-up limit, an hour, where every other step takes minutes), else 0.",
+    ["namespace", "hybridserving", "hybridserving_instance"],
+)
