@@ -28,6 +28,7 @@ from hybridserving.core import ports, resolution, sglang_options
 from hybridserving.contract import ENV_ENGINE_API_KEY, ENV_SETTINGS, PLACEHOLDERS
 from hybridserving.api.profiles import PROFILES, ModelArchitecture
 from hybridserving.core.resolution import SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS
+from hybridserving.core.switching import SwitchConfig
 
 Severity = Literal["error", "warning"]
 
@@ -181,6 +182,8 @@ _RULES: tuple[Rule, ...] = (
          "n/a: the controller's floors"),
     Rule("total-replicas-needs-role-switch", "error", "spec.replicas and scaling.enabled (the fleet's total) "
          "come with role switching", "n/a: the controller splits the total between roles"),
+    Rule("role-switch-drain-timeout", "warning", "roleSwitch.drainTimeoutSeconds leaves time to drain an idle "
+         "engine", "n/a: every switch aborts its drain and restores the old role"),
     Rule("scaling-bounds", "error", "scaling.minReplicas is at most scaling.maxReplicas", "n/a: the operator's scaler"),
     Rule("role-switch-floor-above-replicas", "warning", "a role starts at or above its role-switch floor",
          "n/a: the controller's floors"),
@@ -837,6 +840,8 @@ def _check_transfer(spec: HybridServingSpec) -> Issues:
 
 def _check_role_switch(spec: HybridServingSpec) -> Issues:
     switch, scaling = spec.role_switch, spec.scaling
+    if switch.enabled:
+        yield from _check_drain_timeout(spec)
     # Checked whatever else holds, as the CRD's rule on ScalingSpec is: bounds that cannot hold are
     # refused by the apiserver even with the scaler or role switching off.
     if scaling.min_replicas > scaling.max_replicas:
@@ -921,6 +926,28 @@ def _check_env(spec: HybridServingSpec) -> Issues:
             except ValueError as err:
                 yield _issue("engine-env-setting", f"spec.engine.env[{index}].value", str(err),
                              f"set {var.name} to {setting.expected} (default {setting.default}), or remove it")
+
+
+def _check_drain_timeout(spec: HybridServingSpec) -> Issues:
+    """Both drains need more than the drain timeout allows: the controller's waits for the router
+    to let go of the instance (`SwitchConfig.unroute_settle_s`), the launcher's for an idle window
+    (`HYBRIDSERVING_IDLE_WINDOW_S`), each bounded by drainTimeoutSeconds."""
+    setting = ENV_SETTINGS["HYBRIDSERVING_IDLE_WINDOW_S"]
+    given = next((var.plain_value for var in spec.engine.env if var.name == setting.name), None)
+    try:
+        idle = float(setting.read(given))
+    except ValueError:
+        return  # engine-env-setting names it
+    settle = SwitchConfig().unroute_settle_s
+    least = max(settle, idle)
+    timeout = spec.role_switch.drain_timeout_seconds
+    if timeout <= least:
+        yield _issue("role-switch-drain-timeout", "spec.roleSwitch.drainTimeoutSeconds",
+                     f"drainTimeoutSeconds {timeout} leaves no time to drain even an idle engine: the switch "
+                     f"waits {settle:g} s for the router to let go of it and the launcher {idle:g} s of idleness "
+                     f"({setting.name}), so every switch aborts and restores the old role",
+                     f"set spec.roleSwitch.drainTimeoutSeconds above {least:g} s (the default, 600, also waits "
+                     "out long requests)")
 
 
 def _check_model(spec: HybridServingSpec) -> Issues:
