@@ -132,7 +132,7 @@ def test_scaling_up_and_down_keeps_names_and_other_pods(fleet: Fleet) -> None:
 
 def test_kubectl_scale_resizes_a_switching_fleet_through_the_scale_subresource(fleet: Fleet) -> None:
     """What HPA and KEDA drive: `/scale` reads and writes the fleet's total, and reports the
-    selector of exactly the fleet's engine pods."""
+    selector of one engine pod per instance (its rank 0)."""
     fleet.apply(example("role-switch"))
     fleet.wait_settled()
     kubectl = fleet.cluster.kubectl
@@ -143,7 +143,7 @@ def test_kubectl_scale_resizes_a_switching_fleet_through_the_scale_subresource(f
     scale = json.loads(kubectl("get", "--raw", raw).stdout)
     assert (scale["kind"], scale["spec"]["replicas"], scale["status"]["replicas"]) == ("Scale", 6, 6)
     selected = fleet.core.list_namespaced_pod(fleet.ns, label_selector=scale["status"]["selector"]).items
-    assert sorted(p.metadata.name for p in selected) == sorted(fleet.pods())
+    assert sorted(p.metadata.name for p in selected) == sorted(f"{name}-0" for name in fleet.instances())
 
     kubectl("scale", f"hybridserving/{fleet.name}", "-n", fleet.ns, "--replicas=2")
     fleet.wait_settled()

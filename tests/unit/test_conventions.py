@@ -48,3 +48,16 @@ def test_conditions_are_metav1_conditions() -> None:
         assert REASON.fullmatch(c["reason"]), c
         dt.datetime.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ")
         assert c["observedGeneration"] == 1 and isinstance(c["message"], str)
+
+
+def test_the_scale_subresources_selector_picks_one_pod_per_instance() -> None:
+    """HPA multiplies a per-pod usage ratio by the pods `status.selector` picks and writes the
+    product as the fleet's instances: a multi-node instance must count once."""
+    api = MemoryApi()
+    api.user_apply({**SPEC, "prefill": {"replicas": 2, "nodesPerInstance": 2, "layout": {"tp": 16}}})
+    settle(api)
+    terms = dict(term.split("=") for term in api.status()["selector"].split(","))
+    picked = [name for (kind, name), pod in api.store.items()
+              if kind == "Pod" and terms.items() <= pod["metadata"]["labels"].items()]
+    assert len([k for k in api.store if k[0] == "Pod"]) == 6, "two 2-node prefill instances, two decode"
+    assert sorted(picked) == [f"fleet-{i}-0" for i in range(4)] and api.status()["replicas"] == 4

@@ -36,7 +36,7 @@ from hybridserving.core.naming import (
 )
 from hybridserving.core.observed import Observed
 from hybridserving.core.podtemplate import OWNED_ENGINE_FIELDS
-from hybridserving.core.switching import SwitchState
+from hybridserving.core.switching import ANNOTATION_PINNED, ANNOTATION_SWITCH, SwitchState
 from hybridserving_engine.launcher import fill_pod_values
 from support.apiserver import FakeCluster
 from support.fleets import check_invariants, converge, fleet, router_deployment, uids
@@ -817,6 +817,25 @@ def test_the_fleets_total_is_split_by_the_roles_shares_and_never_below_a_floor()
               for role in ROLES}
     assert sorted(cluster.instances()) == sorted(lowest.values()), "each role's highest indexes leave first"
 
+
+
+
+def test_a_smaller_total_never_takes_a_roles_last_settled_instance_nor_one_mid_switch_or_pinned() -> None:
+    """HPA or `kubectl scale` name no instance: the assignment picks it. The lower decode is on
+    its way to prefill, so the higher one (which a tie between the roles would remove) is decode's
+    only settled instance and its floor; of prefill, the pinned higher one stays."""
+    switching = {"roleSwitch": {"enabled": True, "minPrefill": 1, "minDecode": 1},
+                 "prefill": {"replicas": 2}, "decode": {"replicas": 2}}
+    cluster = FakeCluster(nodes=16)
+    converge(cluster, fleet(**switching, replicas=4))
+    by_role = {role: sorted((n for n, i in cluster.instances().items() if i["spec"]["role"] == role),
+                            key=lambda n: int(n.split("-")[1])) for role in ROLES}
+    assert [len(v) for v in by_role.values()] == [2, 2]
+    record = SwitchState.start("decode", "prefill", "in-place", "policy: test", 1000.0).to_annotation()
+    cluster.instances()[by_role["decode"][0]]["metadata"].setdefault("annotations", {})[ANNOTATION_SWITCH] = record
+    cluster.instances()[by_role["prefill"][1]]["metadata"].setdefault("annotations", {})[ANNOTATION_PINNED] = "true"
+    desired = planner.plan(fleet(**switching, replicas=3), cluster.observed())
+    assert sorted(desired.instances) == sorted([*by_role["decode"], by_role["prefill"][1]])
 
 
 # --------------------------------------------------------------------------- surge

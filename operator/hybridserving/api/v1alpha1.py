@@ -1028,10 +1028,12 @@ class HybridServingStatus(ApiModel):
         "hold lifted, a spec change): the progress deadline counts from here.",
     )
     replicas: int = Field(default=0, description="Instances that exist, both roles (the scale subresource's status).")
-    # `hybridserving.io/name=<fleet>,hybridserving.io/component=engine`: room for any object name.
+    # `hybridserving.io/name=<fleet>,hybridserving.io/component=engine,hybridserving.io/leader=true`: room for
+    # any object name.
     selector: str = Field(
         default="", max_length=512,
-        description="Label selector of the fleet's engine pods (the scale subresource's, for HPA's pod metrics).")
+        description="Label selector of one engine pod per instance, its rank 0 (the scale subresource's, for "
+        "HPA's pod metrics).")
     weights: WeightsStatus | None = Field(default=None, description="Where the model weights are, per node.")
     rollout: RolloutStatus | None = Field(default=None, description="Revisions and how far the rollout got.")
 

@@ -11,7 +11,7 @@ from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core.naming import instance_name
 from hybridserving.core.observed import Observed, ObservedInstance
-from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
+from hybridserving.core.switching import ANNOTATION_PINNED, ANNOTATION_SWITCH, SwitchState
 
 
 def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) -> dict[str, tuple[int, Role]]:
@@ -22,7 +22,11 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     With role switching on, the controller owns the mix and the spec only sizes the
     fleet (`spec.total_instances()`: `spec.replicas` when set, e.g. by the scale subresource):
     a new instance joins the role furthest below its share of that total (the roles' replicas
-    give the shares), a removed one leaves the role furthest above, never below its floor.
+    give the shares), a removed one leaves the role furthest above, never taking the instances
+    that serve a role without a switch under way below its floor (one switching away from it
+    will not serve it), and of that role an instance in no switch and not pinned first: the
+    total may come from HPA or `kubectl scale`, which name no instance, and removing one
+    mid-switch, or the only settled one of a role, could leave a role with nothing serving.
     With role switching off, each role has exactly its replicas.
     Surplus instances go highest index first; new ones take the lowest free index (an
     instance still being deleted keeps its index until it is gone). Surge instances
@@ -35,11 +39,15 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     keep = [(i.spec.index, held_role(i, observed) or i.spec.role, i.name) for i in live]
     if spec.role_switch.enabled:
         floors = {"prefill": spec.role_switch.min_prefill, "decode": spec.role_switch.min_decode}
+        switching = {i.name for i in live if SwitchState.from_annotation(i.annotations.get(ANNOTATION_SWITCH))}
+        pinned = {i.name for i in live if i.annotations.get(ANNOTATION_PINNED, "").lower() == "true"}
         while len(keep) > total:
             counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
-            above = [r for r in ROLES if counts[r] > floors[r]] or list(ROLES)
+            settled = {r: sum(1 for k in keep if k[1] == r and k[2] not in switching) for r in ROLES}
+            above = [r for r in ROLES if settled[r] > floors[r]] or list(ROLES)
             role = max(above, key=lambda r: (counts[r] - target[r], r == "decode"))
-            keep.remove(max((k for k in keep if k[1] == role), key=lambda k: k[0]))
+            keep.remove(max((k for k in keep if k[1] == role),
+                            key=lambda k: (k[2] not in switching, k[2] not in pinned, k[0])))
     else:
         keep = sorted(k for role in ROLES for k in [k for k in keep if k[1] == role][: int(target[role])])
     result = {name: (index, role) for index, role, name in keep}

@@ -53,9 +53,11 @@ ANNOTATION_WORKER_PORTS = "smg.ai/worker-ports"
 
 
 def engine_selector(hs: str) -> str:
-    """The fleet's engine pods as a label selector string: what the scale subresource reports, so
-    HPA averages its pod metrics over exactly these pods."""
-    return f"{LABEL_NAME}={hs},{LABEL_COMPONENT}=engine"
+    """The fleet's instances as a label selector string, one pod each (its rank 0, which serves
+    HTTP and exports the engine's metrics): what the scale subresource reports. HPA multiplies a
+    per-pod usage ratio by the pods this selects and writes the result as the fleet's instances,
+    so selecting every rank of a multi-node instance would count it several times."""
+    return f"{LABEL_NAME}={hs},{LABEL_COMPONENT}=engine,{LABEL_LEADER}=true"
 
 
 def instance_name(hs: str, index: int) -> str:
