@@ -810,6 +810,33 @@ def test_the_scaler_shrinks_an_idle_fleet_after_its_delay_and_keeps_each_roles_f
     assert fleet_replicas(h) == 2, "never below scaling.minReplicas and the role floors"
 
 
+def test_an_instance_stuck_crash_looping_neither_holds_a_scale_down_nor_counts_as_a_launch() -> None:
+    """A gang that keeps crashing holds GPUs and serves nothing; counted as launching, it held every
+    scale-down (and a launch slot) for as long as it stayed stuck."""
+    h = scaling_harness(scaleDownDelaySeconds=30)
+    start = len(instances(h))
+    stuck = instances(h)[-1]
+    kubelet = h.kubelet
+
+    def crash_looping() -> None:
+        kubelet()
+        h.leader(stuck)["status"] = {
+            "phase": "Running", "podIP": "10.0.0." + stuck.split("-")[1],
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "engine", "restartCount": 7, "ready": False,
+                                   "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                   "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+
+    h.kubelet = crash_looping  # type: ignore[method-assign]
+    for name in instances(h):
+        e = h.engine(name)
+        e.utilization, e.queue_tokens, e.kv_usage, e.running = 0.0, 0, 0.0, 0
+    h.tick(2)
+    assert h.instance(stuck)["status"]["phase"] == "CrashLoop"
+    h.run_until(lambda: (fleet_replicas(h) or start) < start, limit=200)
+    assert any(reason == "ScaledDown" for reason, _ in h.events())
+
+
 def test_a_refused_resize_is_a_warning_event_and_is_decided_again_later() -> None:
     h = scaling_harness()
     patch = h.api.patch

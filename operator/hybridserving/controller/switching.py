@@ -624,25 +624,38 @@ class SwitchController:
                 continue
             self._start(namespace, hs_body, spec, chosen, d.to_role, f"policy: {d.reason}", now, history, report)
         if spec.scaling.enabled:
-            self._scale(namespace, hs_body, spec, policy, states, observed, decisions, mem, now, report)
+            self._scale(namespace, hs_body, spec, policy, states, instances, observed, decisions, mem, now, report)
 
     def _scale(self, namespace: str, hs_body: dict[str, Any], spec: HybridServingSpec, policy: RoleSwitchPolicy,
-               states: list[InstanceState], observed: Mapping[str, InstanceMetrics], decisions: list[Decision],
+               states: list[InstanceState], instances: Mapping[str, Instance],
+               observed: Mapping[str, InstanceMetrics], decisions: list[Decision],
                mem: FleetMemory, now: float, report: TickReport) -> None:
         """Resize the fleet's total from the policy's own demand, the way HPA would: through the
         scale subresource (`spec.replicas`), so that the reconcile adds or removes instances, the
         role-switch controller splits them, and a user or GitOps sees one writer of one field.
 
-        Instances still starting count as launching (they hold GPUs); the room up to
-        `scaling.maxReplicas` is what the scaler may launch into. The scaler names the instance it
-        would remove; the fleet's assignment picks the one to go (the role furthest above its
-        share, highest index first), and its pods drain on termination.
+        Instances coming up count as launching (they hold GPUs): those pending or starting, for
+        up to two launch times, and gangs a switch is restarting. One stuck otherwise (crash
+        looping, failed, blocked, unready, or pending past that) counts as neither capacity nor a
+        launch: counted as launching, it would hold every scale-down and a launch slot for as long
+        as it stays stuck, which status reports. The room up to `scaling.maxReplicas` is what the
+        scaler may launch into. The scaler names the instance it would remove; the fleet's
+        assignment picks the one to go (`core.assignment`), and its pods drain on termination.
         """
         config = ScalingConfig.from_spec(spec.scaling, spec.role_switch)
         moving = {d.instance for d in decisions}
+        horizon = 2 * policy.model.launch_seconds() * policy.model.time_scale
+
+        def coming_up(name: str) -> bool:
+            inst = instances[name]
+            if inst.record is not None:
+                return True
+            created = parse_time(inst.obj["metadata"].get("creationTimestamp"))
+            return inst.phase in (None, "Pending", "Starting") and (created is None or now - created < horizon)
+
         fleet = [s if s.phase != "down" else InstanceState(s.name, s.role, "switching", s.role, s.last_switch_at,
                                                            s.pinned, s.in_place)
-                 for s in states if s.name not in moving]
+                 for s in states if s.name not in moving and (s.phase != "down" or coming_up(s.name))]
         room = max(0, config.max_instances - len(states))
         fleet += [InstanceState(f"(room {i})", "decode", "down") for i in range(room)]
         actions, mem.scaler = FleetScaler(config, policy).decide(
