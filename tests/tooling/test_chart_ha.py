@@ -33,6 +33,16 @@ def test_two_replicas_elect_a_leader_on_a_lease_of_their_own() -> None:
     ]
 
 
+@pytest.mark.parametrize("webhook", ["true", "false"])
+def test_a_rolling_update_waits_for_each_new_replica_to_start(webhook: str) -> None:
+    """maxUnavailable 0 holds an old replica only until the new one is Ready: without a readiness
+    probe a new image that never starts would count as Ready at once and replace every replica."""
+    container = operator_container(render("replicaCount=2", f"webhook.enabled={webhook}"))
+    probe = container["readinessProbe"]
+    assert probe.get("httpGet") == {"path": "/healthz", "port": "health"} or probe.get("tcpSocket") == {
+        "port": "webhook"}, probe
+
+
 def test_one_replica_elects_too_so_scaling_to_two_never_has_two_acting() -> None:
     """From 1 to 2 the pods roll (surge first): an old replica without election would act beside
     the new leader until it stops."""

@@ -10,6 +10,7 @@ The same chart is installed on a real control plane in tests/integration/test_ch
 from __future__ import annotations
 
 import base64
+import re
 
 import kopf
 import pytest
@@ -574,3 +575,15 @@ def test_replicas_elect_on_the_named_lease_and_may_touch_no_other(sets: tuple[st
     named = [rule for rule in role["rules"] if "resourceNames" in rule]
     assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                       "resourceNames": [lease], "verbs": ["get", "patch"]}]
+
+
+def test_service_names_fit_a_dns_label_whatever_the_release_is_called() -> None:
+    """A Service name is a DNS-1035 label (63 characters), shorter than the fullname may be: the
+    metrics and webhook Services, and the webhook configuration that calls one, cut the fullname."""
+    long = "a" * 60
+    docs = render(f"fullnameOverride={long}", "webhook.enabled=true")
+    names = {s["metadata"]["name"] for s in of_kind(docs, "Service")}
+    assert names == {f"{long[:55]}-metrics", f"{long[:55]}-webhook"}
+    assert all(re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", n) for n in names), names
+    (config,) = of_kind(docs, "ValidatingWebhookConfiguration")
+    assert {w["clientConfig"]["service"]["name"] for w in config["webhooks"]} == {f"{long[:55]}-webhook"}

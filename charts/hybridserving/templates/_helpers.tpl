@@ -20,6 +20,15 @@ that the namespaced Role and its cluster-wide variant (watchAllNamespaces) can n
 {{- end }}
 {{- end }}
 
+{{/*
+A Service's name: (list . "<suffix>"). A Service name is a DNS-1035 label of at most 63
+characters, so the fullname is cut to leave room for the suffix (other objects take 253).
+*/}}
+{{- define "hybridserving.serviceName" -}}
+{{- $suffix := index . 1 }}
+{{- printf "%s-%s" (include "hybridserving.fullname" (index . 0) | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix }}
+{{- end }}
+
 {{- define "hybridserving.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "hybridserving.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
