@@ -23,6 +23,7 @@ the watches and the pass's own writes keep current. The steps:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -478,7 +479,7 @@ def hold_invalid_rolls(kube: Kube, namespace: str, desired: DesiredState, todo: 
     for name, plan in desired.instances.items():
         if not plan.pods or not doomed & {pod["metadata"]["name"] for pod in plan.pods}:
             continue
-        probe = json.loads(json.dumps(plan.pods[0]))
+        probe = copy.deepcopy(plan.pods[0])
         del probe["metadata"]["name"]
         probe["metadata"]["generateName"] = f"{plan.pods[0]['metadata']['name']}-"
         try:

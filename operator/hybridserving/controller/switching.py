@@ -65,7 +65,6 @@ from hybridserving.core.policy import (
 )
 from hybridserving.core.switching import (
     ANNOTATION_IN_PLACE_REFUSED,
-    ANNOTATION_PINNED,
     ANNOTATION_SWITCH,
     ANNOTATION_SWITCH_TO,
     Observation,
@@ -593,7 +592,7 @@ class SwitchController:
             record = inst.record
             last = parse_time((inst.obj.get("status") or {}).get("lastSwitch"))
             # A surge instance leaves when its role has rolled: moving it would only unbalance the roles.
-            pinned = (inst.annotations.get(ANNOTATION_PINNED, "").lower() == "true"
+            pinned = (switching.pinned(inst.annotations)
                       or LABEL_SURGE in (inst.obj["metadata"].get("labels") or {}))
             phase: Phase
             if record is not None:

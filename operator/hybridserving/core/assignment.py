@@ -11,7 +11,7 @@ from hybridserving.api.v1alpha1 import ROLES, HybridServingSpec, Role
 from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core.naming import instance_name
 from hybridserving.core.observed import Observed, ObservedInstance
-from hybridserving.core.switching import ANNOTATION_PINNED, ANNOTATION_SWITCH, SwitchState
+from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState, pinned
 
 
 def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) -> dict[str, tuple[int, Role]]:
@@ -40,14 +40,14 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     if spec.role_switch.enabled:
         floors = {"prefill": spec.role_switch.min_prefill, "decode": spec.role_switch.min_decode}
         switching = {i.name for i in live if SwitchState.from_annotation(i.annotations.get(ANNOTATION_SWITCH))}
-        pinned = {i.name for i in live if i.annotations.get(ANNOTATION_PINNED, "").lower() == "true"}
+        pins = {i.name for i in live if pinned(i.annotations)}
         while len(keep) > total:
             counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
             settled = {r: sum(1 for k in keep if k[1] == r and k[2] not in switching) for r in ROLES}
             above = [r for r in ROLES if settled[r] > floors[r]] or list(ROLES)
             role = max(above, key=lambda r: (counts[r] - target[r], r == "decode"))
             keep.remove(max((k for k in keep if k[1] == role),
-                            key=lambda k: (k[2] not in switching, k[2] not in pinned, k[0])))
+                            key=lambda k: (k[2] not in switching, k[2] not in pins, k[0])))
     else:
         keep = sorted(k for role in ROLES for k in [k for k in keep if k[1] == role][: int(target[role])])
     result = {name: (index, role) for index, role, name in keep}

@@ -60,6 +60,12 @@ ANNOTATION_SWITCH_TO = "hybridserving.io/switch-to"
 """An on-call request on the instance: `prefill` or `decode`."""
 ANNOTATION_PINNED = "hybridserving.io/pinned"
 """`"true"`: the policy never moves this instance."""
+
+
+def pinned(annotations: Mapping[str, str]) -> bool:
+    """Whether an instance's annotations pin it (`ANNOTATION_PINNED`, any case of "true")."""
+    return annotations.get(ANNOTATION_PINNED, "").lower() == "true"
+
 ANNOTATION_IN_PLACE_REFUSED = "hybridserving.io/in-place-refused"
 """The in-place switches the engine refused (JSON, by direction `prefill->decode`): the next switch
 of the instance that way relaunches, while it runs the same revision."""
