@@ -846,7 +846,7 @@ def test_a_gang_in_its_restart_loop_stays_degraded_until_it_is_ready_again(api: 
     assert paused["status"] == "False", "a gang Ready since its restart is out of its loop"
 
 
-def test_pods_gated_from_scheduling_or_never_created_are_named_in_degraded(api: MemoryApi) -> None:
+def test_pods_gated_untried_by_their_scheduler_or_never_created_are_named_in_degraded(api: MemoryApi) -> None:
     settle(api)
     gated = api.store[("Pod", "fleet-0-0")]
     gated["metadata"]["creationTimestamp"] = ago(300)
@@ -871,6 +871,16 @@ def test_pods_gated_from_scheduling_or_never_created_are_named_in_degraded(api: 
     rec.reconcile(api, NS, "fleet")
     assert api.condition("Degraded")["reason"] == "ContainerNotCreated"
     assert {i["name"]: i["phase"] for i in api.status()["instances"]}["fleet-0"] == "Starting"
+
+    # A scheduler that is not running never writes PodScheduled: the pod waits without a word.
+    gated["spec"]["schedulerName"] = "volcano"
+    gated["status"] = {"phase": "Pending"}
+    rec.reconcile(api, NS, "fleet")
+    degraded = api.condition("Degraded")
+    assert degraded["reason"] == "NoScheduler", degraded
+    assert "pod fleet-0-0 has waited 5 min for a scheduler named 'volcano' to try it" in degraded["message"]
+    assert "pod fleet-2-0 has waited 15 min for its container(s) engine to be created" in degraded["message"]
+    assert api.store[(INSTANCE_KIND, "fleet-0")]["status"]["conditions"][0]["reason"] == "NoScheduler"
 
 
 def gang_workload_spec() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from hybridserving.core.desired import InstancePlan
 from hybridserving.core.health import InstanceView
 from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, LABEL_INSTANCE, LABEL_NODE_RANK
 from hybridserving.core.observed import ObservedInstance, ObservedPod
-from hybridserving.core.stalled import CONTAINER_CREATING_SECONDS, SCHEDULING_GATED_SECONDS
+from hybridserving.core.stalled import CONTAINER_CREATING_SECONDS, SCHEDULING_GATED_SECONDS, UNTRIED_SECONDS
 from hybridserving.core.switching import ANNOTATION_SWITCH, SwitchState
 
 NOW = 1_764_842_450.0
@@ -76,6 +76,19 @@ def test_a_pod_gated_within_its_grace_is_still_starting() -> None:
     v = view(pod(gated_for=SCHEDULING_GATED_SECONDS - 10))
     assert instance_phase(v) == "Starting"
     assert ready_condition(v)["reason"] == "Starting"
+
+
+def test_a_pod_its_scheduler_never_tried_makes_the_instance_stalled_naming_the_scheduler() -> None:
+    untried = pod()
+    untried["metadata"]["creationTimestamp"] = at(UNTRIED_SECONDS + 120)
+    untried["spec"] = {"schedulerName": "volcano"}
+    v = view(untried)
+    assert instance_phase(v) == "Stalled"
+    ready = ready_condition(v)
+    assert ready["reason"] == "NoScheduler"
+    assert "pod fleet-0-0 has waited 5 min for a scheduler named 'volcano' to try it" in ready["message"]
+    untried["metadata"]["creationTimestamp"] = at(UNTRIED_SECONDS - 30)
+    assert instance_phase(view(untried)) == "Starting"
 
 
 def test_containers_not_created_past_their_grace_make_the_instance_stalled() -> None:

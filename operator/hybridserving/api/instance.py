@@ -108,8 +108,9 @@ class HybridServingInstanceStatus(ApiModel):
     phase: InstancePhase = Field(
         default="Pending",
         description="Pending (pods not scheduled), Starting (engine loading), Stalled (starting, and a pod has "
-        "waited past its grace: on its schedulingGates for more than 2 minutes, or for its containers to be created "
-        "for more than 10; the Ready condition names the pod and why), Ready (serving), "
+        "waited past its grace: on its schedulingGates for more than 2 minutes, for the scheduler its schedulerName "
+        "names to try it for more than 3, or for its containers to be created for more than 10; the Ready condition "
+        "names the pod and why), Ready (serving), "
         "Unready (the engine was ready and stopped answering its readiness probe: hung or overloaded), "
         "Blocked (a container cannot be created: image pull, missing Secret or ConfigMap; see the Ready "
         "condition), CrashLoop (an engine container keeps exiting: it waits in CrashLoopBackOff, or restarted within "

@@ -162,15 +162,16 @@ def restart_loop_message(v: InstanceView) -> str:
 
 
 def instance_stall(v: InstanceView) -> stalled.StalledPod | None:
-    """The instance's first pod gated from scheduling, or not getting its containers, for too long
-    when its pods were read; None where none is, or no time was read."""
+    """The instance's first pod gated from scheduling, never tried by its scheduler, or not getting
+    its containers, for too long when its pods were read; None where none is, or no time was read."""
     if v.now is None:
         return None
     return next(iter(stalled.stalled(v.pods, v.now)), None)
 
 
 def stalled_pods(views: Mapping[str, InstanceView], clock: float) -> list[stalled.StalledPod]:
-    """The fleet's pods gated from scheduling, or not getting their containers, for too long."""
+    """The fleet's pods gated from scheduling, never tried by their scheduler, or not getting their
+    containers, for too long."""
     return stalled.stalled([p for v in sorted(views.values(), key=lambda v: v.plan.index) for p in v.pods], clock)
 
 
@@ -376,8 +377,9 @@ def fleet_status(
     troubles = [unschedulable_message(desired, v) for v in views.values() if v.state == "Pending"]
     waiting = stalled_pods(views, clock)
     gated = [p for p in waiting if p.reason == "SchedulingGated"]
+    untried = [p for p in waiting if p.reason == "NoScheduler"]
     not_created = [p for p in waiting if p.reason == "ContainerNotCreated"]
-    troubles += [p.describe(clock) for p in gated]
+    troubles += [p.describe(clock) for p in [*gated, *untried]]
     looping = [v for v in views.values() if v.restart_looping]
     troubles += [restart_loop_message(v) for v in looping]
     troubles += [f"{v.plan.name} failed: {v.failure()}" for v in views.values()
@@ -407,6 +409,7 @@ def fleet_status(
          "RouterUnavailable" if routing is not None and routing.trouble else
          "Unschedulable" if any(v.state == "Pending" for v in views.values()) else
          "SchedulingGated" if gated else
+         "NoScheduler" if untried else
          "CrashLoopBackOff" if looping else
          "InstanceFailed" if any(v.state == "Failed" for v in views.values()) else
          "CrashLoop" if crash_looping else

@@ -153,6 +153,8 @@ class ObservedPod:
     ready_since: float | None = None  # when it last turned Ready (the condition's lastTransitionTime), if ready
     created_at: float | None = None
     scheduling_gates: tuple[str, ...] = ()  # spec.schedulingGates: the scheduler leaves it alone until they go
+    scheduler_name: str = "default-scheduler"  # spec.schedulerName: the one scheduler that will try it
+    scheduling_tried: bool = False  # a PodScheduled condition: its scheduler has tried it (or it is gated)
     not_created: tuple[str, ...] = ()  # containers waiting in ContainerCreating
     creatable_since: float | None = None  # since when the kubelet could create them
 
@@ -239,6 +241,8 @@ class ObservedPod:
             weights_progress_at=weights.progress_address(obj),
             created_at=parse_time(meta.get("creationTimestamp")),
             scheduling_gates=tuple(str(g.get("name")) for g in spec.get("schedulingGates") or []),
+            scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+            scheduling_tried="PodScheduled" in conditions,
             not_created=not_created,
             creatable_since=creatable_since,
         )

@@ -1,8 +1,11 @@
-"""Pods that wait without failing: held from scheduling by gates, or containers never created.
+"""Pods that wait without failing: never tried by a scheduler, or containers never created.
 
-Neither shows as an error anywhere else. A pod with `spec.schedulingGates` (Kueue holds a pod
+None shows as an error anywhere else. A pod with `spec.schedulingGates` (Kueue holds a pod
 group until its queue admits it) is not even tried by the scheduler, so it never turns
-Unschedulable: it waits, possibly forever, for quota that is not coming. A container in
+Unschedulable: it waits, possibly forever, for quota that is not coming. A pod whose
+`spec.schedulerName` names a scheduler that is not running (a misspelt name, Volcano or a
+coscheduler not installed) waits the same way: only the scheduler it names would write its
+`PodScheduled` condition, so it has none. A container in
 ContainerCreating waits for a volume that does not attach, a network plugin that gives no
 address, or an image that never finishes pulling; the kubelet reports those only as pod Events.
 Past a grace that normal starts stay within, each names a reason of the fleet's `Degraded`.
@@ -19,11 +22,14 @@ from hybridserving.core.observed import ObservedPod
 # Kueue admits a group whose quota is free within seconds; one gated for minutes waits for
 # quota (or for a queue that does not exist).
 SCHEDULING_GATED_SECONDS = 120.0
+# A running scheduler writes PodScheduled on its first attempt, within seconds of the creation
+# even behind a queue of thousands of pods; minutes without one mean no scheduler has the name.
+UNTRIED_SECONDS = 180.0
 # Creating a container (volumes, network, the image pull) takes seconds to minutes; one still
 # at it after 10 minutes is stuck on something the pod's Events name.
 CONTAINER_CREATING_SECONDS = 600.0
 
-StallReason = Literal["SchedulingGated", "ContainerNotCreated"]
+StallReason = Literal["SchedulingGated", "NoScheduler", "ContainerNotCreated"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,10 @@ class StalledPod:
         if self.reason == "SchedulingGated":
             return (f"pod {self.pod} has waited {minutes} on its scheduling gate(s) {', '.join(self.on)} "
                     "(the scheduler does not try it until they are removed)")
+        if self.reason == "NoScheduler":
+            return (f"pod {self.pod} has waited {minutes} for a scheduler named {self.on[0]!r} to try it "
+                    "(no PodScheduled condition: is that scheduler running, and is "
+                    "spec.podTemplate.schedulerName spelt as it is deployed?)")
         return f"pod {self.pod} has waited {minutes} for its container(s) {', '.join(self.on)} to be created"
 
 
@@ -53,6 +63,17 @@ def scheduling_gated(pod: ObservedPod, now: float) -> StalledPod | None:
     return StalledPod(pod.name, "SchedulingGated", pod.scheduling_gates, pod.created_at)
 
 
+def never_tried(pod: ObservedPod, now: float) -> StalledPod | None:
+    """Neither bound, gated nor tried by its scheduler for longer than `UNTRIED_SECONDS` since its
+    creation."""
+    if (pod.deleting or pod.scheduling_tried or pod.scheduling_gates or pod.node_name
+            or pod.phase != "Pending" or pod.created_at is None):
+        return None
+    if now - pod.created_at <= UNTRIED_SECONDS:
+        return None
+    return StalledPod(pod.name, "NoScheduler", (pod.scheduler_name,), pod.created_at)
+
+
 def container_not_created(pod: ObservedPod, now: float) -> StalledPod | None:
     """Containers in ContainerCreating for longer than `CONTAINER_CREATING_SECONDS` since the
     kubelet could create them."""
@@ -64,10 +85,11 @@ def container_not_created(pod: ObservedPod, now: float) -> StalledPod | None:
 
 
 def stalled(pods: Iterable[ObservedPod], now: float) -> list[StalledPod]:
-    """The pods stalled, each for its first reason (a gated pod has no containers to create yet)."""
+    """The pods stalled, each for its first reason (a pod not yet scheduled has no containers to
+    create)."""
     out: list[StalledPod] = []
     for pod in pods:
-        found = scheduling_gated(pod, now) or container_not_created(pod, now)
+        found = scheduling_gated(pod, now) or never_tried(pod, now) or container_not_created(pod, now)
         if found is not None:
             out.append(found)
     return out
