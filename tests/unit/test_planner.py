@@ -591,6 +591,25 @@ def test_switched_mix_survives_when_switching_is_on_and_is_restored_when_off() -
     assert roles.count("prefill") == 3 and roles.count("decode") == 3
 
 
+def test_turning_switching_off_mid_switch_keeps_the_instance_that_serves() -> None:
+    on = fleet(prefill={"replicas": 2}, decode={"replicas": 1}, roleSwitch={"enabled": True})
+    cluster = FakeCluster()
+    converge(cluster, on)
+    assert {n: i["spec"]["role"] for n, i in cluster.instances().items()} == {
+        "hs-0": "prefill", "hs-1": "prefill", "hs-2": "decode"}
+    # hs-1 is at the Switch step of prefill -> decode: out of the router, its spec already decode.
+    moving = cluster.store[(INSTANCE_KIND, "hs-1")]
+    moving["spec"]["role"] = "decode"
+    moving["metadata"].setdefault("annotations", {})[ANNOTATION_SWITCH] = SwitchState.start(
+        "prefill", "decode", "in-place", "test", 0.0).advance("Switch", 1.0).to_annotation()
+    actions = cluster.reconcile(fleet(prefill={"replicas": 2}, decode={"replicas": 1}))
+    deleted = {a.name for a in actions if a.verb == "delete" and a.kind == INSTANCE_KIND}
+    assert deleted == {"hs-1"}, "decode keeps hs-2, the one that serves, not the instance mid-switch"
+    converge(cluster, fleet(prefill={"replicas": 2}, decode={"replicas": 1}))
+    roles = {n: i["spec"]["role"] for n, i in cluster.instances().items()}
+    assert roles["hs-2"] == "decode" and sorted(roles.values()) == ["decode", "prefill", "prefill"], roles
+
+
 # --------------------------------------------------------------------------- gangs and scale
 
 

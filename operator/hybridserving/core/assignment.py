@@ -27,7 +27,9 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     will not serve it), and of that role an instance in no switch and not pinned first: the
     total may come from HPA or `kubectl scale`, which name no instance, and removing one
     mid-switch, or the only settled one of a role, could leave a role with nothing serving.
-    With role switching off, each role has exactly its replicas.
+    With role switching off, each role has exactly its replicas, kept from its instances in no
+    switch first: a switch still in flight when switching is turned off has its instance out of
+    the router, and keeping it in place of one that serves could leave the role nothing serving.
     Surplus instances go highest index first; new ones take the lowest free index (an
     instance still being deleted keeps its index until it is gone). Surge instances
     (`rollout.surge_plan`) are not counted: they come and go with a rollout.
@@ -37,9 +39,9 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     target = role_shares(spec)
     total = spec.total_instances()
     keep = [(i.spec.index, held_role(i, observed) or i.spec.role, i.name) for i in live]
+    switching = {i.name for i in live if SwitchState.from_annotation(i.annotations.get(ANNOTATION_SWITCH))}
     if spec.role_switch.enabled:
         floors = {"prefill": spec.role_switch.min_prefill, "decode": spec.role_switch.min_decode}
-        switching = {i.name for i in live if SwitchState.from_annotation(i.annotations.get(ANNOTATION_SWITCH))}
         pins = {i.name for i in live if pinned(i.annotations)}
         while len(keep) > total:
             counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
@@ -49,7 +51,8 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
             keep.remove(max((k for k in keep if k[1] == role),
                             key=lambda k: (k[2] not in switching, k[2] not in pins, k[0])))
     else:
-        keep = sorted(k for role in ROLES for k in [k for k in keep if k[1] == role][: int(target[role])])
+        keep = sorted(k for role in ROLES for k in sorted(
+            (k for k in keep if k[1] == role), key=lambda k: (k[2] in switching, k[0]))[: int(target[role])])
     result = {name: (index, role) for index, role, name in keep}
     counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
     taken = {i.spec.index for i in observed.instances.values()}
