@@ -80,7 +80,9 @@ def can(cluster: Cluster, user: str, verb: str, resource: str, namespace: str) -
 
 
 def test_on_call_can_switch_and_pin_an_instance_but_not_change_it(cluster: Cluster, user_roles, namespace, wait_for):
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(instance("fleet-0")))
+    backing_off = instance("fleet-0")  # a gang in its restart back-off, as the operator annotates it
+    backing_off["metadata"]["annotations"] = {"hybridserving.io/gang-restarts": '{"count": 3, "last": 1764842450.0}'}
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(backing_off))
     bind(cluster, namespace, "hs-hybridserving-oncall", "alice")
     # The RBAC authorizer sees a new binding once its informer has it.
     wait_for(lambda: can(cluster, "alice", "patch", "hybridservinginstances.hybridserving.io", namespace),
@@ -105,6 +107,13 @@ def test_on_call_can_switch_and_pin_an_instance_but_not_change_it(cluster: Clust
     assert label.returncode != 0 and "labels of a HybridServingInstance belong to the operator" in label.stderr
     other = as_user(cluster, "alice", "annotate", *hsi, "hybridserving.io/switch=forged")
     assert other.returncode != 0 and "only the hybridserving.io/switch-to and" in other.stderr
+    # The runbooks restart a crash-looping gang at once by removing its back-off count; only that.
+    forged = as_user(cluster, "alice", "annotate", "--overwrite", *hsi, 'hybridserving.io/gang-restarts={"count": 0}')
+    assert forged.returncode != 0 and "only the hybridserving.io/switch-to and" in forged.stderr
+    restarted = as_user(cluster, "alice", "annotate", *hsi, "hybridserving.io/gang-restarts-")
+    assert restarted.returncode == 0, restarted.stderr
+    assert as_user(cluster, "alice", "annotate", *hsi, 'hybridserving.io/gang-restarts={"count": 9}').returncode != 0
+    got = json.loads(cluster.kubectl("get", *hsi, "-o", "json").stdout)
     assert as_user(cluster, "alice", "delete", *hsi).returncode != 0
     after = json.loads(cluster.kubectl("get", *hsi, "-o", "json").stdout)
     assert after["spec"] == got["spec"] and after["metadata"]["labels"] == got["metadata"]["labels"]
