@@ -387,6 +387,7 @@ class Launcher:
         self._terminate = asyncio.Event()
         self._role_changed = asyncio.Event()
         self._engine_hung = asyncio.Event()
+        self._exit: tuple[asyncio.subprocess.Process, asyncio.Task[int]] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self.set_phase("WaitingForRole")
@@ -661,7 +662,6 @@ class Launcher:
             if not await self._wait_for_role():
                 return 0
             if not await self._preflight():
-                await self._terminate.wait()
                 return 1
             assert self.role is not None, "a role is read before the engine first starts"
             await self.start_engine(self.role)
@@ -706,15 +706,23 @@ class Launcher:
         return False
 
     async def _preflight(self) -> bool:
+        """Whether the node can run the engine. A failure exits the launcher, as a crash loop does:
+        the kubelet restarts the container with its back-off (a node still bringing up its GPUs
+        or RDMA devices passes a later check) and keeps the last log line, which names the
+        problems, as the termination message the instance status shows. The check runs off the
+        event loop: importing torch and asking CUDA can take longer than the liveness probe waits."""
         if self.settings.backend != "sglang" or self.settings.preflight == "off":
             return True
         assert self.role is not None, "preflight runs once the role is read"
         argv = (await self._config(self.role)).argv_for(self.settings.node_rank)
-        problems = preflight.check(argv, self.probes, require_rdma=self.settings.preflight_rdma)
+        problems = await asyncio.to_thread(preflight.check, argv, self.probes,
+                                           require_rdma=self.settings.preflight_rdma)
         for problem in problems:
             log.error("preflight: %s", problem)
         if problems and self.settings.preflight == "enforce":
             self.set_phase("PreflightFailed", "; ".join(problems))
+            log.error("preflight failed: %s; exiting so that the container restarts and checks again",
+                      "; ".join(problems))
             return False
         return True
 
@@ -829,11 +837,21 @@ class Launcher:
             asyncio.create_task(self._terminate.wait()), asyncio.create_task(self._role_changed.wait()),
             asyncio.create_task(self._engine_hung.wait()),
         ]
-        if self.proc is not None and self.proc.returncode is None:
-            waits.append(asyncio.create_task(self.proc.wait()))
+        exited = self._exit_of(self.proc) if self.proc is not None and self.proc.returncode is None else None
+        if exited is not None:
+            waits.append(exited)
         _, pending = await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
-            task.cancel()
+            if task is not exited:
+                task.cancel()
+
+    def _exit_of(self, proc: asyncio.subprocess.Process) -> asyncio.Task[int]:
+        """One wait for the engine's exit for its whole life. asyncio keeps each `wait()`'s future
+        until the process exits, a cancelled one too, so a new wait every poll would grow the
+        launcher's memory by one future a second for as long as the engine runs."""
+        if self._exit is None or self._exit[0] is not proc:
+            self._exit = (proc, asyncio.ensure_future(proc.wait()))
+        return self._exit[1]
 
     async def _restart_after_crash(self, stopped_for: str | None = None) -> None:
         """`stopped_for`: why the launcher ended the engine, when it did; /status and the crash loop's

@@ -291,22 +291,40 @@ def test_preflight_reports_an_unreadable_gpu_count():
     assert problems == ["cannot count GPUs (RuntimeError: CUDA driver not loaded); the engine needs 2 per node"]
 
 
-def test_failed_preflight_keeps_the_engine_stopped_and_says_why(tmp_path):
+def test_failed_preflight_exits_without_starting_the_engine_naming_the_problem_last(tmp_path, caplog):
     write_config(tmp_path / "cfg", "decode", {"argv": PD_ARGV})
     (tmp_path / "role").write_text("decode")
     settings = Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "role", host="127.0.0.1",
                         port=free_port(), poll_interval_s=0.01)
     launcher = Launcher(settings, probes=probes(gpus=0))
+    caplog.set_level(logging.ERROR, logger="hybridserving.launcher")
+    # No SIGTERM: the container exits for the kubelet to restart it with its back-off.
+    assert asyncio.run(asyncio.wait_for(launcher.run(), 10)) == 1
+    assert launcher.proc is None and launcher.phase == "PreflightFailed" and "found 0 GPU(s)" in launcher.message
+    last = caplog.records[-1].getMessage()  # the termination message (FallbackToLogsOnError)
+    assert last.startswith("preflight failed: ") and "found 0 GPU(s)" in last and "restarts" in last
 
-    async def scenario():
-        task = asyncio.create_task(launcher.run())
-        while launcher.phase != "PreflightFailed":
-            await asyncio.sleep(0.01)
-        launcher._terminate.set()
-        return await task
 
-    assert asyncio.run(scenario()) == 1
-    assert launcher.proc is None and "found 0 GPU(s)" in launcher.message
+def test_preflight_runs_off_the_event_loop_so_liveness_is_answered(tmp_path):
+    write_config(tmp_path / "cfg", "decode", {"argv": PD_ARGV})
+    (tmp_path / "role").write_text("decode")
+    settings = Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "role", host="127.0.0.1",
+                        port=free_port(), poll_interval_s=0.01)
+    answers: list[object] = []
+
+    def slow_gpu_count() -> int:
+        """A cold torch import or a slow CUDA driver: the kubelet probes liveness meanwhile."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{settings.port}/healthz", timeout=1.0) as resp:
+                answers.append(resp.status)
+        except OSError as e:
+            answers.append(e)
+        return 0
+
+    launcher = Launcher(settings, probes=preflight.Probes(gpu_count=slow_gpu_count, rdma_devices=lambda: ["mlx5_0"],
+                                                          importable=lambda name: True))
+    assert asyncio.run(asyncio.wait_for(launcher.run(), 10)) == 1
+    assert answers == [200], answers
 
 
 # ------------------------------------------------------------------ supervision
@@ -384,6 +402,26 @@ def test_a_relaunch_that_does_not_start_in_time_fails_the_switch_and_counts_as_a
     assert caplog.records[-1].getMessage() == (
         f"engine crash loop: 1 consecutive engine failures, last exit status -15 ({cause}); "
         "exiting so that the container restarts")
+
+
+def test_supervising_a_long_running_engine_keeps_one_wait_for_its_exit(tmp_path):
+    write_config(tmp_path / "cfg", "prefill", {"argv": []})
+    (tmp_path / "role").write_text("prefill")
+    settings = Settings(config_dir=tmp_path / "cfg", role_file=tmp_path / "role", backend="simulator",
+                        host="127.0.0.1", port=free_port(), poll_interval_s=0.001, startup_timeout_s=60)
+    running = Launcher(settings, command=lambda backend, argv: [sys.executable, "-c", "import time; time.sleep(60)"])
+
+    async def scenario() -> int:
+        task = asyncio.create_task(running.run())
+        await asyncio.sleep(1.0)  # about a thousand supervision polls
+        assert running.proc is not None and running.proc.returncode is None
+        # asyncio's subprocess transport keeps every exit waiter until the process exits.
+        waiters = len(running.proc._transport._exit_waiters)  # type: ignore[attr-defined]
+        running._terminate.set()
+        await task
+        return waiters
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) <= 2
 
 
 # ------------------------------------------------------------------ real launcher processes
