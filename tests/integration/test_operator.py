@@ -689,6 +689,10 @@ def test_a_canary_holds_one_instance_per_role_until_removed_and_rollback_returns
     assert sorted(i["cause"] for i in held_back["instances"]) == ["current", "current", "rollout", "rollout"]
     assert held_back["pace"].startswith("held at the canary")
     canary_revision = status["rollout"]["updateRevision"]
+    # Going back to what the rest run calls the canary off (it would hold the canaries there).
+    undo = _cli(fleet, "rollback", fleet.name, "--dry-run")
+    assert undo.startswith(f"{fleet.name} would roll back to revision 1 ") and \
+        "  spec.rollout.canary removed" in undo.splitlines(), undo
 
     fleet.edit(lambda s: s["rollout"].update(canary=None))  # null removes it (merge patch)
     fleet.wait_settled()

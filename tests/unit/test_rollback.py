@@ -86,6 +86,46 @@ def test_rollback_goes_to_the_last_good_revision_keeping_replicas_and_rollout() 
         "  spec.engine.image: v3 → v1"]
 
 
+def test_rolling_back_a_held_canary_to_what_the_rest_run_calls_the_canary_off() -> None:
+    """Held at canary 1 on v3, the instances not rolled run v2: going back to v2, they count as the
+    canary before anything moves, so a kept canary would hold the v3 canaries for good."""
+    revs = [revision("v1", 1), revision("v2", 2), revision("v3", 3)]
+    v2, v3 = revs[1]["metadata"]["name"], revs[2]["metadata"]["name"]
+    hs = fleet("v3", last_good=v2)
+    hs["status"]["rollout"].update(held="Canary", currentRevision=v2, updateRevision=v3)
+    api = FakeApi(hs, revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out) == 0
+    assert api.replaced is not None
+    assert api.replaced["spec"]["engine"]["image"] == "v2" and "canary" not in api.replaced["spec"]["rollout"]
+    assert api.replaced["spec"]["prefill"]["replicas"] == 4
+    lines = out.getvalue().splitlines()
+    assert "  spec.rollout.canary removed" in lines
+    assert lines[-1].startswith(f"  the canary is called off: spec.rollout.canary is removed, or it would hold the "
+                                f"canaries on {v3} (the instances it counts already run {v2})")
+
+    # Back past what the rest run (v1), the canary holds the way back as it held the way forward.
+    api = FakeApi(copy.deepcopy(hs), revs)
+    assert rollback(api, "ns", "hs", 1, io.StringIO()) == 0
+    assert api.replaced is not None and api.replaced["spec"]["rollout"]["canary"] == 1
+    # Not held (the canaries still coming up, or promoted): the setting is the user's to keep.
+    hs["status"]["rollout"]["held"] = ""
+    api = FakeApi(hs, revs)
+    assert rollback(api, "ns", "hs", None, io.StringIO()) == 0
+    assert api.replaced is not None and api.replaced["spec"]["rollout"]["canary"] == 1
+
+
+def test_rolling_back_a_paused_fleet_warns_that_nothing_serving_rolls() -> None:
+    revs = [revision("v1", 1), revision("v2", 2)]
+    hs = fleet("v2", last_good=revs[0]["metadata"]["name"])
+    hs["spec"]["rollout"]["paused"] = True
+    api = FakeApi(hs, revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out) == 0
+    assert out.getvalue().splitlines()[-1] == (
+        "  warning: spec.rollout.paused is true: nothing that serves rolls back until it is set to false")
+
+
 def test_a_dry_run_says_the_revision_and_what_it_changes_and_writes_nothing() -> None:
     revs = [revision("v1", 1), revision("v2", 2)]
     api = FakeApi(fleet("v2"), revs)

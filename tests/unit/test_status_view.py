@@ -44,6 +44,24 @@ def test_render_shows_instances_in_index_order_with_roles_phases_and_switches() 
     assert "in-place" in text and "decode KV 93%" in text
 
 
+def test_render_shows_the_step_of_a_switch_in_progress_and_how_one_ended() -> None:
+    refused = {"instance": "flex-1", "fromRole": "decode", "toRole": "prefill", "mode": "in-place",
+               "outcome": "Refused", "started": "2026-01-01T00:10:00Z", "finished": "2026-01-01T00:10:20Z",
+               "reason": "prefill queue 1.3",
+               "phase": "Refused: --enable-pd-role-switch is not set (Unroute 0.1 s, Drain 12.0 s, Switch 0.2 s)"}
+    running = {"instance": "flex-0", "fromRole": "prefill", "toRole": "decode", "mode": "relaunch",
+               "outcome": "InProgress", "started": "2026-01-01T00:20:00Z", "reason": "on-call", "phase": "Drain"}
+    hs = {**HS, "status": {**HS["status"], "switches": [*HS["status"]["switches"], refused, running]}}
+    out = io.StringIO()
+    render(hs, INSTANCES, out)
+    lines = out.getvalue().splitlines()
+    assert any("DETAIL" in line for line in lines)
+    [done] = [line for line in lines if "prefill queue 1.3" in line]
+    assert done.endswith("Refused: --enable-pd-role-switch is not set (Unroute 0.1 s, Drain 12.0 s, Switch 0.2 s)")
+    [step] = [line for line in lines if "on-call" in line]
+    assert step.rstrip().endswith("Drain") and "InProgress" in step
+
+
 def test_render_marks_the_surge_instances_of_a_rollout() -> None:
     surge = {"metadata": {"name": "flex-3", "labels": {"hybridserving.io/surge": "true"}},
              "spec": {"index": 3, "role": "decode", "nodes": 1}, "status": {"role": "decode", "phase": "Starting"}}

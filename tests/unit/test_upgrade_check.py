@@ -173,6 +173,21 @@ def test_a_rollout_under_way_is_told_apart_from_what_the_upgrade_rolls(api: Memo
     assert p.pace.startswith("held at the canary: 1 instance(s) of each role roll")
 
 
+def test_a_spec_edit_the_running_operator_has_not_applied_yet_is_no_roll_of_the_upgrade(api: MemoryApi) -> None:
+    """The running operator lags or is down: the edit rolls whichever version runs."""
+    settle(api)
+    api.user_apply({**SPEC, "engine": {"image": "registry.example/engine:v2"}})
+    body = api.store[("HybridServing", "fleet")]
+    assert body["metadata"]["generation"] != body["status"]["observedGeneration"], "not reconciled since"
+    p = check(api)
+    assert set(causes(p).values()) == {"rollout"} and p.upgrade_rolls == ()
+    assert {i.changes for i in p.instances} == {(
+        f"generation {body['metadata']['generation']} of the spec, not yet applied by the running version "
+        f"(observed: {body['status']['observedGeneration']})",)}
+    args = build_parser().parse_args(["upgrade-check", "--exit-code"])
+    assert command.report([p], CURRENT, args, io.StringIO()) == 0
+
+
 def test_a_paused_fleet_says_nothing_rolls_until_it_is_resumed(
         api: MemoryApi, monkeypatch: pytest.MonkeyPatch) -> None:
     api.user_apply({**SPEC, "rollout": {"paused": True}})

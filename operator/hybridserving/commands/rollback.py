@@ -195,6 +195,9 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
         return EXIT_INVALID
     number, target_name = target.get("revision"), target["metadata"]["name"]
     restored = revisions.restore(hs["spec"], target["data"]["spec"])
+    aborted = aborts_canary(rollout, target_name, restored)
+    if aborted:
+        restored["rollout"] = {k: v for k, v in restored["rollout"].items() if k != "canary"}
     changes = drift.changes(hs["spec"], restored, "spec")
     # The same name is only the same configuration for a spec the operator applies, and there the
     # spec can still differ from its revision by what the operator fills in (its default image):
@@ -242,7 +245,24 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
         body = writable(again, restored)
     out.write(f"{name} rolled back to revision {number} ({target_name}); the operator rolls it out "
               f"within spec.rollout (maxUnavailable, canary, paused)\n{changed}")
+    if aborted:
+        out.write(f"  the canary is called off: spec.rollout.canary is removed, or it would hold the canaries on "
+                  f"{rollout.get('updateRevision')} (the instances it counts already run {target_name}); "
+                  "set it again before the next change\n")
+    if restored.get("rollout", {}).get("paused"):
+        out.write("  warning: spec.rollout.paused is true: nothing that serves rolls back until it is set to false\n")
     return EXIT_OK
+
+
+def aborts_canary(rollout: Mapping[str, Any], target_name: str, restored: Mapping[str, Any]) -> bool:
+    """Whether going back to `target_name` calls off a canary rather than rolls back a configuration.
+
+    A canary counts the instances of each role that run the spec's configuration. Held at it, the
+    instances not yet rolled run `currentRevision`: going back to that one, they already run what
+    the spec says, the canary is reached before anything moves, and it would hold the canaries
+    on the configuration being abandoned for good."""
+    return (rollout.get("held") == "Canary" and target_name == rollout.get("currentRevision")
+            and (restored.get("rollout") or {}).get("canary") is not None)
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:

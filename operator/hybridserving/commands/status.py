@@ -99,9 +99,12 @@ def render(hs: dict[str, Any], instances: list[dict[str, Any]], out: TextIO, swi
     recent = (status.get("switches") or [])[-switches:]
     if recent:
         out.write("  recent role switches:\n")
-        rows = [["INSTANCE", "FROM", "TO", "MODE", "OUTCOME", "STARTED", "REASON"]]
+        # DETAIL: the step a switch in progress is at, or how it ended (the engine's message for a
+        # refusal or failure, each step's seconds): what the role-switch runbooks diagnose from.
+        rows = [["INSTANCE", "FROM", "TO", "MODE", "OUTCOME", "STARTED", "REASON", "DETAIL"]]
         for s in recent:
-            rows.append([s["instance"], s["fromRole"], s["toRole"], s["mode"], s["outcome"], s["started"], s["reason"]])
+            rows.append([s["instance"], s["fromRole"], s["toRole"], s["mode"], s["outcome"], s["started"], s["reason"],
+                         s.get("phase") or "-"])
         write_table(rows, out, indent="    ")
     else:
         out.write("  no role switches yet\n")

@@ -125,7 +125,11 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
     desired = planner.plan(hs, observed)
     views = views_of(desired.instances, observed, hs.spec.rollout.min_ready_seconds)
     revision = revision_name(name, desired.revision_hash)
-    running = ((body.get("status") or {}).get("rollout") or {}).get("updateRevision")
+    status = body.get("status") or {}
+    running = (status.get("rollout") or {}).get("updateRevision")
+    # A spec edited since the running version last reconciled (it lags, or is down) rolls
+    # whichever version runs: its change is no more the upgrade's than a rollout under way is.
+    unapplied = meta.get("generation") is not None and status.get("observedGeneration") != meta.get("generation")
     live = {p["metadata"]["name"]: p for p in owned_pods}
     out = []
     for v in sorted(views.values(), key=lambda v: v.plan.index):
@@ -136,6 +140,10 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
                                        _rendering_changes(hs, v, live, observed, desired.objects)))
         elif running == revision:
             out.append(InstancePreview(v.plan.name, v.plan.role, "rollout"))
+        elif unapplied:
+            out.append(InstancePreview(v.plan.name, v.plan.role, "rollout", (
+                f"generation {meta.get('generation')} of the spec, not yet applied by the running version "
+                f"(observed: {status.get('observedGeneration', 'none')})",)))
         else:  # e.g. a new default engine image, for a fleet that names none
             old = v.observed.labels.get(LABEL_REVISION)
             was = revision_name(name, old) if old else "(none)"
