@@ -252,6 +252,22 @@ def test_updates_that_keep_the_spec_and_objects_being_deleted_always_pass() -> N
         admission.review(changed, bad, "UPDATE", [])
 
 
+def test_an_update_that_rolls_every_engine_unexpectedly_is_admitted_with_a_warning_saying_so() -> None:
+    old = body("role-switch.yaml")
+    new = copy.deepcopy(old)
+    new["spec"]["roleSwitch"]["drainTimeoutSeconds"] = 900
+    warnings: list[str] = []
+    admission.review(new, old, "UPDATE", warnings)
+    assert any(w.startswith("spec.roleSwitch.drainTimeoutSeconds: 300 → 900 rolls every instance") and
+               "Fix: change it together with a change that rolls anyway" in w for w in warnings), warnings
+    created: list[str] = []
+    admission.review(new, None, "CREATE", created)
+    assert not any("rolls every instance" in w for w in created), "a new fleet has nothing to roll"
+    unreadable = copy.deepcopy(old)
+    unreadable["spec"]["decode"]["layout"]["tp"] = "eight"  # admitted by an older version: nothing to compare
+    admission.review(new, unreadable, "UPDATE", [])
+
+
 def test_the_operator_only_serves_and_writes_no_webhook_configuration() -> None:
     # kopf's managed mode would create and patch a ValidatingWebhookConfiguration and a
     # MutatingWebhookConfiguration, with permissions the chart does not grant: the chart owns the

@@ -738,7 +738,9 @@ class HybridServingSpec(ApiModel):
                 cel(
                     "!has(self.replicas) || (has(self.roleSwitch) && self.roleSwitch.enabled)",
                     "replicas (the fleet's total) needs roleSwitch.enabled: true, so that the controller can split "
-                    "it between roles; without role switching set prefill.replicas and decode.replicas instead",
+                    "it between roles; without role switching set prefill.replicas and decode.replicas instead "
+                    "and remove replicas (kubectl apply leaves a value the scaler or kubectl scale wrote: "
+                    "kubectl patch with --type=json -p '[{\"op\":\"remove\",\"path\":\"/spec/replicas\"}]')",
                     "replicas",
                 ),
                 cel(

@@ -5,7 +5,9 @@ capacity, privileges and the pod surface need the operator's own code. The webho
 spec by the reconcile's own `validate` (`core.fleet.check`: layout rules, pod surface, weights,
 capacity, and the chart's engine privileges), so it refuses exactly the specs the operator would
 not follow, at `kubectl apply`, with the field paths and fixes of `hybridserving validate`, and
-warnings come back as admission warnings.
+warnings come back as admission warnings, with, on an update, what the step from the old spec
+does that the new one does not show (`core.consequences`: an edit that restarts every engine, a
+field the edit leaves to the value the scaler wrote).
 
 Failure policy, per operation (set in the chart's configuration):
 
@@ -33,9 +35,11 @@ import logging
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
-from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION
+from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION, HybridServingSpec
 from hybridserving.controller import handlers
+from hybridserving.core import consequences
 from hybridserving.controller.reconcile import validate
 
 log = logging.getLogger("hybridserving.admission")
@@ -57,10 +61,17 @@ def review(body: dict[str, Any], old: dict[str, Any] | None, operation: str, war
             return
         if old is not None and (old.get("spec") or {}) == (body.get("spec") or {}):
             return
-    _, validation = validate(dict(body), handlers.OPTIONS.engine_policy)
+    hs, validation = validate(dict(body), handlers.OPTIONS.engine_policy)
     if validation.parse_errors:
         raise kopf.AdmissionError(validation.message(), code=422)
     warnings.extend(f"{i.path}: {i.message}. Fix: {i.fix}" for i in validation.issues if i.severity != "error")
+    if hs is not None and old is not None:
+        try:
+            before = HybridServingSpec.model_validate(old.get("spec") or {})
+        except ValidationError:
+            before = None  # a spec an older version admitted: nothing to compare with
+        if before is not None:
+            warnings.extend(f"{c.path}: {c.message}. Fix: {c.fix}" for c in consequences.of_update(before, hs.spec))
     if validation.errors:
         raise kopf.AdmissionError(
             "; ".join(f"{i.path}: {i.message}. Fix: {i.fix}" for i in validation.errors)[:8000], code=422)
