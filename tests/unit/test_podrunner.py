@@ -180,6 +180,61 @@ def test_a_container_starts_only_once_its_pod_is_held(tmp_path: Path) -> None:
         worker.thread.join(10)
 
 
+class SecretAwayAtFirst(FlakyCore):
+    """An apiserver that answers all but the first `misses` reads of a Secret."""
+
+    def __init__(self, misses: int) -> None:
+        super().__init__(down=0)
+        self.misses = misses
+
+    def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        if self.misses > 0:
+            self.misses -= 1
+            raise MaxRetryError(None, "/api/v1", "connection refused")  # type: ignore[arg-type]
+        return client.V1Secret(data={"key": "c2VjcmV0"})
+
+
+def test_a_secret_unreadable_for_a_moment_delays_the_start_and_keeps_the_worker(tmp_path: Path) -> None:
+    """Every engine pod reads its API key from a Secret into its env: an apiserver away when the
+    container starts delays it, as it delays the kubelet's, and the worker (with the pod's restart
+    count and last state) lives on."""
+    runner = PodRunner(client.ApiClient(), tmp_path, volume_refresh_seconds=0.1, shutdown_grace_seconds=2)
+    core = SecretAwayAtFirst(misses=2)
+    runner.core = core  # type: ignore[assignment]
+    pod = leader_pod([sys.executable, "-c", "import os, time; assert os.environ['KEY'] == 'secret'; time.sleep(60)"])
+    pod["spec"]["containers"][0]["env"] = [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "key"}}}]
+    worker = PodWorker(runner, pod)
+    worker.thread.start()
+    try:
+        wait_for(lambda: worker.process is not None, timeout=20)
+        assert core.misses == 0 and worker.thread.is_alive(), "the worker died on the unreadable Secret"
+        time.sleep(0.5)
+        assert worker.process is not None and worker.process.exit_code() is None and worker.restarts == 0
+    finally:
+        worker.terminate(1)
+        worker.thread.join(10)
+
+
+def test_a_deleted_pod_no_worker_holds_is_released(tmp_path: Path) -> None:
+    """Its worker gave up releasing it while the apiserver was away, or the runner was down when it
+    was deleted: kept, the pod would stay Terminating and block its replacement's fixed name."""
+    runner = PodRunner(client.ApiClient(), tmp_path, volume_refresh_seconds=0.1, shutdown_grace_seconds=2)
+    core = FlakyCore(down=1)
+    core.finalizers = ["someone-else", FINALIZER]
+    runner.core = core  # type: ignore[assignment]
+    pod = leader_pod([sys.executable, "-c", "pass"])
+    pod["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=list(core.finalizers))
+    runner.observe("MODIFIED", pod)
+    assert core.finalizers == ["someone-else", FINALIZER], "the apiserver was away: left for the next relist"
+    runner.observe("ADDED", pod)  # the relist
+    assert core.finalizers == ["someone-else"] and not runner.workers
+    other = leader_pod([sys.executable, "-c", "pass"])
+    other["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["someone-else"])
+    calls = core.calls
+    runner.observe("MODIFIED", other)
+    assert core.calls == calls, "not ours to release"
+
+
 def test_a_runner_that_stops_cuts_a_pods_stop_under_way_to_its_shutdown_grace(tmp_path: Path) -> None:
     """A pod deleted with a long grace is still in its preStop sleep, or draining, when the runner
     is told to stop. The runner is killed soon after its own shutdown grace, and its containers'

@@ -241,12 +241,24 @@ class PodWorker:
             startable = self._materialised and (self._held or self._hold_tried)
             if self._init_index < len(self.init_containers):
                 if startable:
-                    self._step_init(now)
+                    try:
+                        self._step_init(now)
+                    except API_UNAVAILABLE as e:
+                        self._init_retry_at = now + 1.0
+                        log.warning("%s/%s: init container not started (%s); retrying", self.namespace, self.name, e)
             elif self.process is None or restart_at is not None:
                 if restart_at is not None and now >= restart_at and startable:
-                    self._start()
-                    restart_at = None
-                    next_probe = now
+                    # The container's env reads Secrets and ConfigMaps (the engine API key): an
+                    # apiserver away for a moment delays the start, as it delays the kubelet's,
+                    # and loses neither the pod's restart count nor its last state.
+                    try:
+                        self._start()
+                    except API_UNAVAILABLE as e:
+                        restart_at = now + 1.0
+                        log.warning("%s/%s: container not started (%s); retrying", self.namespace, self.name, e)
+                    else:
+                        restart_at = None
+                        next_probe = now
             else:
                 code = self.process.exit_code()
                 if code is not None:
@@ -543,6 +555,8 @@ class PodRunner:
             if worker is not None:
                 worker.update(pod)
                 worker.terminate(grace_seconds(pod))
+            elif event_type != "DELETED" and FINALIZER in (meta.get("finalizers") or []):
+                self._release_unheld(meta)
             return
         if worker is not None:
             worker.update(pod)
@@ -559,6 +573,22 @@ class PodRunner:
         worker = PodWorker(self, pod)
         self.workers[uid] = worker
         worker.thread.start()
+
+    def _release_unheld(self, meta: Mapping[str, Any]) -> None:
+        """Drop the finalizer of a deleted pod no worker holds: one whose worker gave up releasing
+        it while the apiserver was away, or one deleted while this runner was down (its containers
+        died with the runner). Kept, the pod would stay Terminating, and the fixed name of an
+        engine pod (`<instance>-<rank>`) would keep its replacement from being created. A relist
+        tries again."""
+        finalizers = list(meta.get("finalizers") or [])
+        at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
+        ops = [{"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+               {"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
+        try:
+            self.core.patch_namespaced_pod(meta["name"], meta["namespace"], ops, _content_type=JSON_PATCH)
+            log.info("%s/%s: released (no process ran for it here)", meta["namespace"], meta["name"])
+        except API_UNAVAILABLE as e:
+            log.warning("%s/%s: finalizer not removed yet (%s); next relist", meta["namespace"], meta["name"], e)
 
     def _list(self) -> tuple[list[dict[str, Any]], str]:
         result = (self.core.list_namespaced_pod(self.namespace, label_selector=POD_SELECTOR) if self.namespace
