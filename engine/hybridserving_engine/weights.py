@@ -90,9 +90,17 @@ class Source:
         """Every file of the revision and its size (None where the hub does not say)."""
         repo = urllib.parse.quote(self.repo)
         with self._open(f"api/models/{repo}/revision/{urllib.parse.quote(self.revision, safe='')}?blobs=true") as r:
-            info = json.load(r)
-        return {s["rfilename"]: s["size"] if isinstance(s.get("size"), int) else None
-                for s in sorted(info.get("siblings") or [], key=lambda s: s["rfilename"])}
+            try:
+                info = json.load(r)
+                siblings = info.get("siblings") or []
+                # A mirror or a proxy's error page can answer 200 with anything else.
+                return {s["rfilename"]: s["size"] if isinstance(s.get("size"), int) else None
+                        for s in sorted(siblings, key=lambda s: s["rfilename"])}
+            except (ValueError, AttributeError, TypeError, KeyError) as e:
+                raise FetchError(f"{self.endpoint} did not answer the file list of {self.repo}@{self.revision} "
+                                 f"as the hub's API does ({type(e).__name__}: {e}); is HF_ENDPOINT a hub?") from None
+            except http.client.HTTPException as e:
+                raise FetchError(f"the file list of {self.repo}@{self.revision} broke off: {e!r}") from None
 
     def download(self, name: str, target: Path, advanced: Callable[[int], None] = lambda n: None) -> int:
         """One file into `target` (written aside, then renamed); its size in bytes. `advanced` hears
@@ -103,9 +111,12 @@ class Source:
         partial = target.with_name(target.name + ".part")
         with self._open(path) as r, open(partial, "wb") as out:
             expected = r.headers.get("Content-Length")
-            while chunk := r.read1(CHUNK):  # what has arrived, up to CHUNK: progress moves within a file
-                out.write(chunk)
-                advanced(len(chunk))
+            try:
+                while chunk := r.read1(CHUNK):  # what has arrived, up to CHUNK: progress moves within a file
+                    out.write(chunk)
+                    advanced(len(chunk))
+            except http.client.HTTPException as e:  # a chunked body cut short (IncompleteRead)
+                raise FetchError(f"{name}: the download broke off after {out.tell()} bytes: {e!r}") from None
         size = partial.stat().st_size
         if expected is not None and int(expected) != size:
             raise FetchError(f"{name}: got {size} of {expected} bytes")
@@ -156,8 +167,8 @@ def fill(source: Source, directory: Path) -> dict[str, object]:
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one download per node; the others wait for it
         marker = directory / COMPLETE
-        if marker.exists():
-            done = json.loads(marker.read_text())
+        done = _completed(marker)
+        if done is not None:
             return {**done, "downloaded": False, "seconds": round(time.monotonic() - started, 3)}
         sizes = source.files()
         progress = Progress(progress_file(directory), source, sizes)
@@ -175,9 +186,22 @@ def fill(source: Source, directory: Path) -> dict[str, object]:
                 log.info("%s: %d bytes so far", name, total)
             progress.file_done()
         done = {"repo": source.repo, "revision": source.revision, "files": len(sizes), "bytes": total}
-        marker.write_text(json.dumps(done))
+        aside = marker.with_name(marker.name + ".tmp")
+        aside.write_text(json.dumps(done))
+        os.replace(aside, marker)  # whole or absent: a node that lost power mid-write fills again
         return {**done, "downloaded": True, "downloadedFiles": downloaded_files,
                 "seconds": round(time.monotonic() - started, 3)}
+
+
+def _completed(marker: Path) -> dict[str, object] | None:
+    """What a finished fill recorded, or None where it did not finish: no marker, or one an older
+    version left torn (written in place) or empty, which would otherwise fail every pod on the node.
+    The files are checked again then; only finished ones were renamed into place."""
+    try:
+        done = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return done if isinstance(done, dict) else None
 
 
 def serve_progress(path: Path, host: str, port: int) -> ThreadingHTTPServer | None:

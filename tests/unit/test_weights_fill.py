@@ -73,6 +73,78 @@ def test_failures_say_what_is_wrong_and_leave_no_marker(tmp_path: Path, token, r
     assert not (tmp_path / "m" / weights.COMPLETE).exists()
 
 
+class NotAHub:
+    """A mirror or proxy that answers 200 with what the hub would not: an HTML page for the file
+    list, a chunked body that breaks off for a file."""
+
+    def __enter__(self) -> str:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if "/api/models/org/html/" in self.path:
+                    body = b"<html>Sign in to continue</html>"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                elif "/api/models/" in self.path:
+                    body = json.dumps({"siblings": [{"rfilename": "model.safetensors"}]}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                else:  # one chunk of a longer body, then the connection goes
+                    self.send_response(200)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.write(b"1000\r\n" + b"x" * 100)
+                    self.wfile.flush()
+                    self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(("repo", "expected"), [
+    ("org/html", "did not answer the file list of org/html@main as the hub's API does (JSONDecodeError"),
+    ("org/cut", "model.safetensors: the download broke off after 100 bytes: IncompleteRead("),
+])
+def test_a_server_that_is_not_the_hub_is_a_failure_in_words_not_a_traceback(
+        tmp_path: Path, repo: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "termination"
+    with NotAHub() as endpoint:
+        for key, value in {"HYBRIDSERVING_WEIGHTS_REPO": repo, "HYBRIDSERVING_WEIGHTS_DIR": str(tmp_path / "m"),
+                           "HF_ENDPOINT": endpoint, "HYBRIDSERVING_TERMINATION_LOG": str(log)}.items():
+            monkeypatch.setenv(key, value)
+        assert weights.main([]) == 1
+    assert expected in log.read_text(), log.read_text()
+    assert not (tmp_path / "m" / weights.COMPLETE).exists()
+    assert not (tmp_path / "m" / "model.safetensors").exists(), "only a whole file is put in place"
+
+
+def test_a_torn_completion_marker_is_no_completion(tmp_path: Path) -> None:
+    directory = tmp_path / "m"
+    directory.mkdir()
+    (directory / weights.COMPLETE).write_text('{"repo": "org/mo')  # an older version's write, cut short
+    with FakeHub({"org/model": FILES}, token="hf_test") as hub:
+        outcome = weights.fill(source(hub), directory)
+    assert outcome["downloaded"] is True and outcome["files"] == 2
+    assert json.loads((directory / weights.COMPLETE).read_text())["files"] == 2
+    assert not list(directory.glob("*.tmp")), "written aside, then renamed"
+
+
 def test_success_writes_the_outcome_as_the_termination_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "termination"
     with FakeHub({"org/model": FILES}, token="hf_test") as hub:
