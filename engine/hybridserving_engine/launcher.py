@@ -139,13 +139,19 @@ def load_role_config(path: Path) -> RoleConfig:
     argv, ranks = data.get("argv"), data.get("ranks")
     if (argv is None) == (ranks is None):
         raise ConfigError(f"{path} must set exactly one of 'argv' (all ranks) or 'ranks' (one argv per rank)")
-    nnodes = int(data.get("nnodes", len(ranks) if ranks is not None else 1))
+    if ranks is not None and not isinstance(ranks, list):
+        raise ConfigError(f"{path}: 'ranks' must be a list of argvs, one per rank")
+    nnodes = data.get("nnodes", len(ranks) if ranks is not None else 1)
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
+        raise ConfigError(f"{path}: 'nnodes' must be a whole number of at least 1, not {nnodes!r}")
     if ranks is not None and len(ranks) != nnodes:
         raise ConfigError(f"{path} lists {len(ranks)} rank argvs for nnodes={nnodes}")
     for entry in [argv] if argv is not None else ranks or []:
         if not isinstance(entry, list) or not all(isinstance(a, str) for a in entry):
             raise ConfigError(f"{path}: every argv must be a list of strings")
     graph_gb = data.get("decode_cuda_graph_memory_gb")
+    if graph_gb is not None and (isinstance(graph_gb, bool) or not isinstance(graph_gb, (int, float))):
+        raise ConfigError(f"{path}: 'decode_cuda_graph_memory_gb' must be a number of GB, not {graph_gb!r}")
     return RoleConfig(
         nnodes=nnodes,
         argv=tuple(argv or ()),
@@ -233,13 +239,27 @@ class Settings:
             except ValueError as err:
                 raise ConfigError(f"{err}: fix it in the fleet's spec.engine.env") from None
 
+        def whole(name: str, default: str) -> int:
+            """A number the operator renders (the pod's rank, its launcher port); an override
+            that is not one stops the launcher naming it, not with a traceback."""
+            raw = e.get(name, default)
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r} is not a whole number: remove it from the fleet's "
+                                  "spec.engine.env, the operator sets it") from None
+            if value < 0:
+                raise ConfigError(f"{name}={raw!r} is negative: remove it from the fleet's spec.engine.env, "
+                                  "the operator sets it")
+            return value
+
         values: dict[str, Any] = dict(
             config_dir=Path(e.get(ENV_CONFIG_DIR, CONFIG_DIR)),
             role_file=Path(e.get(ENV_ROLE_FILE, ROLE_FILE)),
-            node_rank=int(e.get(ENV_NODE_RANK, "0")),
+            node_rank=whole(ENV_NODE_RANK, "0"),
             backend=setting("HYBRIDSERVING_ENGINE_BACKEND"),
             host=e.get("HYBRIDSERVING_LAUNCHER_HOST", "0.0.0.0"),
-            port=int(e.get(ENV_LAUNCHER_PORT, "8080")),
+            port=whole(ENV_LAUNCHER_PORT, "8080"),
             drain_timeout_s=setting(ENV_DRAIN_TIMEOUT_S),
             idle_window_s=setting("HYBRIDSERVING_IDLE_WINDOW_S"),
             stop_grace_s=setting("HYBRIDSERVING_STOP_GRACE_S"),

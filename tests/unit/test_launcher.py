@@ -68,6 +68,11 @@ def test_per_rank_argv_is_taken_as_written(tmp_path):
         ({"argv": [], "ranks": [[]]}, "exactly one"),
         ({"ranks": [["a"]], "nnodes": 2}, "lists 1 rank"),
         ({"argv": "--x"}, "list of strings"),
+        ({"argv": [], "nnodes": "two"}, "'nnodes' must be a whole number of at least 1, not 'two'"),
+        ({"argv": [], "nnodes": 2.5}, "'nnodes' must be a whole number of at least 1, not 2.5"),
+        ({"argv": [], "nnodes": 0}, "'nnodes' must be a whole number"),
+        ({"ranks": {"0": []}}, "'ranks' must be a list of argvs"),
+        ({"argv": [], "decode_cuda_graph_memory_gb": "lots"}, "'decode_cuda_graph_memory_gb' must be a number"),
     ],
 )
 def test_bad_config_is_reported_with_the_file(tmp_path, data, message):
@@ -99,6 +104,9 @@ def test_settings_are_read_as_admission_checks_them_and_a_bad_one_is_named(caplo
                         ("HYBRIDSERVING_ENGINE_BACKEND", "vllm")):
         with pytest.raises(ConfigError, match=f"^{name}='{value}' is not .*: fix it in the fleet's spec.engine.env$"):
             Settings.from_env({name: value})
+    for name in ("HYBRIDSERVING_NODE_RANK", "HYBRIDSERVING_LAUNCHER_PORT"):
+        with pytest.raises(ConfigError, match=f"^{name}='x' is not a whole number: remove it from the fleet's "):
+            Settings.from_env({name: "x"})
     env = {"HYBRIDSERVING_HEALTH_RECHECK_S": "-1"}
     with mock.patch.dict(os.environ, env), caplog.at_level(logging.ERROR, logger="hybridserving_engine.launcher"):
         assert main([]) == 2
