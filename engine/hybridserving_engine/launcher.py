@@ -1076,7 +1076,12 @@ class Launcher:
     # ---- termination
 
     async def _shutdown(self) -> None:
-        """SIGTERM: unready first (so the router and Services stop sending), then drain, then stop."""
+        """SIGTERM: unready first (so the router and Services stop sending), then drain, then stop.
+
+        The drain and a worker's wait for its leader share one drain timeout from the signal: the
+        pod's terminationGracePeriodSeconds is that timeout plus the stop grace, and the kubelet
+        kills whatever runs past it, mid-stop."""
+        deadline = time.monotonic() + self.settings.drain_timeout_s
         self.set_phase("Draining", "pod is terminating")
         if self.proc is not None and self.proc.returncode is None:
             drained = await self.drain()
@@ -1085,16 +1090,16 @@ class Launcher:
                             self.settings.drain_timeout_s)
         self.set_phase("Stopping")
         if self.settings.node_rank > 0:
-            await self._wait_for_leader_to_stop()
+            await self._wait_for_leader_to_stop(deadline)
         await self.stop_engine()
         self.set_phase("Stopped")
 
-    async def _wait_for_leader_to_stop(self) -> None:
+    async def _wait_for_leader_to_stop(self, deadline: float) -> None:
         """A worker rank's engine ignores SIGTERM and stops when rank 0 broadcasts its shutdown
         (`entrypoints/engine.py:1261-1272`); killing it first would break the leader's collective
-        calls mid-request. So a worker waits until the leader's HTTP server is gone (bounded by
-        the drain timeout) before signalling, and its stop grace then covers the broadcast."""
-        deadline = time.monotonic() + self.settings.drain_timeout_s
+        calls mid-request. So a worker waits until the leader's HTTP server is gone (until
+        `deadline`, the end of the pod's drain timeout) before signalling, and its stop grace then
+        covers the broadcast."""
         while time.monotonic() < deadline and self.proc is not None and self.proc.returncode is None:
             if not await self._leader_answers():
                 return

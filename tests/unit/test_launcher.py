@@ -412,6 +412,36 @@ def test_a_relaunch_that_does_not_start_in_time_fails_the_switch_and_counts_as_a
         "exiting so that the container restarts")
 
 
+def test_a_worker_ranks_stop_fits_the_pods_grace_when_its_leader_outlasts_the_drain(tmp_path, monkeypatch):
+    """The kubelet kills a pod at terminationGracePeriodSeconds (drain timeout + stop grace): a worker
+    whose drain ran its whole timeout does not wait a second timeout for its leader to stop."""
+    settings = Settings(config_dir=tmp_path, role_file=tmp_path / "role", host="127.0.0.1", port=free_port(),
+                        node_rank=1, drain_timeout_s=1.0, stop_grace_s=1.0, poll_interval_s=0.05)
+    worker = Launcher(settings)
+
+    async def drain_that_times_out(until_terminate: bool = False) -> bool:
+        await asyncio.sleep(settings.drain_timeout_s)
+        return False
+
+    async def leader_still_up() -> bool:
+        return True
+
+    monkeypatch.setattr(worker, "drain", drain_that_times_out)
+    monkeypatch.setattr(worker, "_leader_answers", leader_still_up)
+
+    async def scenario() -> float:
+        deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)"
+        worker.proc = await asyncio.create_subprocess_exec(sys.executable, "-c", deaf, start_new_session=True)
+        began = time.monotonic()
+        await worker._shutdown()
+        return time.monotonic() - began
+
+    took = asyncio.run(scenario())
+    assert worker.proc is None and worker.phase == "Stopped"
+    grace = settings.drain_timeout_s + settings.stop_grace_s
+    assert took < grace + 0.5, f"stopped after {took:.1f} s, past the pod's {grace:.0f} s grace"
+
+
 def test_supervising_a_long_running_engine_keeps_one_wait_for_its_exit(tmp_path):
     write_config(tmp_path / "cfg", "prefill", {"argv": []})
     (tmp_path / "role").write_text("prefill")
