@@ -55,6 +55,36 @@ def test_an_invalid_generation_is_not_progressing_and_the_fleet_stays_ready_on_t
     assert api.condition("Progressing")["reason"] == "Complete"
 
 
+def test_under_an_invalid_spec_its_sizing_still_applies_to_the_last_applied_configuration(api: MemoryApi) -> None:
+    """An incident's scale-down or pause (kubectl scale and HPA go through the scale subresource,
+    which no webhook sees) does not wait for someone to fix an unrelated field."""
+    settle(api)
+    images = {n: p["spec"]["containers"][0]["image"] for (k, n), p in api.store.items() if k == "Pod"}
+    bad = copy.deepcopy(SPEC)
+    bad["decode"]["layout"] = {"tp": 8, "dcp": 3}
+    bad["decode"]["replicas"] = 1
+    bad["rollout"] = {"paused": True}
+    api.user_apply(bad)
+    outcome = rec.reconcile(api, NS, "fleet")
+    deleted = sorted(a.name for a in outcome.applied if a.verb == "delete" and a.kind == INSTANCE_KIND)
+    assert deleted == ["fleet-3"], [str(a) for a in outcome.applied]
+    assert api.condition("Progressing")["reason"] == "SpecNotApplied"
+    settle(api)
+    assert sorted(n for k, n in api.store if k == INSTANCE_KIND) == ["fleet-0", "fleet-1", "fleet-2"]
+    left = {n: p["spec"]["containers"][0]["image"] for (k, n), p in api.store.items()
+            if k == "Pod" and not n.startswith("fleet-3")}
+    assert left == {n: i for n, i in images.items() if not n.startswith("fleet-3")}, "the configuration stays"
+    assert '"paused": true' in api.store[("ConfigMap", "fleet-applied")]["data"]["spec.json"]
+
+    # Sizing that fails with the applied configuration is not taken: the whole last applied spec holds.
+    worse = copy.deepcopy(bad)
+    worse["decode"]["replicas"] = 2
+    worse["replicas"] = 6  # a total needs role switching, which the applied configuration has off
+    api.user_apply(worse)
+    outcome = rec.reconcile(api, NS, "fleet")
+    assert not [a for a in outcome.applied if a.kind == INSTANCE_KIND], [str(a) for a in outcome.applied]
+
+
 def test_a_spec_that_does_not_parse_is_not_applied_either(api: MemoryApi) -> None:
     settle(api)
     bad = copy.deepcopy(SPEC)

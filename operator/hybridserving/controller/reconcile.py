@@ -54,7 +54,7 @@ from hybridserving.controller.status import (
     wire,
 )
 from hybridserving.contract import ANNOTATION_ROLE
-from hybridserving.core import enginekey, fleet, planner, privileges, weights
+from hybridserving.core import enginekey, fleet, planner, privileges, revisions, weights
 from hybridserving.core.actions import Action, Cause
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceView, view
@@ -162,6 +162,22 @@ def validate(
         return None, Validation(issues=(), parse_errors=field_errors(exc))
     hs = privileges.with_default_image(hs, engine_policy)
     return hs, Validation(issues=fleet.check(hs.spec, engine_policy))
+
+
+def resized(body: dict[str, Any], good: HybridServingSpec, engine_policy: EnginePolicy) -> HybridServing | None:
+    """The last applied configuration under the live spec's replicas, rollout and scaling, where
+    that passes validation; None where it does not.
+
+    An invalid edit holds what the fleet runs, not how many of it or how it rolls: `kubectl scale`
+    and HPA write `spec.replicas` through the scale subresource, which no webhook sees, and an
+    incident's scale-down or pause must not wait for someone to fix an unrelated field (one an
+    operator upgrade started refusing, one an update let through while the webhook was down).
+    As a rollback does (`revisions.restore`), the sizing is taken whole from the live spec."""
+    spec = revisions.restore(body.get("spec") or {}, good.to_wire())
+    if spec == revisions.restore(good.to_wire(), good.to_wire()):
+        return None  # the live sizing is the applied one's: nothing to take
+    resized_hs, validation = validate({**body, "spec": spec}, engine_policy)
+    return resized_hs if validation.valid else None
 
 
 def last_applied(observed: Observed, name: str) -> HybridServingSpec | None:
@@ -625,7 +641,8 @@ def reconcile(kube: Kube, namespace: str, name: str,
     good = last_applied(observed, name)
     effective: HybridServing | None = hs if validation.valid else None
     if effective is None and good is not None:
-        effective = HybridServing.model_validate({"metadata": meta, "spec": good.to_wire()})
+        effective = resized(body, good, engine_policy) or HybridServing.model_validate(
+            {"metadata": meta, "spec": good.to_wire()})
     if not extra and any(s is not None and s.gang.mode == "Workload"
                          for s in (effective.spec if effective is not None else None, good)):
         # The live body does not ask for Workloads, but the spec the pass plans from (an invalid

@@ -522,7 +522,8 @@ def not_applied_message(validation: Validation, generation: int | None) -> str:
     """Why the spec's generation does not progress: the fleet runs the last spec that was valid."""
     refusals = validation.refusals
     return (f"generation {generation} is not applied: {len(refusals)} error(s), the first: {refusals[0]}; "
-            "the fleet keeps running the last applied spec")
+            "the fleet keeps running the last applied spec (sized by this one's replicas, rollout and "
+            "scaling where those pass with it)")
 
 
 def rollout_status(desired: DesiredState, views: Mapping[str, InstanceView], per_role: Mapping[str, RoleStatus],
