@@ -280,12 +280,25 @@ def load_text(text: str, source: str = "<input>") -> list[HybridServing]:
     are skipped, but a near miss (`kind: Hybridserving`, a kind hybridserving.io does not serve)
     or an object kubectl would refuse outright is an error, not a fleet silently left out."""
     found, failed = [], []
+    first: dict[tuple[str, str], str] = {}  # (namespace, name) -> where that fleet is first
     for doc, where in _objects(yaml_documents(text, source), source):
         if isinstance(doc, dict) and doc.get("kind") == KIND:
             try:
-                found.append(parse_document(doc, where))
+                hs = parse_document(doc, where)
             except ManifestInvalid as exc:
                 failed.append(exc)
+                continue
+            key = (hs.metadata.namespace or "", hs.metadata.name)
+            if key in first:
+                # kubectl apply would apply both, the last one winning: one of them is a mistake.
+                failed.append(ManifestInvalid(where, [ManifestError(
+                    "metadata.name", f"fleet {hs.metadata.name!r}"
+                    + (f" in namespace {key[0]!r}" if key[0] else "")
+                    + f" is already defined in {first[key]}: kubectl apply would keep only the last one",
+                    "give each fleet its own name, or remove the copy")]))
+                continue
+            first[key] = where
+            found.append(hs)
         elif (refused := _not_applied(doc, where)) is not None:
             failed.append(refused)
     if failed:

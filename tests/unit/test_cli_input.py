@@ -385,6 +385,8 @@ def test_in_a_pod_without_a_kubeconfig_the_service_account_is_used_and_its_absen
     ("engineImage: {tag: null}", "  error: engineImage.tag: set to null, which removes the chart's default, and the "
                                  "chart needs a value\n         fix: give a value, or leave the key out to keep the "
                                  "chart's default\n"),
+    (FLEET, "  error: (document): a Kubernetes object (kind: HybridServing), not a values file\n"
+            "         fix: give the chart's values"),
 ])
 def test_upgrade_check_values_that_do_not_do_are_errors_naming_the_field_before_any_request(
         tmp_path: Path, text: str, said: str) -> None:
@@ -601,6 +603,20 @@ def test_an_object_kubectl_would_refuse_is_an_error_not_a_fleet_left_out(tmp_pat
     other = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"
     code, out = run("validate", "-f", write(tmp_path, "c.yaml", other + "---\n" + FLEET))
     assert code == 0 and "t: valid" in out, "another kind beside a fleet is kubectl's to judge"
+
+
+def test_the_same_fleet_twice_in_one_file_is_an_error_naming_both_places(tmp_path: Path) -> None:
+    """kubectl apply would apply both, the last one winning: one of them is a mistake."""
+    copy = FLEET.replace("replicas: 1, layout: {tp: 8}}\n  decode", "replicas: 2, layout: {tp: 8}}\n  decode")
+    path = write(tmp_path, "twice.yaml", FLEET + "---\n" + copy)
+    for command in ("validate", "render"):
+        code, out = run(command, "-f", path)
+        assert code == 1, out
+        assert ("(document 2): invalid\n  error: metadata.name: fleet 't' in namespace 'default' is already defined in "
+                f"{path} (document 1): kubectl apply would keep only the last one") in out, out
+    elsewhere = FLEET.replace("metadata: {name: t}", "metadata: {name: t, namespace: other}")
+    code, out = run("validate", "-f", write(tmp_path, "two.yaml", FLEET + "---\n" + elsewhere))
+    assert code == 0, "one name in two namespaces is two fleets"
 
 
 @pytest.mark.parametrize("kind", ["List", "HybridServingList"])

@@ -114,6 +114,13 @@ def read(paths: list[str]) -> ChartValues:
             raise ManifestInvalid(source, [ManifestError(
                 "(document)", "not a values file: one YAML mapping of chart values is expected",
                 "give the file `helm upgrade -f` takes (`helm get values RELEASE -o yaml` writes one)")])
+        if found and {"apiVersion", "kind"} <= set(found[0]):
+            # A fleet manifest given as values would read as the chart's defaults (no grants), and
+            # its fleets judged against those: a false "this version stops planning it".
+            raise ManifestInvalid(source, [ManifestError(
+                "(document)", f"a Kubernetes object (kind: {found[0]['kind']}), not a values file",
+                "give the chart's values (`helm get values RELEASE -o yaml` writes them); fleets are read "
+                "from the cluster, or from -f in validate, plan and render")])
         documents.extend(found)
     removed: set[str] = set()
     values = _coalesced(_merged(documents), DEFAULTS, "", removed)
