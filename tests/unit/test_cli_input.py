@@ -258,6 +258,19 @@ def test_a_fleet_that_is_not_there_is_an_error_naming_it_and_the_namespace(apise
                    "  fix: check the name and -n; `kubectl get hybridservings -n team-a` lists them\n")
 
 
+def test_a_refused_write_names_the_refusal_and_a_fix_that_is_not_to_try_again() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    refused = ApiException(status=422, reason="Unprocessable Entity")
+    refused.body = json.dumps({"message": 'admission webhook "update.hybridserving.io" denied the request: '
+                                          "spec.network.hostNetwork: this operator is installed without host networking"})
+    explained = cluster.explain(refused, "t", "team-a")
+    assert explained is not None
+    assert str(explained.message).startswith("the cluster refused the spec written (422 Unprocessable Entity): "
+                                             'admission webhook "update.hybridserving.io" denied the request')
+    assert "pick another revision with --to-revision" in explained.fix and "run the command again" not in explained.fix
+
+
 @pytest.mark.parametrize("command", ["status", "rollback", "upgrade-check"])
 def test_without_n_the_namespace_is_the_kubeconfig_contexts_as_for_kubectl(apiserver: str, command: str) -> None:
     Path(apiserver).write_text(Path(apiserver).read_text().replace("{cluster: c, user: u}",

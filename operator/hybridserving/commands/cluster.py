@@ -267,6 +267,12 @@ def explain(exc: Exception, name: str | None, namespace: str,
         if exc.status in (401, 403):
             return ClusterError(f"the cluster refused the request ({exc.status} {exc.reason}): {said}",
                                 f"use credentials that may read and update hybridservings in {namespace}")
+        if exc.status in (400, 422):
+            # The apiserver's schema, its CEL rules or the operator's admission webhook refused the
+            # object written: running the command again writes the same one.
+            return ClusterError(f"the cluster refused the spec written ({exc.status} {exc.reason}): {said}",
+                                "nothing was changed; fix what the message names, or, for a rollback, pick "
+                                "another revision with --to-revision")
         return ClusterError(f"the cluster answered {exc.status} {exc.reason}: {said}",
                             "check the cluster's health and run the command again")
     if isinstance(exc, HTTPError | OSError):  # refused, unresolvable, timed out, TLS
