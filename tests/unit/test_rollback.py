@@ -166,6 +166,23 @@ def test_a_fleet_on_the_default_image_is_rolled_back_from_the_revision_status_na
     assert "rolled back to revision 1" in out.getvalue()
 
 
+def test_a_spec_on_the_default_image_not_yet_applied_is_not_guessed_at() -> None:
+    """Just after an edit (the operator lagging or down), a spec that names no image matches no
+    revision: the last good one would be the one that runs, and writing it would only pin its image."""
+    revs = [revision("v1", 1), revision("v2", 2)]
+    hs = fleet("v2", last_good=revs[1]["metadata"]["name"], generation=6)
+    del hs["spec"]["engine"]["image"]
+    hs["status"].update(observedGeneration=5)
+    hs["status"]["rollout"]["updateRevision"] = revs[1]["metadata"]["name"]
+    api = FakeApi(hs, revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", None, out) == 1 and api.replaced is None
+    assert out.getvalue().startswith("error: hs: generation 6 of the spec is not applied yet (status says 5)")
+    assert "--to-revision N" in out.getvalue()
+    assert rollback(api, "ns", "hs", 1, io.StringIO()) == 0, "a named revision needs no guess"
+    assert api.replaced is not None and api.replaced["spec"]["engine"]["image"] == "v1"
+
+
 def test_a_revision_of_another_object_is_not_used() -> None:
     api = FakeApi(fleet("v2"), [revision("v1", 1, owner="someone-else"), revision("v2", 2)])
     out = io.StringIO()

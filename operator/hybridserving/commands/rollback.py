@@ -175,6 +175,17 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
         # What the operator recorded for this very spec: its revisions carry what it fills in (the
         # chart's default engine image), which the spec alone does not say.
         current = running
+    elif why is None and to_revision is None and not (hs["spec"].get("engine") or {}).get("image"):
+        # The spec's revision records the chart's default image, which the spec alone does not
+        # say: until the operator has applied this generation, which revision it is cannot be told,
+        # and guessing would go "back" to the one that runs and pin its image.
+        return write_error(out, False, name,
+                           f"generation {meta.get('generation')} of the spec is not applied yet (status says "
+                           f"{status.get('observedGeneration', 'none')}), and its revision, which holds the "
+                           "chart's default image, cannot be told from the spec alone; nothing written",
+                           "wait until the operator has applied it (hybridserving status), or name the revision "
+                           "with --to-revision N (kubectl get controllerrevisions -l "
+                           f"hybridserving.io/name={name})")
     elif why is None:
         try:
             current = revision_name(name, revisions.revision_hash(HybridServingSpec.model_validate(hs["spec"])))
