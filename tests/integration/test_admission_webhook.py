@@ -148,6 +148,12 @@ def test_warnings_come_back_to_kubectl_and_a_bad_update_is_refused(guarded) -> N
     out = apply(c, body)
     assert out.returncode != 0 and "denied the request" in out.stderr
     assert "spec.decode.podTemplate.spec.containers[engine].resources.limits[nvidia.com/gpu]" in out.stderr
+    # An update is also judged as a step from the stored spec (the apiserver's oldObject).
+    del body["spec"]["decode"]["podTemplate"]
+    body["spec"]["roleSwitch"]["drainTimeoutSeconds"] = 900
+    out = apply(c, body)
+    assert out.returncode == 0, out.stderr
+    assert "Warning: spec.roleSwitch.drainTimeoutSeconds: 300 → 900 rolls every instance" in out.stderr, out.stderr
 
 
 def test_an_outage_refuses_creates_but_lets_updates_and_deletes_through(guarded) -> None:
