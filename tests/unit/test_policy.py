@@ -479,6 +479,21 @@ def test_a_large_imbalance_moves_several_instances_at_once_within_max_concurrent
     assert one == decisions[0]  # decide() is the first step of the same move
 
 
+def test_a_switch_putting_its_instance_back_counts_against_max_concurrent():
+    """A refused or failed switch holds its instance out of the router through Restore or Restart:
+    with maxConcurrent 1 no other instance may start meanwhile."""
+    cfg = PolicyConfig(sustain_s=0, max_concurrent=1)
+    policy = RoleSwitchPolicy(cfg, MODEL)
+    states = fleet(2, 6)
+    m = metrics_for(states, 1.0, 0.02, 100_000)
+    assert policy.decide(0.0, states, m)[0] is not None, "the move this test holds back"
+    back = [replace(states[-1], phase="down", restoring=True), *states[:-1]]
+    assert policy.decide(0.0, back, {k: v for k, v in m.items() if k != states[-1].name})[0] is None
+    down = [replace(states[-1], phase="down"), *states[:-1]]
+    assert policy.decide(0.0, down, {k: v for k, v in m.items() if k != states[-1].name})[0] is not None, \
+        "a down instance in no switch holds nothing"
+
+
 def test_memory_round_trips_through_a_dict():
     policy = RoleSwitchPolicy(PolicyConfig(), MODEL)
     states = fleet(3, 5)

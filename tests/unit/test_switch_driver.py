@@ -294,6 +294,8 @@ def test_a_multi_node_instance_relaunches_as_a_new_gang_in_the_new_role() -> Non
     assert (entry["outcome"], entry["mode"]) == ("Succeeded", "relaunch"), entry
     assert entry["reason"].endswith("by relaunch (the gang is recreated as decode): its 2 ranks start the new role "
                                     "together")
+    [drained] = [m for r, m in h.events() if r == "RoleSwitchDrained"]
+    assert "refused" not in drained and drained.endswith("its 2 ranks start the new role together"), drained
     assert "Relaunching" in phases and "Switching" not in phases
     h.tick(2)
     for rank in (0, 1):
@@ -628,6 +630,44 @@ def test_a_switch_whose_history_write_fails_as_it_ends_is_recorded_once_the_writ
     h.run_until(lambda: ANNOTATION_SWITCH not in h.instance(name)["metadata"]["annotations"])
     assert failed and h.instance(name)["spec"]["role"] == "decode"
     assert [e["outcome"] for e in h.history()] == ["Succeeded"]
+
+
+def test_a_restart_whose_phase_write_fails_still_hands_the_instance_back(h: Harness) -> None:
+    """The Restart step writes the record, spec.role and restartGeneration, then the phase; when the
+    second write fails, the switch must not end with the instance left in a switch phase."""
+    h.ctl = SwitchController(h.api, h.engines, clock=lambda: h.now,
+                             step_bounds={**STEP_BOUNDS, "verify_timeout_s": 6.0})
+    name = prefill_instances(h)[0]
+    h.engine(name).healthy = False  # unhealthy after its switch: Verify fails into a Restart
+    h.annotate(name, ANNOTATION_SWITCH_TO, "decode")
+    failed: list[str] = []
+
+    def fail(verb: str, kind: str, obj: str) -> int | None:
+        record = h.instance(name)["metadata"].get("annotations", {}).get(ANNOTATION_SWITCH, "")
+        if kind == INSTANCE_KIND and obj == name and verb == "patch" and '"step":"Restart"' in record and not failed:
+            failed.append(obj)
+            return 503  # the phase write right after the record's
+        return None
+
+    h.api.fail = fail
+    for _ in range(60):
+        h.now += 2.0
+        try:
+            h.ctl.tick(NS, "fleet")
+        except KubeError:
+            pass  # the pass that hit the failed write; the next one goes on
+        rec.reconcile(h.api, NS, "fleet")
+        h.kubelet()
+        if failed and ANNOTATION_SWITCH not in h.instance(name)["metadata"].get("annotations", {}):
+            break
+    assert failed, "the Restart step was reached"
+    assert ANNOTATION_SWITCH not in h.instance(name)["metadata"].get("annotations", {}), "the switch ended"
+    assert h.history()[-1]["outcome"] == "Failed"
+    h.tick(2)
+    assert h.instance(name)["status"]["phase"] not in ("Draining", "Switching", "Relaunching"), \
+        h.instance(name)["status"]
+    assert h.instance(name)["spec"]["role"] == "prefill"
+    assert "RoleEditAdopted" not in [r for r, _ in h.events()], "the old gang is no hand edit"
 
 
 def test_a_switch_whose_instance_is_deleted_ends_aborted_in_the_history(h: Harness) -> None:

@@ -324,6 +324,22 @@ def test_unhealthy_after_switch_restarts_once(variant: dict) -> None:
     assert world.generation == 1
 
 
+def test_a_restart_ends_only_once_its_phase_is_written_and_the_old_gang_is_going() -> None:
+    """The Restart write (spec.role, restartGeneration) can land while the phase write after it does
+    not (a 5xx, the operator dying between them): ending then would leave the instance in a switch
+    phase with no switch to end it, out of the router for good. And pods of the old gang still
+    annotated with the failed role would read as a hand edit of spec.role once the record is gone."""
+    state = (SwitchState.start("prefill", "decode", "in-place", "test", 0.0).advance("Drain", 10.0)
+             .advance("Switch", 20.0).advance("Restart", 30.0, outcome="Failed", message="rebuild failed",
+                                              restart_generation=1))
+    landed = Observation(phase="Switching", spec_role="prefill", restart_generation=1, leader_label=None)
+    held, want = step(state, landed, 31.0, CONFIG)
+    assert held.step == "Restart" and want.phase == "Starting", "the phase is asked for again"
+    written = replace(landed, phase="Starting")
+    assert step(state, replace(written, old_gang=True), 32.0, CONFIG)[0].step == "Restart", "old pods not going yet"
+    assert step(state, written, 33.0, CONFIG)[0].step == "Done"
+
+
 def test_a_launcher_that_never_answers_times_out_into_a_restart() -> None:
     state, steps = run(World(launcher_outcome="Silent"))
     assert steps[-2:] == ["Restart", "Done"] and "did not finish" in state.message

@@ -42,6 +42,7 @@ from hybridserving.core.assignment import prefill_share
 from hybridserving.core.observed import format_time, parse_time
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.naming import (
+    ANNOTATION_RESTART_GENERATION,
     LABEL_INSTANCE,
     LABEL_NAME,
     LABEL_NODE_RANK,
@@ -175,10 +176,13 @@ class Instance:
         labels = ((leader or {}).get("metadata") or {}).get("labels") or {}
         roles = {(p["metadata"].get("annotations") or {}).get(ANNOTATION_ROLE) for p in self.pods}
         s = self.sample or EngineSample()
+        generation = int(self.obj["spec"].get("restartGeneration") or 0)
         return Observation(
             phase=self.phase,
             spec_role=self.role,
-            restart_generation=int(self.obj["spec"].get("restartGeneration") or 0),
+            restart_generation=generation,
+            old_gang=any(not p["metadata"].get("deletionTimestamp")
+                         and _restart_generation(p) < generation for p in self.pods),
             leader_label=labels.get(LABEL_ROLE),
             pods_role=next(iter(roles)) if len(roles) == 1 else None,
             inflight=s.inflight,
@@ -186,6 +190,14 @@ class Instance:
             engine_role=s.role,
             launcher=LauncherView.from_status(s.launcher) if s.launcher is not None else None,
         )
+
+
+def _restart_generation(pod: Mapping[str, Any]) -> int:
+    """The restart generation a pod was rendered for (its annotation; 0 when absent or unreadable)."""
+    try:
+        return int((pod["metadata"].get("annotations") or {}).get(ANNOTATION_RESTART_GENERATION, "0"))
+    except ValueError:
+        return 0
 
 
 @dataclass
@@ -599,7 +611,8 @@ class SwitchController:
                 phase = ("draining" if record.step in ("Unroute", "Drain")
                          else "switching" if record.step in ("Switch", "Verify", "Route") else "down")
                 target = record.to_role if phase != "down" else None
-                states.append(InstanceState(inst.name, record.from_role, phase, target, last, pinned, in_place))
+                states.append(InstanceState(inst.name, record.from_role, phase, target, last, pinned, in_place,
+                                            restoring=phase == "down"))
                 continue
             phase = "serving" if inst.phase == "Ready" else "down"
             # An instance whose engine refused to switch in place would relaunch: the policy weighs
@@ -698,8 +711,7 @@ class SwitchController:
         elif s == "Switch" and state.recreate:
             event = ("Normal", "RoleSwitchDrained",
                      f"{what}: drained in {state.phases.get('Drain', 0):.1f} s; relaunching: the gang is recreated "
-                     f"as {state.to_role} (restartGeneration {state.restart_generation}), as the engine refused "
-                     f"this switch in place before")
+                     f"as {state.to_role} (restartGeneration {state.restart_generation}); {state.reason}")
         elif s == "Switch":
             event = ("Normal", "RoleSwitchDrained",
                      f"{what}: drained in {state.phases.get('Drain', 0):.1f} s; switching")

@@ -89,6 +89,9 @@ class InstanceState:
     pinned: bool = False
     in_place: bool = True
     """The layout allows `/pd_role_switch`; otherwise the switch relaunches the engine."""
+    restoring: bool = False
+    """Down because a switch that did not succeed is putting it back (Restore, Restart): the switch
+    is still in flight, and counts against `max_concurrent`."""
 
 
 @dataclass(frozen=True)
@@ -454,7 +457,7 @@ class RoleSwitchPolicy:
         memory = self.observe(now, fleet, metrics, memory)
         if not cfg.enabled or cfg.paused:
             return None, memory
-        in_flight = sum(1 for s in fleet if s.phase in ("draining", "switching"))
+        in_flight = sum(1 for s in fleet if s.phase in ("draining", "switching") or s.restoring)
         if in_flight >= cfg.max_concurrent:
             return None, memory
         demand = self.demand_of(memory)

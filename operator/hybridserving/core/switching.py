@@ -292,6 +292,8 @@ class Observation:
     engine_role: str | None = None
     """The live role: `/model_info` disaggregation_mode."""
     launcher: LauncherView | None = None
+    old_gang: bool = False
+    """Pods of an earlier restart generation not yet being deleted: the gang a restart replaces."""
 
 
 @dataclass(frozen=True)
@@ -441,8 +443,12 @@ def _advance(state: SwitchState, obs: Observation, now: float, config: SwitchCon
         return state, want
 
     if s == "Restart":
-        if obs.restart_generation >= (state.restart_generation or 0) and obs.spec_role == state.from_role:
-            # The reconcile owns the phase from here (the gang is being recreated).
+        # Done only once the phase is handed back (else it would stay a switch phase with no switch
+        # to end it, the instance out of the router for good) and the old gang is being deleted
+        # (else its pods, still annotated with the failed role, would read as a hand edit of
+        # spec.role). The reconcile owns the phase from here: it recreates the gang.
+        if (applied and not obs.old_gang and obs.restart_generation >= (state.restart_generation or 0)
+                and obs.spec_role == state.from_role):
             return go("Done")
         return state, want
 
