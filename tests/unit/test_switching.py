@@ -340,6 +340,27 @@ def test_a_restart_ends_only_once_its_phase_is_written_and_the_old_gang_is_going
     assert step(state, written, 33.0, CONFIG)[0].step == "Done"
 
 
+def test_a_launcher_relaunching_after_a_failed_rebuild_gets_a_relaunchs_time() -> None:
+    """SGLang's in-place rebuild failed unsafely: the launcher relaunches the engine in the new role
+    itself, which takes minutes (a model load); cutting it off at the in-place bound would throw
+    away a start that was going to succeed and restart the gang in the old role."""
+    config = SwitchConfig(in_place_timeout_s=300, relaunch_timeout_s=3600)
+    state = (SwitchState.start("prefill", "decode", "in-place", "test", 0.0).advance("Drain", 10.0)
+             .advance("Switch", 20.0, launcher_switches=2))
+
+    def seen(phase: str, switches: int = 3) -> Observation:
+        return Observation(phase="Switching", spec_role="decode", restart_generation=0, leader_label=None,
+                           pods_role="decode", launcher=LauncherView("prefill", phase, switches, "prefill", "decode",
+                                                                     "InProgress", "switch failed"))
+
+    assert step(state, seen("Relaunching"), 20.0 + 301, config)[0].step == "Switch"
+    late = step(state, seen("Relaunching"), 20.0 + 3601, config)[0]
+    assert late.step == "Restart" and "did not finish the relaunch switch within 3600 s" in late.message
+    assert step(state, seen("Switching"), 20.0 + 301, config)[0].step == "Restart", "an in-place switch's bound"
+    assert step(state, seen("Relaunching", switches=2), 20.0 + 301, config)[0].step == "Restart", \
+        "an earlier switch's relaunch is not this one's"
+
+
 def test_a_launcher_that_never_answers_times_out_into_a_restart() -> None:
     state, steps = run(World(launcher_outcome="Silent"))
     assert steps[-2:] == ["Restart", "Done"] and "did not finish" in state.message

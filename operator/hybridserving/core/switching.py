@@ -399,9 +399,9 @@ def _advance(state: SwitchState, obs: Observation, now: float, config: SwitchCon
 
     if s == "Switch":
         launcher = obs.launcher
+        ours = (launcher is not None and launcher.switch_count > (state.launcher_switches or 0)
+                and launcher.last_to == state.to_role and launcher.last_from == state.from_role)
         if launcher is not None and obs.spec_role == state.to_role and obs.pods_role == state.to_role:
-            ours = (launcher.switch_count > (state.launcher_switches or 0)
-                    and launcher.last_to == state.to_role and launcher.last_from == state.from_role)
             if ours and launcher.last_outcome in ("Refused", "Aborted"):
                 return restore("Refused" if launcher.last_outcome == "Refused" else "Aborted",
                                f"launcher: {launcher.last_outcome}: {launcher.last_message}")
@@ -409,9 +409,12 @@ def _advance(state: SwitchState, obs: Observation, now: float, config: SwitchCon
                 return restart(f"launcher: Failed: {launcher.last_message}")
             if launcher.role == state.to_role and launcher.phase == "Ready":
                 return go("Verify")
-        if elapsed > config.switch_timeout(state.mode):
-            return restart(f"the launcher did not finish the {state.mode} switch within "
-                           f"{config.switch_timeout(state.mode):.0f} s")
+        # An in-place rebuild that fails unsafely is relaunched by the launcher itself, in the new
+        # role on the same pods: that start takes a relaunch's time, not an in-place switch's.
+        mode = "relaunch" if ours and launcher is not None and launcher.phase == "Relaunching" else state.mode
+        if elapsed > config.switch_timeout(mode):
+            return restart(f"the launcher did not finish the {mode} switch within "
+                           f"{config.switch_timeout(mode):.0f} s")
         return state, want
 
     if s == "Verify":
