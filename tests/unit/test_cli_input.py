@@ -262,8 +262,9 @@ def test_a_refused_write_names_the_refusal_and_a_fix_that_is_not_to_try_again() 
     from kubernetes.client.exceptions import ApiException
 
     refused = ApiException(status=422, reason="Unprocessable Entity")
-    refused.body = json.dumps({"message": 'admission webhook "update.hybridserving.io" denied the request: '
-                                          "spec.network.hostNetwork: this operator is installed without host networking"})
+    said = ('admission webhook "update.hybridserving.io" denied the request: '
+            "spec.network.hostNetwork: this operator is installed without host networking")
+    refused.body = json.dumps({"message": said})
     explained = cluster.explain(refused, "t", "team-a")
     assert explained is not None
     assert str(explained.message).startswith("the cluster refused the spec written (422 Unprocessable Entity): "
