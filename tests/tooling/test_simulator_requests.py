@@ -124,8 +124,8 @@ def test_the_bodies_fastapi_refuses_are_refused_with_pydantics_errors_under_sgla
     for kind in KINDS:
         name = kind.__name__
         cases += [(name, {**base[name], field: value}) for field in _fields(kind) for value in BAD]
-        # No body (None) never reaches pydantic: FastAPI reports it missing (test_engine_contract.py).
-        cases += [(name, body) for body in ([], "s", {"bytes": '{"text": "hi"}'}, {},
+        # JSON's null is validated as None; only an empty body is missing (test_engine_contract.py).
+        cases += [(name, body) for body in (None, [], "s", {"bytes": '{"text": "hi"}'}, {},
                                             {"stream": "maybe", "max_tokens": "x", "text": 1, "prompt": 1,
                                              "messages": 1, "input_ids": "x", "bootstrap_port": "p"})]
     fields = {kind.__name__: _fields(kind) for kind in KINDS}
@@ -172,6 +172,122 @@ def test_a_refusal_reads_as_fastapis_validation_error_in_sglangs_error_response(
         "1 validation error:\n  {'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only "
         "'application/json' is allowed\", 'type': 'value_error'} [{'loc': ['header', 'content-type'], 'msg': "
         "\"Unsupported Media Type: Only 'application/json' is allowed\", 'type': 'value_error'}]")
+
+
+# The control routes' bodies are msgspec Structs of `managers/io_struct.py`, read with pydantic
+# through `utils/msgspec_utils.py`'s schema, both loaded from the wheel's files: `BaseReq` whole, each
+# other Struct with the fields the simulator declares, as SGLang writes them.
+_VALIDATE_STRUCTS = r"""
+import ast, importlib.util, json, os, sys
+from typing import List, Literal, Optional
+import msgspec
+from pydantic import TypeAdapter, ValidationError
+
+srt = os.path.join(importlib.util.find_spec("sglang").submodule_search_locations[0], "srt")
+spec = importlib.util.spec_from_file_location("msgspec_utils", os.path.join(srt, "utils", "msgspec_utils.py"))
+mu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mu)
+request = json.load(sys.stdin)
+source = open(os.path.join(srt, "managers", "io_struct.py")).read()
+lines = source.splitlines()
+classes = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)}
+namespace = dict(msgspec=msgspec, List=List, Literal=Literal, Optional=Optional,
+                 msgspec_struct_pydantic_core_schema=mu.msgspec_struct_pydantic_core_schema)
+exec(ast.get_source_segment(source, classes["BaseReq"]), namespace)
+for name, fields in request["fields"].items():
+    node = classes[name]
+    members = [ast.get_source_segment(source, item) for item in node.body
+               if isinstance(item, ast.AnnAssign) and item.target.id in fields]
+    assert len(members) == len(fields), name
+    exec(lines[node.lineno - 1] + "\n" + "\n".join("    " + m for m in members), namespace)
+out = {"base": [f.name for f in msgspec.structs.fields(namespace["BaseReq"])], "errors": []}
+for kind, body in request["cases"]:
+    try:
+        TypeAdapter(namespace[kind]).validate_python(body, from_attributes=True)
+        out["errors"].append(None)
+    except ValidationError as e:
+        out["errors"].append([str({**err, "loc": ("body", *err["loc"])}) for err in e.errors(include_url=False)])
+print(json.dumps(out))
+"""
+
+STRUCTS = (validation.PdRoleSwitchReqInput, validation.PauseGenerationReqInput,
+           validation.ContinueGenerationReqInput, validation.AbortReq)
+
+
+def test_the_control_bodies_fastapi_refuses_are_refused_with_the_errors_of_sglangs_structs() -> None:
+    fields = {kind.__name__: list(kind.__annotations__) for kind in STRUCTS}
+    cases: list[tuple[str, object]] = []
+    for kind in STRUCTS:
+        name = kind.__name__
+        cases += [(name, body) for body in (None, [], "s", 5, {}, {"unknown": 1}, {"rid": "r", "http_worker_ipc": 1})]
+        cases += [(name, {field: value}) for field in ["rid", *fields[name]]
+                  for value in (*BAD, "prefill", "retract", "in_place", "yes", "off", 0, 2.0)]
+    expected = _in_wheel(_VALIDATE_STRUCTS, {"fields": fields, "cases": cases})
+    assert isinstance(expected, dict)
+    assert expected["base"] == list(validation.BaseReq.__annotations__)
+    refused = 0
+    for (name, body), wheel in zip(cases, expected["errors"], strict=True):
+        try:
+            validation.validate_body(getattr(validation, name), body, endpoint="")
+            simulated = None
+        except validation.RequestValidationError as e:
+            simulated = [str(err) for err in e.errors]
+            refused += 1
+        assert simulated == wheel, (name, body)
+    assert refused > len(cases) / 2
+
+
+def test_the_control_routes_are_the_wheels() -> None:
+    """What the simulator's control routes mirror, as the wheel's source says it."""
+    # /server_info's top level is `resolved_dict()`, whose enable_dp_attention is the attention-DP width.
+    assert "result = server_args.resolved_dict()" in cited("utils/common.py", 3584, 3593)
+    assert 'resolved["enable_dp_attention"] = resolving_view(self).attn_dp_size > 1' in cited(
+        "server_args.py", 332, 332)
+    assert '"num_retractions": recv_obj.retraction_counts[i],' in cited("managers/tokenizer_manager.py", 2507, 2513)
+    # /pd_role_switch: a prepare checks, answers "ready" and switches nothing.
+    prepare = cited("disaggregation/role_switch.py", 113, 121)
+    assert "if recv_req.prepare_only:" in prepare and 'message="ready",' in prepare
+    assert "safe_to_restore=True," in prepare
+    answer = cited("managers/tokenizer_control_mixin.py", 944, 958)
+    assert "if all_success and not obj.prepare_only:" in answer and 'elif all_success:\n            msg = "ready"' in (
+        answer)
+    assert "msgspec_to_builtins(result)," in cited("entrypoints/http_server.py", 1646, 1649)
+    # /abort_request: an AbortReq, 200 with no body; the tokenizer's gate, the scheduler's prefix match.
+    route = cited("entrypoints/http_server.py", 1721, 1731)
+    assert "async def abort_request(obj: Annotated[AbortReq, Body()], request: Request):" in route
+    assert "return Response(status_code=200)" in route
+    gate = cited("managers/tokenizer_manager.py", 2241, 2260)
+    assert "if not abort_all and not rid:" in gate and "elif get_serving().tokenizer_worker_num == 1:" in gate
+    assert "req.rid.startswith(recv_req.rid)" in cited("managers/scheduler.py", 5675, 5810)
+    assert 'self.rid = ""' in cited("managers/io_struct.py", 2285, 2296)
+    # /pause_generation and /continue_generation take their Structs as the body.
+    for line, kind in ((1831, "PauseGenerationReqInput"), (1844, "ContinueGenerationReqInput")):
+        handler = cited("entrypoints/http_server.py", line, line + 4)
+        assert f"obj: Annotated[{kind}, Body()], request: Request" in handler
+    assert 'mode: Literal["abort", "retract", "in_place"] = "abort"' in cited("managers/io_struct.py", 1927, 1946)
+    assert "torch_empty_cache: bool = True" in cited("managers/io_struct.py", 1949, 1955)
+
+
+def test_a_client_that_leaves_has_its_request_aborted_as_in_the_wheel() -> None:
+    """`server._complete` and `server._stream`: when the tokenizer manager looks for a client that
+    left, and what aborts the request it finds gone."""
+    from hybridserving_engine.simulator import server
+
+    assert "SGLANG_REQUEST_STATE_WAIT_TIMEOUT = EnvInt(4)" in cited("environ.py", 1679, 1679)
+    assert "SGLANG_FORCE_STREAM_INTERVAL = EnvInt(50)" in cited("environ.py", 688, 688)
+    assert (server.REQUEST_STATE_WAIT_TIMEOUT_S, server.FORCE_STREAM_INTERVAL) == (4, 50)
+    assert "len(req.output_ids) % self.default_force_stream_interval == 0" in cited(
+        "managers/scheduler_components/output_streamer.py", 474, 477)
+    for first, last, kind in ((1956, 1974, 1), (2061, 2072, 3)):
+        wait = cited("managers/tokenizer_manager.py", first, last)
+        assert "await request.is_disconnected()" in wait and "self.abort_request(obj.rid)" in wait
+        assert f"Request is disconnected from the client side (type {kind}). Abort request {{obj.rid=}}" in wait
+    assert "except BaseException:" in cited("managers/tokenizer_manager.py", 958, 966)
+    release = cited("managers/tokenizer_manager.py", 3850, 3874)
+    assert "if state.dispatched:" in release and "self.abort_request(rid)" in release
+    assert "background=_global_state.tokenizer_manager.create_abort_task(obj)," in cited(
+        "entrypoints/http_server.py", 977, 981)
+    assert "await asyncio.sleep(2)" in cited("managers/tokenizer_manager.py", 2427, 2438)
 
 
 # ------------------------------------------------------------------ /generate's JSON contract

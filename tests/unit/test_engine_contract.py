@@ -141,7 +141,8 @@ def test_the_scheduler_watchdog_kills_the_server_hung_mid_batch_and_spares_it_hu
         assert httpx.post(faults, json={"stall_scheduler": False}, timeout=10).status_code == 200
         body = {"input_ids": [1] * 16, "sampling_params": {"max_new_tokens": 100000}, "stream": True}
         with httpx.stream("POST", sim.url + "/generate", json=body, timeout=30) as generating:
-            next(generating.iter_lines())
+            lines = generating.iter_lines()  # kept: a dropped iterator closes the stream, whose
+            next(lines)  # request SGLang then aborts (managers/tokenizer_manager.py:958-966)
             assert httpx.post(faults, json={"stall_scheduler": True}, timeout=10).status_code == 200
             stalled_at = time.monotonic()
             assert sim.proc.wait(15) == -signal.SIGKILL
@@ -360,16 +361,23 @@ def test_a_body_that_is_no_json_is_a_bad_request_error_response(engine, path):
         assert (body["object"], body["type"], body["param"], body["code"]) == ("error", "Bad Request", None, 400)
 
 
-@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
-@pytest.mark.parametrize("content", [b"", b"null"])
-def test_no_body_is_a_missing_body_not_one_of_another_type(engine, path, content):
-    # FastAPI hands an empty body, or JSON's null, to no validator: the handler's one body
-    # parameter is required, so it is missing (fastapi/dependencies/utils.py).
-    resp = httpx.post(engine + path, content=content, headers={"Content-Type": "application/json"}, timeout=30)
-    assert resp.status_code == 400
-    errors, _ = validation_message(resp.json(), path)
-    assert errors == ("1 validation error:\n  {'type': 'missing', 'loc': ('body',), 'msg': 'Field required', "
-                      "'input': None}\n")
+@pytest.mark.parametrize("path, null", [
+    ("/generate", "{'type': 'dataclass_type', 'loc': ('body',), 'msg': 'Input should be a dictionary or an instance "
+                  "of GenerateReqInput', 'input': None, 'ctx': {'class_name': 'GenerateReqInput'}}"),
+    ("/v1/completions", "{'type': 'model_attributes_type', 'loc': ('body',), 'msg': 'Input should be a valid "
+                        "dictionary or object to extract fields from', 'input': None}"),
+    ("/v1/chat/completions", "{'type': 'model_attributes_type', 'loc': ('body',), 'msg': 'Input should be a valid "
+                             "dictionary or object to extract fields from', 'input': None}")])
+def test_no_body_is_a_missing_body_and_null_one_of_another_type(engine, path, null):
+    # FastAPI hands an empty body to no validator: the handler's one body parameter is required, so
+    # it is missing. JSON's null is a body, None, which pydantic refuses (fastapi/routing.py,
+    # fastapi/dependencies/utils.py, `_validate_value_with_model_field`).
+    for content, error in ((b"", "{'type': 'missing', 'loc': ('body',), 'msg': 'Field required', 'input': None}"),
+                           (b"null", null)):
+        resp = httpx.post(engine + path, content=content, headers={"Content-Type": "application/json"}, timeout=30)
+        assert resp.status_code == 400
+        errors, _ = validation_message(resp.json(), path)
+        assert errors == f"1 validation error:\n  {error}\n", content
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
@@ -525,9 +533,10 @@ def keyed_engine() -> Iterator[str]:
                                      {"Authorization": f"Basic {API_KEY}"}])
 @pytest.mark.parametrize("path, body", [("/pause_generation", {"mode": "abort"}),
                                         ("/pd_role_switch", {"new_role": "decode"}),
+                                        ("/abort_request", {"abort_all": True}),
                                         ("/continue_generation", {}), ("/flush_cache", {})])
 def test_control_endpoints_refuse_a_caller_without_the_key(keyed_engine, path, body, headers):
-    """ADMIN_OPTIONAL routes (http_server.py:1025-1026, 1635-1636, 1831-1832, 1844-1845) take
+    """ADMIN_OPTIONAL routes (http_server.py:1025-1026, 1635-1636, 1721-1722, 1831-1832, 1844-1845) take
     --api-key when no admin key is set (auth.py:133-143), as `Bearer <key>` only (lines 108-117);
     a refusal is 401 `{"error": "Unauthorized"}` (lines 192-204) and the engine is untouched."""
     resp = httpx.post(keyed_engine + path, json=body, headers=headers, timeout=30)

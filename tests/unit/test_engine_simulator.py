@@ -209,6 +209,16 @@ def test_deprecated_dp_attention_becomes_attention_dp_as_in_0_5_23():
     assert (args.attn_dp_size, args.dp_size) == (8, 1)
 
 
+def test_server_info_reports_dp_attention_whenever_attention_dp_runs():
+    # server_args.py:332 (resolved_dict): the deprecated flag's field says whether the attention-DP
+    # width is above one, whichever flag set it; `--enable-dp-attention` over one DP rank sets none
+    # (arg_groups/parallel_hook.py:50-61).
+    assert resolved_info("--tp-size", "8", "--attn-dp-size", "8")["enable_dp_attention"] is True
+    assert resolved_info("--tp-size", "8", "--dp-size", "8", "--enable-dp-attention")["enable_dp_attention"] is True
+    assert resolved_info("--tp-size", "8", "--enable-dp-attention")["enable_dp_attention"] is False
+    assert resolved_info("--tp-size", "8", "--dp-size", "2")["enable_dp_attention"] is False
+
+
 def test_token_count_is_one_per_four_bytes():
     assert count_tokens("abcd" * 250) == 250
     assert count_tokens("") == 1
@@ -322,6 +332,25 @@ def test_unified_generate_streams_and_answers_openai_shapes():
         assert chat["usage"]["completion_tokens"] == 2
         async with session.post(url + "/flush_cache") as r:
             assert r.status == 200
+
+    run(check, server)
+
+
+def test_generate_meta_info_names_its_retractions_as_sglang_does():
+    # managers/tokenizer_manager.py:2507-2513: meta_info opens with the id, the finish reason, the
+    # prompt's tokens, the weight version and num_retractions, streamed or not.
+    server = make_server()
+
+    async def check(session, url):
+        async with session.post(url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}) as r:
+            answers = [await r.json()]
+        async with session.post(url + "/generate", json={"text": "hi", "stream": True,
+                                                         "sampling_params": {"max_new_tokens": 2}}) as r:
+            answers += [json.loads(line[6:]) async for line in r.content if line.startswith(b"data: {")]
+        for answer in answers:
+            assert list(answer["meta_info"])[:5] == ["id", "finish_reason", "prompt_tokens", "weight_version",
+                                                     "num_retractions"], answer
+            assert answer["meta_info"]["num_retractions"] == 0
 
     run(check, server)
 
@@ -573,7 +602,8 @@ def test_role_switch_refusals_carry_safe_to_restore():
     async def check(session, no_flag_url, nixl_url, busy_url):
         status, body = await _switch(session, no_flag_url, "decode")
         assert status == 400 and body["safe_to_restore"] is True and "--enable-pd-role-switch" in body["message"]
-        assert set(body) == {"success", "message", "old_role", "new_role", "safe_to_restore"}
+        # The whole PdRoleSwitchReqOutput (entrypoints/http_server.py:1646-1649, utils/msgspec_utils.py:38-44).
+        assert list(body) == ["rid", "http_worker_ipc", "success", "message", "old_role", "new_role", "safe_to_restore"]
         status, body = await _switch(session, nixl_url, "decode")
         assert status == 400 and body["safe_to_restore"] is True and "nixl" in body["message"]
         # A prefill request whose decode peer never comes sits in the bootstrap queue: not idle.
@@ -586,6 +616,30 @@ def test_role_switch_refusals_carry_safe_to_restore():
         await asyncio.gather(stuck, return_exceptions=True)
 
     run(check, no_flag, nixl, busy)
+
+
+def test_a_prepare_only_role_switch_checks_and_switches_nothing():
+    # disaggregation/role_switch.py:113-121: once every check passes, prepare_only answers "ready"
+    # with safe_to_restore and tears nothing down; a check that fails refuses as without it. The
+    # tokenizer manager says "ready" for any success of a prepare, the same role's too, and
+    # records no new role (managers/tokenizer_control_mixin.py:944-958).
+    server = make_server(*pd_flags("prefill", free_port(), "--enable-pd-role-switch"))
+
+    async def check(session, url):
+        status, body = await _switch(session, url, "decode", decode_cuda_graph_memory_gb=1.0, prepare_only=True)
+        assert (status, body) == (200, {"rid": None, "http_worker_ipc": None, "success": True, "message": "ready",
+                                        "old_role": "prefill", "new_role": "decode", "safe_to_restore": True})
+        assert server.engine.role == "prefill"
+        async with session.get(url + "/model_info") as r:
+            assert (await r.json())["disaggregation_mode"] == "prefill"
+        status, body = await _switch(session, url, "decode", prepare_only=True)
+        assert status == 400 and "decode_cuda_graph_memory_gb is required" in body["message"]
+        status, body = await _switch(session, url, "prefill", prepare_only=True)
+        assert status == 200 and (body["message"], body["safe_to_restore"]) == ("ready", False)
+        status, body = await _switch(session, url, "decode", decode_cuda_graph_memory_gb=1.0)
+        assert status == 200 and body["message"] == "ok" and server.engine.role == "decode"
+
+    run(check, server)
 
 
 @pytest.mark.slow
@@ -613,11 +667,11 @@ def test_what_arrives_during_a_role_switch_waits_for_it_and_a_failed_rebuild_bre
         await asyncio.sleep(0.02)
         assert not good.engine.responds() and not request.done()
         status, body = await first
-        assert status == 200 and body == {"success": True, "message": "ok", "old_role": "prefill",
-                                          "new_role": "decode", "safe_to_restore": False}
+        assert status == 200 and body == {"rid": None, "http_worker_ipc": None, "success": True, "message": "ok",
+                                          "old_role": "prefill", "new_role": "decode", "safe_to_restore": False}
         status, body = await second
-        assert status == 200 and body == {"success": True, "message": "ok", "old_role": "decode",
-                                          "new_role": "decode", "safe_to_restore": False}
+        assert status == 200 and body == {"rid": None, "http_worker_ipc": None, "success": True, "message": "ok",
+                                          "old_role": "decode", "new_role": "decode", "safe_to_restore": False}
         async with await request as r:
             assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 3
         async with await health as r:
@@ -721,7 +775,7 @@ def test_a_pause_in_place_keeps_the_batch_that_arms_the_watchdog_and_an_abort_dr
         while server.engine.forward_ct < 3:
             await asyncio.sleep(0.01)
         for mode, armed in (("in_place", True), ("retract", False), ("abort", False)):
-            async with session.post(url + "/continue_generation") as r:
+            async with session.post(url + "/continue_generation", json={}) as r:
                 assert r.status == 200
             await asyncio.sleep(0.05)
             assert server.engine.has_current_batch
@@ -757,7 +811,7 @@ def test_a_pause_holds_new_requests_before_the_scheduler_where_a_switch_and_sigt
         shutting = asyncio.create_task(server.shut_down())
         await asyncio.sleep(0.5)
         assert not shutting.done() and not held.done()
-        async with session.post(url + "/continue_generation") as r:
+        async with session.post(url + "/continue_generation", json={}) as r:
             assert r.status == 200
         async with await held as r:
             assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 3
@@ -1023,5 +1077,159 @@ def test_a_role_switch_body_sglangs_types_refuse_is_a_validation_error_and_switc
         assert server.engine.role == "prefill"
         status, body = await _switch(session, url, "decode", decode_cuda_graph_memory_gb=1, unknown="ignored")
         assert status == 200 and body["new_role"] == "decode"
+
+    run(check, server)
+
+
+# ------------------------------------------------------------------ control
+
+
+async def _loads(session, url) -> list:
+    async with session.get(url + "/v1/loads") as r:
+        return (await r.json())["loads"]
+
+
+async def _running(session, url) -> int:
+    return sum(load["num_running_reqs"] for load in await _loads(session, url))
+
+
+def test_pause_and_continue_take_a_body_of_their_request_types():
+    # entrypoints/http_server.py:1831-1854: `Annotated[PauseGenerationReqInput, Body()]` and
+    # `ContinueGenerationReqInput`, msgspec Structs (managers/io_struct.py:1927-1955) whose mode is
+    # Literal["abort", "retract", "in_place"]. No body is FastAPI's missing body; JSON's null and a
+    # mode outside the Literal fail both branches of the schema SGLang gives pydantic
+    # (utils/msgspec_utils.py:70-118); each is a 400 ErrorResponse (lines 635-692), before the handler.
+    server = make_server()
+    cited = {"/pause_generation": ("pause_generation", 1831), "/continue_generation": ("continue_generation", 1844)}
+
+    async def check(session, url):
+        for path, (function, line) in cited.items():
+            where = f'/http_server.py", line {line}, in {function}\n    POST {path}'
+            async with session.post(url + path) as r:
+                body = await r.json()
+            assert r.status == 400 and body["type"] == "Bad Request", body
+            assert body["message"].startswith("1 validation error:\n  {'type': 'missing', 'loc': ('body',), 'msg': "
+                                              "'Field required', 'input': None}\n\n  File "), body
+            assert where in body["message"]
+            async with session.post(url + path, data=b"null", headers={"Content-Type": "application/json"}) as r:
+                body = await r.json()
+            assert r.status == 400 and body["message"].startswith("2 validation errors:\n  {'type': 'is_instance_of'")
+            assert "'loc': ('body', 'function-after[build_struct(), " in body["message"]
+        async with session.post(url + "/pause_generation", json={"mode": "later"}) as r:
+            body = await r.json()
+        assert r.status == 400 and "'literal_error', 'loc': ('body', 'function-after[build_struct(), " \
+            "PauseGenerationReqInput]', 'mode'), 'msg': \"Input should be 'abort', 'retract' or 'in_place'\"" \
+            in body["message"]
+        assert not server.engine.paused
+        running = asyncio.create_task(session.post(url + "/generate", json={
+            "input_ids": [1] * 16, "sampling_params": {"max_new_tokens": 100000}}))
+        while not await _running(session, url):
+            await asyncio.sleep(0.01)
+        # An empty object pauses with the default mode, "abort" (io_struct.py:1946).
+        async with session.post(url + "/pause_generation", json={}) as r:
+            assert r.status == 200 and await r.json() == {"message": "Generation paused successfully.", "status": "ok"}
+        async with await running as r:
+            assert (await r.json())["meta_info"]["finish_reason"]["type"] == "abort"
+        assert server.engine.paused
+        async with session.post(url + "/continue_generation", json={"torch_empty_cache": False}) as r:
+            assert r.status == 200 and (await r.json())["message"] == "Generation continued successfully."
+        assert not server.engine.paused
+
+    run(check, server)
+
+
+def test_abort_request_aborts_a_request_sglang_holds_by_rid_prefix_or_all_of_them():
+    # entrypoints/http_server.py:1721-1731: an AbortReq body, 200 with no body. The tokenizer
+    # manager ignores an empty rid without abort_all, and (one tokenizer worker) a rid it holds no
+    # request of; the scheduler aborts every request whose rid starts with the one given
+    # (managers/tokenizer_manager.py:2241-2260, managers/scheduler.py:5675-5810).
+    server = make_server()
+
+    async def start(session, url, rid):
+        task = asyncio.create_task(session.post(url + "/generate", json={
+            "rid": rid, "input_ids": [1] * 16, "sampling_params": {"max_new_tokens": 100000}}))
+        while not server.engine.knows(rid):
+            await asyncio.sleep(0.01)
+        return task
+
+    async def abort(session, url, body):
+        async with session.post(url + "/abort_request", json=body) as r:
+            assert r.status == 200 and await r.read() == b"", body
+
+    async def check(session, url):
+        ab, abc, other = [await start(session, url, rid) for rid in ("ab", "abc", "other")]
+        for body in ({"rid": "a"}, {}, {"rid": ""}, {"rid": None}, {"rid": "abcd"}):
+            await abort(session, url, body)
+        await asyncio.sleep(0.1)
+        assert await _running(session, url) == 3, "no request of those rids: nothing aborted"
+        await abort(session, url, {"rid": "ab"})
+        for task in (ab, abc):
+            async with await task as r:
+                assert (await r.json())["meta_info"]["finish_reason"]["type"] == "abort"
+        assert not other.done() and await _running(session, url) == 1
+        async with session.post(url + "/abort_request", json={"rid": 5}) as r:
+            body = await r.json()
+        assert r.status == 400 and "in abort_request\n    POST /abort_request" in body["message"]
+        assert "'type': 'string_type', 'loc': ('body', 'function-after[build_struct(), AbortReq]', 'rid')" in (
+            body["message"])
+        await abort(session, url, {"abort_all": True})
+        async with await other as r:
+            assert (await r.json())["meta_info"]["finish_reason"]["type"] == "abort"
+        assert await _running(session, url) == 0
+
+    run(check, server)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_client_has_gone_is_aborted(stream):
+    # A stream's client is heard leaving at once (uvicorn's http.disconnect, Starlette cancelling
+    # the stream), and generate_request aborts its request (managers/tokenizer_manager.py:958-966,
+    # 3850-3874; entrypoints/http_server.py:977-981 would 2 s later). A request that does not stream
+    # is looked at with each output, every SGLANG_FORCE_STREAM_INTERVAL (50) tokens
+    # (managers/scheduler_components/output_streamer.py:474-477; tokenizer_manager.py:2061-2072).
+    server = make_server()
+
+    async def check(session, url):
+        async with aiohttp.ClientSession() as client:
+            generating = asyncio.create_task(client.post(url + "/generate", json={
+                "input_ids": [1] * 16, "stream": stream, "sampling_params": {"max_new_tokens": 100000}}))
+            while not await _running(session, url):
+                await asyncio.sleep(0.01)
+            if stream:
+                await (await generating).content.readline()
+        left = time.monotonic()
+        while await _running(session, url):
+            assert time.monotonic() - left < 6, "the request outlived its client"
+            await asyncio.sleep(0.05)
+        assert not server.engine.has_requests()
+        generating.cancel()
+        await asyncio.gather(generating, return_exceptions=True)
+
+    run(check, server)
+
+
+def test_a_request_without_output_whose_client_has_gone_is_aborted_after_the_wait_timeout():
+    # managers/tokenizer_manager.py:1956-1974: with no output for SGLANG_REQUEST_STATE_WAIT_TIMEOUT
+    # (4 s, environ.py:1679) the tokenizer manager looks whether the client is still there; here a
+    # prefill request whose decode peer never comes waits in the bootstrap queue, counted as waiting
+    # (scheduler_components/load_inquirer.py:116-119).
+    server = make_server(*pd_flags("prefill", free_port()))
+
+    async def waiting(session, url) -> int:
+        return sum(load["num_waiting_reqs"] for load in await _loads(session, url))
+
+    async def check(session, url):
+        async with aiohttp.ClientSession() as client:
+            generating = asyncio.create_task(client.post(url + "/generate", json={
+                "text": "hi", "bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": 5}))
+            while not await waiting(session, url):
+                await asyncio.sleep(0.01)
+            sent = time.monotonic()
+        while await waiting(session, url):
+            assert time.monotonic() - sent < 6, "the request outlived its client"
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - sent >= 3.5, "aborted before the wait timeout"
+        generating.cancel()
+        await asyncio.gather(generating, return_exceptions=True)
 
     run(check, server)

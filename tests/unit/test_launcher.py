@@ -682,7 +682,7 @@ def test_a_hung_engine_turns_unready_by_its_own_health_check_and_is_restarted(po
     time.sleep(4)  # two failed checks would restart it within 3 s
     status = p.status()
     assert (status["engine"]["pid"], status["engine"]["restarts"], status["phase"]) == (pid, 0, "Ready"), status
-    assert httpx.post(p.engine + "/continue_generation").status_code == 200
+    assert httpx.post(p.engine + "/continue_generation", json={}).status_code == 200
     wait_http(p.url + "/readyz", timeout=10)
 
     assert httpx.post(p.engine + "/sim/faults", json={"stall_scheduler": True}).status_code == 200
@@ -710,7 +710,8 @@ def test_an_engine_its_scheduler_watchdog_killed_is_restarted(pod):
     pid = p.status()["engine"]["pid"]
     body = {"input_ids": [1] * 16, "sampling_params": {"max_new_tokens": 100000}, "stream": True}
     with httpx.stream("POST", p.engine + "/generate", json=body, timeout=30) as generating:
-        next(generating.iter_lines())
+        lines = generating.iter_lines()  # kept: a dropped iterator closes the stream, whose
+        next(lines)  # request SGLang then aborts (managers/tokenizer_manager.py:958-966)
         assert httpx.post(p.engine + "/sim/faults", json={"stall_scheduler": True}).status_code == 200
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -875,7 +876,7 @@ def test_a_worker_rank_follows_a_switch_without_waiting_out_its_leaders_requests
         assert inflight_requests(httpx.get(leader.engine + "/v1/loads").json()), "the leader is still busy"
         # Freed, so that the leader's own drain at the end of the test has nothing to wait for.
         assert httpx.post(leader.engine + "/pause_generation", json={"mode": "abort"}).status_code == 200
-        assert httpx.post(leader.engine + "/continue_generation").status_code == 200
+        assert httpx.post(leader.engine + "/continue_generation", json={}).status_code == 200
     assert (status["lastSwitch"]["outcome"], status["role"]) == ("Succeeded", "decode"), status
     assert "Draining" not in [s["step"] for s in status["lastSwitch"]["steps"]], status
 

@@ -15,9 +15,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 # Routes SGLang marks `@auth_level(AuthLevel.ADMIN_OPTIONAL)` (entrypoints/http_server.py:1025-1026
-# /flush_cache, 1635-1636 /pd_role_switch, 1831-1832 /pause_generation, 1844-1845
-# /continue_generation): with an admin key set they take that key only.
-ADMIN_OPTIONAL = frozenset({"/flush_cache", "/pd_role_switch", "/pause_generation", "/continue_generation"})
+# /flush_cache, 1635-1636 /pd_role_switch, 1721-1722 /abort_request, 1831-1832 /pause_generation,
+# 1844-1845 /continue_generation): with an admin key set they take that key only.
+ADMIN_OPTIONAL = frozenset({"/flush_cache", "/pd_role_switch", "/abort_request", "/pause_generation",
+                            "/continue_generation"})
 # Always open, matched by prefix, "to support k8s probes and Prometheus scraping" (utils/auth.py:101-106).
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 # The simulator's own fault switch is no SGLang route: tests drive it with no key.

@@ -172,7 +172,7 @@ class SimulatedEngine:
         self._resumed = asyncio.Event()
         """Clear while `/pause_generation` holds new requests at the tokenizer."""
         self._resumed.set()
-        self._held = 0
+        self._held: set[SimRequest] = set()
         """Requests the tokenizer has taken but not yet sent to the scheduler (a pause or a switch holds them)."""
         self.kv_used = [0] * dp_ranks
         self.active: dict[SimRequest, asyncio.Task[None]] = {}
@@ -223,14 +223,14 @@ class SimulatedEngine:
         served in the new role: SGLang's scheduler runs the switch inside its request dispatch, one
         thread (`disaggregation/role_switch.py:123-166`), and takes what arrived meanwhile from its
         socket once the new role's event loop starts (`managers/scheduler.py:2224-2270`)."""
-        self._held += 1
+        self._held.add(req)
         try:
             # A pause holds new requests at the tokenizer, before the scheduler sees them, so no
             # queue of `/v1/loads` counts them (`managers/tokenizer_manager.py:938-939`).
             await self._resumed.wait()
             await self._scheduler_free.wait()
         finally:
-            self._held -= 1
+            self._held.discard(req)
         if not self.healthy:
             raise RequestAborted(503, "engine is unhealthy after a failed role switch; restart required")
         if req.bootstrap_room is None and self.transfer_backend == "fake":
@@ -291,11 +291,17 @@ class SimulatedEngine:
         self._round_robin = (rank + 1) % self.dp_ranks
         return rank
 
-    def abort_all(self) -> int:
-        tasks = list(self.active.values())
-        for task in tasks:
-            task.cancel()
-        return len(tasks)
+    def knows(self, rid: str) -> bool:
+        """Whether the tokenizer holds a request of this rid (`rid_to_state`), sent to the scheduler or held."""
+        return any(req.rid == rid for req in (*self.active, *self._held))
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        """The scheduler's `abort_request` (`managers/scheduler.py:5675-5810`): every request it has
+        whose rid starts with `rid`, or all of them. Those the tokenizer still holds are not its to
+        abort: they run once sent."""
+        for req, task in list(self.active.items()):
+            if abort_all or req.rid.startswith(rid):
+                task.cancel()
 
     def pause(self, mode: str) -> None:
         """`/pause_generation`: "abort" aborts every request, after which SGLang's scheduler runs
@@ -303,7 +309,7 @@ class SimulatedEngine:
         current batch (`managers/scheduler.py:5881-5882`); "in_place" leaves it as it is
         (lines 5821-5830), still arming the watchdog."""
         if mode == "abort":
-            self.abort_all()
+            self.abort(abort_all=True)
         if mode != "in_place":
             self.has_current_batch = False
         self._resumed.clear()
@@ -341,7 +347,7 @@ class SimulatedEngine:
     def has_requests(self) -> bool:
         """Whether any request is still to be answered, held before the scheduler or in it: what
         SGLang's SIGTERM drain waits for (`rid_to_state`, `managers/tokenizer_manager.py:3508-3545`)."""
-        return bool(self.active) or self._held > 0
+        return bool(self.active or self._held)
 
     async def scheduler_answers(self) -> None:
         """Return once the scheduler would answer a control request (`get_internal_state` through
@@ -804,7 +810,8 @@ class SimulatedEngine:
 
     # ------------------------------------------------------------------ role switch
 
-    async def switch_role(self, new_role: str, decode_cuda_graph_memory_gb: float | None) -> SwitchAnswer:
+    async def switch_role(self, new_role: str, decode_cuda_graph_memory_gb: float | None,
+                          prepare_only: bool = False) -> SwitchAnswer:
         """SGLang's `/pd_role_switch`.
 
         The tokenizer refuses a server without the flag itself (`managers/tokenizer_control_mixin.py:926-933`)
@@ -812,15 +819,17 @@ class SimulatedEngine:
         its preconditions in its order (`disaggregation/role_switch.py:43-112`, `_reject_reason`). A
         second call sent during a switch therefore waits for it and is then judged on the role it
         left: the same role is a success. Its "another role switch is already in progress" cannot
-        be reached over HTTP, so it is not modelled."""
+        be reached over HTTP, so it is not modelled. `prepare_only` runs the checks and switches
+        nothing (lines 113-121)."""
         if not self.role_switch_enabled:
             return SwitchAnswer(False, "--enable-pd-role-switch is not set on this server", True, self.role)
         async with self._switch_queue:
             old_role = self.role
-            success, message, safe = await self._switch_role(new_role, decode_cuda_graph_memory_gb)
+            success, message, safe = await self._switch_role(new_role, decode_cuda_graph_memory_gb, prepare_only)
             return SwitchAnswer(success, message, safe, old_role)
 
-    async def _switch_role(self, new_role: str, decode_cuda_graph_memory_gb: float | None) -> tuple[bool, str, bool]:
+    async def _switch_role(self, new_role: str, decode_cuda_graph_memory_gb: float | None,
+                           prepare_only: bool) -> tuple[bool, str, bool]:
         checks = (
             (not self.healthy, False, "instance is unhealthy after a failed role switch; restart required"),
             (new_role not in ("prefill", "decode"), True, f"invalid new_role={new_role!r}"),
@@ -842,6 +851,8 @@ class SimulatedEngine:
                 return False, "decode_cuda_graph_memory_gb must be non-negative", True
         if self.faults.refuse_switch:
             return False, "simulator fault: role switch refused", True
+        if prepare_only:
+            return True, "ready", True
         self._scheduler_free.clear()
         try:
             await asyncio.sleep(self.perf.switch_seconds("in-place") * self.faults.slow_factor)

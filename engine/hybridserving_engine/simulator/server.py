@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import enum
 import json
 import logging
@@ -23,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -55,10 +56,14 @@ from hybridserving_engine.simulator.engine import (
 from hybridserving_engine.simulator.faults import Faults
 from hybridserving_engine.simulator.metrics import EngineMetrics, env_bool, local_schedulers
 from hybridserving_engine.simulator.validation import (
+    AbortReq,
+    BaseReq,
     BodyUnreadable,
     ChatCompletionRequest,
     CompletionRequest,
+    ContinueGenerationReqInput,
     GenerateReqInput,
+    PauseGenerationReqInput,
     PdRoleSwitchReqInput,
     RequestValidationError,
     endpoint_context,
@@ -75,6 +80,14 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 128
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 BOOTSTRAP_TIMEOUT_S = float(os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "300"))
+REQUEST_STATE_WAIT_TIMEOUT_S = int(os.environ.get("SGLANG_REQUEST_STATE_WAIT_TIMEOUT", "4"))
+"""How long the tokenizer manager waits for a request's next output before it looks whether the
+client is still there (`managers/tokenizer_manager.py:208`, `environ.py:1679`)."""
+FORCE_STREAM_INTERVAL = int(os.environ.get("SGLANG_FORCE_STREAM_INTERVAL", "50"))
+"""Every this many tokens the scheduler sends a request that does not stream an output all the
+same (`managers/scheduler_components/output_streamer.py:49, 474-477`, `environ.py:688`)."""
+DISCONNECT_POLL_S = 0.1
+"""How often a stream looks whether its client has gone (uvicorn says so at once)."""
 
 
 def token_text(index: int) -> str:
@@ -118,6 +131,11 @@ def _openai_error(message: str, err_type: str = "BadRequestError", status: int =
 def _http_exception(status: int, message: str) -> web.Response:
     """An HTTPException through SGLang's handler (`entrypoints/http_server.py:578-630`): typed with its status."""
     return web.json_response(_error_body(message, str(status), status), status=status)
+
+
+def _disconnected(request: web.Request) -> bool:
+    """Starlette's `request.is_disconnected()`: the client has closed its connection."""
+    return request.transport is None or request.transport.is_closing()
 
 
 def _generate_error(message: str) -> web.Response:
@@ -363,6 +381,7 @@ class SimulatorServer:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/pd_role_switch", self.pd_role_switch)
+        r.add_post("/abort_request", self.abort_request)
         r.add_post("/pause_generation", self.pause_generation)
         r.add_post("/continue_generation", self.continue_generation)
         r.add_route("GET", "/flush_cache", self.flush_cache)
@@ -425,8 +444,11 @@ class SimulatorServer:
         # server args, `entrypoints/http_server.py:863-892`, `utils/common.py:3584-3593`): a role
         # switch does not change it. The live role is in `internal_states[i]` and in `/model_info`
         # (line 834). `max_running_requests` is the flag as resolved (None when unset); the cap
-        # the scheduler sizes from its pool is on `/v1/loads` only.
+        # the scheduler sizes from its pool is on `/v1/loads` only. The deprecated
+        # `enable_dp_attention` says whether attention DP runs, whichever flag asked for it
+        # (`server_args.py:332`, `resolved_dict`).
         resolved.update(
+            enable_dp_attention=a.attn_dp_size > 1,
             disaggregation_mode=a.disaggregation_mode,
             load_balance_method=self._load_balance_method(),
             max_running_requests=self.resolved.max_running_requests,
@@ -590,32 +612,84 @@ class SimulatorServer:
             rid=str(body.get("rid") or uuid.uuid4().hex),
         )
 
-    async def _tokens(self, req: SimRequest) -> AsyncIterator[int]:
-        """Generated-token counts as they arrive; raises RequestAborted if the scheduler aborts it."""
+    async def _tokens(self, req: SimRequest) -> AsyncGenerator[int, None]:
+        """A stream's generated-token counts as they arrive; raises RequestAborted if the scheduler
+        aborts it. A stream that stops before its request ends (its client gone, `_stream`) aborts
+        the request if the scheduler has it, as `generate_request` does on any exception
+        (`managers/tokenizer_manager.py:958-966`, `_release_req_states_on_failure`, lines 3850-3874)."""
         await self.engine.submit(req)
+        try:
+            while True:
+                kind, *rest = await req.events.get()
+                if kind == "token":
+                    yield rest[0]
+                elif kind == "error":
+                    raise RequestAborted(rest[0], rest[1])
+                else:
+                    return
+        except BaseException:
+            if req.finish_reason is None and req in self.engine.active:
+                self.engine.abort(req.rid)
+            raise
+
+    async def _complete(self, req: SimRequest, request: web.Request) -> int:
+        """The tokens of a request that does not stream, once it ends; raises RequestAborted if the
+        scheduler aborts it. The tokenizer manager hears of it every FORCE_STREAM_INTERVAL tokens
+        and at its end, and looks whether its client is still there at each output short of the end
+        (type 3) and after REQUEST_STATE_WAIT_TIMEOUT_S without one (type 1): the client gone, it
+        aborts the request and answers with a ValueError (`managers/tokenizer_manager.py:1956-1974,
+        2061-2072`)."""
+        await self.engine.submit(req)
+
+        async def output() -> list[Any]:
+            while True:
+                kind, *rest = await req.events.get()
+                if kind != "token" or rest[0] % FORCE_STREAM_INTERVAL == 0:
+                    return [kind, *rest]
+
         while True:
-            kind, *rest = await req.events.get()
-            if kind == "token":
-                yield rest[0]
-            elif kind == "error":
-                raise RequestAborted(rest[0], rest[1])
+            try:
+                kind, *rest = await asyncio.wait_for(output(), REQUEST_STATE_WAIT_TIMEOUT_S)
+            except TimeoutError:
+                gone = 1
             else:
-                return
+                if kind == "error":
+                    raise RequestAborted(rest[0], rest[1])
+                if kind == "finish":
+                    return req.generated
+                gone = 3
+            if req.finish_reason is None and _disconnected(request):
+                self.engine.abort(req.rid)
+                raise RequestAborted(400, f"Request is disconnected from the client side (type {gone}). "
+                                          f"Abort request obj.rid={req.rid!r}")
 
-    async def _complete(self, req: SimRequest) -> int:
-        n = 0
-        async for emitted in self._tokens(req):
-            n = emitted
-        return n
-
-    async def _stream(self, request: web.Request, chunks: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, chunks: AsyncGenerator[dict[str, Any], None]) -> web.StreamResponse:
+        """An event stream. A client that leaves it is heard at once: uvicorn reports ASGI spec 2.3,
+        so Starlette's StreamingResponse listens for the disconnect and cancels the stream
+        (`starlette/responses.py`, `StreamingResponse.__call__`), and with it the request (`_tokens`),
+        before the abort task it runs after the response (`entrypoints/http_server.py:977-981`,
+        `managers/tokenizer_manager.py:2427-2438`) would, 2 s later."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        async for chunk in chunks:
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        sending = asyncio.create_task(self._send_events(resp, chunks))
+        try:
+            while not sending.done():
+                if _disconnected(request):
+                    sending.cancel()
+                await asyncio.wait({sending}, timeout=DISCONNECT_POLL_S)
+        finally:
+            sending.cancel()
+        if not (sending.cancelled() or _disconnected(request)):
+            sending.result()
+        return resp
+
+    @staticmethod
+    async def _send_events(resp: web.StreamResponse, chunks: AsyncGenerator[dict[str, Any], None]) -> None:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        return resp
 
     @staticmethod
     async def _validated_body(request: web.Request, kind: type) -> dict[str, Any]:
@@ -626,8 +700,9 @@ class SimulatorServer:
         body = read_body(await request.read(), content_type, endpoint)
         if kind in (CompletionRequest, ChatCompletionRequest):
             require_json_media(content_type)
-        validate_body(kind, body, endpoint)
-        return dict(body)
+        valid = validate_body(kind, body, endpoint)
+        # A control route reads its Struct, defaults filled in; a generation route the body as sent.
+        return valid if issubclass(kind, BaseReq) else dict(body)
 
     @staticmethod
     async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -678,18 +753,19 @@ class SimulatorServer:
         if not bool(body.get("stream")):
             try:
                 req = self._generate_request(body, False)
-                n = await self._complete(req)
+                n = await self._complete(req, request)
             except InvalidRequest as e:
                 return _generate_error(str(e))
             except RequestAborted as e:
                 return _generate_error(str(e)) if e.status == 400 else _http_exception(e.status, str(e))
             return web.json_response(self._generate_chunk(req, n, final=True))
 
-        async def chunks() -> AsyncIterator[dict[str, Any]]:
+        async def chunks() -> AsyncGenerator[dict[str, Any], None]:
             try:
                 req = self._generate_request(body, True)
-                async for n in self._tokens(req):
-                    yield self._generate_chunk(req, n, final=False)
+                async with contextlib.aclosing(self._tokens(req)) as tokens:
+                    async for n in tokens:
+                        yield self._generate_chunk(req, n, final=False)
             except InvalidRequest as e:
                 yield {"error": {"message": str(e), "type": "invalid_request_error", "code": 400, "retryable": False}}
                 return
@@ -718,7 +794,7 @@ class SimulatorServer:
                 "finish_reason": finish,
                 "prompt_tokens": req.prompt_tokens,
                 "weight_version": "default",
-                "total_retractions": 0,
+                "num_retractions": 0,  # managers/tokenizer_manager.py:2512
                 "completion_tokens": n,
                 "cached_tokens": 0,
                 "e2e_latency": time.monotonic() - req.arrival,
@@ -755,16 +831,17 @@ class SimulatorServer:
         created = int(time.time())
         if not body.get("stream"):
             try:
-                n = await self._complete(req)
+                n = await self._complete(req, request)
             except RequestAborted as e:
                 return _openai_error(str(e)) if e.status == 400 else _openai_error(str(e), str(e.status), e.status)
             return web.json_response({**answer(req, model, created, n), "usage": self._usage(req)})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-        async def chunks() -> AsyncIterator[dict[str, Any]]:
+        async def chunks() -> AsyncGenerator[dict[str, Any], None]:
             try:
-                async for n in self._tokens(req):
-                    yield chunk(req, model, created, n)
+                async with contextlib.aclosing(self._tokens(req)) as tokens:
+                    async for n in tokens:
+                        yield chunk(req, model, created, n)
                 yield chunk(req, model, created, None)
             except RequestAborted as e:
                 yield {"error": _error_body(str(e), HTTPStatus(e.status).name, e.status)}
@@ -832,30 +909,63 @@ class SimulatorServer:
 
     # ------------------------------------------------------------------ control
 
-    async def pd_role_switch(self, request: web.Request) -> web.Response:
-        """The scheduler's answer as the tokenizer manager passes it on: a success's message is
-        always "ok", the scheduler's own ("already in target role") is dropped
-        (`managers/tokenizer_control_mixin.py:946-953`)."""
+    async def _control_body(self, request: web.Request, kind: type) -> dict[str, Any] | web.Response:
+        """A control route's body as FastAPI admits it, or FastAPI's refusal as SGLang answers it."""
         try:
-            body = await self._validated_body(request, PdRoleSwitchReqInput)
+            return await self._validated_body(request, kind)
         except BodyUnreadable as e:
             return _http_exception(400, str(e))
         except RequestValidationError as e:
             return _validation_error(e.message)
-        new_role = body.get("new_role", "")
-        answer = await self.engine.switch_role(new_role, body.get("decode_cuda_graph_memory_gb"))
+
+    async def pd_role_switch(self, request: web.Request) -> web.Response:
+        """The scheduler's answer as the tokenizer manager passes it on: a success's message is
+        "ok", or "ready" for `prepare_only`, the scheduler's own ("already in target role") being
+        dropped (`managers/tokenizer_control_mixin.py:944-958`); the answer is the whole
+        `PdRoleSwitchReqOutput`, its unset `rid` and `http_worker_ipc` too
+        (`entrypoints/http_server.py:1646-1649`, `utils/msgspec_utils.py:38-44`)."""
+        body = await self._control_body(request, PdRoleSwitchReqInput)
+        if isinstance(body, web.Response):
+            return body
+        new_role, prepare_only = body["new_role"], body["prepare_only"]
+        answer = await self.engine.switch_role(new_role, body["decode_cuda_graph_memory_gb"], prepare_only)
+        message = ("ready" if prepare_only else "ok") if answer.success else answer.message
         return web.json_response(
-            {"success": answer.success, "message": "ok" if answer.success else answer.message,
+            {"rid": None, "http_worker_ipc": None, "success": answer.success, "message": message,
              "old_role": answer.old_role, "new_role": new_role, "safe_to_restore": answer.safe_to_restore},
             status=200 if answer.success else 400,
         )
 
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """`/abort_request` (`entrypoints/http_server.py:1721-1731`): 200 with no body, whatever was
+        aborted. The tokenizer manager ignores an empty rid without `abort_all`, and with one
+        tokenizer worker a rid it holds no request of; otherwise the scheduler aborts every request
+        whose rid starts with it (`managers/tokenizer_manager.py:2241-2260`, `engine.abort`)."""
+        body = await self._control_body(request, AbortReq)
+        if isinstance(body, web.Response):
+            return body
+        rid, abort_all = body["rid"] or "", body["abort_all"]
+        if not abort_all and not rid:
+            log.warning("Ignore abort_request with empty rid and abort_all=False")
+        elif abort_all or self.engine.knows(rid) or self.args.tokenizer_worker_num > 1:
+            self.engine.abort(rid, abort_all)
+        return web.Response(status=200)
+
     async def pause_generation(self, request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else {}
-        self.engine.pause(str((body or {}).get("mode", "abort")))
+        """`Annotated[PauseGenerationReqInput, Body()]` (`entrypoints/http_server.py:1831-1841`): a
+        body is required, `{}` pausing with "abort"."""
+        body = await self._control_body(request, PauseGenerationReqInput)
+        if isinstance(body, web.Response):
+            return body
+        self.engine.pause(body["mode"])
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
+        """`Annotated[ContinueGenerationReqInput, Body()]` (`entrypoints/http_server.py:1844-1854`):
+        a body is required, `{}` will do."""
+        body = await self._control_body(request, ContinueGenerationReqInput)
+        if isinstance(body, web.Response):
+            return body
         self.engine.resume()
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 

@@ -1,5 +1,5 @@
-"""FastAPI's request validation on SGLang 0.5.23's generation routes and `/v1/loads`, and SGLang's
-answer to it.
+"""FastAPI's request validation on SGLang 0.5.23's generation and control routes and `/v1/loads`,
+and SGLang's answer to it.
 
 FastAPI reads the body (JSON only under a JSON Content-Type: a body sent without one stays bytes),
 runs the route's dependencies (the OpenAI routes' `validate_json_request`,
@@ -15,7 +15,8 @@ image installs SGLang; the rest is the same on every install.
 The request types below declare the fields the simulator reads with SGLang's own annotations, in
 SGLang's order, and pydantic validates them as it does there, so their errors are SGLang's; a
 field the simulator does not read is not checked. Chat messages are checked as a list of objects,
-not against each message type of the OpenAI schema.
+not against each message type of the OpenAI schema. The control routes' bodies are msgspec Structs,
+which SGLang hands pydantic through a schema of its own (`BaseReq`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import email.message
 import json
 from array import array
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union, get_type_hints
 
-from pydantic import BaseModel, PlainValidator, TypeAdapter, ValidationError, field_validator
-from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
+from pydantic import BaseModel, GetCoreSchemaHandler, PlainValidator, TypeAdapter, ValidationError, field_validator
+from pydantic_core import CoreSchema, core_schema
 
 SGLANG_ENTRYPOINTS = "/sgl-workspace/sglang/python/sglang/srt/entrypoints"
 ENDPOINTS = {
@@ -38,7 +39,13 @@ ENDPOINTS = {
     "/v1/chat/completions": ("http_server.py", "openai_v1_chat_completions", 1870),
     "/v1/loads": ("v1_loads.py", "get_loads", 96),
     "/pd_role_switch": ("http_server.py", "pd_role_switch", 1635),
+    "/abort_request": ("http_server.py", "abort_request", 1721),
+    "/pause_generation": ("http_server.py", "pause_generation", 1831),
+    "/continue_generation": ("http_server.py", "continue_generation", 1844),
 }
+
+NO_BODY = object()
+"""An empty body, which FastAPI leaves `Undefined` (`fastapi/routing.py`): missing, unlike JSON's null."""
 
 
 class RequestValidationError(Exception):
@@ -79,12 +86,12 @@ def endpoint_context(method: str, path: str) -> str:
 
 
 def read_body(raw: bytes, content_type: str | None, endpoint: str) -> Any:
-    """The body FastAPI validates: None when empty; decoded JSON under `application/json` or
-    `application/*+json`; else the bytes themselves, a Content-Type being required
+    """The body FastAPI validates: NO_BODY when empty; decoded JSON under `application/json` or
+    `application/*+json` (null being None); else the bytes themselves, a Content-Type being required
     (`strict_content_type`). Undecodable JSON is a `json_invalid` error; a body that is no text,
     or nests too deep, is BodyUnreadable."""
     if not raw:
-        return None
+        return NO_BODY
     if not content_type:
         return raw
     header = email.message.Message()
@@ -214,33 +221,80 @@ class ChatCompletionRequest(PDRoutingFields):
     stream: bool = False
 
 
-class PdRoleSwitchReqInput(TypedDict, total=False):
-    """`managers/io_struct.py:2265-2274`, a msgspec Struct that FastAPI validates as a typed dict
-    whose other keys are ignored (`utils/msgspec_utils.py:70-118`): the role is taken as written,
-    "Decode" is refused."""
+class BaseReq:
+    """`managers/io_struct.py:86-94`, the base of the control routes' msgspec Structs, with the
+    schema SGLang gives pydantic for them (`utils/msgspec_utils.py:70-118`): the fields, base
+    first, as a typed dict whose other keys are ignored (each field here has a default), built
+    into the Struct after validation; and, FastAPI validating a body in Python mode, that after an
+    instance check, left to right. A refused body fails both branches: the instance check's error
+    comes first, then the typed dict's, each under its branch's name."""
 
-    new_role: Literal["prefill", "decode", ""]
-    decode_cuda_graph_bs: Optional[List[int]]
-    decode_cuda_graph_memory_gb: Optional[float]
-    prepare_only: bool
+    rid: Optional[str] = None
+    http_worker_ipc: Optional[str] = None
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        fields = {
+            name: core_schema.typed_dict_field(
+                core_schema.with_default_schema(handler.generate_schema(annotation), default=getattr(cls, name)),
+                required=False)
+            for name, annotation in get_type_hints(cls).items()
+        }
+        typed_dict = core_schema.typed_dict_schema(fields, cls_name=cls.__name__, extra_behavior="ignore",
+                                                   ref=cls.__name__)
+
+        def build_struct(value: dict[str, Any]) -> dict[str, Any]:
+            """The Struct's fields, defaults filled in: what the handler reads."""
+            return value
+
+        struct = core_schema.no_info_after_validator_function(build_struct, typed_dict)
+        return core_schema.union_schema([core_schema.is_instance_schema(cls), struct], mode="left_to_right")
+
+
+class PdRoleSwitchReqInput(BaseReq):
+    """`managers/io_struct.py:2265-2274`: the role is taken as written, "Decode" is refused."""
+
+    new_role: Literal["prefill", "decode", ""] = ""
+    decode_cuda_graph_bs: Optional[List[int]] = None
+    decode_cuda_graph_memory_gb: Optional[float] = None
+    prepare_only: bool = False
+
+
+class PauseGenerationReqInput(BaseReq):
+    """`managers/io_struct.py:1927-1946`."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ContinueGenerationReqInput(BaseReq):
+    """`managers/io_struct.py:1949-1955`."""
+
+    torch_empty_cache: bool = True
+
+
+class AbortReq(BaseReq):
+    """`managers/io_struct.py:2285-2296`, the fields the simulator reads; an unset rid is ""."""
+
+    abort_all: bool = False
 
 
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {
     kind: TypeAdapter(kind)
-    for kind in (GenerateReqInput, CompletionRequest, ChatCompletionRequest, PdRoleSwitchReqInput)
+    for kind in (GenerateReqInput, CompletionRequest, ChatCompletionRequest, PdRoleSwitchReqInput,
+                 PauseGenerationReqInput, ContinueGenerationReqInput, AbortReq)
 }
 
 
-def validate_body(kind: type, body: Any, endpoint: str) -> None:
-    """FastAPI's validation of the one body parameter: pydantic's errors under `("body", ...)`
-    (`fastapi/_compat/v2.py`, `_regenerate_error_with_loc`). No body (an empty one, or JSON's null)
-    is never handed to pydantic: the required parameter is missing
-    (`fastapi/dependencies/utils.py`, `_validate_value_with_model_field`)."""
-    if body is None:
+def validate_body(kind: type, body: Any, endpoint: str) -> Any:
+    """FastAPI's validation of the one body parameter, the value it hands the handler: pydantic's
+    errors under `("body", ...)` (`fastapi/_compat/v2.py`, `_regenerate_error_with_loc`). An empty
+    body is never handed to pydantic: the required parameter is missing
+    (`fastapi/dependencies/utils.py`, `_validate_value_with_model_field`); JSON's null is, as None."""
+    if body is NO_BODY:
         raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}],
                                      endpoint)
     try:
-        _ADAPTERS[kind].validate_python(body, from_attributes=True)
+        return _ADAPTERS[kind].validate_python(body, from_attributes=True)
     except ValidationError as e:
         raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)],
                           endpoint) from e
