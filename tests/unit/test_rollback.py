@@ -151,15 +151,20 @@ def test_without_a_last_good_one_it_goes_to_the_revision_before_the_current_one(
         choose(revs[:1], revs[0]["metadata"]["name"], "", None)
 
 
+def on_the_default_image(revs: list[dict[str, Any]], generation: int, observed: int) -> dict[str, Any]:
+    """A fleet whose spec names no image, running revision 2 as status records it."""
+    hs = fleet("v2", last_good=revs[1]["metadata"]["name"], generation=generation)
+    del hs["spec"]["engine"]["image"]
+    hs["status"].update(observedGeneration=observed)
+    hs["status"]["rollout"]["updateRevision"] = revs[1]["metadata"]["name"]
+    return hs
+
+
 def test_a_fleet_on_the_default_image_is_rolled_back_from_the_revision_status_names() -> None:
     """A spec that names no image runs the chart's default, which its revisions record and the
     spec alone does not say: the current revision is the one status recorded for this generation."""
     revs = [revision("v1", 1), revision("v2", 2)]
-    hs = fleet("v2", last_good=revs[1]["metadata"]["name"], generation=5)
-    del hs["spec"]["engine"]["image"]
-    hs["status"].update(observedGeneration=5)
-    hs["status"]["rollout"]["updateRevision"] = revs[1]["metadata"]["name"]
-    api = FakeApi(hs, revs)
+    api = FakeApi(on_the_default_image(revs, generation=5, observed=5), revs)
     out = io.StringIO()
     assert rollback(api, "ns", "hs", None, out) == 0
     assert api.replaced is not None and api.replaced["spec"]["engine"]["image"] == "v1"
@@ -170,11 +175,7 @@ def test_a_spec_on_the_default_image_not_yet_applied_is_not_guessed_at() -> None
     """Just after an edit (the operator lagging or down), a spec that names no image matches no
     revision: the last good one would be the one that runs, and writing it would only pin its image."""
     revs = [revision("v1", 1), revision("v2", 2)]
-    hs = fleet("v2", last_good=revs[1]["metadata"]["name"], generation=6)
-    del hs["spec"]["engine"]["image"]
-    hs["status"].update(observedGeneration=5)
-    hs["status"]["rollout"]["updateRevision"] = revs[1]["metadata"]["name"]
-    api = FakeApi(hs, revs)
+    api = FakeApi(on_the_default_image(revs, generation=6, observed=5), revs)
     out = io.StringIO()
     assert rollback(api, "ns", "hs", None, out) == 1 and api.replaced is None
     assert out.getvalue().startswith("error: hs: generation 6 of the spec is not applied yet (status says 5)")

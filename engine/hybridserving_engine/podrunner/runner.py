@@ -59,6 +59,14 @@ TICK_SECONDS = 0.2
 API_UNAVAILABLE = (ApiException, TransportError, OSError)
 
 
+def unhold(uid: str, finalizers: list[str]) -> list[dict[str, Any]]:
+    """The JSON patch that removes this runner's finalizer from the pod `uid` only: a replacement of
+    the same name, or a finalizer list changed since it was read, fails the test and keeps its own."""
+    at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
+    return [{"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
+
+
 def now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -211,10 +219,8 @@ class PodWorker:
                 finalizers = list((meta and meta.finalizers) or [])
                 if meta is None or meta.uid != self.uid or FINALIZER not in finalizers:
                     return
-                at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
-                ops = [{"op": "test", "path": "/metadata/uid", "value": self.uid},
-                       {"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
-                self.runner.core.patch_namespaced_pod(self.name, self.namespace, ops, _content_type=JSON_PATCH)
+                self.runner.core.patch_namespaced_pod(self.name, self.namespace, unhold(self.uid, finalizers),
+                                                      _content_type=JSON_PATCH)
                 return
             except ApiException as e:
                 if e.status == 404:
@@ -580,12 +586,10 @@ class PodRunner:
         died with the runner). Kept, the pod would stay Terminating, and the fixed name of an
         engine pod (`<instance>-<rank>`) would keep its replacement from being created. A relist
         tries again."""
-        finalizers = list(meta.get("finalizers") or [])
-        at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
-        ops = [{"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
-               {"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
         try:
-            self.core.patch_namespaced_pod(meta["name"], meta["namespace"], ops, _content_type=JSON_PATCH)
+            self.core.patch_namespaced_pod(meta["name"], meta["namespace"],
+                                           unhold(meta["uid"], list(meta.get("finalizers") or [])),
+                                           _content_type=JSON_PATCH)
             log.info("%s/%s: released (no process ran for it here)", meta["namespace"], meta["name"])
         except API_UNAVAILABLE as e:
             log.warning("%s/%s: finalizer not removed yet (%s); next relist", meta["namespace"], meta["name"], e)

@@ -39,10 +39,9 @@ from hybridserving.controller.kube import KubeError, describe_failure
 from hybridserving.controller.reconcile import DEFAULT_ENGINE_POLICY, spec_of_applied, validate
 from hybridserving.core import enginekey, flags, liveness, switching
 from hybridserving.core.assignment import prefill_share
-from hybridserving.core.observed import format_time, parse_time
+from hybridserving.core.observed import format_time, parse_time, restart_generation
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.core.naming import (
-    ANNOTATION_RESTART_GENERATION,
     LABEL_INSTANCE,
     LABEL_NAME,
     LABEL_NODE_RANK,
@@ -182,7 +181,8 @@ class Instance:
             spec_role=self.role,
             restart_generation=generation,
             old_gang=any(not p["metadata"].get("deletionTimestamp")
-                         and _restart_generation(p) < generation for p in self.pods),
+                         and restart_generation(p["metadata"].get("annotations") or {}) < generation
+                         for p in self.pods),
             leader_label=labels.get(LABEL_ROLE),
             pods_role=next(iter(roles)) if len(roles) == 1 else None,
             inflight=s.inflight,
@@ -190,14 +190,6 @@ class Instance:
             engine_role=s.role,
             launcher=LauncherView.from_status(s.launcher) if s.launcher is not None else None,
         )
-
-
-def _restart_generation(pod: Mapping[str, Any]) -> int:
-    """The restart generation a pod was rendered for (its annotation; 0 when absent or unreadable)."""
-    try:
-        return int((pod["metadata"].get("annotations") or {}).get(ANNOTATION_RESTART_GENERATION, "0"))
-    except ValueError:
-        return 0
 
 
 @dataclass

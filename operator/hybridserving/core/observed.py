@@ -36,6 +36,14 @@ BLOCKED_WAITING_REASONS = frozenset({
 UNREADY_GRACE_SECONDS = 30.0
 
 
+def restart_generation(annotations: Mapping[str, str]) -> int:
+    """The restart generation a pod was rendered for (0 when its annotation is absent or unreadable)."""
+    try:
+        return int(annotations.get(ANNOTATION_RESTART_GENERATION, "0"))
+    except ValueError:
+        return 0
+
+
 def format_time(seconds: float) -> str:
     """RFC 3339 in UTC, to the second, as the API writes times."""
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -171,10 +179,7 @@ class ObservedPod:
 
     @property
     def restart_generation(self) -> int:
-        try:
-            return int(self.annotations.get(ANNOTATION_RESTART_GENERATION, "0"))
-        except ValueError:
-            return 0
+        return restart_generation(self.annotations)
 
     @property
     def started(self) -> bool:
