@@ -4,6 +4,10 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 export HYBRIDSERVING_CACHE ?= $(HOME)/.cache/hybridserving
+# Absolute, so the cache's paths mean the same from every working directory.
+override HYBRIDSERVING_CACHE := $(abspath $(HYBRIDSERVING_CACHE))
+
+.DELETE_ON_ERROR:
 
 .PHONY: setup tools lint-tools sglang-parser test unit tooling integration e2e crds verify lint demo bench clean-cluster
 
@@ -14,15 +18,19 @@ UV_VERSION := 0.13.9
 UV_HOME := $(HYBRIDSERVING_CACHE)/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
 
+# --upgrade: pip refuses to fill a --target whose bin/ an interrupted install left behind.
 $(UV):
-	$(PY) -m pip install -q --disable-pip-version-check --target $(UV_HOME) uv==$(UV_VERSION)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade --target $(UV_HOME) uv==$(UV_VERSION)
 
-$(VPY): pyproject.toml | $(UV)
+# The stamp is a file of the venv's own: bin/python is a link to the base interpreter, and touching
+# it would date (or fail on, when another user owns it) the interpreter itself.
+VENV_STAMP := $(VENV)/.installed
+$(VENV_STAMP): pyproject.toml | $(UV)
 	$(UV) venv -q --seed --allow-existing --python "$$($(PY) -c 'import sys; print(sys.executable)')" $(VENV)
 	VIRTUAL_ENV=$(VENV) $(UV) pip install -q -e '.[test]'
-	touch $(VPY)
+	touch $@
 
-setup: $(VPY)
+setup: $(VENV_STAMP)
 
 tools:
 	bash tools/build-tools.sh

@@ -26,7 +26,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
 source "$HERE/versions.env"
 
-CACHE=${HYBRIDSERVING_CACHE:-$HOME/.cache/hybridserving}
+# Absolute, so the bin/ links and every path below resolve from any working directory.
+CACHE=$(realpath -m "${HYBRIDSERVING_CACHE:-$HOME/.cache/hybridserving}")
 TOOLS=$CACHE/tools
 SRC=$CACHE/src
 BIN=$CACHE/bin
@@ -78,6 +79,24 @@ if [[ ${1:-} == --check ]]; then
   exit 1
 fi
 
+mkdir -p "$TOOLS" "$SRC" "$BIN"
+
+# One build at a time per cache folder.
+exec 9>"$CACHE/build.lock"
+if ! flock -n 9; then
+  log "another build holds $CACHE/build.lock; waiting"
+  flock 9
+fi
+# Holding the lock, no build is under way: a *.tmp.* folder is what an interrupted one left.
+rm -rf "$TOOLS"/*.tmp.*
+
+if all_present; then
+  link_bin
+  log "all tools present ($K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION, promtool $PROMETHEUS_VERSION) in $BIN"
+  exit 0
+fi
+
+# Go is needed only from here: a machine whose cache already holds every tool builds nothing.
 if [[ -z ${GO:-} ]]; then
   if command -v go >/dev/null 2>&1; then GO=$(command -v go)
   elif [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go
@@ -88,21 +107,6 @@ JOBS=${HYBRIDSERVING_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
 VFLAG=()
 [[ ${HYBRIDSERVING_BUILD_VERBOSE:-1} == 1 ]] && VFLAG=(-v)
 BUILDFLAGS=(-p "$JOBS" -trimpath "${VFLAG[@]}")
-
-mkdir -p "$TOOLS" "$SRC" "$BIN"
-
-# One build at a time per cache folder.
-exec 9>"$CACHE/build.lock"
-if ! flock -n 9; then
-  log "another build holds $CACHE/build.lock; waiting"
-  flock 9
-fi
-
-if all_present; then
-  link_bin
-  log "all tools present ($K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION, promtool $PROMETHEUS_VERSION) in $BIN"
-  exit 0
-fi
 
 log "go: $("$GO" version) ; jobs: $JOBS ; cache: $CACHE"
 
@@ -167,6 +171,22 @@ step() {
 }
 
 # --- kubernetes ----------------------------------------------------------------
+# One field of a module's `go mod download -json` record. Go reports a failed download (proxy,
+# network, unknown version) only in the record's Error field, so that is what is printed.
+mod_field() {  # module@version field [workdir]
+  local json
+  json=$(cd "${3:-$CACHE}" && "$GO" mod download -json "$1") || true
+  MOD_JSON=$json python3 -c '
+import json, os, sys
+try:
+    record = json.loads(os.environ["MOD_JSON"])
+except ValueError:
+    sys.exit("go mod download printed no module record")
+if record.get("Error") or sys.argv[1] not in record:
+    sys.exit(record.get("Error") or "no %s in the module record" % sys.argv[1])
+print(record[sys.argv[1]])' "$2" || die "cannot download $1 (check GOPROXY and the network)"
+}
+
 build_k8s() {
   local b missing=0
   for b in "${K8S_BINS[@]}"; do [[ -x $K8S_DIR/$b ]] || missing=1; done
@@ -176,8 +196,7 @@ build_k8s() {
   mkdir -p "$mod"
   log "kubernetes $K8S_VERSION: reading upstream go.mod"
   local upstream
-  upstream=$(cd "$mod" && "$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  upstream=$(mod_field "k8s.io/kubernetes@$K8S_VERSION" GoMod "$mod")
   [[ -f $upstream ]] || die "cannot download go.mod of k8s.io/kubernetes@$K8S_VERSION"
 
   local goline godebug
@@ -266,8 +285,7 @@ kwok_stages() {
   ((missing)) || return 0
   log "kwok: copying default stages from the sigs.k8s.io/kwok@$KWOK_VERSION module"
   local dir
-  dir=$(cd "$CACHE" && "$GO" mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  dir=$(mod_field "sigs.k8s.io/kwok@$KWOK_VERSION" Dir)
   mkdir -p "$KWOK_DIR/stages"
   for st in "${KWOK_STAGES[@]}"; do
     [[ -s $dir/$st ]] || die "kwok stage $st not found in $dir"
@@ -343,8 +361,7 @@ fetch_prometheus_operator_crds() {
   for crd in "${PROMOP_CRDS[@]}"; do [[ -s $PROMOP_DIR/monitoring.coreos.com_$crd.yaml ]] || missing=1; done
   ((missing)) || { log "prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION present"; return 0; }
   local dir
-  dir=$(cd "$CACHE" && "$GO" mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  dir=$(mod_field "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" Dir)
   mkdir -p "$PROMOP_DIR"
   for crd in "${PROMOP_CRDS[@]}"; do
     [[ -s $dir/example/prometheus-operator-crd/monitoring.coreos.com_$crd.yaml ]] || die "CRD $crd not found in $dir"

@@ -11,7 +11,7 @@ set -euo pipefail
 
 HADOLINT_VERSION=2.15.1
 
-CACHE=${HYBRIDSERVING_CACHE:-$HOME/.cache/hybridserving}
+CACHE=$(realpath -m "${HYBRIDSERVING_CACHE:-$HOME/.cache/hybridserving}")
 BIN=$CACHE/bin
 HADOLINT_DIR=$CACHE/tools/hadolint-$HADOLINT_VERSION
 PYTHON=${PYTHON:-python3}

@@ -86,7 +86,7 @@ RESOLUTION_DEPS=(
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HERE")
-CACHE=${HYBRIDSERVING_CACHE:-$HOME/.cache/hybridserving}
+CACHE=$(realpath -m "${HYBRIDSERVING_CACHE:-$HOME/.cache/hybridserving}")
 DIR=$CACHE/sglang-$SGLANG_VERSION
 VENV=$DIR/venv
 MARKER=$DIR/.installed

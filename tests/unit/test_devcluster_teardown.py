@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.polling import wait_for
-from hybridserving.devcluster.cluster import Cluster, pid_alive
+from hybridserving.devcluster.cluster import Cluster, cache_dir, pid_alive
 
 # A client that names the cluster's kubeconfig and runs a grandchild in a session of its own, as the
 # pod runner runs a launcher and the launcher its engine.
@@ -38,3 +40,12 @@ def test_down_kills_the_clients_a_killed_session_left_and_every_process_below_th
         for proc in (client, bystander):
             proc.kill()
             proc.wait()
+
+
+def test_a_relative_cache_is_resolved_once_against_the_callers_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each component runs with the cluster directory as its working directory and gets paths under
+    the cache as flags: a relative one would name a place under the cluster directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HYBRIDSERVING_CACHE", "cache")
+    assert cache_dir() == tmp_path / "cache"

@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         node_selector=args.node_selector,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # A hangup (the terminal it runs in closed) stops it as SIGTERM does: the containers run in
+    # sessions of their own, so the hangup never reaches them, and a runner that died of it would
+    # leave them holding the pod addresses that the next cluster hands out again.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: runner.stopping.set())
     watcher = threading.Thread(target=runner.run, name="watch", daemon=True)
     watcher.start()

@@ -92,8 +92,9 @@ def repo_root() -> pathlib.Path:
 
 
 def cache_dir() -> pathlib.Path:
+    """Absolute: components run with their own working directory and take paths under it as flags."""
     env = os.environ.get("HYBRIDSERVING_CACHE")
-    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "hybridserving"
+    return (pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "hybridserving").absolute()
 
 
 def bin_dir() -> pathlib.Path:

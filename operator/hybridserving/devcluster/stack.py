@@ -15,6 +15,7 @@ import os
 import pathlib
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,13 +25,26 @@ from typing import Any
 
 from hybridserving.contract import ENV_ENGINE_API_KEY, expand_references
 
-from .cluster import Cluster, DevClusterError, free_ports
+from .cluster import Cluster, DevClusterError, free_ports, tail
 
 
 def _start_logged(cmd: list[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+class ProcessExited(DevClusterError):
+    """A process the stack runs beside the cluster exited while the demo or a test still needed it."""
+
+
+def exited(name: str, proc: subprocess.Popen[bytes], log: pathlib.Path, lines: int = 20) -> ProcessExited:
+    """The error for a process that exited early: its status, its log and the end of it, so that whoever
+    waited on it reads the cause at once instead of a timeout that names neither."""
+    code = proc.returncode
+    killed = signal.strsignal(-code) if code is not None and code < 0 else None
+    return ProcessExited(f"{name} exited with {code}{f' ({killed})' if killed else ''}; see {log}\n"
+                         f"--- last {lines} lines of {log}:\n{tail(log, lines)}")
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -189,37 +203,56 @@ def start_router(cluster: Cluster, namespace: str, deployment: str, log: pathlib
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if router.proc.poll() is not None:
-            raise RuntimeError(f"the router exited ({router.proc.returncode}); see {log}")
+            raise exited("the router", router.proc, log)
         try:
             router.workers()
             return router
         except OSError:
             time.sleep(0.3)
+    stop(router.proc, 10)  # nobody holds it once this raises: it would outlive the cluster
     raise TimeoutError(f"the router did not answer within {timeout:.0f} s; see {log}")
 
 
 @dataclass
+class Child:
+    """A process of the stack with its name and log: what the report of its exit shows."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: pathlib.Path
+
+
+@dataclass
 class Stack:
-    """Operator + pod runner on one cluster, stopped together."""
+    """Operator + pod runner (+ routers) on one cluster, stopped together."""
 
     cluster: Cluster
     workdir: pathlib.Path
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
 
     def start(self, *operator_args: str) -> Stack:
-        self.procs.append(start_operator(self.cluster, self.workdir / "operator.log", *operator_args))
-        self.procs.append(start_pod_runner(self.cluster, self.workdir / "pods"))
+        log = self.workdir / "operator.log"
+        self.children.append(Child("operator", start_operator(self.cluster, log, *operator_args), log))
+        pods = self.workdir / "pods"
+        self.children.append(Child("pod runner", start_pod_runner(self.cluster, pods), pods / "runner.log"))
         return self
 
     def router(self, namespace: str, deployment: str) -> Router:
         router = start_router(self.cluster, namespace, deployment, self.workdir / f"router-{deployment}.log")
-        self.procs.append(router.proc)
+        self.children.append(Child(f"router {deployment}", router.proc, router.log))
         return router
 
+    def check_alive(self) -> None:
+        """Raise `ProcessExited` for the first process that exited: none of them exits on its own
+        while the cluster runs, and one that did leaves those waiting on the fleet to time out."""
+        for child in self.children:
+            if child.proc.poll() is not None:
+                raise exited(child.name, child.proc, child.log)
+
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            stop(proc, 3 * POD_SHUTDOWN_GRACE_SECONDS)
-        self.procs.clear()
+        for child in reversed(self.children):
+            stop(child.proc, 3 * POD_SHUTDOWN_GRACE_SECONDS)
+        self.children.clear()
 
 
 def launcher_url(pod: dict[str, Any]) -> str:
