@@ -95,8 +95,10 @@ def test_requests_through_smg_split_prefill_and_decode_work_at_no_less_than_mode
     assert metric_sum(d_metrics, "sglang:generation_tokens_total") == requests * OUTPUT_TOKENS
     assert metric_sum(p_metrics, "sglang:num_requests_total") == requests
     assert metric_sum(d_metrics, "sglang:num_requests_total") == requests
-    # Each pair met through a bootstrap room the router injected; none failed to meet.
-    assert metric_sum(d_metrics, "sglang:kv_transfer_latency_ms") > 0
+    # Each pair met through a bootstrap room the router injected, and the prefill, the only side that
+    # times a KV transfer (disaggregation/prefill.py:1243-1262), timed the KV it sent; none failed to meet.
+    assert metric_sum(p_metrics, "sglang:kv_transfer_latency_ms_count") > 0
+    assert metric_sum(d_metrics, "sglang:kv_transfer_latency_ms_count") == 0
     assert metric_sum(p_metrics, "sglang:num_bootstrap_failed_reqs_total") == 0
     assert metric_sum(d_metrics, "sglang:num_transfer_failed_reqs_total") == 0
 

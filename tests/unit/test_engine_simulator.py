@@ -462,6 +462,19 @@ def test_prefill_and_decode_instances_hand_over_kv_by_bootstrap_room():
         assert metric_sum(p_metrics, realtime, mode="decode") == 0
         assert metric_sum(d_metrics, realtime, mode="prefill_compute") == 0
         assert metric_sum(d_metrics, realtime, mode="decode") == 14
+        # Only the prefill times the KV it sent, once per request on each of its 8 schedulers, and
+        # keeps the last latency for /v1/loads: disaggregation/prefill.py:1243-1262 is the only caller
+        # of compute_and_observe_kv_transfer_metrics (observability/req_time_stats.py:954-998).
+        mib = 250 * prefill.perf.kv_wire_bytes_per_token / 2**20
+        assert metric_sum(p_metrics, "sglang:kv_transfer_latency_ms_count") == 2 * 8
+        assert metric_sum(p_metrics, "sglang:kv_transfer_total_mb_sum") == pytest.approx(2 * 8 * mib)
+        assert metric_sum(p_metrics, "sglang:kv_transfer_speed_gb_s_count") == 2 * 8
+        for hist in ("latency_ms", "total_mb", "speed_gb_s"):
+            assert not samples(d_metrics, f"sglang:kv_transfer_{hist}_count"), hist
+        for url, sent in ((p_url, True), (d_url, False)):
+            async with session.get(url + "/v1/loads") as r:
+                disagg = (await r.json())["loads"][0]["disaggregation"]
+            assert (disagg["kv_transfer_latency_ms"] > 0, disagg["kv_transfer_speed_gb_s"] > 0) == (sent, sent)
         async with session.get(f"http://127.0.0.1:{bootstrap}/route", params={
                 "prefill_dp_rank": "-1", "prefill_cp_rank": "-1", "target_tp_rank": "-1",
                 "target_pp_rank": "-1"}) as r:

@@ -192,7 +192,7 @@ class SimulatedEngine:
         self.generated_window: deque[tuple[float, int]] = deque()
         """(time, DP rank) of each token generated in the last few seconds."""
         self.last_transfer = [(0.0, 0.0)] * dp_ranks
-        """(latency ms, GB/s) of each DP rank's last KV transfer."""
+        """(latency ms, GiB/s) of each DP rank's last KV transfer as a prefill sent it (see `_observe_transfer`)."""
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
         """Set while the scheduler makes progress: cleared by the `stall_scheduler` fault."""
@@ -401,11 +401,13 @@ class SimulatedEngine:
         self._wake.set()
         await req.prefilled.wait()
         self.inflight.add(req)
+        entered = time.monotonic()
         seconds = self.perf.transfer_seconds(req.prompt_tokens) * self.faults.slow_factor
         await asyncio.sleep(seconds)
         await self._progress.wait()  # the scheduler polls the transfer's end
         self.inflight.discard(req)
-        self._record_transfer(req, seconds)
+        if req.peer_handoff:  # health checks' fake host is skipped (disaggregation/prefill.py:1249-1250)
+            self._observe_transfer(req, time.monotonic() - entered)
         if req.peer_handoff and self.bootstrap is not None:
             assert req.bootstrap_room is not None, "a peer hand-off has a room"
             self.bootstrap.publish(req.bootstrap_room, {"room": req.bootstrap_room, "tokens": req.prompt_tokens,
@@ -421,11 +423,9 @@ class SimulatedEngine:
         self.transfer.add(req)
         try:
             if req.peer_handoff and self.transfer_backend != "fake":
-                started = time.monotonic()
                 assert req.bootstrap_host is not None and req.bootstrap_room is not None, "a peer hand-off has both"
                 await self.receiver.receive(req.bootstrap_host, req.bootstrap_port or 8998, req.bootstrap_room,
                                             req.prompt_tokens)
-                self._record_transfer(req, time.monotonic() - started)
             await self._progress.wait()  # the scheduler polls the transfer's end
         finally:
             self.transfer.discard(req)
@@ -683,13 +683,19 @@ class SimulatedEngine:
         req.events.put_nowait(("finish", reason))
         req.finished.set()
 
-    def _record_transfer(self, req: SimRequest, seconds: float) -> None:
-        speed = req.prompt_tokens * self.perf.kv_wire_bytes_per_token / seconds / 1e9 if seconds > 0 else 0.0
-        self.last_transfer[req.dp_rank] = (seconds * 1000, speed)
-        m = self.metrics
-        m.set(m.kv_transfer_latency_ms, req.dp_rank, seconds * 1000)
-        if seconds > 0:
-            m.set(m.kv_transfer_speed_gb_s, req.dp_rank, speed)
+    def _observe_transfer(self, req: SimRequest, latency_s: float) -> None:
+        """SGLang's `compute_and_observe_kv_transfer_metrics` (`observability/req_time_stats.py:954-998`)
+        for a request whose KV a PD prefill has sent: the time from its entry into the inflight queue
+        to the poll that saw the transfer end (lines 967-975; NIXL times the same span from its first
+        chunk), its KV in MiB and the speed in GiB/s; nothing when no time passed (line 977). Its only
+        caller is the prefill's inflight queue (`disaggregation/prefill.py:1243-1262`), which also keeps
+        the last latency and speed for `/v1/loads`; a decode's stay 0."""
+        if latency_s <= 0:
+            return
+        total_mb = req.prompt_tokens * self.perf.kv_wire_bytes_per_token / (1024 * 1024)
+        speed_gb_s = total_mb / 1024 / latency_s
+        self.last_transfer[req.dp_rank] = (latency_s * 1000, speed_gb_s)
+        self.metrics.observe_kv_transfer(req.dp_rank, latency_s * 1000, total_mb, speed_gb_s)
 
     # ------------------------------------------------------------------ load reporting
 
@@ -791,7 +797,7 @@ class SimulatedEngine:
                 load["num_running_reqs"])
             m.set(m.num_running_reqs, rank, running)
             m.set(m.num_queue_reqs, rank, queues["waiting"])
-            m.set(m.num_paused_reqs, rank, queues["paused"])
+            m.set(m.num_paused_reqs, rank, queues["paused"], pid=m.pid)
             m.set(m.gen_throughput, rank, load["gen_throughput"])
             # Rounded as the scheduler rounds it (scheduler_components/pool_stats_observer.py:155);
             # /v1/loads keeps four places (load_inquirer.py:243).

@@ -28,6 +28,10 @@ E2E_BUCKETS = TTFT_BUCKETS + (600, 1200, 1800, 2400)
 QUEUE_BUCKETS = (0.000, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50,
                  60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800,
                  2000, 2500, 3000)
+# The KV-transfer histograms a PD prefill observes (observability/metrics_collector.py:637-648, 694-699).
+KV_TRANSFER_SPEED_BUCKETS = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400)
+KV_TRANSFER_LATENCY_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+KV_TRANSFER_SIZE_BUCKETS = (1, 5, 10, 50, 100, 500, 1000, 5000, 10000)
 
 
 def env_bool(name: str, default: bool, env: dict[str, str] | None = None) -> bool:
@@ -61,6 +65,9 @@ class SchedulerRank:
     """None without a DP controller (one DP rank), and then the series carry no dp_rank label."""
     logs_stats: bool = True
     """Attention-TP and attention-CP rank 0 of its DP group: the rank that sets the scheduler gauges."""
+    attn_cp_rank: int = 0
+    """On a PD prefill only attention-CP rank 0 sends KV by default (`disaggregation/common/conn.py:432-440`);
+    the other CP ranks observe no KV-transfer metrics (`disaggregation/prefill.py:1251-1253`)."""
 
     @property
     def dp_group(self) -> int:
@@ -91,10 +98,11 @@ def local_schedulers(*, tp: int, pp: int = 1, dp: int = 1, attn_dp: int = 1, att
         for pp_rank in range(pp_per_node):
             for tp_rank in range(tp_per_node):
                 group = tp_rank // (attn_tp * attn_cp) if attn_dp > 1 else replica
+                cp_rank = (tp_rank // attn_tp) % attn_cp
                 out.append(SchedulerRank(
                     tp_rank=tp_rank, pp_rank=pp_rank, moe_ep_rank=tp_rank // moe_ep_width,
-                    dp_rank=group if dp_ranks > 1 else None,
-                    logs_stats=tp_rank % attn_tp == 0 and (tp_rank // attn_tp) % attn_cp == 0,
+                    dp_rank=group if dp_ranks > 1 else None, attn_cp_rank=cp_rank,
+                    logs_stats=tp_rank % attn_tp == 0 and cp_rank == 0,
                 ))
     return out
 
@@ -108,8 +116,9 @@ class EngineMetrics:
     (`managers/scheduler_components/metrics_reporter.py:325-339`), so its counter has a series
     per local scheduler; everything else is set by the stats-logging rank of each DP group only
     (`observability/metrics_collector.py:1361-1367`; with PP, the simulator's first stage), so a
-    DP group whose logging rank is on another node has no series here. Tokenizer series carry
-    `model_name, engine_type` with the start-up role.
+    DP group whose logging rank is on another node has no series here. The KV-transfer histograms
+    are the exception: every scheduler that sent a request's KV observes them (`observe_kv_transfer`).
+    Tokenizer series carry `model_name, engine_type` with the start-up role.
     """
 
     def __init__(self, model_name: str, startup_role: str, role_switch: bool,
@@ -132,7 +141,13 @@ class EngineMetrics:
 
         self.num_running_reqs = gauge("num_running_reqs", "The number of running requests.")
         self.num_queue_reqs = gauge("num_queue_reqs", "The number of requests in the waiting queue.")
-        self.num_paused_reqs = gauge("num_paused_reqs", "The number of paused requests.")
+        # SGLang serves /metrics from prometheus_client's multiprocess files (utils/common.py:2843-2849)
+        # and leaves this gauge, unlike the other scheduler gauges here ("mostrecent"), in the default
+        # mode "all" (observability/metrics_collector.py:573-577), which keeps a series per writing
+        # process and names it with a `pid` label; the simulator's one process stands in for them.
+        self.pid = str(os.getpid())
+        self.num_paused_reqs = Gauge("sglang:num_paused_reqs", "The number of paused requests by async weight sync.",
+                                     s_names + ["pid"], registry=r)
         self.gen_throughput = gauge("gen_throughput", "The generation throughput (token/s).")
         self.token_usage = gauge("token_usage", "The token usage.")
         self.num_used_tokens = gauge("num_used_tokens", "The number of used tokens.")
@@ -150,8 +165,16 @@ class EngineMetrics:
             "num_decode_transfer_queue_reqs", "Decode requests waiting for their KV to arrive.")
         self.pending_prealloc_token_usage = gauge(
             "pending_prealloc_token_usage", "Token usage of requests waiting in the prealloc queue.")
-        self.kv_transfer_latency_ms = gauge("kv_transfer_latency_ms", "Latency of the last KV transfer (ms).")
-        self.kv_transfer_speed_gb_s = gauge("kv_transfer_speed_gb_s", "Speed of the last KV transfer (GB/s).")
+
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(f"sglang:{name}", doc, s_names, buckets=buckets, registry=r)
+
+        self.kv_transfer_speed_gb_s = histogram(
+            "kv_transfer_speed_gb_s", "Histogram of KV cache transfer speed in GB/s.", KV_TRANSFER_SPEED_BUCKETS)
+        self.kv_transfer_latency_ms = histogram(
+            "kv_transfer_latency_ms", "Histogram of KV cache transfer latency in ms.", KV_TRANSFER_LATENCY_BUCKETS)
+        self.kv_transfer_total_mb = histogram(
+            "kv_transfer_total_mb", "Histogram of KV cache transfer size in MB.", KV_TRANSFER_SIZE_BUCKETS)
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(f"sglang:{name}", doc, s_names + list(extra), registry=r)
@@ -164,9 +187,6 @@ class EngineMetrics:
             "num_bootstrap_failed_reqs", "Requests whose bootstrap with the peer failed.")
         self.num_transfer_failed_reqs_total = counter(
             "num_transfer_failed_reqs", "Requests whose KV transfer failed.")
-        for labels in self.stats_labels.values():
-            for mode in ("prefill_compute", "prefill_cache", "decode"):
-                self.realtime_tokens_total.labels(**labels, mode=mode)
 
         def t_counter(name: str, doc: str, extra: tuple[str, ...] = ("is_streaming",)) -> Counter:
             return Counter(f"sglang:{name}", doc, t_names + list(extra), registry=r)
@@ -206,9 +226,9 @@ class EngineMetrics:
         if (labels := self.stats_labels.get(dp_rank)) is not None:
             metric.labels(**labels, **extra).inc(amount)
 
-    def set(self, metric: Gauge, dp_rank: int, value: float) -> None:
+    def set(self, metric: Gauge, dp_rank: int, value: float, **extra: str) -> None:
         if (labels := self.stats_labels.get(dp_rank)) is not None:
-            metric.labels(**labels).set(value)
+            metric.labels(**labels, **extra).set(value)
 
     def observe(self, metric: Histogram, dp_rank: int, value: float) -> None:
         if (labels := self.stats_labels.get(dp_rank)) is not None:
@@ -233,6 +253,17 @@ class EngineMetrics:
                 self.forward_execution_seconds_total.labels(**labels, category=category).inc(seconds)
             elif self.attention_dp:
                 self.forward_execution_seconds_total.labels(**labels, category="idle").inc(seconds)
+
+    def observe_kv_transfer(self, dp_rank: int, latency_ms: float, total_mb: float, speed_gb_s: float) -> None:
+        """One KV transfer a PD prefill finished, on every local scheduler of DP group `dp_rank` that sent
+        part of it: each rank's scheduler holds the request and a collector, which it hands to the
+        request's time stats whenever metrics are on (`managers/scheduler.py:3086-3087`,
+        `observability/metrics_collector.py:1374-1399`), not only the stats-logging rank."""
+        for rank, labels in self.schedulers:
+            if rank.dp_group == dp_rank and rank.attn_cp_rank == 0:
+                self.kv_transfer_latency_ms.labels(**labels).observe(latency_ms)
+                self.kv_transfer_total_mb.labels(**labels).observe(total_mb)
+                self.kv_transfer_speed_gb_s.labels(**labels).observe(speed_gb_s)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
