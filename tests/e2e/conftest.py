@@ -231,6 +231,7 @@ class OperatorReplicas:
     start with; tests/e2e/test_operator_ha_e2e.py adds one and kills the leader)."""
 
     LEASE_NAMESPACE, LEASE = "default", "hybridserving-operator"
+    LEASE_SECONDS = 8
 
     def __init__(self, cluster, directory: pathlib.Path) -> None:
         self.cluster, self.directory = cluster, directory
@@ -256,6 +257,11 @@ class OperatorReplicas:
             self.LEASE_NAMESPACE,
             "--leader-elect-identity",
             identity,
+            # Shorter than the default 15 s, so a handover fits the e2e budget (HANDOVER_WITHIN_S).
+            "--leader-elect-lease-seconds",
+            str(self.LEASE_SECONDS),
+            # The weights tests fill a node cache: a directory of the pod runner's, not of this host.
+            "--engine-allow-node-cache=true",
         )
         self.replicas.append(OperatorReplica(identity, proc, log, f"http://127.0.0.1:{port}",
                                              f"http://127.0.0.1:{health}"))

@@ -1,7 +1,7 @@
 """The Helm chart, rendered by the real `helm` binary without a cluster.
 
 What is checked here is what a reviewer of an operator chart looks for first: the operator pod
-meets the Pod Security Standard "restricted", the RBAC has no wildcard and no Secret reads,
+meets the Pod Security Standard "restricted", the RBAC has no wildcard and no get/list/watch on Secrets,
 permissions are namespaced except the few read-only cluster ones, engine privileges are explicit
 flags, and values.schema.json turns a wrong value into a failed install rather than a surprise.
 The same chart is installed on a real control plane in tests/integration/test_chart.py.
@@ -16,6 +16,9 @@ import kopf
 import pytest
 import yaml
 from cryptography import x509
+
+from hybridserving.controller.handlers import STOP_GRACE_SECONDS
+from hybridserving.controller.leadership import Election
 
 from support.chart import (
     CHART,
@@ -241,7 +244,9 @@ def test_the_stuck_pass_limit_reaches_the_operator_as_it_parses_it() -> None:
 
 def test_engine_privileges_are_off_by_default() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["enginePolicy"] == {"allowHostNetwork": False, "allowIpcLock": False, "allowedImages": []}
+    assert values["enginePolicy"] == {"allowHostNetwork": False, "allowIpcLock": False, "allowedImages": [],
+                                      "allowNodeCache": False, "allowedNodeCachePaths": ["/var/lib/hybridserving"],
+                                      "allowServiceAccount": False}
 
 
 def test_the_operator_binary_grants_nothing_by_default() -> None:
@@ -250,6 +255,35 @@ def test_the_operator_binary_grants_nothing_by_default() -> None:
 
     policy = engine_policy(arguments().parse_args([]))
     assert not policy.allow_host_network and not policy.allow_ipc_lock
+    assert not policy.allow_node_cache and not policy.allow_service_account
+
+
+@pytest.mark.parametrize("granted", [True, False])
+def test_node_cache_and_service_account_grants_are_explicit_flags(granted: bool) -> None:
+    args = operator_container(render(f"enginePolicy.allowNodeCache={str(granted).lower()}",
+                                     f"enginePolicy.allowServiceAccount={str(granted).lower()}"))["args"]
+    assert f"--engine-allow-node-cache={str(granted).lower()}" in args
+    assert f"--engine-allow-service-account={str(granted).lower()}" in args
+    assert "--allowed-node-cache-path=/var/lib/hybridserving" in args
+
+
+@pytest.mark.parametrize("sets", [(), ("webhook.enabled=true", "operatorKey.existingSecret=platform-key"),
+                                  ("webhook.enabled=true", "webhook.certificate.existingSecret=issued",
+                                   "webhook.certificate.caBundle=Q0E=")])
+def test_the_operator_knows_its_own_secrets_so_that_no_fleet_references_them(sets: tuple[str, ...]) -> None:
+    """The Secrets the operator's pod reads (its key, the webhook's certificate) are the ones it refuses."""
+    docs = render(*sets)
+    container = operator_container(docs)
+    key = next(e for e in container["env"] if e["name"] == "HYBRIDSERVING_OPERATOR_KEY")
+    mounted = [key["valueFrom"]["secretKeyRef"]["name"]]
+    volumes = the(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    mounted += [v["secret"]["secretName"] for v in volumes if "secret" in v]
+    assert [a.split("=", 1)[1] for a in container["args"] if a.startswith("--operator-secret=")] == mounted
+    assert len(mounted) == (2 if sets else 1)
+
+
+def test_node_cache_directories_are_absolute() -> None:
+    assert "allowedNodeCachePaths" in render_error("enginePolicy.allowedNodeCachePaths={var/lib}")
 
 
 def test_allowed_images_reach_the_operator() -> None:
@@ -287,7 +321,8 @@ def test_rbac_has_no_wildcards_and_no_privilege_verbs(sets: tuple[str, ...]) -> 
 @pytest.mark.parametrize("sets", [(), ("watchAllNamespaces=true",)])
 def test_no_secret_reads(sets: tuple[str, ...]) -> None:
     """Secrets are written (each fleet's engine key, by server-side apply: create and patch), never
-    read: get, list or watch would hand the operator every Secret of the namespace."""
+    fetched: get, list or watch would hand the operator every Secret of the namespace. (The patch
+    answers with the Secret all the same; the texts say so: test_chart_docs.py.)"""
     docs = render(*sets)
     granted = [(role["metadata"]["name"], v) for role in of_kind(docs, "Role") + of_kind(docs, "ClusterRole")
                for _, r, v in permissions(role["rules"]) if r == "secrets"]
@@ -377,6 +412,30 @@ def test_the_instance_guard_binds_only_where_the_release_reconciles(sets: tuple[
     else:
         assert selector == {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}
+
+
+def test_the_instance_guard_keeps_owner_references_and_finalizers_the_operators() -> None:
+    """Without the fleet's ownerReference an instance drops out of the operator's view and out of
+    the fleet's cascading deletion, its engines left running; a finalizer holds it past the fleet's
+    deletion. Whoever may patch instances (edit, on-call) may change neither. The garbage collector
+    may (it takes the ownerReference off on a `--cascade=orphan` delete, and its own finalizers off),
+    and a finalizer may come off an instance being deleted (the apiserver adds none then)."""
+    policy = the(render(), "ValidatingAdmissionPolicy")
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["UPDATE"]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    collectors = set(re.findall(r"'([^']+)'", variables["collector"]))
+    assert collectors == {"system:serviceaccount:kube-system:generic-garbage-collector",
+                          "system:kube-controller-manager"}
+    assert variables["collector"].startswith("request.userInfo.username in [")
+    exemptions = {"ownerReferences": {"variables.collector"},
+                  "finalizers": {"variables.collector", "has(object.metadata.deletionTimestamp)"}}
+    for field, allowed in exemptions.items():
+        (rule,) = [v for v in policy["spec"]["validations"] if f"object.metadata.{field}" in v["expression"]]
+        *exempt, kept = [term.strip() for term in " ".join(rule["expression"].split()).split("||")]
+        assert set(exempt) == allowed, (field, exempt)
+        assert kept == (f"(has(object.metadata.{field}) ? object.metadata.{field} : []) == "
+                        f"(has(oldObject.metadata.{field}) ? oldObject.metadata.{field} : [])"), kept
+        assert rule["reason"] == "Forbidden" and field in rule["message"]
 
 
 def test_rbac_can_be_left_to_the_cluster_admin() -> None:
@@ -575,6 +634,25 @@ def test_replicas_elect_on_the_named_lease_and_may_touch_no_other(sets: tuple[st
     named = [rule for rule in role["rules"] if "resourceNames" in rule]
     assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                       "resourceNames": [lease], "verbs": ["get", "patch"]}]
+
+
+@pytest.mark.parametrize("sets", [(), ("leaderElection.leaseDurationSeconds=30",), ("webhook.enabled=true",)])
+def test_a_stopping_replica_has_time_to_hand_the_lease_over(sets: tuple[str, ...]) -> None:
+    """The pod's grace period covers the webhook pause, the wait for work under way and the release
+    of the Lease (a read and a write, each up to its timeout); a replica killed before it released
+    leaves the fleets to wait for the Lease to run out."""
+    docs = render("replicaCount=2", *sets)
+    pod = the(docs, "Deployment")["spec"]["template"]["spec"]
+    container = operator_container(docs)
+    lease = next(float(a.split("=", 1)[1]) for a in container["args"] if a.startswith("--leader-elect-lease-seconds="))
+    seconds = lease * 2 / 3
+    election = Election(namespace="ops", identity="a", lease_seconds=lease, renew_deadline_seconds=seconds,
+                        retry_seconds=min(2.0, lease / 4))
+    pause = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep", {}).get("seconds", 0)
+    if "webhook.enabled=true" in sets:
+        assert pause >= 5  # the webhook Service stops sending reviews before the server closes
+    needed = pause + STOP_GRACE_SECONDS + 2 * election.request_timeout_seconds
+    assert pod["terminationGracePeriodSeconds"] >= needed
 
 
 def test_service_names_fit_a_dns_label_whatever_the_release_is_called() -> None:

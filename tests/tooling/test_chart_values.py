@@ -29,12 +29,15 @@ VALUES = [
     [{"engineImage": {"digest": "sha256:" + "b" * 64}}, {"engineImage": {"digest": None}}],
     [{"engineImage": None}, {"engineImage": {"repository": "registry.example/engine", "tag": "v2"}}],
     [{"routerImage": {"repository": "registry.example/mirror/smg", "digest": "sha256:" + "c" * 64}}],
+    [{"enginePolicy": {"allowNodeCache": True, "allowedNodeCachePaths": ["/mnt/nvme", "/data/models"],
+                       "allowServiceAccount": True}}],
+    [{"enginePolicy": {"allowedNodeCachePaths": None}}],
 ]
 
 
 @pytest.mark.parametrize("files", VALUES, ids=["defaults", "tag", "digest", "grants", "null-optional",
                                               "null-overrides-file", "file-overrides-null",
-                                              "router-mirror"])
+                                              "router-mirror", "node-cache-and-account", "null-cache-paths"])
 def test_the_values_give_the_policy_the_chart_gives_the_operator(
         tmp_path: pathlib.Path, files: list[dict[str, Any]]) -> None:
     paths = write(tmp_path, files)
@@ -43,12 +46,14 @@ def test_the_values_give_the_policy_the_chart_gives_the_operator(
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     flags = operator_main.arguments().parse_args(operator_container(docs)["args"])
     running = operator_main.engine_policy(flags)
-    assert chartvalues.read(paths).policy() == replace(running, operator_namespace=None)
+    # The release's own Secrets are named by the release, which a values file does not hold.
+    assert chartvalues.read(paths).policy() == replace(running, operator_namespace=None, operator_secrets=())
 
 
 @pytest.mark.parametrize(("values", "field"), [
     ({"engineImage": {"tag": None}}, "engineImage.tag"),
     ({"enginePolicy": {"allowIpcLock": None}}, "enginePolicy.allowIpcLock"),
+    ({"enginePolicy": {"allowNodeCache": None}}, "enginePolicy.allowNodeCache"),
     ({"enginePolicy": None}, "enginePolicy"),
     ({"engineImage": None}, "engineImage"),
     ({"routerImage": {"repository": None}}, "routerImage.repository"),

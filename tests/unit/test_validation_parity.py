@@ -23,7 +23,7 @@ from hybridserving.manifests import ManifestInvalid, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
-GRANTED = EnginePolicy(allow_host_network=True, allow_ipc_lock=True)
+GRANTED = EnginePolicy(allow_host_network=True, allow_ipc_lock=True, allow_node_cache=True)
 POLICIES = {"nothing-granted": EnginePolicy(), "privileges-granted": GRANTED,
             "images-restricted": EnginePolicy(allow_host_network=True, allow_ipc_lock=True,
                                               allowed_images=("hybridserving/", "lightseekorg/"))}

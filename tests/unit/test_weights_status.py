@@ -16,12 +16,14 @@ from hybridserving.contract import ENV_LAUNCHER_PORT
 from hybridserving.controller import reconcile as rec
 from hybridserving.controller.engines import Engines
 from hybridserving.core import weights
+from hybridserving.core.privileges import EnginePolicy
 from hybridserving.core.observed import ObservedPod
 from hybridserving.core.weights import FillProgress
 from support.apiserver import NS, MemoryApi
 from support.fleets import SPEC
 
 HF = WeightsSpec.model_validate({"uri": "hf://org/model", "cache": "Node"})
+NODE_CACHE = EnginePolicy(allow_node_cache=True)  # what the chart's enginePolicy.allowNodeCache grants
 
 
 def pod_manifest(name: str, node: str, state: dict[str, Any] | None, *, ip: str | None = "10.0.0.1",
@@ -109,7 +111,7 @@ def filling() -> MemoryApi:
     api = MemoryApi()
     api.user_apply({**SPEC, "model": {**SPEC["model"], "weights": {"uri": "hf://org/model", "cache": "Node"}}})
     while not any(kind == "Pod" for kind, _ in api.store):  # instances first, their pods next pass
-        rec.reconcile(api, NS, "fleet")
+        rec.reconcile(api, NS, "fleet", engine_policy=NODE_CACHE)
     for i, ((kind, _), obj) in enumerate(sorted(api.store.items())):
         if kind == "Pod":
             obj["spec"]["nodeName"] = f"node-{i}"
@@ -125,7 +127,7 @@ def test_the_reconcile_asks_running_fills_and_writes_the_fleets_progress(filling
         asked.append(dict(targets))
         return {name: FillProgress(10, 100) for name in targets}
 
-    outcome = rec.reconcile(filling, NS, "fleet", fill_probe=probe)
+    outcome = rec.reconcile(filling, NS, "fleet", engine_policy=NODE_CACHE, fill_probe=probe)
     (targets,) = asked
     assert len(targets) == 4 and all(port == 28000 for _, port in targets.values())
     status = filling.status()["weights"]
@@ -138,18 +140,19 @@ def test_one_pod_per_node_is_asked(filling: MemoryApi) -> None:
         if kind == "Pod":
             obj["spec"]["nodeName"] = "node-shared"
     asked: list[Mapping[str, tuple[str, int]]] = []
-    rec.reconcile(filling, NS, "fleet", fill_probe=lambda t: asked.append(dict(t)) or {})
+    rec.reconcile(filling, NS, "fleet", engine_policy=NODE_CACHE, fill_probe=lambda t: asked.append(dict(t)) or {})
     assert [len(t) for t in asked] == [1]
 
 
 def test_a_failing_probe_leaves_the_figures_unknown_and_nothing_else(filling: MemoryApi) -> None:
-    rec.reconcile(filling, NS, "fleet", fill_probe=lambda t: {n: FillProgress(10, 100) for n in t})
+    rec.reconcile(filling, NS, "fleet", engine_policy=NODE_CACHE,
+                  fill_probe=lambda t: {n: FillProgress(10, 100) for n in t})
     before = {k: v for k, v in filling.status().items() if k != "weights"}
 
     def broken(targets: Mapping[str, tuple[str, int]]) -> dict[str, FillProgress]:
         raise RuntimeError("boom")
 
-    outcome = rec.reconcile(filling, NS, "fleet", fill_probe=broken)
+    outcome = rec.reconcile(filling, NS, "fleet", engine_policy=NODE_CACHE, fill_probe=broken)
     status = filling.status()
     assert "bytesDone" not in status["weights"] and "bytesTotal" not in status["weights"], "cleared, not stale"
     assert status["weights"]["nodesFilling"] == 4

@@ -3,11 +3,11 @@ planned: the default engine and router images and what engine pods are granted (
 `routerImage`, `enginePolicy` in charts/hybridserving/values.yaml).
 
 `upgrade-check --values` reads them so that a fleet the new installation would refuse (an image
-outside `allowedImages`, host networking or IPC_LOCK it no longer grants) is found before the
-upgrade, not after. The fields and their constraints are those of the chart's values.schema.json
-and the defaults those of its values.yaml (tests/tooling/test_chart_values.py holds them
-together, and holds the result to what the real `helm template` renders); keys of the file the
-upgrade does not plan with are not read.
+outside `allowedImages`; host networking, IPC_LOCK, a node cache or a service account it does not
+grant) is found before the upgrade, not after. The fields and their constraints are those of the
+chart's values.schema.json and the defaults those of its values.yaml
+(tests/tooling/test_chart_values.py holds them together, and holds the result to what the real
+`helm template` renders); keys of the file the upgrade does not plan with are not read.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from hybridserving.api.base import ApiModel
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, DEFAULT_ROUTER_IMAGE
-from hybridserving.core.privileges import EnginePolicy
+from hybridserving.core.privileges import DEFAULT_NODE_CACHE_PATHS, EnginePolicy
 from hybridserving.manifests import ManifestError, ManifestInvalid, errors_from_validation, read_text, yaml_documents
 
 _REPOSITORY, _TAG = DEFAULT_ENGINE_IMAGE.rsplit(":", 1)
@@ -30,10 +30,13 @@ _ROUTER_REPOSITORY, _ROUTER_TAG = DEFAULT_ROUTER_IMAGE.rsplit(":", 1)
 DEFAULTS: dict[str, Any] = {
     "engineImage": {"repository": _REPOSITORY, "tag": _TAG, "digest": ""},
     "routerImage": {"repository": _ROUTER_REPOSITORY, "tag": _ROUTER_TAG, "digest": ""},
-    "enginePolicy": {"allowHostNetwork": False, "allowIpcLock": False, "allowedImages": []},
+    "enginePolicy": {"allowHostNetwork": False, "allowIpcLock": False, "allowedImages": [],
+                     "allowNodeCache": False, "allowedNodeCachePaths": list(DEFAULT_NODE_CACHE_PATHS),
+                     "allowServiceAccount": False},
 }
 
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+HostDirectory = Annotated[StrictStr, Field(min_length=1, pattern="^/")]
 
 ONE_STDIN = ManifestError("(file)", "standard input (-) is named twice, and it can be read only once",
                           "give all but one of them as files")
@@ -53,6 +56,9 @@ class EnginePolicyValues(ApiModel):
     allow_host_network: StrictBool
     allow_ipc_lock: StrictBool
     allowed_images: list[NonEmpty] = []
+    allow_node_cache: StrictBool
+    allowed_node_cache_paths: Annotated[list[HostDirectory], Field(min_length=1)] = list(DEFAULT_NODE_CACHE_PATHS)
+    allow_service_account: StrictBool
 
 
 class ChartValues(ApiModel):
@@ -67,7 +73,9 @@ class ChartValues(ApiModel):
         p = self.engine_policy
         return EnginePolicy(allow_host_network=p.allow_host_network, allow_ipc_lock=p.allow_ipc_lock,
                             allowed_images=tuple(p.allowed_images), default_image=self.engine_image.reference(),
-                            default_router_image=self.router_image.reference())
+                            default_router_image=self.router_image.reference(), allow_node_cache=p.allow_node_cache,
+                            allowed_node_cache_paths=tuple(p.allowed_node_cache_paths),
+                            allow_service_account=p.allow_service_account)
 
 
 def _merged(documents: list[Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from hybridserving.controller.status import PROGRESS_DEADLINE_SECONDS
 from hybridserving.controller.leadership import Election
 from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, DEFAULT_ROUTER_IMAGE
 from hybridserving.core.liveness import STUCK_PASS_SECONDS
-from hybridserving.core.privileges import EnginePolicy
+from hybridserving.core.privileges import DEFAULT_NODE_CACHE_PATHS, EnginePolicy
 
 
 def _flag(value: str) -> bool:
@@ -49,6 +49,16 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--allowed-image", action="append", default=[], metavar="PREFIX",
                     help="engine and router images must start with one of these prefixes (repeatable; "
                     "default: any image)")
+    ap.add_argument("--engine-allow-node-cache", type=_flag, default=False, metavar="true|false",
+                    help="whether engine pods may fill a host directory with their weights (weights.cache: Node)")
+    ap.add_argument("--allowed-node-cache-path", action="append", default=None, metavar="DIR",
+                    help="host directories a node cache may be in (repeatable; default: "
+                    f"{', '.join(DEFAULT_NODE_CACHE_PATHS)})")
+    ap.add_argument("--engine-allow-service-account", type=_flag, default=False, metavar="true|false",
+                    help="whether pod templates may pick a service account or mount its token")
+    ap.add_argument("--operator-secret", action="append", default=[], metavar="NAME",
+                    help="a Secret of the operator's own (its key, its webhook's certificate) that no fleet may "
+                    "reference (repeatable; the chart passes its own)")
     ap.add_argument("--default-engine-image", default=DEFAULT_ENGINE_IMAGE, metavar="IMAGE",
                     help="engine image of fleets that name none (spec.engine.image unset)")
     ap.add_argument("--default-router-image", default=DEFAULT_ROUTER_IMAGE, metavar="IMAGE",
@@ -96,8 +106,13 @@ def operator_key(env: dict[str, str] | os._Environ[str]) -> bytes:
 
 def engine_policy(args: argparse.Namespace) -> EnginePolicy:
     """What engine pods may be given: only what the flags grant."""
-    return EnginePolicy(args.engine_allow_host_network, args.engine_allow_ipc_lock, tuple(args.allowed_image),
-                        args.operator_namespace, args.default_engine_image, args.default_router_image)
+    return EnginePolicy(
+        allow_host_network=args.engine_allow_host_network, allow_ipc_lock=args.engine_allow_ipc_lock,
+        allowed_images=tuple(args.allowed_image), operator_namespace=args.operator_namespace,
+        default_image=args.default_engine_image, default_router_image=args.default_router_image,
+        allow_node_cache=args.engine_allow_node_cache,
+        allowed_node_cache_paths=tuple(args.allowed_node_cache_path or DEFAULT_NODE_CACHE_PATHS),
+        allow_service_account=args.engine_allow_service_account, operator_secrets=tuple(args.operator_secret))
 
 
 def main(argv: list[str] | None = None) -> int:

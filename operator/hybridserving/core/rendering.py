@@ -354,7 +354,8 @@ def pod_spec(hs: HybridServing, instance: str, rank: int, role: Role, p: Instanc
             }
         ]
     if pod_weights.init_containers:
-        pod["initContainers"] = pod_weights.init_containers
+        # The fill step writes a host directory: it gets no capability, IPC_LOCK included (it only downloads).
+        pod["initContainers"] = [{**c, "securityContext": _container_security()} for c in pod_weights.init_containers]
     pod.update(gang.pod_spec_fields(spec, instance, spec.role(role).nodes_per_instance))
     return podtemplate.apply_spec(pod, spec, role)
 

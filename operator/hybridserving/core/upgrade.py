@@ -42,7 +42,8 @@ CAUSES: dict[Cause, str] = {
     "rollout": "the spec's new configuration (a rollout under way before this version)",
 }
 
-GRANTS_UNKNOWN = EnginePolicy(allow_host_network=True, allow_ipc_lock=True)
+GRANTS_UNKNOWN = EnginePolicy(allow_host_network=True, allow_ipc_lock=True, allow_node_cache=True,
+                              allowed_node_cache_paths=("/",), allow_service_account=True)
 """Every grant assumed and this version's default engine image: only the spec decides."""
 
 # Pod fields the cluster rewrites after creation: a difference there is not this version's.
