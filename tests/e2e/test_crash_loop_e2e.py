@@ -64,7 +64,9 @@ def kubectl_json(cluster, *args: str) -> dict:
 def alert_expr() -> str:
     proc = subprocess.run([str(bin_dir() / "helm"), "template", "hs", str(ROOT / "charts" / "hybridserving"),
                            "--show-only", "templates/prometheusrule.yaml",
-                           "--set", "monitoring.prometheusRule.enabled=true"],
+                           "--set", "monitoring.prometheusRule.enabled=true",
+                           "--set", "metrics.serviceMonitor.enabled=true",
+                           "--set", "monitoring.podMonitors.enabled=true"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     rules = [r for g in yaml.safe_load(proc.stdout)["spec"]["groups"] for r in g["rules"]]

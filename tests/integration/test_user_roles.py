@@ -154,3 +154,37 @@ def test_view_and_edit_aggregate_into_the_built_in_roles(cluster: Cluster, user_
     assert as_user(cluster, "bob", "annotate", *hsi, "hybridserving.io/pinned=true").returncode == 0
     spec = as_user(cluster, "bob", "patch", *hsi, "--type=merge", "-p", '{"spec":{"role":"prefill"}}')
     assert spec.returncode != 0 and "belongs to the operator" in spec.stderr
+
+
+def test_an_instance_keeps_its_owner_and_finalizers_but_the_garbage_collector_may_orphan_it(
+        cluster: Cluster, user_roles, namespace, wait_for):
+    """Without its fleet as owner the operator no longer sees an instance and deleting the fleet
+    leaves it running; a finalizer nobody removes holds it past that deletion. People bound to
+    on-call or edit change neither; the garbage collector may still orphan it (--cascade=orphan)."""
+    cluster.kubectl("create", "configmap", "owner", "-n", namespace)
+    owner = json.loads(cluster.kubectl("get", "configmap/owner", "-n", namespace, "-o", "json").stdout)
+    owned = instance("fleet-1")
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                                             "uid": owner["metadata"]["uid"]}]
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(owned))
+    bind(cluster, namespace, "hs-hybridserving-oncall", "bob")
+    wait_for(lambda: can(cluster, "bob", "patch", "hybridservinginstances.hybridserving.io", namespace),
+             timeout=30, what="the on-call binding in effect")
+    hsi = ["hybridservinginstance/fleet-1", "-n", namespace]
+
+    disowned = as_user(cluster, "bob", "patch", *hsi, "--type=json",
+                       "-p", '[{"op": "remove", "path": "/metadata/ownerReferences"}]')
+    assert disowned.returncode != 0 and "ownerReferences of a HybridServingInstance belong" in disowned.stderr
+    held = as_user(cluster, "bob", "patch", *hsi, "--type=merge", "-p",
+                   '{"metadata": {"finalizers": ["example.com/hold"]}}')
+    assert held.returncode != 0 and "finalizers of a HybridServingInstance belong" in held.stderr
+    got = json.loads(cluster.kubectl("get", *hsi, "-o", "json").stdout)
+    assert got["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+    assert not got["metadata"].get("finalizers")
+
+    # What the garbage collector does for `--cascade=orphan`, as the identity it runs under.
+    collector = "system:serviceaccount:kube-system:generic-garbage-collector"
+    orphaned = as_user(cluster, collector, "patch", *hsi, "--type=json",
+                       "-p", '[{"op": "remove", "path": "/metadata/ownerReferences"}]')
+    assert orphaned.returncode == 0, orphaned.stderr
+    assert not json.loads(cluster.kubectl("get", *hsi, "-o", "json").stdout)["metadata"].get("ownerReferences")

@@ -19,14 +19,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hybridserving.devcluster import bin_dir
 
-from support.chart import ROOT, render
+from support.chart import ROOT, render, render_error
 from support.series import SMG_EXPOSITION, engine_series, launcher_series, operator_series
 
 ALERT_TESTS = pathlib.Path(__file__).parent / "alerts"
 RUNBOOKS = ROOT / "docs" / "runbooks"
 # kube-state-metrics series the weights alert reads (kube-state-metrics docs/metrics/workload/pod-metrics.md).
-KUBE_STATE_METRICS = {"kube_pod_init_container_status_waiting_reason", "kube_pod_init_container_status_restarts_total"}
-ENABLED = ("monitoring.prometheusRule.enabled=true",)
+KUBE_STATE_METRICS = {"kube_pod_init_container_status_waiting_reason", "kube_pod_init_container_status_restarts_total",
+                      "kube_pod_owner"}
+# The rules and the monitors that scrape their series (the chart refuses the rules alone).
+ENABLED = ("monitoring.prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true",
+           "monitoring.podMonitors.enabled=true")
 SERIES = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
 RECORDED = re.compile(r"^hybridserving:")
 
@@ -155,6 +158,34 @@ def test_every_alert_has_a_runbook_and_the_index_lists_it() -> None:
 def test_monitoring_is_off_by_default() -> None:
     kinds = {d["kind"] for d in render()}
     assert not kinds & {"PodMonitor", "PrometheusRule", "ServiceMonitor"}
+
+
+@pytest.mark.parametrize(("sets", "missing"), [
+    ((), ["metrics.serviceMonitor.enabled=true", "monitoring.podMonitors.enabled=true"]),
+    (("monitoring.podMonitors.enabled=true",), ["metrics.serviceMonitor.enabled=true"]),
+    (("metrics.serviceMonitor.enabled=true",), ["monitoring.podMonitors.enabled=true"]),
+])
+def test_the_rules_are_refused_without_the_monitors_that_scrape_their_series(sets: tuple[str, ...],
+                                                                               missing: list[str]) -> None:
+    """Without the ServiceMonitor nothing scrapes the operator, and HybridServingOperatorDown
+    (absent `up`) would page from the install on; without the PodMonitors the engine, launcher
+    and router alerts would never fire. The chart says which values to set instead."""
+    err = render_error("monitoring.prometheusRule.enabled=true", *sets)
+    assert "monitoring.prometheusRule.enabled needs" in err
+    for value in ("metrics.serviceMonitor.enabled=true", "monitoring.podMonitors.enabled=true"):
+        assert (value in err) == (value in missing), err
+
+
+def test_every_operator_rule_selects_the_job_the_service_monitor_names() -> None:
+    """`up` and the operator's series are selected by the job the ServiceMonitor writes; a rule
+    on another job would read nothing."""
+    (sm,) = [d for d in render(*ENABLED) if d["kind"] == "ServiceMonitor"]
+    (job,) = [r["replacement"] for r in sm["spec"]["endpoints"][0]["relabelings"] if r["targetLabel"] == "job"]
+    operator = set(operator_series()) | {"up"}
+    for rule in alerts(rule_groups()):
+        for name, selector in re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", rule["expr"]):
+            if name in operator and name != "up":
+                assert f'job="{job}"' in selector, (rule["alert"], name)
 
 
 def test_pod_monitors_scrape_engines_launchers_and_routers_with_the_jobs_the_rules_select() -> None:

@@ -124,6 +124,45 @@ def test_the_lease_role_for_an_operator_run_by_hand_is_the_charts() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", **deployed_sa["metadata"]}]
 
 
+# --------------------------------------------------------------------------------------- RBAC text
+
+
+def flat(text: str) -> str:
+    return " ".join(re.sub(r"^\s*#", "", text, flags=re.M).split()).lower()
+
+
+def test_no_text_says_the_operator_cannot_read_secrets_while_it_may_patch_them() -> None:
+    """The apiserver answers a PATCH with the whole object, so `patch` on Secrets reads them: the
+    chart, its values and the pages may say the operator has no get, list or watch on Secrets,
+    not that it has no Secret reads."""
+    (role,) = [r for r in of_kind(render(), "Role") if not r["metadata"]["name"].endswith("-leader-election")]
+    secret_verbs = {v for rule in role["rules"] if "secrets" in rule["resources"] for v in rule["verbs"]}
+    assert "patch" in secret_verbs
+    texts = [*sorted((CHART / "templates").iterdir()), CHART / "values.yaml", INSTALL, SECURITY]
+    for path in texts:
+        text = flat(path.read_text())
+        for claim in ("no secret reads", "reads no secrets", "never read secrets"):
+            assert claim not in text, f"{path.relative_to(ROOT)} says {claim!r}"
+
+
+def test_the_watch_all_namespaces_value_names_what_it_grants_in_every_namespace() -> None:
+    """With watchAllNamespaces the operator's namespaced rules are bound cluster-wide: its
+    description in values.yaml must name the grants that reach beyond the fleets (pods, Secret
+    patches, Roles and RoleBindings), not only the harmless ones."""
+    (fleet,) = [r for r in of_kind(render("watchAllNamespaces=true"), "ClusterRole")
+                if r["metadata"]["name"].endswith("-fleet")]
+    written = {res for rule in fleet["rules"] if set(rule["verbs"]) & {"create", "patch"}
+               for res in rule["resources"]}
+    sensitive = {"pods": "pods", "secrets": "secret", "roles": "roles", "rolebindings": "rolebindings"}
+    assert set(sensitive) <= written
+    values = (CHART / "values.yaml").read_text()
+    comment = re.search(r"((?:^#.*\n)+)watchAllNamespaces:", values, re.M)
+    assert comment
+    text = flat(comment.group(1))
+    for resource, word in sensitive.items():
+        assert word in text, f"the watchAllNamespaces description does not name {resource}"
+
+
 # ------------------------------------------------------------------------------------- monitoring
 
 

@@ -129,6 +129,50 @@ def test_without_v1_loads_the_gauges_of_every_dp_group_stand_in():
     assert m.running_reqs == 8 and m.kv_usage == pytest.approx(0.6)
 
 
+def test_with_priority_scheduling_a_queue_gauge_is_read_once_not_again_per_priority():
+    # The total goes under priority="" and the same requests again under each priority
+    # (observability/metrics_collector.py:1417-1429): 3 running, not 6.
+    labels = 'engine_type="decode",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    page = "\n".join([
+        "# TYPE sglang:num_running_reqs gauge",
+        f'sglang:num_running_reqs{{{labels},priority=""}} 3',
+        f'sglang:num_running_reqs{{{labels},priority="0"}} 1',
+        f'sglang:num_running_reqs{{{labels},priority="5"}} 2',
+        "# TYPE sglang:num_requests_total counter",
+        f'sglang:num_requests_total{{{labels},is_streaming="false",priority=""}} 4',
+        f'sglang:num_requests_total{{{labels},is_streaming="false",priority="5"}} 6',
+    ]) + "\n"
+    scrape = Scrape.parse(page, 0.0)
+    assert instance_metrics("decode", None, scrape, None).running_reqs == 3
+    # A request counts once, under its own priority (managers/tokenizer_manager.py:3230-3233).
+    assert scrape.get("sglang:num_requests_total") == 10
+
+
+def requests_page(tokens: float, requests: float) -> str:
+    """The tokenizer's counters of finished requests, streamed and not (metrics_collector.py:1860-1943)."""
+    labels = 'engine_type="decode",model_name="m"'
+    return "\n".join([
+        "# TYPE sglang:generation_tokens_total counter",
+        f'sglang:generation_tokens_total{{{labels},is_streaming="false"}} {tokens / 2}',
+        f'sglang:generation_tokens_total{{{labels},is_streaming="true"}} {tokens / 2}',
+        "# TYPE sglang:num_requests_total counter",
+        f'sglang:num_requests_total{{{labels},is_streaming="false"}} {requests / 2}',
+        f'sglang:num_requests_total{{{labels},is_streaming="true"}} {requests / 2}',
+    ]) + "\n"
+
+
+def test_the_mean_output_length_is_of_the_requests_that_finished_between_two_scrapes():
+    before = Scrape.parse(requests_page(10_000, 40), 0.0)
+    after = Scrape.parse(requests_page(13_000, 50), 1.0)
+    assert instance_metrics("decode", None, after, before).output_tokens_per_request == pytest.approx(300)
+    assert instance_metrics("prefill", None, after, before).output_tokens_per_request is None
+    assert instance_metrics("decode", None, after, None).output_tokens_per_request is None
+    assert instance_metrics("decode", None, after, after).output_tokens_per_request is None, "none finished"
+    # Relaunched between the scrapes, its counters start again from 0: no mean can be told.
+    restarted = Scrape.parse(requests_page(600, 2), 2.0)
+    assert instance_metrics("decode", None, restarted, after).output_tokens_per_request is None
+
+
 def test_the_policys_kv_capacity_is_every_attention_dp_ranks_pool():
     # /server_info's max_total_num_tokens is one DP rank's pool (managers/data_parallel_controller.py:821);
     # with attention DP every rank has its own.

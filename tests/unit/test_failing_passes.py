@@ -99,6 +99,21 @@ def test_a_refused_report_is_logged_and_the_condition_gauges_say_it_anyway(
     assert (condition_gauge("Ready", "True"), condition_gauge("Degraded", "True")) == (1.0, 0.0)
 
 
+def test_a_pass_that_raises_is_timed_like_one_that_completes(api: MemoryApi) -> None:
+    def timed() -> float:
+        return REGISTRY.get_sample_value("hybridserving_reconcile_duration_seconds_count") or 0.0
+
+    settle(api)
+    before = timed()
+    api.down = True
+    with pytest.raises(KubeError):
+        rec.reconcile(api, NS, "fleet")
+    assert timed() == before + 1
+    api.down = False
+    rec.reconcile(api, NS, "fleet")
+    assert timed() == before + 2
+
+
 # The operator's real wiring: passes that raise, on the work queue's back-off, then one that completes.
 
 FLEET = {"apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
@@ -120,7 +135,13 @@ def test_the_operator_reports_a_streak_past_the_limit_and_forgets_it_after_a_pas
         return SimpleNamespace(gone=False, conflict=False, errors=[], requeue_after=None)
 
     monkeypatch.setattr(handlers, "reconcile", reconcile)
-    monkeypatch.setattr(handlers, "report_failing", lambda kube, ns, name, message: reports.append(message))
+    counted: list[bool] = []  # the report counted as work under way: a graceful stop waits for its write
+
+    def report_failing(kube: Any, namespace: str, name: str, message: str) -> None:
+        reports.append(message)
+        counted.append(not handlers.runtime().inflight.wait_idle(0))
+
+    monkeypatch.setattr(handlers, "report_failing", report_failing)
     monkeypatch.setattr(liveness, "FAILING_REPORTED_AFTER_SECONDS", 0.15)
     monkeypatch.setattr(queue, "FAILURE_BACKOFF_SECONDS", 0.1)
     monkeypatch.setattr(switching.SwitchController, "tick", lambda *_: switching.TickReport())
@@ -144,6 +165,7 @@ def test_the_operator_reports_a_streak_past_the_limit_and_forgets_it_after_a_pas
     asyncio.run(scenario())
     # Passes at 0, 0.1 and 0.3 s: only the third has failed for longer than the limit.
     assert len(reports) == 1 and reports[0].startswith("3 reconcile passes in a row failed over ")
+    assert counted == [True]
     assert reports[0].endswith(": 500: etcdserver: timeout; retried with a growing back-off")
     # The fifth pass failed after one that completed: a new streak, too young to report.
     assert handlers._runtime is None

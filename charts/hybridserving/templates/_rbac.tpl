@@ -4,10 +4,12 @@ operator/hybridserving/controller/rbac.py (tests/tooling/test_chart_static.py re
 fails when the two differ); change both together. Namespaced resources are granted per watched
 namespace (a Role), or cluster-wide only with watchAllNamespaces; the ClusterRole holds only
 what exists at cluster scope, read-only (the admission webhook's configuration is the chart's
-own, templates/webhook.yaml, so the operator needs no rule for it). No wildcard, and no Secret
-reads: the operator never reads them, and get/list/watch on Secrets would reveal their contents.
-It writes one Secret per fleet (create and patch, by server-side apply): the engines' API key,
-which it derives from its own key and the fleet's uid instead of storing (docs/security.md).
+own, templates/webhook.yaml, so the operator needs no rule for it). No wildcard, and no get,
+list or watch on Secrets: the operator never fetches one. It writes one Secret per fleet (create
+and patch, by server-side apply): the engines' API key, which it derives from its own key and the
+fleet's uid instead of storing. That patch still reads: the apiserver answers a PATCH with the
+whole object, so the operator's token can read any Secret where it may patch them (every watched
+namespace, or every namespace with watchAllNamespaces; docs/security.md).
 */}}
 
 {{/* Rules granted in each watched namespace (a Role), or cluster-wide with watchAllNamespaces. */}}
@@ -68,8 +70,8 @@ which it derives from its own key and the fleet's uid instead of storing (docs/s
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Each fleet's engine API key, written (server-side apply), never read: the key is derived, not
-# stored (docs/security.md).
+# Each fleet's engine API key, written (server-side apply), never fetched: the key is derived, not
+# stored. A PATCH answers with the Secret, so this also reads any Secret here (docs/security.md).
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create", "patch"]

@@ -39,6 +39,8 @@ FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
 # Categories of `sglang:forward_execution_seconds_total` that are not work for a request
 # (`model_executor/runner/eager_runner.py:460`: DP-attention ranks run "idle" passes).
 IDLE_CATEGORIES = frozenset({"idle"})
+GENERATION_TOKENS = "sglang:generation_tokens_total"
+FINISHED_REQUESTS = "sglang:num_requests_total"
 LAUNCHER_PORT = 8080  # the launcher's default (HYBRIDSERVING_LAUNCHER_PORT)
 
 
@@ -52,6 +54,12 @@ class Scrape:
     (`observability/metrics_collector.py:1374-1399`): the forward timer on every one of them
     (`managers/scheduler_components/metrics_reporter.py:325-339`), the gauges on the first
     attention-TP rank of each DP group (`observability/metrics_collector.py:1361-1367`).
+
+    With `--enable-priority-scheduling` a scheduler's queue gauges hold the total under
+    `priority=""` and, beside it, the same requests once more per priority
+    (`observability/metrics_collector.py:1417-1429`): only the total is read. The tokenizer's
+    counters and histograms with a priority label are no such breakdown: each request counts once,
+    under its own priority (`managers/tokenizer_manager.py:3230-3233`), so those all add up.
     """
 
     at: float
@@ -68,6 +76,8 @@ class Scrape:
         ranks: set[tuple[tuple[str, str], ...]] = set()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if family.type == "gauge" and sample.labels.get("priority"):
+                    continue
                 name = sample.name
                 if name.endswith("_bucket") and "le" in sample.labels:
                     le = float(sample.labels["le"])
@@ -157,7 +167,22 @@ def instance_metrics(role: str, loads: Mapping[str, Any] | None, scrape: Scrape 
         prealloc_queue_reqs=prealloc,
         running_reqs=running,
         tpot_p90_s=p90("sglang:request_time_per_output_token_seconds"),
+        output_tokens_per_request=output_length(scrape, previous) if role == "decode" else None,
     )
+
+
+def output_length(scrape: Scrape | None, previous: Scrape | None) -> float | None:
+    """The mean output length of the requests that finished between two scrapes: the tokens they
+    generated over their number (`observability/metrics_collector.py:2110,2136`, counted when a
+    request finishes). None when none finished, or when a counter went back (the engine restarted
+    between the scrapes: its counters start again from 0)."""
+    if scrape is None or previous is None:
+        return None
+    requests = scrape.get(FINISHED_REQUESTS) - previous.get(FINISHED_REQUESTS)
+    tokens = scrape.get(GENERATION_TOKENS) - previous.get(GENERATION_TOKENS)
+    if requests <= 0 or tokens < 0:
+        return None
+    return tokens / requests
 
 
 def waiting_queue_reqs(load: Mapping[str, Any]) -> int:

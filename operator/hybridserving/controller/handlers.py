@@ -226,7 +226,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
             queue.forget(key)
             metrics.RECONCILES.labels("gone").inc()
             return Pass(None)
-        result = "conflict" if outcome.conflict else "error" if outcome.errors else "ok"
+        result: metrics.ReconcileResult = "conflict" if outcome.conflict else "error" if outcome.errors else "ok"
         metrics.RECONCILES.labels(result).inc()
         for error in outcome.errors:
             log.warning("%s/%s: %s", namespace, name, error)
@@ -327,7 +327,10 @@ async def fleet_changed(event: kopf.RawEvent, namespace: str | None, name: str, 
     key = (namespace, name)
     runtime().cache.apply_event(KIND, event["type"], dict(event["object"]))
     if event.get("type") == "DELETED":
-        runtime().queue.forget(key)
+        # One last pass: it finds the fleet gone, drops its gauges and forgets it. Nothing else
+        # would bring that pass to a fleet without children (an invalid spec), and a pass still
+        # running re-records the gauges after any drop made here.
+        runtime().queue.add(key)
     else:
         runtime().queue.add(key, early=not reports_failing(dict(event["object"])))
 

@@ -1,10 +1,26 @@
-"""Operator metrics (Prometheus): how often it reconciles, how long it takes, what it writes."""
+"""Operator metrics (Prometheus): how often it reconciles, how long it takes, what it writes.
+
+The labelled counters of passes and switches hold every label set at 0 from the start: a series
+Prometheus first sees at 1 shows no `increase()`, so an alert would miss the first failed switch
+after each operator start.
+"""
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from prometheus_client import Counter, Gauge, Histogram
 
+from hybridserving.core.switching import Mode, Outcome
+
+ReconcileResult = Literal["ok", "conflict", "error", "gone"]
+SwitchReason = Literal["policy", "on-call"]
+"""What started a role switch: the policy, or an on-call request on the instance."""
+FINISHED_OUTCOMES = tuple(o for o in get_args(Outcome) if o != "InProgress")
+
 RECONCILES = Counter("hybridserving_reconciles_total", "Reconcile passes, by result.", ["result"])
+for _result in get_args(ReconcileResult):
+    RECONCILES.labels(_result)
 DURATION = Histogram(
     "hybridserving_reconcile_duration_seconds", "Time of one reconcile pass.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -26,7 +42,8 @@ ROLE_SWITCHES = Counter(
     "hybridserving_role_switches_total", "Instances whose pods the operator moved to a new role (in place).",
     ["from_role", "to_role"],
 )
-QUEUE_DEPTH = Gauge("hybridserving_queue_depth", "HybridServings waiting for a reconcile.")
+QUEUE_DEPTH = Gauge("hybridserving_queue_depth",
+                    "HybridServings waiting for a reconcile (0 on a standby replica, which runs none).")
 OLDEST_PASS_SECONDS = Gauge(
     "hybridserving_oldest_pass_seconds",
     "How long the oldest reconcile pass or role-switch tick still running has run (0: none runs); "
@@ -40,7 +57,7 @@ CRD_SCHEMA_CURRENT = Gauge(
 )
 LEADER = Gauge("hybridserving_leader", "1 while this replica acts (holds the leader lease, or runs without election).")
 
-# Role-switch controller (controller/switching.py). `reason` is policy or on-call.
+# Role-switch controller (controller/switching.py). `reason` is a SwitchReason.
 ROLE_SWITCHES_STARTED = Counter(
     "hybridserving_role_switches_started_total", "Role switches the controller started, by reason and mode.",
     ["reason", "mode"],
@@ -50,6 +67,11 @@ ROLE_SWITCH_OUTCOMES = Counter(
     "Role switches finished, by reason, outcome (Succeeded, Aborted, Refused, Failed) and mode.",
     ["reason", "outcome", "mode"],
 )
+for _reason in get_args(SwitchReason):
+    for _mode in get_args(Mode):
+        ROLE_SWITCHES_STARTED.labels(_reason, _mode)
+        for _outcome in FINISHED_OUTCOMES:
+            ROLE_SWITCH_OUTCOMES.labels(_reason, _outcome, _mode)
 ROLE_SWITCH_TICKS = Counter(
     "hybridserving_role_switch_ticks_total",
     "Role-switch ticks of one fleet, by result (ran, skipped: switching off and nothing in flight, error).",

@@ -70,7 +70,7 @@ class WorkQueue:
         elif key not in self._queued:
             self._queued.add(key)
             self._queue.put_nowait(key)
-            metrics.QUEUE_DEPTH.set(len(self._queued))
+            self._publish_depth()
 
     def add_after(self, key: Key, delay: float) -> None:
         """Reconcile `key` after `delay` seconds unless an earlier trigger comes first."""
@@ -106,19 +106,28 @@ class WorkQueue:
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(), name=f"reconcile-{i}") for i in range(self._workers)]
+        self._publish_depth()
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self._publish_depth()
         for timer in self._timers.values():
             timer.cancel()
+
+    def _publish_depth(self) -> None:
+        """The fleets waiting for a worker; 0 while none runs. A standby (--leader-elect) queues
+        every fleet its watches report and starts its workers only once it leads (handlers.act):
+        its depth would be the number of fleets, waiting for nothing that is late."""
+        metrics.QUEUE_DEPTH.set(len(self._queued) if self._tasks else 0)
 
     async def _worker(self) -> None:
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
-            metrics.QUEUE_DEPTH.set(len(self._queued))
+            self._publish_depth()
             self._running.add(key)
             delay: float | None = None
             try:

@@ -1,9 +1,11 @@
 """The operator's permissions, in one list: the ClusterRole in deploy/ is generated from it.
 
-Each rule says why it exists. The operator runs cluster-wide (one replica watching every
-namespace), so it needs a ClusterRole; it reads no Secrets (it writes one per fleet, the engines'
-API key it derives itself: create and patch, by server-side apply) and escalates nothing: the Role it
-creates for each router grants pod reads, which it holds itself. `python -m
+Each rule says why it exists. Run from deploy/, the operator watches every namespace, so it
+needs a ClusterRole; it has no get, list or watch on Secrets (it writes one per fleet, the engines'
+API key it derives itself: create and patch, by server-side apply; a patch answers with the
+Secret, so patch is as much as a read of the Secrets it may patch) and escalates nothing: the Role
+it creates for each router grants pod reads, which it holds itself. The leader-election Lease
+rules are the chart's (docs/install.md lists them for deploy/). `python -m
 hybridserving.controller.rbac --write` regenerates deploy/operator-rbac.yaml; a test fails
 when the file and this list disagree.
 """

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, ROLES, HybridServingSpec
 from hybridserving.contract import ANNOTATION_ROLE, LABEL_ROLE
-from hybridserving.controller import metrics
+from hybridserving.controller import gauges, metrics
 from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engines, Scrape, instance_metrics
 from hybridserving.controller.kube import KubeError, describe_failure
 from hybridserving.controller.reconcile import DEFAULT_ENGINE_POLICY, spec_of_applied, validate
@@ -367,6 +367,7 @@ class SwitchController:
         if self._fleet_memory(namespace, hs_body).announced.get(inst.name) != (state.started, state.step):
             self._event(namespace, hs_body, inst.name, state)  # named: a second post is refused
         obs = inst.observation()
+        gauges.launcher_seen(namespace, hs_body["metadata"]["name"], inst.name, state, obs.launcher)
         new, want = state, None
         moves: list[tuple[SwitchState, SwitchState]] = []
         # Verify reads only the engine, already sampled this tick: it may follow Switch at once.
