@@ -23,7 +23,7 @@ from hybridserving.devcluster.stack import launcher_url
 from support.polling import wait_for
 from support.served_fleet import SHORT_PROMPT, Load, bring_up, manifest, report, tear_down
 
-HANDOVER_WITHIN_S = 15  # lease 8 s + a retry period, on a shared 2-core machine
+HANDOVER_WITHIN_S = 15  # the e2e lease (8 s, conftest) + a retry period, on a shared 2-core machine
 
 
 def probe(replica, path: str) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 import pytest
+from kubernetes import client
 
 from hybridserving.controller import __main__ as operator_main
 from hybridserving.controller import handlers, switching
@@ -25,6 +26,8 @@ from support.apiserver import MemoryApi
 LEASE = ("Lease", "hybridserving-operator")
 ELECTION = Election(namespace="ops", identity="b", lease_seconds=0.8, renew_deadline_seconds=0.6,
                     retry_seconds=0.05)
+# The API the replica's own calls (the CRD schema check) would reach: a port nothing listens on.
+UNREACHABLE = client.Configuration(host="http://127.0.0.1:9")
 FLEET = {"apiVersion": "hybridserving.io/v1alpha1", "kind": "HybridServing",
          "metadata": {"name": "f", "namespace": "ns", "resourceVersion": "1"}, "spec": {}}
 
@@ -77,7 +80,7 @@ def operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[Operator]:
     monkeypatch.setattr(switching.SwitchController, "tick", tick)
     monkeypatch.setattr(Leadership, "release", release)
     monkeypatch.setattr(handlers, "OPTIONS", handlers.Options(
-        kube=Kube(None), election=ELECTION, switch_interval_seconds=0.05))  # type: ignore[arg-type]
+        kube=Kube(client.ApiClient(UNREACHABLE)), election=ELECTION, switch_interval_seconds=0.05))  # type: ignore[arg-type]
     yield op
     assert handlers._runtime is None, "the test stops the operator"
 
@@ -146,6 +149,7 @@ def test_the_lease_calls_time_out_within_the_renew_deadline(operator: Operator) 
     asyncio.run(scenario())
     assert operator.lease_kube is not None
     assert operator.lease_kube.request_timeout == ELECTION.request_timeout_seconds
+    assert operator.lease_kube.api.configuration.retries is False  # one timeout per call, not four
     assert 2 * ELECTION.request_timeout_seconds + ELECTION.retry_seconds <= ELECTION.renew_deadline_seconds
 
 

@@ -6,6 +6,7 @@ The real apiserver and a killed leader are in tests/e2e/test_operator_ha_e2e.py.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from hybridserving.controller.leadership import Election, Leadership
 from support.apiserver import MemoryApi
 
 LEASE = ("Lease", "hybridserving-operator")
+TIMING = {"lease_seconds": 8.0, "renew_deadline_seconds": 6.0, "retry_seconds": 1.0}
 
 
 def holder(api: MemoryApi) -> str:
@@ -28,7 +30,7 @@ class Clock:
 
 
 def replica(api: MemoryApi, name: str, clock: Clock, **kw) -> Leadership:
-    return Leadership(api, Election(namespace="ops", identity=name), clock=clock, wall=clock, **kw)
+    return Leadership(api, Election(namespace="ops", identity=name, **TIMING), clock=clock, wall=clock, **kw)
 
 
 def test_one_leader_and_a_standby_that_waits_while_it_renews() -> None:
@@ -155,3 +157,42 @@ def test_a_malformed_lease_keeps_a_standby_trying_rather_than_ending_its_electio
     clock.now += 10  # ran out however late b first read it
     standby.join(5)
     assert b.leading and holder(api) == "b"
+
+
+def test_a_leader_that_finds_another_holder_stops_at_once_not_at_its_deadline() -> None:
+    """A replica frozen past its deadline (a paused VM) wakes up to a Lease a standby took: its
+    renewal sees it, and it stops before the deadline check would."""
+    api = MemoryApi()
+    lost = threading.Event()
+    a = Leadership(api, Election(namespace="ops", identity="a", lease_seconds=60, renew_deadline_seconds=40,
+                                 retry_seconds=0.05), on_lost=lost.set)
+    a.acquire()
+    api.store[LEASE]["spec"].update(holderIdentity="b", renewTime="2026-01-01T00:00:01.000000Z")
+    threading.Thread(target=a.hold, daemon=True).start()
+    assert lost.wait(10), "it kept acting on a Lease another replica holds"
+    assert not a.leading and holder(api) == "b"
+
+
+def test_a_renewal_under_way_when_the_lease_is_released_does_not_take_it_back() -> None:
+    api = MemoryApi()
+    a = Leadership(api, Election(namespace="ops", identity="a", lease_seconds=60, renew_deadline_seconds=40,
+                                 retry_seconds=0.01), on_lost=lambda: None)
+    a.acquire()
+    reading, may_read, real_get = threading.Event(), threading.Event(), api.get
+
+    def get(kind: str, namespace: str, name: str) -> dict:
+        if threading.current_thread().name == "lease-renew" and not reading.is_set():
+            reading.set()
+            may_read.wait(10)
+        return real_get(kind, namespace, name)
+
+    api.get = get  # type: ignore[method-assign]
+    threading.Thread(target=a.hold, daemon=True).start()
+    assert reading.wait(10)
+    releasing = threading.Thread(target=a.release)
+    releasing.start()
+    releasing.join(0.2)  # the release waits for the renewal, or (unordered) runs ahead of its read
+    may_read.set()
+    releasing.join(10)
+    time.sleep(0.1)  # any renewal still to come
+    assert holder(api) == ""

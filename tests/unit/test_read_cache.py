@@ -291,3 +291,27 @@ def test_what_the_cache_returns_is_a_copy(clock: Clock) -> None:
     cache.prime("Pod", NS, SELECTOR, [obj("p", 1)], "1")
     (cache.list("Pod", NS, SELECTOR) or [])[0]["metadata"]["labels"]["x"] = "y"
     assert "x" not in (cache.list("Pod", NS, SELECTOR) or [])[0]["metadata"]["labels"]
+
+
+def test_a_write_to_the_scale_subresource_leaves_the_cached_fleet_a_fleet(api: MemoryApi, clock: Clock) -> None:
+    """The apiserver answers a /scale write with an autoscaling/v1 Scale of the same name and a newer
+    resourceVersion; stored as the fleet, the next read would validate a Scale."""
+
+    class ScaleApi(MemoryKube):
+        def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+            written = super().patch(kind, namespace, name, body, **kw)
+            if kw.get("subresource") != "scale":
+                return written
+            return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                    "metadata": {"name": name, "namespace": namespace,
+                                 "resourceVersion": written["metadata"]["resourceVersion"]},
+                    "spec": {"replicas": body["spec"]["replicas"]}}
+
+    class ScaleAnswering(CachedKube, ScaleApi):
+        pass
+
+    kube = ScaleAnswering(api, ObjectCache(CACHED_KINDS, max_age=600.0, clock=clock))
+    fleet = kube.get(KIND, NS, "fleet")
+    kube.cache.apply_event(KIND, "ADDED", fleet)
+    kube.patch(KIND, NS, "fleet", {"spec": {"replicas": 5}}, subresource="scale")
+    assert kube.get(KIND, NS, "fleet")["kind"] == KIND

@@ -922,3 +922,23 @@ def test_a_fleet_left_alone_is_validated_once_and_an_edit_is_seen_at_the_next_ti
     h.now += 2
     report = h.ctl.tick(NS, "fleet")
     assert len(validated) == 2 and report.skipped and not report.started
+
+
+def test_a_resize_made_while_the_scaler_decided_is_not_written_over() -> None:
+    """`kubectl scale` (or an edit) lands between the tick's read of the fleet and its write: the
+    scaler's write is a 409, and what the person set stands until a tick decides from it."""
+    h = scaling_harness()
+    for name in instances(h):
+        e = h.engine(name)
+        e.utilization, e.queue_tokens, e.kv_usage, e.running = 1.0, 400_000, 0.98, 256
+    real_patch, resized = h.api.patch, []
+
+    def patch(kind: str, namespace: str, name: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if kw.get("subresource") == "scale" and not resized:
+            resized.append(real_patch(KIND, namespace, name, {"spec": {"replicas": 7}}, subresource="scale"))
+        return real_patch(kind, namespace, name, body, **kw)
+
+    h.api.patch = patch  # type: ignore[method-assign]
+    h.run_until(lambda: bool(resized), limit=60)
+    assert fleet_replicas(h) == 7
+    assert "ScaleFailed" not in {reason for reason, _ in h.events()}, "a conflict is a retry, not a failure"

@@ -76,8 +76,9 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--leader-elect-identity",
                     default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
                     help="this replica in the Lease (default $POD_NAME)")
-    ap.add_argument("--leader-elect-lease-seconds", type=float, default=8.0,
-                    help="a standby takes over after the leader has not renewed for this long")
+    ap.add_argument("--leader-elect-lease-seconds", type=float, default=15.0,
+                    help="a standby takes over after the leader has not renewed for this long; the leader "
+                    "stops when it could not renew for two thirds of it")
     ap.add_argument("--webhook-port", type=int, default=0,
                     help="serve the validating admission webhook on this port (0: off)")
     ap.add_argument("--webhook-addr", default="0.0.0.0", help="address the webhook server binds")
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         handlers.OPTIONS.election = Election(
             namespace=args.leader_elect_namespace, identity=args.leader_elect_identity,
             name=args.leader_elect_lease, lease_seconds=seconds,
-            renew_deadline_seconds=seconds * 0.75, retry_seconds=min(2.0, seconds / 4))
+            renew_deadline_seconds=seconds * 2 / 3, retry_seconds=min(2.0, seconds / 4))
     if args.webhook_port:
         if not args.webhook_cert_dir:
             # The apiserver trusts only the CA in the webhook configuration, which the operator does not write.

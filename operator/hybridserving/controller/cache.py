@@ -19,8 +19,10 @@ Why it cannot make the planner act twice on stale state:
   watch and no listing reported is believed at most `max_age`;
 - a write refused with 409 or 404 means the cache was behind: that kind's slices in that
   namespace are dropped, so the retry plans from a fresh LIST;
-- every write stays conditional (resourceVersion or uid, kube.py) and a create of a name that
-  exists is a 409, so even a stale read turns into a retry, never a second action;
+- a write that acts (a role switch's record, an instance's role, a pod's deletion) is conditional
+  (resourceVersion or uid, kube.py) and a create of a name that exists is a 409, so a stale read
+  turns into a retry, never a second action; status writes only report, and the last one wins;
+- a write to the scale subresource answers with a Scale, not the object: it is not stored;
 - a deleted object is held as deleting (deletionTimestamp) until the watch reports it gone,
   as a LIST would show a pod in its grace period.
 """
@@ -234,7 +236,8 @@ class CachedKube(Kube):
               subresource: str | None = None) -> dict[str, Any]:
         written = self._behind_on_conflict(kind, namespace, lambda: super(CachedKube, self).patch(
             kind, namespace, name, body, resource_version=resource_version, uid=uid, subresource=subresource))
-        self.cache.store(kind, written)
+        if subresource in (None, "status"):
+            self.cache.store(kind, written)
         return written
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:

@@ -219,7 +219,12 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
             failed_at = time.monotonic()
             streak = failing[key] = liveness.failed_again(failing.get(key), describe_failure(exc), failed_at)
             if streak.reported(failed_at):
-                await asyncio.to_thread(report_failing, kube, namespace, name, streak.describe(failed_at))
+                def report() -> None:
+                    # Counted as part of the pass: a graceful stop waits for it before handing the Lease over.
+                    with inflight.running(key, "reconcile pass"):
+                        report_failing(kube, namespace, name, streak.describe(failed_at))
+
+                await asyncio.to_thread(report)
             raise
         failing.pop(key, None)
         if outcome.gone:
@@ -243,7 +248,7 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         act(_runtime)
         return
     _runtime.leadership = Leadership(
-        Kube(direct.api, "lease", request_timeout=OPTIONS.election.request_timeout_seconds), OPTIONS.election)
+        direct.unretried("lease", request_timeout=OPTIONS.election.request_timeout_seconds), OPTIONS.election)
     _runtime.tasks.append(asyncio.create_task(elect(_runtime, _runtime.leadership), name="leader-election"))
 
 

@@ -9,6 +9,7 @@ read turns into a 409 and a retry instead of overwriting someone else's change.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections import Counter
@@ -112,6 +113,14 @@ class Kube:
     def sibling(self, component: str) -> Kube:
         """The same API access, counted as `component`'s."""
         return Kube(self.api, component, request_timeout=self.request_timeout)
+
+    def unretried(self, component: str, *, request_timeout: float) -> Kube:
+        """The same credentials on a pool of its own that never retries: urllib3 otherwise tries a
+        GET that timed out three more times, so a call would end only after four timeouts, where the
+        Lease's calls must end within one to leave the renew deadline its margin."""
+        configuration = copy.deepcopy(self.api.configuration)
+        configuration.retries = False
+        return Kube(client.ApiClient(configuration=configuration), component, request_timeout=request_timeout)
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None, pool_size: int = 16) -> Kube:

@@ -8,9 +8,10 @@ that could not renew for `renew_deadline_seconds` (< `lease_seconds`) stops at o
 a standby may have taken over is the one thing it must not do, and the restarted process comes
 back as a standby. The deadline is watched on its own thread, so a renewal call that hangs does
 not postpone it, and the Lease's calls time out well within it (`request_timeout_seconds`), so
-the renewals that follow a stuck one still get their chance. Every write the operator makes is
-also preconditioned (kube.py), so even two replicas that both believed they lead could not apply
-a stale decision twice.
+the renewals that follow a stuck one still get their chance. A renewal that finds another
+replica holding the Lease stops the leader at once: it was frozen past its deadline. The writes
+that act are preconditioned (kube.py), so even two replicas that both believed they lead could
+not apply a stale decision twice.
 
 A graceful stop releases the Lease (empty holder), so a rolling update hands over at once
 (handlers.stop first waits for the work under way).
@@ -37,14 +38,15 @@ LEASE_KIND = "Lease"
 
 @dataclass(frozen=True)
 class Election:
-    """Which Lease decides, who this replica is, and the timing (client-go's defaults, scaled down)."""
+    """Which Lease decides, who this replica is, and the timing (client-go's defaults: a leader rides
+    out an apiserver that does not answer for up to 8 s, as a control-plane upgrade's restart)."""
 
     namespace: str
     identity: str
     name: str = "hybridserving-operator"
-    lease_seconds: float = 8.0
-    renew_deadline_seconds: float = 6.0
-    retry_seconds: float = 1.0
+    lease_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.retry_seconds < self.renew_deadline_seconds < self.lease_seconds:
@@ -68,8 +70,10 @@ def micro_time(at: float) -> str:
 
 
 def exit_now() -> None:
-    log.critical("lost the leader lease; exiting so that no decision is made without it")
-    logging.shutdown()
+    """Straight to stderr, then out: a log handler that blocks must not keep a replica that lost the
+    Lease acting."""
+    os.write(2, b"CRITICAL hybridserving.controller.leadership: lost the leader lease; exiting so that no "
+                b"decision is made without it\n")
     os._exit(1)
 
 
@@ -185,17 +189,30 @@ class Leadership:
         threading.Thread(target=self._renew, name="lease-renew", daemon=True).start()
         while not self.stopped.wait(self.election.watch_seconds):
             if self.clock() - self._renewed_at > self.election.renew_deadline_seconds:
-                self.leading = False
-                self.stopped.set()
-                self.on_lost()
+                self._lose()
                 return
 
     def _renew(self) -> None:
-        """Renew every retry period; a renewal counts from when it started, as its renewTime does."""
+        """Renew every retry period; a renewal counts from when it started, as its renewTime does.
+        Renewals take turns with release(), so one under way cannot take back a Lease just handed
+        over; a Lease another replica holds means this one was frozen past its deadline (a paused
+        VM, say) and must stop before its next write."""
         while not self.stopped.wait(self.election.retry_seconds):
-            started = self.clock()
-            if self._attempt() and not self.stopped.is_set():
-                self._renewed_at = started
+            with self._deciding:
+                if self.stopped.is_set():
+                    return
+                started = self.clock()
+                renewed = self._attempt()
+                if renewed:
+                    self._renewed_at = started
+            if not renewed and self._observed and self._observed[0] not in ("", self.election.identity):
+                self._lose()
+                return
+
+    def _lose(self) -> None:
+        self.leading = False
+        self.stopped.set()
+        self.on_lost()
 
     def release(self) -> None:
         """Hand the Lease back on a graceful stop, so that a standby takes it at once."""

@@ -675,9 +675,14 @@ class SwitchController:
             return
         meta = hs_body["metadata"]
         try:
-            self.kube.patch(KIND, namespace, meta["name"], {"spec": {"replicas": want}}, subresource="scale")
+            # On the fleet as read: a `kubectl scale` or a spec edit since then is a 409, and the next
+            # tick decides from it instead of writing over it.
+            self.kube.patch(KIND, namespace, meta["name"], {"spec": {"replicas": want}}, subresource="scale",
+                            resource_version=meta.get("resourceVersion"))
         except KubeError as exc:
             log.info("%s/%s: scale to %d not written (%s); next tick", namespace, meta["name"], want, exc)
+            if exc.conflict:
+                return
             self._post(namespace, hs_body, "Warning", "ScaleFailed",
                        f"the scaler could not resize the fleet from {current} to {want} instances: {exc}")
             return
