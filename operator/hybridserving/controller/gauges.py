@@ -14,7 +14,7 @@ from typing import Any
 
 from hybridserving.controller import metrics
 from hybridserving.core.health import InstanceView
-from hybridserving.core.switching import ANNOTATION_SWITCH, LauncherView, SwitchState
+from hybridserving.core.switching import ANNOTATION_SWITCH, LauncherView, SwitchState, launcher_relaunched
 
 STATUSES = ("True", "False", "Unknown")
 RELAUNCH_STEPS = frozenset({"Switch", "Verify"})
@@ -76,10 +76,8 @@ def switch_gauges(switch: SwitchState | None, launcher_relaunched: bool) -> tupl
 def launcher_seen(namespace: str, name: str, inst: str, switch: SwitchState, launcher: LauncherView | None) -> None:
     """What a role-switch tick read of the launcher of an instance in a switch, for the next pass's
     gauges: the instance's objects keep no trace of an in-place switch become a relaunch. The
-    launcher's `/status` is read as the Switch step's timeout reads it (`core.switching.step`)."""
-    if (switch.step in RELAUNCH_STEPS and launcher is not None and launcher.phase == "Relaunching"
-            and launcher.switch_count > (switch.launcher_switches or 0)
-            and (launcher.last_from, launcher.last_to) == (switch.from_role, switch.to_role)):
+    launcher's `/status` is read as the Switch step's timeout reads it."""
+    if switch.step in RELAUNCH_STEPS and launcher_relaunched(switch, launcher):
         with _relaunched_lock:
             _relaunched[(namespace, name, inst)] = switch.started
 

@@ -757,7 +757,7 @@ def _in_flight(instances: Mapping[str, Instance]) -> int:
     return sum(1 for i in instances.values() if i.record is not None)
 
 
-def _reason_kind(reason: str) -> str:
+def _reason_kind(reason: str) -> metrics.SwitchReason:
     return "on-call" if reason.startswith("on-call") else "policy"
 
 

@@ -43,6 +43,16 @@ OWNED_ENGINE_FIELDS: dict[str, str] = {
 }
 
 
+def located(spec: HybridServingSpec) -> Iterator[tuple[str, PodTemplate]]:
+    """Every template of the spec, with the path its fields are reported under."""
+    if spec.pod_template is not None:
+        yield "spec.podTemplate", spec.pod_template
+    for role in ROLES:
+        template = spec.role(role).pod_template
+        if template is not None:
+            yield f"spec.{role}.podTemplate", template
+
+
 def templates(spec: HybridServingSpec, role: Role) -> list[PodTemplate]:
     """The templates that apply to a role's pods, in the order they apply."""
     return [t for t in (spec.pod_template, spec.role(role).pod_template) if t is not None]
@@ -199,13 +209,8 @@ def _check_template(spec: HybridServingSpec, template: PodTemplate, at: str,
 def check(spec: HybridServingSpec, reserved_volumes: set[str], reserved_mounts: set[str]) -> list[LayoutIssue]:
     """Every owned field a template overrides, and templates that make switches roll pods."""
     issues: list[LayoutIssue] = []
-    if spec.pod_template is not None:
-        issues.extend(_check_template(spec, spec.pod_template, "spec.podTemplate", reserved_volumes, reserved_mounts))
-    for role in ROLES:
-        template = spec.role(role).pod_template
-        if template is not None:
-            issues.extend(_check_template(spec, template, f"spec.{role}.podTemplate", reserved_volumes,
-                                          reserved_mounts))
+    for at, template in located(spec):
+        issues.extend(_check_template(spec, template, at, reserved_volumes, reserved_mounts))
     if spec.role_switch.enabled:
         shapes = [spec.role(r).pod_template for r in ROLES]
         if any(shapes) and shapes[0] != shapes[1]:

@@ -17,14 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridserving.api.pods import PodTemplate
-from hybridserving.api.v1alpha1 import (
-    DEFAULT_ENGINE_IMAGE,
-    DEFAULT_ROUTER_IMAGE,
-    ROLES,
-    HybridServing,
-    HybridServingSpec,
-)
-from hybridserving.core import weights
+from hybridserving.api.v1alpha1 import DEFAULT_ENGINE_IMAGE, DEFAULT_ROUTER_IMAGE, HybridServing, HybridServingSpec
+from hybridserving.core import podtemplate, weights
 from hybridserving.core.layout import LayoutIssue
 
 # Where the weights' default `nodeCachePath` lies: a node cache the chart grants stays there unless
@@ -116,7 +110,7 @@ def check(spec: HybridServingSpec, policy: EnginePolicy) -> list[LayoutIssue]:
         if (issue := _image_issue(path, image, policy)) is not None:
             issues.append(issue)
     issues.extend(_node_cache(spec, policy))
-    for at, template in _templates(spec):
+    for at, template in podtemplate.located(spec):
         issues.extend(_template(spec, template, at, policy))
     issues.extend(_operator_secrets(spec, policy))
     return issues
@@ -158,15 +152,6 @@ def _under(path: str, directory: str) -> bool:
 
 
 # --------------------------------------------------------------------------- pod templates
-
-
-def _templates(spec: HybridServingSpec) -> Iterator[tuple[str, PodTemplate]]:
-    if spec.pod_template is not None:
-        yield "spec.podTemplate", spec.pod_template
-    for role in ROLES:
-        template = spec.role(role).pod_template
-        if template is not None:
-            yield f"spec.{role}.podTemplate", template
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -325,7 +310,7 @@ def _secret_references(spec: HybridServingSpec) -> Iterator[tuple[str, str]]:
     for index, source in enumerate(spec.engine.env_from):
         if source.secret_ref is not None:
             yield f"spec.engine.envFrom[{index}].secretRef.name", source.secret_ref.name
-    for at, template in _templates(spec):
+    for at, template in podtemplate.located(spec):
         yield from _template_secret_references(template.spec, f"{at}.spec")
 
 

@@ -305,6 +305,19 @@ class Desired:
     restart_generation: int | None = None
 
 
+def launcher_switched(state: SwitchState, launcher: LauncherView | None) -> bool:
+    """Whether the launcher's last switch is this one: counted since the switch began, between its roles."""
+    return (launcher is not None and launcher.switch_count > (state.launcher_switches or 0)
+            and launcher.last_to == state.to_role and launcher.last_from == state.from_role)
+
+
+def launcher_relaunched(state: SwitchState, launcher: LauncherView | None) -> bool:
+    """Whether the launcher is relaunching the engine for this switch: an in-place rebuild that fails
+    unsafely is relaunched by the launcher itself, in the new role on the same pods, and that start
+    takes a relaunch's time, not an in-place switch's."""
+    return launcher is not None and launcher_switched(state, launcher) and launcher.phase == "Relaunching"
+
+
 def desired(state: SwitchState, obs: Observation) -> Desired:
     s = state.step
     if s in ("Unroute", "Drain"):
@@ -399,8 +412,7 @@ def _advance(state: SwitchState, obs: Observation, now: float, config: SwitchCon
 
     if s == "Switch":
         launcher = obs.launcher
-        ours = (launcher is not None and launcher.switch_count > (state.launcher_switches or 0)
-                and launcher.last_to == state.to_role and launcher.last_from == state.from_role)
+        ours = launcher_switched(state, launcher)
         if launcher is not None and obs.spec_role == state.to_role and obs.pods_role == state.to_role:
             if ours and launcher.last_outcome in ("Refused", "Aborted"):
                 return restore("Refused" if launcher.last_outcome == "Refused" else "Aborted",
@@ -409,9 +421,7 @@ def _advance(state: SwitchState, obs: Observation, now: float, config: SwitchCon
                 return restart(f"launcher: Failed: {launcher.last_message}")
             if launcher.role == state.to_role and launcher.phase == "Ready":
                 return go("Verify")
-        # An in-place rebuild that fails unsafely is relaunched by the launcher itself, in the new
-        # role on the same pods: that start takes a relaunch's time, not an in-place switch's.
-        mode = "relaunch" if ours and launcher is not None and launcher.phase == "Relaunching" else state.mode
+        mode = "relaunch" if launcher_relaunched(state, launcher) else state.mode
         if elapsed > config.switch_timeout(mode):
             return restart(f"the launcher did not finish the {mode} switch within "
                            f"{config.switch_timeout(mode):.0f} s")
