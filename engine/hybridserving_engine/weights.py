@@ -8,10 +8,15 @@ of downloading a second time.
 
 The hub protocol is the Hugging Face Hub's HTTP API (also served by its mirrors and proxies):
 `GET {endpoint}/api/models/{repo}/revision/{revision}?blobs=true` lists the files (`siblings`,
-each with its `size`: the total a download's progress is measured against), and
-`GET {endpoint}/{repo}/resolve/{revision}/{file}` returns one, with `Authorization: Bearer
-<token>` for gated or private repositories. A download interrupted half-way resumes file by
-file: files already complete at their announced size are kept.
+each with its `size`: the total a download's progress is measured against) and the commit the
+revision names now (`sha`), and `GET {endpoint}/{repo}/resolve/{commit}/{file}` returns one,
+with `Authorization: Bearer <token>` for gated or private repositories. Every file is fetched
+at that one commit, so a branch that moves during a download cannot mix two commits in a copy;
+the copy records it. The token goes to the endpoint's own origin only: the hub redirects large
+files to a CDN or a presigned store URL, which gets the request without it. A download
+interrupted half-way resumes file by file: files already complete at their announced size are
+kept. The listing is the hub's word, not a path: a name that would leave the copy's directory
+fails the fill.
 
 While it runs, the step records its progress (bytes done and total, files done and total) in
 `.<directory>.progress` next to the copy, and serves that file as JSON at `GET /weights` on the
@@ -33,6 +38,8 @@ import http.client
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 import threading
 import time
@@ -40,6 +47,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,6 +58,7 @@ from hybridserving.contract import ENV_LAUNCHER_PORT, WEIGHTS_PROGRESS_PATH
 log = logging.getLogger("hybridserving.weights")
 
 COMPLETE = ".complete"
+PARTIAL = ".part"
 CHUNK = 1 << 20
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # The progress file is rewritten at most this often: a TB download reads ~10^6 chunks.
@@ -60,6 +69,37 @@ class FetchError(Exception):
     """A download that cannot succeed as configured (said in words for the pod status)."""
 
 
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect with the token only while it stays on the endpoint's origin (an https
+    page sent to http is another origin): urllib would send it to any host (the token is
+    carried as an unredirected header, which urllib drops, and put back here)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        token = req.unredirected_hdrs.get("Authorization")
+        if new is not None and token and _origin(newurl) == _origin(req.full_url):
+            new.add_unredirected_header("Authorization", token)
+        return new
+
+
+_OPENER = urllib.request.build_opener(_Redirects)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A revision as the hub lists it: its files' sizes (None where it does not say) and the
+    commit it names now (None where a mirror does not say)."""
+
+    sizes: dict[str, int | None]
+    commit: str | None
+
+
 @dataclass(frozen=True)
 class Source:
     repo: str
@@ -68,15 +108,15 @@ class Source:
     token: str | None
 
     def _request(self, url: str) -> urllib.request.Request:
-        headers = {"User-Agent": "hybridserving-weights"}
+        request = urllib.request.Request(url, headers={"User-Agent": "hybridserving-weights"})
         if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return urllib.request.Request(url, headers=headers)
+            request.add_unredirected_header("Authorization", f"Bearer {self.token}")
+        return request
 
     def _open(self, path: str, timeout: float = 60.0) -> http.client.HTTPResponse:
         url = f"{self.endpoint.rstrip('/')}/{path}"
         try:
-            response: http.client.HTTPResponse = urllib.request.urlopen(self._request(url), timeout=timeout)
+            response: http.client.HTTPResponse = _OPENER.open(self._request(url), timeout=timeout)
             return response
         except urllib.error.HTTPError as e:
             hint = {401: "the token is missing or wrong (check weights.tokenSecretRef)",
@@ -85,43 +125,78 @@ class Source:
             raise FetchError(f"{e.code} from the hub for {self.repo}@{self.revision}: {hint}") from None
         except urllib.error.URLError as e:
             raise FetchError(f"hub {self.endpoint} unreachable: {e.reason}") from None
+        except (http.client.HTTPException, ValueError) as e:  # a garbled answer, an endpoint that is no URL
+            raise FetchError(f"hub {self.endpoint} did not answer as an HTTP server: {e!r}") from None
 
-    def files(self) -> dict[str, int | None]:
-        """Every file of the revision and its size (None where the hub does not say)."""
+    def files(self) -> Listing:
+        """Every file of the revision, with its size, and the commit the revision names."""
         repo = urllib.parse.quote(self.repo)
         with self._open(f"api/models/{repo}/revision/{urllib.parse.quote(self.revision, safe='')}?blobs=true") as r:
             try:
                 info = json.load(r)
-                siblings = info.get("siblings") or []
+                siblings = info["siblings"]
                 # A mirror or a proxy's error page can answer 200 with anything else.
-                return {s["rfilename"]: s["size"] if isinstance(s.get("size"), int) else None
-                        for s in sorted(siblings, key=lambda s: s["rfilename"])}
+                if not isinstance(siblings, list) or not siblings:
+                    raise ValueError("no files listed")
+                sizes = {s["rfilename"]: s["size"] if isinstance(s.get("size"), int) else None
+                         for s in sorted(siblings, key=lambda s: s["rfilename"])}
+                commit = info.get("sha")
             except (ValueError, AttributeError, TypeError, KeyError) as e:
                 raise FetchError(f"{self.endpoint} did not answer the file list of {self.repo}@{self.revision} "
                                  f"as the hub's API does ({type(e).__name__}: {e}); is HF_ENDPOINT a hub?") from None
             except http.client.HTTPException as e:
                 raise FetchError(f"the file list of {self.repo}@{self.revision} broke off: {e!r}") from None
+        for name in sizes:
+            _check_name(name, self)
+        return Listing(sizes, commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit) else None)
 
-    def download(self, name: str, target: Path, advanced: Callable[[int], None] = lambda n: None) -> int:
-        """One file into `target` (written aside, then renamed); its size in bytes. `advanced` hears
-        of every chunk written."""
-        path = (f"{urllib.parse.quote(self.repo)}/resolve/{urllib.parse.quote(self.revision, safe='')}/"
+    def download(self, name: str, target: Path, size: int | None = None, commit: str | None = None,
+                 advanced: Callable[[int], None] = lambda n: None) -> int:
+        """One file into `target` (written aside, flushed to disk, then renamed); its size in bytes.
+        `size` is what the listing announced, `commit` the revision's commit to fetch it at;
+        `advanced` hears of every chunk written."""
+        revision = commit or self.revision
+        path = (f"{urllib.parse.quote(self.repo)}/resolve/{urllib.parse.quote(revision, safe='')}/"
                 f"{urllib.parse.quote(name)}")
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".part")
+        partial = target.with_name(target.name + PARTIAL)
         with self._open(path) as r, open(partial, "wb") as out:
-            expected = r.headers.get("Content-Length")
+            header = r.headers.get("Content-Length")
             try:
                 while chunk := r.read1(CHUNK):  # what has arrived, up to CHUNK: progress moves within a file
                     out.write(chunk)
                     advanced(len(chunk))
             except http.client.HTTPException as e:  # a chunked body cut short (IncompleteRead)
                 raise FetchError(f"{name}: the download broke off after {out.tell()} bytes: {e!r}") from None
-        size = partial.stat().st_size
-        if expected is not None and int(expected) != size:
-            raise FetchError(f"{name}: got {size} of {expected} bytes")
+            out.flush()
+            os.fsync(out.fileno())  # on disk before it is renamed: a node that crashes keeps no empty shard
+        got = partial.stat().st_size
+        for expected in (header, size):
+            if expected is not None and str(expected).isdigit() and int(expected) != got:
+                raise FetchError(f"{name}: got {got} of {expected} bytes")
         os.replace(partial, target)
-        return size
+        _sync_directory(target.parent)
+        return got
+
+
+def _check_name(name: object, source: Source) -> None:
+    """Refuse a listed name that is no plain relative path inside the copy (`..`, absolute, the
+    copy's own bookkeeping): a hostile or broken endpoint must not write beside the copy, where
+    other fleets' copies are."""
+    parts = name.split("/") if isinstance(name, str) else [""]
+    if (not isinstance(name, str) or "\0" in name or any(p in ("", ".", "..") for p in parts)
+            or name in (COMPLETE, COMPLETE + ".tmp") or name.endswith(PARTIAL)):
+        raise FetchError(f"{source.endpoint} listed a file name that is no path inside the copy: {name!r} "
+                         f"({source.repo}@{source.revision}); refusing to write it (is HF_ENDPOINT the hub?)")
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the renames in `directory` durable (a rename is only a directory entry until then)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def progress_file(directory: Path) -> Path:
@@ -161,36 +236,88 @@ class Progress:
 
 def fill(source: Source, directory: Path) -> dict[str, object]:
     """Make `directory` a complete copy of the repository; download only what is missing."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = directory.parent / f".{directory.name}.lock"
     started = time.monotonic()
-    with open(lock_path, "w") as lock:
+    marker = directory / COMPLETE
+    done = _completed(marker)  # a finished copy needs no lock, nor a cache this user may write
+    if done is not None:
+        return {**done, "downloaded": False, "seconds": round(time.monotonic() - started, 3)}
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        # Read-only and open to all: a lock another user created still locks (flock needs no write).
+        lock = os.open(directory.parent / f".{directory.name}.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    except PermissionError as e:
+        raise FetchError(_not_writable(directory.parent, e)) from None
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one download per node; the others wait for it
-        marker = directory / COMPLETE
         done = _completed(marker)
         if done is not None:
             return {**done, "downloaded": False, "seconds": round(time.monotonic() - started, 3)}
-        sizes = source.files()
-        progress = Progress(progress_file(directory), source, sizes)
-        progress.write()  # at once: a file left by an earlier, failed attempt is not this one's
-        total = downloaded_files = 0
-        for name in sizes:
-            target = directory / name
-            if target.exists():
-                size = target.stat().st_size
-                total += size
-                progress.advance(size)
-            else:
-                total += source.download(name, target, progress.advance)
-                downloaded_files += 1
-                log.info("%s: %d bytes so far", name, total)
-            progress.file_done()
-        done = {"repo": source.repo, "revision": source.revision, "files": len(sizes), "bytes": total}
-        aside = marker.with_name(marker.name + ".tmp")
-        aside.write_text(json.dumps(done))
-        os.replace(aside, marker)  # whole or absent: a node that lost power mid-write fills again
-        return {**done, "downloaded": True, "downloadedFiles": downloaded_files,
-                "seconds": round(time.monotonic() - started, 3)}
+        try:
+            return {**_download_all(source, directory), "seconds": round(time.monotonic() - started, 3)}
+        except PermissionError as e:
+            raise FetchError(_not_writable(directory, e)) from None
+    finally:
+        os.close(lock)
+
+
+def _download_all(source: Source, directory: Path) -> dict[str, object]:
+    """The fill under the node's lock: what is missing, at the listing's commit, then the marker."""
+    listing = source.files()
+    sizes = listing.sizes
+    progress = Progress(progress_file(directory), source, sizes)
+    progress.write()  # at once: a file left by an earlier, failed attempt is not this one's
+    kept = {name for name in sizes if _whole(directory / name, sizes[name])}
+    _check_space(directory, sum(size or 0 for name, size in sizes.items() if name not in kept))
+    total = 0
+    for name, size in sizes.items():
+        target = directory / name
+        if name in kept:
+            got = target.stat().st_size
+            progress.advance(got)
+        else:
+            got = source.download(name, target, size, listing.commit, progress.advance)
+            log.info("%s: %d bytes so far", name, total + got)
+        total += got
+        progress.file_done()
+    for leftover in directory.rglob(f"*{PARTIAL}"):  # an earlier attempt's, of a file now whole
+        leftover.unlink(missing_ok=True)
+    done = {"repo": source.repo, "revision": source.revision, "commit": listing.commit, "files": len(sizes),
+            "bytes": total}
+    aside = directory / (COMPLETE + ".tmp")
+    with open(aside, "w") as out:
+        out.write(json.dumps(done))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(aside, directory / COMPLETE)  # whole or absent: a node that lost power mid-write fills again
+    _sync_directory(directory)
+    return {**done, "downloaded": True, "downloadedFiles": len(sizes) - len(kept)}
+
+
+def _whole(path: Path, size: int | None) -> bool:
+    """Whether an earlier attempt left this file whole: at its listed size (any size where the
+    listing gives none; only finished files were ever renamed into place)."""
+    try:
+        return path.is_file() and (size is None or path.stat().st_size == size)
+    except OSError:
+        return False
+
+
+def _check_space(directory: Path, needed: int) -> None:
+    """Fail before a download that cannot fit rather than fill the node's disk half-way (a full
+    disk on the kubelet's filesystem puts the node under DiskPressure and evicts other pods)."""
+    free = shutil.disk_usage(directory.parent).free
+    if needed > free:
+        raise FetchError(f"the node cache has {free / 1e9:.1f} GB free and the copy needs {needed / 1e9:.1f} GB "
+                         "more: free space in spec.model.weights.nodeCachePath on this node (older copies there "
+                         "that no fleet uses can be removed) or size the disk for two copies of the model")
+
+
+def _not_writable(path: Path, error: OSError) -> str:
+    return (f"the node cache is not writable by this pod's user (uid {os.getuid()}): {error.strerror} on "
+            f"{error.filename or path}. The kubelet creates a missing hostPath directory owned by root; create "
+            "spec.model.weights.nodeCachePath on every GPU node owned by the engine's user (uid 65532 unless the "
+            "pod template sets runAsUser), e.g. `install -d -o 65532 -g 65532 /var/lib/hybridserving/models`. "
+            "Fleets that share a node cache must run as the same user")
 
 
 def _completed(marker: Path) -> dict[str, object] | None:
@@ -256,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             if server is not None:
                 server.shutdown()
                 server.server_close()
-    except (FetchError, KeyError, OSError) as e:
-        message = f"missing setting {e}" if isinstance(e, KeyError) else str(e)
+    except (FetchError, KeyError, OSError, ValueError, http.client.HTTPException) as e:
+        message = f"missing setting {e}" if isinstance(e, KeyError) else str(e) or repr(e)
         log.error("weights: %s", message)
         termination.write_text(message)
         return 1

@@ -4,7 +4,10 @@ It counts every file download, so tests can show that a node downloads once and 
 restarts and role switches reuse the node's copy; it checks the bearer token, so tests can
 show that the token reached the pod from its Secret. Like the Hub, it lists file sizes only
 when asked with `?blobs=true`. `bytes_per_second` throttles every download, so a test can
-watch one in progress.
+watch one in progress. `sha` is the commit every revision names (a test moves it, as a branch
+moves), and every download records the revision it asked for; `redirect_to` sends downloads
+to another hub, as the Hub sends large files to its CDN, and `authorizations` records the
+Authorization header of every request (None without one).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ class FakeHub:
         self.downloads: Counter[tuple[str, str]] = Counter()
         self.refused = 0
         self.failing = False  # answer 503 to everything (an outage)
+        self.sha = "0" * 40
+        self.revisions: Counter[str] = Counter()
+        self.redirect_to: FakeHub | None = None
+        self.authorizations: list[str | None] = []
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,6 +54,7 @@ class FakeHub:
                         time.sleep(step / rate)
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                hub.authorizations.append(self.headers.get("Authorization"))
                 if hub.failing:
                     return self._send(HTTPStatus.SERVICE_UNAVAILABLE, b'{"error": "unavailable"}')
                 if hub.token is not None and self.headers.get("Authorization") != f"Bearer {hub.token}":
@@ -60,14 +68,20 @@ class FakeHub:
                     if files is None:
                         return self._send(HTTPStatus.NOT_FOUND, b'{"error": "Repository not found"}')
                     blobs = parse_qs(query).get("blobs") == ["true"]
-                    body = {"id": repo, "sha": "0" * 40, "siblings": [
+                    body = {"id": repo, "sha": hub.sha, "siblings": [
                         {"rfilename": f, **({"size": len(files[f])} if blobs else {})} for f in sorted(files)]}
                     return self._send(HTTPStatus.OK, json.dumps(body).encode())
                 for repo, files in hub.repos.items():
                     prefix = f"{repo}/resolve/"
                     if path.startswith(prefix):
-                        name = path.removeprefix(prefix).split("/", 1)[1]
+                        revision, name = path.removeprefix(prefix).split("/", 1)
+                        if hub.redirect_to is not None:
+                            self.send_response(HTTPStatus.FOUND)
+                            self.send_header("Location", f"{hub.redirect_to.endpoint}{self.path}")
+                            self.send_header("Content-Length", "0")
+                            return self.end_headers()
                         if name in files:
+                            hub.revisions[revision] += 1
                             hub.downloads[(repo, name)] += 1
                             return self._send(HTTPStatus.OK, files[name], "application/octet-stream",
                                               hub.bytes_per_second)

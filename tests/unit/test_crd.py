@@ -657,7 +657,8 @@ def test_the_longest_status_values_the_operator_writes_fit_the_bounds():
 
     longest_name = "n" * 253
     spec = WeightsSpec(uri="hf://" + "m" * 1019, cache="Node")
-    pods = [SimpleNamespace(name=f"p{i}", node_name=f"{longest_name[:-1]}{i}", weights_fill=("Failed", "x" * 5000))
+    pods = [SimpleNamespace(name=f"p{i}", node_name=f"{longest_name[:-1]}{i}", weights_fill=("Failed", "x" * 5000),
+                            weights_copy=weights.copy_directory(spec), deleting=False)
             for i in range(9)]
     last_time = format_time(253402300799)  # 9999-12-31T23:59:59Z
     switch = SwitchState("decode", "prefill", "relaunch", "r" * 5000, 0.0, step="Done", outcome="Failed",

@@ -299,6 +299,9 @@ def test_an_oci_source_is_an_image_volume() -> None:
     {"uri": "pvc://models", "cache": "Node"},
     {"uri": "oci://x", "tokenSecretRef": {"name": "t"}},
     {"uri": "hf://org/m", "endpoint": "ftp://x"},
+    {"uri": "pvc://claim/../other"},
+    {"uri": "pvc://claim//x"},
+    {"uri": "pvc://claim/a/./b"},
 ])
 def test_bad_weights_are_refused(w: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
@@ -322,6 +325,8 @@ def test_fill_outcome_reads_the_init_container_status() -> None:
                                     {"terminated": {"exitCode": 1, "message": "401 Unauthorized"}})) \
         == ("Failed", "401 Unauthorized")
     assert weights.fill_outcome({"status": {}}) is None
+    assert weights.fill_outcome(pod({"running": {}}, {"terminated": {"exitCode": 1, "message": "503"}})) \
+        == ("Filling", ""), "a retry under way is filling, whatever the last attempt said"
 
 
 # --------------------------------------------------------------------------- gang

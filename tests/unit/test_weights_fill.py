@@ -87,7 +87,10 @@ class NotAHub:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                if "/api/models/org/html/" in self.path:
+                if "/api/models/org/garbage/" in self.path:  # no HTTP at all
+                    self.wfile.write(b"garbage\r\n\r\n")
+                    self.close_connection = True
+                elif "/api/models/org/html/" in self.path:
                     body = b"<html>Sign in to continue</html>"
                     self.send_response(200)
                     self.send_header("Content-Type", "text/html")
@@ -120,6 +123,7 @@ class NotAHub:
 @pytest.mark.parametrize(("repo", "expected"), [
     ("org/html", "did not answer the file list of org/html@main as the hub's API does (JSONDecodeError"),
     ("org/cut", "model.safetensors: the download broke off after 100 bytes: IncompleteRead("),
+    ("org/garbage", "did not answer as an HTTP server: BadStatusLine("),
 ])
 def test_a_server_that_is_not_the_hub_is_a_failure_in_words_not_a_traceback(
         tmp_path: Path, repo: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,8 +228,103 @@ def test_a_port_in_use_leaves_progress_unserved_and_the_fill_goes_on(tmp_path: P
 
 def test_sizes_come_from_the_hub_listing_and_a_missing_one_leaves_the_total_unknown(tmp_path: Path) -> None:
     with FakeHub({"org/model": FILES}, token="hf_test") as hub:
-        sizes = source(hub).files()
-    assert sizes == {name: len(data) for name, data in FILES.items()}
+        listing = source(hub).files()
+    assert listing.sizes == {name: len(data) for name, data in FILES.items()}
+    assert listing.commit == "0" * 40
     progress = weights.Progress(tmp_path / "p", source(hub), {"a": 3, "b": None})
     progress.write()
     assert json.loads((tmp_path / "p").read_text())["bytesTotal"] is None
+
+
+def fill_fails(hub: FakeHub, directory: Path, says: str) -> None:
+    with pytest.raises(weights.FetchError) as failed:
+        weights.fill(source(hub), directory)
+    assert says in str(failed.value), failed.value
+    assert not (directory / weights.COMPLETE).exists()
+
+
+@pytest.mark.parametrize("hostile", ["../victim/model.safetensors", "/cache/victim/model.safetensors",
+                                     "a/../../victim/model.safetensors", "a//b", ".complete", "x.part"])
+def test_a_listed_name_outside_the_copy_fails_the_fill_and_writes_nothing(tmp_path: Path, hostile: str) -> None:
+    victim = tmp_path / "victim" / "model.safetensors"
+    victim.parent.mkdir()
+    victim.write_bytes(b"GOOD")
+    with FakeHub({"org/model": {**FILES, hostile: b"EVIL"}}, token="hf_test") as hub:
+        fill_fails(hub, tmp_path / "m", "listed a file name that is no path inside the copy")
+    assert victim.read_bytes() == b"GOOD"
+    assert not hub.downloads, "refused before any download"
+
+
+def test_the_token_stays_on_the_hub_when_a_file_is_redirected_elsewhere(tmp_path: Path) -> None:
+    with FakeHub({"org/model": FILES}) as cdn, FakeHub({"org/model": FILES}, token="hf_test") as hub:
+        hub.redirect_to = cdn
+        outcome = weights.fill(source(hub), tmp_path / "m")
+    assert outcome["downloaded"] is True and sum(cdn.downloads.values()) == 2
+    assert hub.authorizations and set(hub.authorizations) == {"Bearer hf_test"}
+    assert cdn.authorizations == [None, None], "another origin never sees the token"
+
+
+def test_every_file_comes_from_the_commit_the_listing_named_and_the_copy_records_it(tmp_path: Path) -> None:
+    with FakeHub({"org/model": FILES}, token="hf_test") as hub:
+        hub.sha = "a" * 40
+        first = weights.fill(source(hub), tmp_path / "node-a")
+        hub.sha = "b" * 40  # the branch moves
+        second = weights.fill(source(hub), tmp_path / "node-b")
+    assert hub.revisions == {"a" * 40: 2, "b" * 40: 2}, "never by the branch's name"
+    assert (first["commit"], second["commit"]) == ("a" * 40, "b" * 40)
+    assert json.loads((tmp_path / "node-a" / weights.COMPLETE).read_text())["commit"] == "a" * 40
+
+
+def test_a_listing_with_no_files_completes_nothing(tmp_path: Path) -> None:
+    directory = tmp_path / "m"
+    directory.mkdir()
+    (directory / "config.json").write_bytes(b"{}")  # an earlier attempt's
+    with FakeHub({"org/model": {}}, token="hf_test") as hub:
+        fill_fails(hub, directory, "no files listed")
+
+
+def test_a_file_left_short_is_fetched_again_and_a_short_download_fails(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = tmp_path / "m"
+    directory.mkdir()
+    (directory / "config.json").write_bytes(FILES["config.json"])
+    (directory / "model-00001.safetensors").write_bytes(b"x" * 10)  # cut short by a crash
+    (directory / "model-00001.safetensors.part").write_bytes(b"x")
+    with FakeHub({"org/model": FILES}, token="hf_test") as hub:
+        outcome = weights.fill(source(hub), directory)
+        assert outcome["downloadedFiles"] == 1
+        assert (directory / "model-00001.safetensors").read_bytes() == FILES["model-00001.safetensors"]
+        assert not list(directory.rglob("*.part")), "an earlier attempt's leftovers go"
+        listed = weights.Source.files
+        monkeypatch.setattr(weights.Source, "files", lambda self: weights.Listing(
+            {name: size + 1 for name, size in listed(self).sizes.items()}, None))
+        fill_fails(hub, tmp_path / "other", f"got {len(FILES['config.json'])} of {len(FILES['config.json']) + 1}")
+
+
+def test_a_copy_that_cannot_fit_fails_before_it_downloads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with FakeHub({"org/model": FILES}, token="hf_test") as hub:
+        fill_fails(hub, tmp_path / "m", "the node cache has 0.0 GB free and the copy needs 0.0 GB more")
+    assert not hub.downloads
+
+
+def test_a_cache_this_user_cannot_write_says_how_to_create_it_and_a_finished_copy_needs_no_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    with FakeHub({"org/model": FILES}, token="hf_test") as hub:
+        weights.fill(source(hub), tmp_path / "done")
+        real_open = os.open
+
+        def refused(path, flags, *args):  # what a root-owned hostPath does to uid 65532
+            if str(path).endswith(".lock"):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, flags, *args)
+
+        monkeypatch.setattr(os, "open", refused)
+        assert weights.fill(source(hub), tmp_path / "done")["downloaded"] is False
+        fill_fails(hub, tmp_path / "m", "the node cache is not writable by this pod's user")
+    with pytest.raises(weights.FetchError, match="install -d -o 65532"):
+        weights.fill(source(hub), tmp_path / "m")

@@ -27,19 +27,25 @@ NODE_CACHE = EnginePolicy(allow_node_cache=True)  # what the chart's enginePolic
 
 
 def pod_manifest(name: str, node: str, state: dict[str, Any] | None, *, ip: str | None = "10.0.0.1",
-                 port: str | None = "28000") -> dict[str, Any]:
-    env = [{"name": "HYBRIDSERVING_WEIGHTS_REPO", "value": "org/model"}]
+                 port: str | None = "28000", copy: str = weights.copy_directory(HF),
+                 deleting: bool = False) -> dict[str, Any]:
+    env = [{"name": "HYBRIDSERVING_WEIGHTS_REPO", "value": "org/model"}, {"name": weights.COPY_ENV, "value": copy}]
     if port is not None:
         env.append({"name": ENV_LAUNCHER_PORT, "value": port})
     status: dict[str, Any] = {"initContainerStatuses": [{"name": "weights", "state": state}] if state else []}
     if ip:
         status["podIP"] = ip
-    return {"metadata": {"name": name}, "spec": {"nodeName": node, "initContainers": [
+    meta: dict[str, Any] = {"name": name, **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})}
+    return {"metadata": meta, "spec": {"nodeName": node, "initContainers": [
         {"name": "weights", "env": env}]}, "status": status}
 
 
-def filled(bytes_: int) -> dict[str, Any]:
-    return {"terminated": {"exitCode": 0, "message": json.dumps({"bytes": bytes_, "downloaded": True})}}
+def filled(bytes_: int, commit: str | None = None) -> dict[str, Any]:
+    done = {"bytes": bytes_, "downloaded": True, **({"commit": commit} if commit else {})}
+    return {"terminated": {"exitCode": 0, "message": json.dumps(done)}}
+
+
+FAILED: dict[str, Any] = {"terminated": {"exitCode": 1, "message": "404 from the hub for org/model@typo"}}
 
 
 RUNNING: dict[str, Any] = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
@@ -100,6 +106,46 @@ def test_progress_is_unknown_without_a_figure_and_the_size_falls_back_to_the_spe
     done = weights.summarize(HF, pods(pod_manifest("ready-0", "node-a", filled(1000)),
                                       pod_manifest("ready-1", "node-b", filled(1000))))
     assert (done["bytesDone"], done["bytesTotal"]) == (2000, 2000)
+
+
+def test_only_pods_that_fill_the_copy_the_spec_names_count() -> None:
+    typo = HF.model_copy(update={"revision": "typo"})
+    observed = pods(
+        pod_manifest("old-0", "node-a", filled(1000)),  # the earlier revision's copy, filled
+        pod_manifest("new-0", "node-a", FAILED, copy=weights.copy_directory(typo)),
+        pod_manifest("going-0", "node-b", filled(1000), copy=weights.copy_directory(typo), deleting=True),
+    )
+    status = weights.summarize(typo, observed)
+    assert (status["nodesReady"], status["nodesFailed"]) == (0, 1)
+    assert status["errors"] == ["node-a: 404 from the hub for org/model@typo"]
+    assert rec.weights_warnings({"nodesFailed": 0}, status)[0][0] == "WeightsFailed"
+
+
+def test_nodes_holding_different_commits_are_counted_and_warned_once() -> None:
+    same = weights.summarize(HF, pods(pod_manifest("a-0", "node-a", filled(1000, "a" * 40)),
+                                      pod_manifest("b-0", "node-b", filled(1000, "a" * 40))))
+    moved = weights.summarize(HF, pods(pod_manifest("a-0", "node-a", filled(1000, "a" * 40)),
+                                       pod_manifest("b-0", "node-b", filled(1000, "b" * 40))))
+    assert (same["commits"], moved["commits"]) == (1, 2)
+    assert rec.weights_warnings(same, same) == ()
+    ((reason, message),) = rec.weights_warnings(same, moved)
+    assert reason == "WeightsCommitsDiffer" and "set spec.model.weights.revision to one commit" in message
+    assert rec.weights_warnings(moved, moved) == (), "said once, not on every pass"
+
+
+def test_a_node_cache_on_a_branch_is_warned_at_admission_and_a_commit_is_not() -> None:
+    spec = spec_with(HF)
+    (issue,) = [i for i in weights.check(spec) if i.rule == "weights-revision-unpinned"]
+    assert issue.path == "spec.model.weights.revision" and "40-character commit" in issue.fix
+    pinned = spec_with(HF.model_copy(update={"revision": "c" * 40}))
+    assert not [i for i in weights.check(pinned) if i.rule == "weights-revision-unpinned"]
+
+
+def spec_with(w: WeightsSpec) -> Any:
+    from hybridserving.api.v1alpha1 import HybridServingSpec
+
+    weighted = {**SPEC["model"], "weights": w.model_dump(by_alias=True)}
+    return HybridServingSpec.model_validate({**SPEC, "model": weighted})
 
 
 # --------------------------------------------------------------------------- through the reconcile

@@ -957,6 +957,11 @@ class WeightsStatus(ApiModel):
     nodes_ready: int = Field(default=0, description="Nodes whose node-local copy is complete.")
     nodes_filling: int = Field(default=0, description="Nodes downloading now.")
     nodes_failed: int = Field(default=0, description="Nodes whose last download failed (pods retry).")
+    commits: int = Field(
+        default=0, ge=0,
+        description="Hub commits the ready nodes' copies hold (0 where the hub named none). More than one: a branch "
+        "moved between the nodes' fills and engines run different weights; pin spec.model.weights.revision to a "
+        "commit.")
     bytes: int = Field(default=0, description="Size of one complete copy.")
     bytes_done: int | None = Field(
         default=None, ge=0,

@@ -95,6 +95,10 @@ class WeightsSpec(ApiModel):
             raise FieldInvalid("cache", "cache: Node applies to hf:// sources only")
         if self.token_secret_ref is not None and self.scheme != "hf":
             raise FieldInvalid("tokenSecretRef", "tokenSecretRef applies to hf:// sources only")
+        if self.scheme == "pvc" and any(part in ("", ".", "..") for part in self.location.rstrip("/").split("/")[1:]):
+            # The apiserver refuses such a subPath on the pods, long after the fleet was admitted.
+            raise FieldInvalid("uri", "the path of a pvc:// source is relative to the claim's root, with no '..', "
+                               "'.' or empty part (e.g. pvc://models/deepseek-v3)")
         return self
 
     @property

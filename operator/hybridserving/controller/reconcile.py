@@ -424,11 +424,21 @@ def report_failing(kube: Kube, namespace: str, name: str, message: str) -> None:
 
 
 def weights_warnings(previous: dict[str, Any] | None, current: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
-    """A Warning when more nodes fail to get the weights than before (running pods are not touched)."""
-    if not current or current.get("nodesFailed", 0) <= (previous or {}).get("nodesFailed", 0):
+    """A Warning when more nodes fail to get the weights than before (running pods are not touched),
+    and one when the nodes' copies come to hold different commits."""
+    if not current:
         return ()
-    return (("WeightsFailed", f"weights from {current['source']} failed on {current['nodesFailed']} node(s); "
-             f"pods retry with back-off, running instances keep serving: {'; '.join(current['errors'])}"),)
+    previous = previous or {}
+    warnings: list[tuple[str, str]] = []
+    if current.get("nodesFailed", 0) > previous.get("nodesFailed", 0):
+        warnings.append(("WeightsFailed", f"weights from {current['source']} failed on {current['nodesFailed']} "
+                         f"node(s); pods retry with back-off, running instances keep serving: "
+                         f"{'; '.join(current['errors'])}"))
+    if current.get("commits", 0) > 1 >= previous.get("commits", 0):
+        warnings.append(("WeightsCommitsDiffer", f"the nodes' copies of {current['source']} hold "
+                         f"{current['commits']} different commits (the revision moved between fills): engines run "
+                         "different weights; set spec.model.weights.revision to one commit"))
+    return tuple(warnings)
 
 
 def weights_status(w: WeightsSpec, observed: Observed, previous: Mapping[str, Any] | None,

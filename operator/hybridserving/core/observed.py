@@ -157,6 +157,7 @@ class ObservedPod:
     host_ports: tuple[int, ...] = ()
     owner_uids: tuple[str, ...] = ()
     weights_fill: tuple[str, str] | None = None  # the node-cache fill step: (state, detail)
+    weights_copy: str | None = None  # the node-cache copy that step fills
     weights_progress_at: tuple[str, int] | None = None  # (IP, port) where its running fill serves progress
     ready_since: float | None = None  # when it last turned Ready (the condition's lastTransitionTime), if ready
     created_at: float | None = None
@@ -243,6 +244,7 @@ class ObservedPod:
             host_ports=host_ports,
             owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),
             weights_fill=weights.fill_outcome(obj),
+            weights_copy=weights.fill_copy(obj),
             weights_progress_at=weights.progress_address(obj),
             created_at=parse_time(meta.get("creationTimestamp")),
             scheduling_gates=tuple(str(g.get("name")) for g in spec.get("schedulingGates") or []),

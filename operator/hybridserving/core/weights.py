@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,9 @@ VOLUME = "weights"
 FILL_CONTAINER = "weights"
 FILL_COMMAND = ("hybridserving-weights",)
 TOKEN_ENV = "HF_TOKEN"
+COPY_ENV = "HYBRIDSERVING_WEIGHTS_DIR"
+# A hub commit: the only revision that names the same files on every node at every time.
+COMMIT = re.compile(r"[0-9a-f]{40}")
 # Init container termination messages carry the fill's outcome (bytes, files, downloaded).
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
@@ -42,6 +46,11 @@ def cache_key(weights: WeightsSpec) -> str:
     revision = weights.revision or "main"
     suffix = hashlib.sha256(f"{weights.location}@{revision}".encode()).hexdigest()[:8]
     return f"{repo}--{revision.replace('/', '--')}--{suffix}"
+
+
+def copy_directory(weights: WeightsSpec) -> str:
+    """Where the fill step sees the copy of `weights` (the node cache is mounted at /cache)."""
+    return f"/cache/{cache_key(weights)}"
 
 
 def engine_model_path(spec: HybridServingSpec) -> str:
@@ -118,7 +127,7 @@ def render(spec: HybridServingSpec, progress_port: int) -> PodWeights:
         "env": [
             {"name": "HYBRIDSERVING_WEIGHTS_REPO", "value": w.location},
             {"name": "HYBRIDSERVING_WEIGHTS_REVISION", "value": w.revision or "main"},
-            {"name": "HYBRIDSERVING_WEIGHTS_DIR", "value": f"/cache/{key}"},
+            {"name": COPY_ENV, "value": copy_directory(w)},
             {"name": ENV_LAUNCHER_PORT, "value": str(progress_port)},
             *_hub_env(w),
         ],
@@ -168,6 +177,13 @@ def check(spec: HybridServingSpec) -> list[LayoutIssue]:
             message=f"{TOKEN_ENV} is written in plain text into the resource",
             fix="remove it and set spec.model.weights.tokenSecretRef to the Secret key holding the token",
         ))
+    if w.scheme == "hf" and w.cache == "Node" and not COMMIT.fullmatch(w.revision or ""):
+        issues.append(LayoutIssue(
+            path="spec.model.weights.revision", rule="weights-revision-unpinned", severity="warning",
+            message=f"revision {w.revision or 'main'} can name another commit tomorrow: each node keeps the commit "
+            "it filled first, so nodes filled on different days run different weights",
+            fix="set spec.model.weights.revision to a 40-character commit hash",
+        ))
     if w.scheme == "hf" and w.cache == "None" and max(spec.prefill.nodes_per_instance,
                                                       spec.decode.nodes_per_instance) > 1:
         issues.append(LayoutIssue(
@@ -185,6 +201,8 @@ def fill_outcome(pod: Mapping[str, Any]) -> tuple[str, str] | None:
             continue
         state = status.get("state") or {}
         last = status.get("lastState") or {}
+        if "running" in state:  # a retry under way, whatever the attempt before it said
+            return "Filling", ""
         if "terminated" in state:
             term = state["terminated"]
             if term.get("exitCode") == 0:
@@ -193,6 +211,15 @@ def fill_outcome(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         if "terminated" in last and last["terminated"].get("exitCode") not in (0, None):
             return "Failed", last["terminated"].get("message") or last["terminated"].get("reason") or "failed"
         return "Filling", ""
+    return None
+
+
+def fill_copy(pod: Mapping[str, Any]) -> str | None:
+    """Which node-cache copy a pod's fill step fills (its directory), or None without one."""
+    for container in (pod.get("spec") or {}).get("initContainers") or []:
+        if container.get("name") == FILL_CONTAINER:
+            return next((str(e.get("value", "")) for e in container.get("env") or []
+                         if e.get("name") == COPY_ENV), None)
     return None
 
 
@@ -241,8 +268,11 @@ def summarize(w: WeightsSpec, pods: Iterable[Any], progress: Mapping[str, FillPr
     """Status of the weights across nodes: how many have them, how many fill, bytes, errors.
 
     A node counts once, by its best outcome (a node where one pod filled the cache has the
-    weights even if another pod's earlier attempt failed). Sources mounted from a volume are
-    ready where a pod runs; their readiness shows in the pods' own status.
+    weights even if another pod's earlier attempt failed). Only pods that fill the copy `w`
+    names count: a pod of an earlier revision that filled its own copy, or one on its way out,
+    says nothing of this one. Sources mounted from a volume are ready where a pod runs; their
+    readiness shows in the pods' own status. `commits` counts the commits the ready nodes' copies
+    hold: more than one (a branch that moved between their fills) means engines run different weights.
 
     `progress` (by pod name) is what running fill steps said. The fleet's `bytesDone` /
     `bytesTotal` add up the nodes whose figure is known: a node with the weights holds one
@@ -255,8 +285,9 @@ def summarize(w: WeightsSpec, pods: Iterable[Any], progress: Mapping[str, FillPr
     per_node: dict[str, tuple[str, str]] = {}
     reported: dict[str, FillProgress] = {}
     rank = {"Filled": 2, "Filling": 1, "Failed": 0}
+    copy = copy_directory(w)
     for pod in pods:
-        if pod.weights_fill is None or not pod.node_name:
+        if pod.weights_fill is None or not pod.node_name or pod.deleting or pod.weights_copy != copy:
             continue
         best = per_node.get(pod.node_name)
         if best is None or rank[pod.weights_fill[0]] > rank[best[0]]:
@@ -267,29 +298,36 @@ def summarize(w: WeightsSpec, pods: Iterable[Any], progress: Mapping[str, FillPr
             reported[pod.node_name] = said
     filled = [detail for state, detail in per_node.values() if state == "Filled"]
     size = 0
-    for detail in filled:
-        try:
-            size = max(size, int(json.loads(detail).get("bytes", 0)))
-        except (ValueError, AttributeError):
+    commits: set[str] = set()
+    for state, detail in per_node.values():
+        if state != "Filled":
             continue
+        try:
+            done = json.loads(detail)
+            size = max(size, int(done.get("bytes", 0)))
+        except (ValueError, AttributeError, TypeError):
+            continue
+        if isinstance(done.get("commit"), str):
+            commits.add(done["commit"])
     filling = {node: reported[node] for node, (state, _) in per_node.items()
                if state == "Filling" and node in reported}
-    copy = size or max((p.bytes_total for p in filling.values() if p.bytes_total is not None),
+    whole = size or max((p.bytes_total for p in filling.values() if p.bytes_total is not None),
                        default=w.size_bytes or 0)
     bytes_done = bytes_total = None
-    if copy and (filled or filling):
-        bytes_done = copy * len(filled) + sum(min(p.bytes_done, copy) for p in filling.values())
-        bytes_total = copy * (len(filled) + len(filling))
-    errors = sorted({f"{node}: {detail[:WEIGHTS_ERROR_DETAIL]}"
-                     for node, (state, detail) in per_node.items() if state == "Failed"})
+    if whole and (filled or filling):
+        bytes_done = whole * len(filled) + sum(min(p.bytes_done, whole) for p in filling.values())
+        bytes_total = whole * (len(filled) + len(filling))
+    failures = sorted({f"{node}: {detail[:WEIGHTS_ERROR_DETAIL]}"
+                       for node, (state, detail) in per_node.items() if state == "Failed"})
     return {
         "source": w.uri,
         "cache": w.cache,
         "nodesReady": len(filled),
         "nodesFilling": sum(1 for state, _ in per_node.values() if state == "Filling"),
-        "nodesFailed": len(errors),
+        "nodesFailed": len(failures),
+        "commits": len(commits),
         "bytes": size,
         "bytesDone": bytes_done,
         "bytesTotal": bytes_total,
-        "errors": errors[:WEIGHTS_ERRORS_KEPT],
+        "errors": failures[:WEIGHTS_ERRORS_KEPT],
     }
