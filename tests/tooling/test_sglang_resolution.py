@@ -52,6 +52,11 @@ LAYOUTS |= {
                     "decode": {"speculative": {"algorithm": "NGRAM"}}},
     "ngram-attn-dp": {"engine": {"extraArgs": ["--speculative-ngram-max-bfs-breadth", "1"]},
                       "decode": {"layout": {"attnDp": 8}, "speculative": {"algorithm": "NGRAM"}}},
+    "a2a-flashinfer-tp": {"decode": {"layout": {"ep": 8, "moeA2aBackend": "flashinfer"}}},
+    "a2a-flashinfer": {"decode": {"layout": {"ep": 8, "attnDp": 8, "moeA2aBackend": "flashinfer"}}},
+    "a2a-mori": {"prefill": {"layout": {"ep": 8, "moeA2aBackend": "mori"}}},
+    "a2a-mori-attn-dp": {"prefill": {"layout": {"ep": 8, "attnDp": 8, "moeA2aBackend": "mori"}}},
+    "kv-e5m2": {"prefill": {"kvCacheDtype": "fp8_e5m2"}, "decode": {"kvCacheDtype": "fp8_e5m2"}},
     "standalone-attn-dp": {"decode": {"layout": {"attnDp": 8}, **_DECODE_CAP,
                                       "speculative": {"algorithm": "STANDALONE", "draftModelPath": "org/draft"}}},
 }
@@ -67,6 +72,13 @@ REFUSALS = {
     "speculative-params-together": r"^AssertionError: $|^TypeError: '>' not supported between instances of 'NoneType'",
     # arg_groups/speculative_hook.py:1268-1283 (EAGLE family), 1355-1365 (NGRAM)
     "speculative-tree-page-size": r"speculative_eagle_topk(\(\d+\))? > 1 with page_size",
+    # arg_groups/moe_hook.py:471-486, 530-541, 563-573
+    "moe-a2a-flashinfer-topology": "Flashinfer MoE A2A requires --attn-dp-size equal to --tp-size",
+    "moe-a2a-flashinfer-runner": "FlashInfer MoE A2A is supported with",
+    "moe-a2a-mori-dispatch": "SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+    # arg_groups/overrides.py:541-544 (DSA), 1203-1217 (trtllm_mla), 1247-1255 (cutedsl_mla)
+    "kv-dtype-supported": r"DeepSeek DSA only supports bf16/bfloat16 or fp8_e4m3"
+                          r"|MLA backend only supports kv-cache-dtype",
     # arg_groups/speculative_hook.py:1078-1084, 1366-1370
     "speculative-attn-dp": "(standalone|ngram) speculative decoding does not support dp attention",
 }

@@ -155,6 +155,18 @@ def test_simulator_refuses_blackwell_backends_on_hopper():
                       profile="kimi-k3")
 
 
+def test_simulator_refuses_a_kv_dtype_the_attention_backend_cannot_read():
+    # arg_groups/overrides.py:541-544: DeepSeek DSA (GLM-5.2 here) takes bf16 or fp8_e4m3 only.
+    with pytest.raises(FlagError, match="DeepSeek DSA only supports"):
+        make_server("--kv-cache-dtype", "fp8_e5m2")
+    # arg_groups/overrides.py:1262-1270: on Hopper's fa3, DeepSeek V3 runs fp8_e5m2 on triton instead.
+    from hybridserving_engine.simulator.args import resolve_server_args
+
+    args = parse_server_args(["--model-path", "m", "--kv-cache-dtype", "fp8_e5m2"])
+    opts = SimulatorOptions(profile="deepseek-v3", time_scale=0.01, startup_seconds=0.0, faults="", gpu_type="H200")
+    assert resolve_server_args(args, opts).attention_backend == "triton"
+
+
 def test_a_prefill_with_another_kv_cache_dtype_kills_the_decode_server(monkeypatch):
     # disaggregation/common/conn.py:1319-1334: checked when decode first asks the prefill's bootstrap server;
     # the RuntimeError is not caught (disaggregation/decode.py:1200), the scheduler dies and SIGQUITs its
@@ -177,6 +189,24 @@ def test_a_prefill_with_another_kv_cache_dtype_kills_the_decode_server(monkeypat
     status, answer = run(check, prefill, decode)
     assert status != 200 and "KV cache dtype mismatch" in answer
     assert exits == ["killed"], "the decode server is killed"
+
+
+@pytest.mark.parametrize("decode, prefill, message", [
+    # disaggregation/common/conn.py:1411-1421
+    ({"dcp_size": 8}, {"attn_cp_size": 8, "pp_size": 1}, "PD decode DCP currently requires prefill attention CP=1"),
+    # disaggregation/common/conn.py:1516-1518
+    ({"pp_size": 2}, {"attn_cp_size": 1, "pp_size": 1}, "Decode pp size (2) should be equal to prefill pp size (1)"),
+])
+def test_decode_dies_on_a_prefill_whose_parallel_layout_it_cannot_take(decode, prefill, message):
+    from hybridserving_engine.simulator.bootstrap import HandoffError, KvReceiver
+
+    died: list[str] = []
+    receiver = KvReceiver(1.0, on_incompatible=died.append, **decode)
+    with pytest.raises(HandoffError, match=re.escape(message)):
+        receiver._check_layout({"page_size": 1, "kv_cache_dtype": "auto", **prefill})
+    assert died and message in died[0]
+    KvReceiver(1.0, dcp_size=8, pp_size=2)._check_layout({"attn_cp_size": 1, "pp_size": 2})  # agrees: no error
+    KvReceiver(1.0, pp_size=1)._check_layout({"attn_cp_size": 1, "pp_size": 4})  # decode pp 1 takes any
 
 
 def test_unknown_sglang_flags_are_ignored_with_a_note(caplog):

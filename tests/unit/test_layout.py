@@ -150,7 +150,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         overlaid(DSA_SPLIT, {"decode": {"layout": {"dcp": 4}}, "engine": {"capabilities": ["dsa-dcp-pd"]}}),
         overlaid(DSA_SPLIT, {"decode": {"layout": {"dcp": 4}},
                            "engine": {"capabilities": ["dsa-dcp-pd", "prefill-cp-dcp-reshard"]}}),
-        "spec.prefill.layout.layerSplit"),
+        "spec.prefill.layout.attnCp"),
+    "roles-pp-agree": ({"decode": {"nodesPerInstance": 2, "layout": {"pp": 2}}},
+                       {"prefill": {"nodesPerInstance": 2, "layout": {"pp": 2}},
+                        "decode": {"nodesPerInstance": 2, "layout": {"pp": 2}}},
+                       "spec.decode.layout.pp"),
     "dcp-backend-needs-dcp": ({"decode": {"layout": {"dcpCommBackend": "a2a"}}},
                               {"decode": {"layout": {"dcp": 4, "dcpCommBackend": "a2a"}}},
                               "spec.decode.layout.dcpCommBackend"),
@@ -207,6 +211,26 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"decode": {"pageSize": 64}},
         {"prefill": {"pageSize": 64}, "decode": {"pageSize": 64}},
         "spec.prefill.pageSize"),
+    "moe-a2a-flashinfer-topology": (
+        {"decode": {"layout": {"ep": 8, "moeA2aBackend": "flashinfer"}},
+         "engine": {"extraArgs": ["--moe-runner-backend", "flashinfer_cutlass"]}},
+        {"decode": {"layout": {"ep": 8, "attnDp": 8, "moeA2aBackend": "flashinfer"}},
+         "engine": {"extraArgs": ["--moe-runner-backend", "flashinfer_cutlass"]}},
+        "spec.decode.layout.attnDp"),
+    "moe-a2a-flashinfer-runner": (
+        {"decode": {"layout": {"ep": 8, "attnDp": 8, "moeA2aBackend": "flashinfer"}}},
+        {"decode": {"layout": {"ep": 8, "attnDp": 8, "moeA2aBackend": "flashinfer"}},
+         "engine": {"extraArgs": ["--moe-runner-back=deep_gemm"]}},
+        "spec.decode.layout.moeA2aBackend"),
+    "moe-a2a-mori-dispatch": (
+        {"prefill": {"layout": {"ep": 8, "moeA2aBackend": "mori"}}},
+        {"prefill": {"layout": {"ep": 8, "moeA2aBackend": "mori"}},
+         "engine": {"env": [{"name": "SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "value": "16384"}]}},
+        "spec.prefill.layout.moeA2aBackend"),
+    "kv-dtype-supported": (overlaid(GLM, {"prefill": {"kvCacheDtype": "fp8_e5m2"},
+                                          "decode": {"kvCacheDtype": "fp8_e5m2"}}),
+                           overlaid(GLM, {"prefill": {"kvCacheDtype": "bf16"}, "decode": {"kvCacheDtype": "bf16"}}),
+                           "spec.prefill.kvCacheDtype"),
     "roles-kv-dtype-agree": ({"decode": {"kvCacheDtype": "bf16"}},
                              {"prefill": {"kvCacheDtype": "bf16"}, "decode": {"kvCacheDtype": "bf16"}},
                              "spec.prefill.kvCacheDtype"),
@@ -276,6 +300,17 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
 
 def _with_rule(issues: list[LayoutIssue], rule: str) -> list[LayoutIssue]:
     return [issue for issue in issues if issue.rule == rule]
+
+
+def test_any_prefill_context_parallelism_feeding_dcp_decode_is_refused_as_decode_would() -> None:
+    """disaggregation/common/conn.py:1411-1421: decode refuses a prefill with attention CP > 1,
+    layer-split or not, on its first request; a zigzag DeepSeek prefill is the common case."""
+    spec = make(overlaid(_model("deepseek-v3"), {
+        "prefill": {"layout": {"attnCp": 8, "cpStrategy": "zigzag", "ep": 8, "moeA2aBackend": "deepep"}},
+        "decode": {"layout": {"dcp": 8}}}))
+    (issue,) = _with_rule(validate(spec), "prefill-cp-dcp-reshard")
+    assert issue.path == "spec.prefill.layout.attnCp" and "prefill with attnCp 8" in issue.message
+    assert "spec.decode.layout.dcp to 1" in issue.fix
 
 
 def test_the_launchers_settings_are_checked_as_the_launcher_reads_them() -> None:

@@ -232,6 +232,9 @@ def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> 
         backends = sorted({b for b in (resolved.prefill_attention_backend, resolved.decode_attention_backend) if b})
         raise FlagError(f"{' and '.join(backends)} attention is only supported on Blackwell GPUs (SM100); "
                         f"the simulated GPU is {options.gpu_type} (arg_groups/overrides.py:1210-1213, 1243-1246)")
+    refusal = resolution.kv_dtype_refusal(arch, resolved)
+    if refusal is not None:
+        raise FlagError(f"{refusal} (arg_groups/overrides.py:541-544, 1203-1217, 1247-1255)")
     chosen = any(getattr(args, "unmodelled_" + flag.lstrip("-").replace("-", "_")) is not None
                  for flag in resolution.ATTENTION_BACKEND_FLAGS)
     refusals = resolution.draft_refusals(arch, speculative_draft(args), resolved, backend_chosen=chosen)

@@ -188,10 +188,12 @@ class KvReceiver:
     """Decode side: find the prefill rank through its bootstrap server, then wait for the KV."""
 
     def __init__(self, timeout_s: float, page_size: int = 1, kv_cache_dtype: str = "auto",
-                 on_incompatible: Callable[[str], None] | None = None) -> None:
+                 on_incompatible: Callable[[str], None] | None = None, dcp_size: int = 1, pp_size: int = 1) -> None:
         self.timeout_s = timeout_s
         self.page_size = page_size
         self.kv_cache_dtype = kv_cache_dtype
+        self.dcp_size = dcp_size
+        self.pp_size = pp_size
         self.on_incompatible = on_incompatible
         self._rank_addr: dict[tuple[str, int], tuple[str, int]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -241,7 +243,8 @@ class KvReceiver:
 
     def _check_layout(self, info: dict[str, Any]) -> None:
         """The decode side's sanity checks on the prefill it pairs with
-        (`disaggregation/common/conn.py:1319-1334`).
+        (`disaggregation/common/conn.py:1319-1334`, the DCP one at 1411-1421, the pp assert at
+        1516-1518).
 
         SGLang raises a RuntimeError there that nothing catches on the way up
         (`disaggregation/decode.py:1200`, `_resolve_pending_reqs`): the decode scheduler dies
@@ -256,6 +259,10 @@ class KvReceiver:
             message = (f"KV cache dtype mismatch: prefill server has kv_cache_dtype={info['kv_cache_dtype']}, but "
                        f"decode server has kv_cache_dtype={self.kv_cache_dtype}. Both servers must use the same "
                        "--kv-cache-dtype value.")
+        elif self.dcp_size > 1 and info.get("attn_cp_size", 1) != 1:
+            message = f"PD decode DCP currently requires prefill attention CP=1, got {info['attn_cp_size']}."
+        elif info.get("pp_size") is not None and self.pp_size not in (info["pp_size"], 1):
+            message = f"Decode pp size ({self.pp_size}) should be equal to prefill pp size ({info['pp_size']}) or 1"
         if message is None:
             return
         if self.on_incompatible is not None:

@@ -192,7 +192,7 @@ class SimulatorServer:
             if runs_bootstrap else None
         )
         self.receiver = KvReceiver(BOOTSTRAP_TIMEOUT_S, self.resolved.page_size, self.resolved.kv_cache_dtype,
-                                   on_incompatible=self._scheduler_died)
+                                   on_incompatible=self._scheduler_died, dcp_size=args.dcp_size, pp_size=args.pp_size)
         self.engine = SimulatedEngine(
             role=self.role,
             perf=self.perf,

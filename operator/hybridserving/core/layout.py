@@ -126,8 +126,12 @@ _RULES: tuple[Rule, ...] = (
     Rule("layer-split-excludes-pp", "error", "layerSplit runs with pp = 1", "late: rejected at startup",
          _FROM_VERIFIED),
     Rule("prefill-cp-dcp-reshard", "error",
-         "layer-split prefill feeding DCP decode (the 2D reshard) needs capability prefill-cp-dcp-reshard",
-         "none: 0.5.23 has no 2D reshard", _FROM_VERIFIED),
+         "prefill context parallelism (attnCp > 1, layer-split or not) feeding DCP decode (the 2D reshard) needs "
+         "capability prefill-cp-dcp-reshard",
+         "late: decode raises \"PD decode DCP currently requires prefill attention CP=1\" on its first request",
+         _FROM_VERIFIED),
+    Rule("roles-pp-agree", "error", "decode's pp is prefill's pp, or 1",
+         "late: decode asserts it on its first request", _FROM_VERIFIED),
     Rule("dcp-backend-needs-dcp", "error", "dcpCommBackend a2a / fi_a2a need dcp > 1",
          "late: rejected at startup", _FROM_VERIFIED),
     Rule("replicate-q-proj-needs-dcp", "error", "replicateQProj needs dcp > 1", "late: rejected at startup",
@@ -157,6 +161,15 @@ _RULES: tuple[Rule, ...] = (
          "layouts whose attention backends need Blackwell declare hardware.gpuType", "n/a: cannot be checked"),
     Rule("roles-page-size-agree", "error", "both roles run the same page size once the engine has resolved it",
          "late: decode raises \"Page size mismatch\" at bootstrap", _FROM_VERIFIED),
+    Rule("moe-a2a-flashinfer-topology", "error", "moeA2aBackend flashinfer runs with attnDp = tp",
+         "late: asserted at startup", _FROM_VERIFIED),
+    Rule("moe-a2a-flashinfer-runner", "error", "moeA2aBackend flashinfer runs with a FlashInfer or DeepGEMM MoE "
+         "runner named by --moe-runner-backend in engine.extraArgs", "late: asserted at startup", _FROM_VERIFIED),
+    Rule("moe-a2a-mori-dispatch", "error", "moeA2aBackend mori on prefill dispatches at most "
+         "SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK (4096) tokens per rank: the per-rank chunked prefill",
+         "late: asserted at startup", _FROM_VERIFIED),
+    Rule("kv-dtype-supported", "error", "the KV cache dtype is one the resolved attention backends read (DSA "
+         "models and TensorRT-LLM / CuteDSL MLA: bf16 or fp8_e4m3)", "late: rejected at startup", _FROM_VERIFIED),
     Rule("roles-kv-dtype-agree", "error", "both roles run the same KV cache dtype",
          "late: decode raises \"KV cache dtype mismatch\" at bootstrap", _FROM_VERIFIED),
     Rule("speculative-needs-draft", "error", "a speculative algorithm has a draft: the model's MTP layer or a "
@@ -575,12 +588,58 @@ def _check_experts(spec: HybridServingSpec, role: Role, arch: ModelArchitecture 
         yield _issue("ep-divides-tp", f"{base}.ep",
                      f"ep {layout.ep} does not divide tp {layout.tp}: expert groups are carved out of the TP group",
                      f"set ep to a divisor of {layout.tp}: {_divisors(layout.tp)}")
+    yield from _check_a2a_backend(spec, role)
     cp_rewrites = arch is not None and _prefill_cp_rewrites_moe(layout, arch)
     if layout.moe_a2a_backend not in (None, "none") and layout.ep != layout.tp and not cp_rewrites:
         yield _issue("moe-a2a-forces-ep", f"{base}.ep",
                      f"moeA2aBackend {layout.moe_a2a_backend} makes SGLang run ep = tp = {layout.tp}, not "
                      f"ep {layout.ep}",
                      f"set ep: {layout.tp}, or remove moeA2aBackend")
+
+
+# arg_groups/moe_hook.py:530-541: the MoE runners FlashInfer's all-to-all dispatches to.
+FLASHINFER_A2A_RUNNERS = ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm", "flashinfer_trtllm_routed",
+                          "deep_gemm")
+MORI_DISPATCH_ENV = "SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+MORI_DISPATCH_DEFAULT = 4096
+
+
+def _check_a2a_backend(spec: HybridServingSpec, role: Role) -> Issues:
+    """What the MoE all-to-all backends assert at startup (arg_groups/moe_hook.py:471-486, 530-541, 563-573)."""
+    layout = spec.role(role).layout
+    base = f"spec.{role}.layout"
+    if layout.moe_a2a_backend == "flashinfer":
+        if layout.attn_dp != layout.tp:
+            yield _issue("moe-a2a-flashinfer-topology", f"{base}.attnDp",
+                         f"moeA2aBackend flashinfer needs attnDp equal to tp ({layout.tp}), not {layout.attn_dp}: "
+                         "SGLang asserts it at startup",
+                         f"set attnDp: {layout.tp}, or use moeA2aBackend deepep")
+        runner = sglang_options.value(spec.engine.extra_args, "--moe-runner-backend")
+        if runner not in FLASHINFER_A2A_RUNNERS:
+            yield _issue("moe-a2a-flashinfer-runner", f"{base}.moeA2aBackend",
+                         f"moeA2aBackend flashinfer dispatches to {', '.join(FLASHINFER_A2A_RUNNERS)} MoE runners "
+                         f"only, and the engine runs {runner or 'its automatic choice'}: SGLang asserts it at startup",
+                         "set --moe-runner-backend to one of those (e.g. flashinfer_cutlass) in "
+                         "spec.engine.extraArgs, or use moeA2aBackend deepep")
+    if layout.moe_a2a_backend == "mori" and role == "prefill":
+        limit = _env_int(spec, MORI_DISPATCH_ENV) or MORI_DISPATCH_DEFAULT
+        chunked = sglang_options.int_value(spec.engine.extra_args, "--chunked-prefill-size")
+        per_rank = (resolution.resolve(spec, role).chunked_prefill_size if chunked is None
+                    else chunked // layout.attn_dp)
+        if per_rank > limit:
+            yield _issue("moe-a2a-mori-dispatch", f"{base}.moeA2aBackend",
+                         f"prefill chunks of {per_rank} tokens per rank exceed the {limit} tokens MoRI dispatches "
+                         f"per rank ({MORI_DISPATCH_ENV}): SGLang asserts it at startup",
+                         f"set spec.engine.env {MORI_DISPATCH_ENV} to at least {per_rank}, or add "
+                         f"--chunked-prefill-size {limit * layout.attn_dp} to spec.engine.extraArgs, or raise attnDp")
+
+
+def _env_int(spec: HybridServingSpec, name: str) -> int | None:
+    value = next((e.value for e in spec.engine.env if e.name == name and e.value), None)
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 def _check_speculative(spec: HybridServingSpec, role: Role, arch: ModelArchitecture | None) -> Issues:
@@ -657,6 +716,13 @@ def _check_resolved(spec: HybridServingSpec, arch: ModelArchitecture) -> Issues:
             yield _issue("gpu-architecture-supported", f"spec.{role}.layout.dcp",
                          f"{why}, and {spec.hardware.gpu_type} is {gpu.architecture}",
                          f"run this role on B200, B300, GB200 or GB300, or set spec.{role}.layout.dcp to 1")
+    for role in ROLES:
+        refusal = resolution.kv_dtype_refusal(arch, resolved[role])
+        if refusal is not None:
+            yield _issue("kv-dtype-supported", f"spec.{role}.kvCacheDtype",
+                         f"{arch.hf_architecture} on this layout refuses kvCacheDtype "
+                         f"{spec.role(role).kv_cache_dtype} at startup ({refusal})",
+                         f"set spec.{role}.kvCacheDtype to fp8_e4m3 (or bf16), on both roles")
     for role in ROLES:
         yield from _check_draft(spec, role, arch, resolved[role])
     prefill, decode = resolved["prefill"], resolved["decode"]
@@ -750,12 +816,24 @@ def _check_reshard(spec: HybridServingSpec, arch: ModelArchitecture | None) -> I
                          f"layerSplit transfers KV with mooncake only, not {spec.transfer.backend}",
                          "set spec.transfer.backend: mooncake, or remove layerSplit")
     decode = spec.decode.layout
-    if spec.prefill.layout.layer_split and decode.dcp > 1 and "prefill-cp-dcp-reshard" not in capabilities:
-        yield _issue("prefill-cp-dcp-reshard", "spec.prefill.layout.layerSplit",
-                     f"layer-split prefill feeding dcp {decode.dcp} decode needs the 2D reshard, which SGLang "
-                     f"{VERIFIED_SGLANG} does not provide",
-                     "run an engine build with the 2D reshard and add prefill-cp-dcp-reshard to "
-                     "spec.engine.capabilities, or remove layerSplit, or set spec.decode.layout.dcp to 1")
+    prefill = spec.prefill.layout
+    # Both checked by decode when it first meets a prefill (disaggregation/common/conn.py:1411-1421,
+    # 1516-1518), uncaught: the decode scheduler dies on its first request, after both roles were Ready.
+    if prefill.attn_cp > 1 and decode.dcp > 1 and "prefill-cp-dcp-reshard" not in capabilities:
+        kind = "layer-split prefill" if prefill.layer_split else f"prefill with attnCp {prefill.attn_cp}"
+        yield _issue("prefill-cp-dcp-reshard", "spec.prefill.layout.attnCp",
+                     f"{kind} feeding dcp {decode.dcp} decode needs the 2D reshard, which SGLang {VERIFIED_SGLANG} "
+                     "does not provide: decode refuses it on its first request (\"PD decode DCP currently requires "
+                     "prefill attention CP=1\") and its server dies",
+                     "set spec.prefill.layout.attnCp to 1 (and remove layerSplit), or set spec.decode.layout.dcp "
+                     "to 1, or run an engine build with the 2D reshard and add prefill-cp-dcp-reshard to "
+                     "spec.engine.capabilities")
+    if decode.pp > 1 and decode.pp != prefill.pp:
+        yield _issue("roles-pp-agree", "spec.decode.layout.pp",
+                     f"decode runs pp {decode.pp} and prefill pp {prefill.pp}: decode takes KV from a prefill "
+                     "with its own pp or runs pp 1, and asserts it on its first request (its server dies)",
+                     f"set spec.decode.layout.pp to {prefill.pp if prefill.pp > 1 else 1} (with nodesPerInstance "
+                     "to match), or spec.prefill.layout.pp to the same value")
     if arch is not None and arch.is_dsa and decode.dcp > 1 and "dsa-dcp-pd" not in capabilities:
         yield _issue("dsa-dcp-in-pd", "spec.decode.layout.dcp",
                      f"SGLang {VERIFIED_SGLANG} rejects DSA models ({arch.hf_architecture}) with dcp > 1 in PD mode",

@@ -367,6 +367,8 @@ def resolve_values(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp
         cap = SPECULATIVE_DEFAULT_MAX_RUNNING_REQUESTS
     backends = attention_backends(arch, dcp, compute_capability_major)
     backend = attention_backend(arch, backends, compute_capability_major)
+    if backend == "fa3" and kv_cache_dtype == "fp8_e5m2":
+        backend = "triton"  # FlashAttention 3 reads FP8 as e4m3 only (arg_groups/overrides.py:1262-1270)
     fraction = mem_fraction_static
     if fraction is None:
         # The memory hook runs before the attention-DP split of chunked prefill and before the
@@ -389,6 +391,22 @@ def resolve_values(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp
         attention_backend=backend,
         attn_dp=attn_dp,
     )
+
+
+def kv_dtype_refusal(arch: ModelArchitecture, resolved: ResolvedArgs) -> str | None:
+    """The engine's start-up error for a KV cache dtype its attention backends cannot read, or None:
+    DeepSeek DSA models take bf16 or fp8_e4m3 (`arg_groups/overrides.py:541-544`), as do the
+    TensorRT-LLM and CuteDSL MLA backends (1203-1217, 1247-1255)."""
+    if resolved.kv_cache_dtype in ("auto", "bf16", "bfloat16", "fp8_e4m3"):
+        return None
+    if arch.is_dsa:
+        return "AssertionError: DeepSeek DSA only supports bf16/bfloat16 or fp8_e4m3 kv_cache_dtype"
+    backends = {resolved.prefill_attention_backend, resolved.decode_attention_backend, resolved.attention_backend}
+    if "trtllm_mla" in backends:
+        return "ValueError: TensorRT-LLM MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto."
+    if "cutedsl_mla" in backends:
+        return "ValueError: CuteDSL MLA backend only supports kv-cache-dtype of fp8_e4m3, bf16, or auto."
+    return None
 
 
 def required_compute_capability(resolved: ResolvedArgs) -> int | None:

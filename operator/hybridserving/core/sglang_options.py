@@ -65,17 +65,22 @@ def resolve(token: str, options: frozenset[str] | None = None) -> Resolution | N
 OPTIONS: frozenset[str] = frozenset(sglang_flags()) | {"-h", "--help"}
 
 
-def int_value(args: list[str] | tuple[str, ...], flag: str) -> int | None:
-    """The integer the parser ends with for `flag` in `args`: its last occurrence wins, however
-    abbreviated or written (`--flag N`, `--flag=N`); None when absent or not a number."""
-    value = None
+def value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
+    """The value the parser ends with for `flag` in `args`: its last occurrence wins, however
+    abbreviated or written (`--flag V`, `--flag=V`); None when absent."""
+    found = None
     for index, arg in enumerate(args):
         read = resolve(arg)
         if read is None or read.flag != flag:
             continue
-        raw = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
-        try:
-            value = int(raw)
-        except ValueError:
-            value = None
-    return value
+        found = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
+    return found
+
+
+def int_value(args: list[str] | tuple[str, ...], flag: str) -> int | None:
+    """`value` as the integer the parser reads; None when absent or not a number."""
+    raw = value(args, flag)
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
