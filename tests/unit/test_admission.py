@@ -279,3 +279,31 @@ def test_the_operator_only_serves_and_writes_no_webhook_configuration() -> None:
     assert isinstance(server, kopf.WebhookServer)
     assert (server.addr, server.port, server.certfile, server.pkeyfile) == (
         "0.0.0.0", 9443, "/certs/tls.crt", "/certs/tls.key")
+
+
+def test_fields_a_newer_crd_defaults_are_dropped_from_cluster_objects_and_refused_in_files() -> None:
+    """CRDs applied ahead of the operator (or an operator rolled back under them) give every
+    fleet the newer fields' defaults; the apiserver has pruned anything its CRD does not know."""
+    from pydantic import ValidationError
+
+    from hybridserving.api.v1alpha1 import HybridServingSpec
+    from hybridserving.controller.reconcile import validate
+    from hybridserving.core.observed import ObservedInstance
+    from hybridserving.manifests import ManifestInvalid, load_text
+
+    doc = body("role-switch.yaml")
+    doc["spec"]["rollout"] = {**doc["spec"].get("rollout", {}), "futureKnob": 3}
+    doc["spec"]["futureField"] = {"enabled": True}
+    warnings: list[str] = []
+    admission.review(doc, None, "CREATE", warnings)
+    admission.review(doc, body("role-switch.yaml"), "UPDATE", warnings)
+    hs, validation = validate(doc)
+    assert hs is not None and validation.valid and "futureField" not in hs.spec.to_wire()
+    instance = {"metadata": {"name": "i"}, "spec": {
+        "role": "decode", "index": 0, "nodes": 1, "configHash": "5f3a9c", "futureField": 1,
+        "ports": {"http": 30000, "bootstrap": 8998, "distInit": 20000, "engineInfoBootstrap": 6789, "future": 1}}}
+    assert ObservedInstance.from_manifest(instance).spec.role == "decode"
+    with pytest.raises(ValidationError, match="futureField"):
+        HybridServingSpec.model_validate(doc["spec"])  # a file's typo is still an error
+    with pytest.raises(ManifestInvalid, match="futureField"):
+        load_text(yaml.safe_dump(doc), "fleet.yaml")

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
+from pydantic import (BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError,
+                      ValidationInfo, model_validator)
 from pydantic.config import JsonDict
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
@@ -88,10 +89,30 @@ class Format:
         return json_schema
 
 
+# Validation context for an object read from the cluster (`model_validate(..., context=FROM_CLUSTER)`).
+FROM_CLUSTER: dict[str, bool] = {"fromCluster": True}
+
+
 class ApiModel(BaseModel):
-    """Base: camelCase on the wire, unknown fields rejected (the CRD prunes them anyway)."""
+    """Base: camelCase on the wire, unknown fields rejected (a typo in a file), except in objects
+    read from the cluster.
+
+    The apiserver prunes what its CRD does not know, so a field this code does not know, in an
+    object the apiserver sent, is one a newer CRD defines: the CRDs applied ahead of the
+    operator in an upgrade, or the operator rolled back under them. Its defaults appear in every
+    fleet at once, and refusing them would refuse every fleet (and every create or update, at
+    the webhook) until the versions agree; they are dropped instead, as the older CRD would.
+    """
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_newer_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        if not (isinstance(data, dict) and info.context and info.context.get("fromCluster")):
+            return data
+        known = {name for name in cls.model_fields} | {f.alias for f in cls.model_fields.values() if f.alias}
+        return {key: value for key, value in data.items() if key in known}
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")

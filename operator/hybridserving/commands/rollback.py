@@ -17,6 +17,7 @@ from typing import Any, Protocol, TextIO, cast
 
 from pydantic import ValidationError
 
+from hybridserving.api.base import FROM_CLUSTER
 from hybridserving.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, HybridServingSpec
 from hybridserving.commands.cluster import (
     NAMESPACE_HELP,
@@ -188,7 +189,8 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
                            f"hybridserving.io/name={name})")
     elif why is None:
         try:
-            current = revision_name(name, revisions.revision_hash(HybridServingSpec.model_validate(hs["spec"])))
+            current = revision_name(name, revisions.revision_hash(
+                HybridServingSpec.model_validate(hs["spec"], context=FROM_CLUSTER)))
         except ValidationError:
             why = "it fails validation"
     if why is not None:

@@ -37,6 +37,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from hybridserving.api.base import FROM_CLUSTER
 from hybridserving.api.v1alpha1 import GROUP, PLURAL, VERSION, HybridServingSpec
 from hybridserving.controller import handlers
 from hybridserving.core import consequences
@@ -67,7 +68,7 @@ def review(body: dict[str, Any], old: dict[str, Any] | None, operation: str, war
     warnings.extend(f"{i.path}: {i.message}. Fix: {i.fix}" for i in validation.issues if i.severity != "error")
     if hs is not None and old is not None:
         try:
-            before = HybridServingSpec.model_validate(old.get("spec") or {})
+            before = HybridServingSpec.model_validate(old.get("spec") or {}, context=FROM_CLUSTER)
         except ValidationError:
             before = None  # a spec an older version admitted: nothing to compare with
         if before is not None:

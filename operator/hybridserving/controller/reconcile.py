@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hybridserving.api.base import field_errors
+from hybridserving.api.base import FROM_CLUSTER, field_errors
 from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, HybridServing, HybridServingSpec, WeightsStatus
 from hybridserving.api.weights import WeightsSpec
 from hybridserving.controller import gauges, metrics
@@ -156,7 +156,7 @@ def validate(
     """
     try:
         hs = HybridServing.model_validate(
-            {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+            {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}, context=FROM_CLUSTER
         )
     except ValidationError as exc:
         return None, Validation(issues=(), parse_errors=field_errors(exc))
@@ -189,7 +189,7 @@ def last_applied(observed: Observed, name: str) -> HybridServingSpec | None:
 def spec_of_applied(obj: Mapping[str, Any]) -> HybridServingSpec | None:
     """The spec an `<name>-applied` ConfigMap holds (None: unreadable, as if never written)."""
     try:
-        return HybridServingSpec.model_validate(json.loads((obj.get("data") or {})["spec.json"]))
+        return HybridServingSpec.model_validate(json.loads((obj.get("data") or {})["spec.json"]), context=FROM_CLUSTER)
     except (KeyError, ValueError, ValidationError):
         return None
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridserving.api.base import FROM_CLUSTER
 from hybridserving.api.instance import HybridServingInstanceSpec
 from hybridserving.core import weights
 from hybridserving.core.naming import ANNOTATION_RESTART_GENERATION, LABEL_INSTANCE, LABEL_NODE_RANK, LABEL_SURGE
@@ -287,7 +288,7 @@ class ObservedInstance:
             name=meta["name"],
             uid=meta.get("uid", ""),
             resource_version=meta.get("resourceVersion", ""),
-            spec=HybridServingInstanceSpec.model_validate(obj.get("spec") or {}),
+            spec=HybridServingInstanceSpec.model_validate(obj.get("spec") or {}, context=FROM_CLUSTER),
             phase=(obj.get("status") or {}).get("phase"),
             deleting=bool(meta.get("deletionTimestamp")),
             owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []),

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from hybridserving.api.base import field_errors
+from hybridserving.api.base import FROM_CLUSTER, field_errors
 from hybridserving.api.v1alpha1 import HybridServing, Role
 from hybridserving.core import fleet, layout, planner, privileges, rendering
 from hybridserving.core.drift import short
@@ -104,7 +104,8 @@ def preview(body: Mapping[str, Any], instances: Iterable[Mapping[str, Any]], pod
     refused = any(c.get("type") == "LayoutValid" and c.get("status") == "False"
                   for c in (body.get("status") or {}).get("conditions") or [] if isinstance(c, Mapping))
     try:
-        hs = HybridServing.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
+        hs = HybridServing.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body},
+                                          context=FROM_CLUSTER)
     except ValidationError as exc:
         return FleetPreview(name, namespace, invalid=tuple(f"{e.path}: {e.message}" for e in field_errors(exc)),
                             already_invalid=refused)
