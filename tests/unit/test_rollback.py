@@ -298,3 +298,25 @@ def test_a_fleet_being_deleted_is_not_rolled_back(dry_run: bool) -> None:
     assert out.getvalue().splitlines()[0] == (
         "error: hs: being deleted (since 2025-01-01T00:00:00Z): the operator no longer reconciles it, "
         "so nothing would roll it back; nothing written")
+
+
+def test_rolling_back_a_setting_leaves_the_default_image_to_the_operator_and_an_image_rollback_says_it_pins() -> None:
+    """Revisions record the chart's default image; a rollback of anything else must not write it
+    into a spec that names none, or the fleet stops following the chart's default."""
+    old = spec("default:1", prefill={"replicas": 4, "layout": {"tp": 8}, "maxRunningRequests": 64})
+    name = f"hs-{revisions.revision_hash(HybridServingSpec.model_validate(old))}"
+    revs = [{"metadata": {"name": name, "ownerReferences": [{"uid": "uid-1"}]}, "revision": 1,
+             "data": {"spec": revisions.revision_spec(old)}}, revision("default:1", 2)]
+    api = FakeApi(on_the_default_image(revs, generation=5, observed=5), revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", 1, out) == 0 and api.replaced is not None
+    assert "image" not in api.replaced["spec"].get("engine", {}), out.getvalue()
+    assert api.replaced["spec"]["prefill"]["maxRunningRequests"] == 64
+    assert "note:" not in out.getvalue() and "spec.engine.image" not in out.getvalue()
+
+    revs = [revision("default:0", 1), revision("default:1", 2)]  # the default itself changed
+    api = FakeApi(on_the_default_image(revs, generation=5, observed=5), revs)
+    out = io.StringIO()
+    assert rollback(api, "ns", "hs", 1, out) == 0 and api.replaced["spec"]["engine"]["image"] == "default:0"
+    assert "note: hs: spec.engine.image was the operator's default and is written as revision 1's default:0" \
+        in out.getvalue()

@@ -207,7 +207,9 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
         out.write(f"error: {name}: {exc}\n")
         return EXIT_INVALID
     number, target_name = target.get("revision"), target["metadata"]["name"]
-    restored = revisions.restore(hs["spec"], target["data"]["spec"])
+    runs_now = names.get(current or running)
+    restored, pinned = revisions.defaults_kept(revisions.restore(hs["spec"], target["data"]["spec"]), hs["spec"],
+                                               runs_now["data"]["spec"] if runs_now else None)
     aborted = aborts_canary(rollout, target_name, restored)
     if aborted:
         restored["rollout"] = {k: v for k, v in restored["rollout"].items() if k != "canary"}
@@ -230,6 +232,10 @@ def rollback(api: CustomObjects, namespace: str, name: str, to_revision: int | N
         out.write(f"warning: {name} is managed by {tool}: revert the change in git, or {tool} will write its "
                   "spec back on the next sync\n")
     changed = "".join(f"  {c}\n" for c in changes)
+    for path in pinned:
+        out.write(f"note: {name}: {path} was the operator's default and is written as revision {number}'s "
+                  f"{restored[path.split('.')[1]]['image']}: the fleet stays on it when the chart's default "
+                  f"changes; remove {path} from the spec to follow the default again\n")
     if dry_run:
         out.write(f"{name} would roll back to revision {number} ({target_name}); nothing written (--dry-run)\n"
                   f"{changed}")

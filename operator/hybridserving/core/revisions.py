@@ -70,6 +70,36 @@ def restore(live: Mapping[str, Any], revision: Mapping[str, Any]) -> dict[str, A
     return out
 
 
+# Images the operator fills in where the spec names none (its chart's defaults), which every
+# revision records: a new default is a new configuration, and rolls out as one.
+DEFAULTED = (("engine", "image"), ("router", "image"))
+
+
+def defaults_kept(restored: Mapping[str, Any], live: Mapping[str, Any],
+                  running: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """(`restored` without the defaulted images the rollback does not change, the paths of those it
+    pins).
+
+    A revision records the default image the fleet ran with; written into a spec that names
+    none, it would pin the fleet to it, and the fleet would stop following the chart's default.
+    Where the live spec names none and the revision's image is the one the fleet runs now
+    (`running`: that revision's spec), the rollback is not of the image: it is left out. Where
+    it differs, going back to it is part of the rollback, and it is pinned.
+    """
+    out = dict(restored)
+    pinned: list[str] = []
+    for section, key in DEFAULTED:
+        if (live.get(section) or {}).get(key) or key not in (out.get(section) or {}):
+            continue
+        if running is not None and out[section][key] == (running.get(section) or {}).get(key):
+            out[section] = {k: v for k, v in out[section].items() if k != key}
+            if not out[section]:
+                del out[section]
+        else:
+            pinned.append(f"spec.{section}.{key}")
+    return out, pinned
+
+
 @dataclass(frozen=True)
 class Revision:
     """A ControllerRevision of the fleet, as the planner reads it."""
