@@ -127,6 +127,22 @@ def test_decode_kv_exhaustion_is_a_cliff_for_ttft():
     assert np.median(tight.ttft_s) > 5 * np.median(roomy.ttft_s)
 
 
+def test_decode_kv_usage_is_what_is_resident_not_the_output_still_to_come():
+    """SGLang's token usage counts the KV slots held now; the output a request will generate is
+    known to no engine, so a policy reading the simulator must not see it either."""
+    trace = traces.make_trace("one", np.array([0.0]), np.array([1000]), np.array([30_000]))
+    sim = FleetSimulator(FleetConfig(2, 1, MODEL))
+    sim.start(trace)
+    cap = MODEL.kv_capacity_tokens
+    seen = []
+    for t in (2.0, 6.0, 12.0):
+        sim.advance(t)
+        seen.append(sim.metrics(t)["i001"].kv_usage * cap)
+    assert 1000 <= seen[0] < seen[1] < seen[2] < 1000 + 30_000 / 2, seen
+    step = MODEL.decode_step_seconds(1, 1000)
+    assert seen[2] - seen[1] == pytest.approx(6.0 / step, rel=0.2), "one token per step"
+
+
 def test_more_decode_instances_lower_tpot_under_decode_heavy_load():
     trace = poisson(20.0, 200, 500, 400)
     one = FleetSimulator(FleetConfig(4, 3, MODEL)).run(trace)
@@ -217,14 +233,18 @@ def test_hindsight_sizing_serves_each_window_with_the_fewest_instances_that_meet
         return SimResult(f"fixed {n}", "t", n, 8, arrival, ttft, np.full(len(arrival), 0.01), 0, 0.0, 0.0,
                          empty, empty, empty)
 
-    fixed = {2: fleet(2, quiet_then_busy), 3: fleet(3, np.ones(len(arrival), dtype=bool))}
+    fixed = {2: [fleet(2, quiet_then_busy)], 3: [fleet(3, np.ones(len(arrival), dtype=bool))]}
     row = hindsight_sizing(fixed, DEFAULT_SLO, 3, 1200.0)
     assert row.gpu_hours == pytest.approx((2 * 600 + 3 * 600) * 8 / 3600)
     assert row.attainment == 1.0 and row.misses == 0
-    # A window no smaller fleet meets falls to the peak fleet, misses and all.
-    fixed[3] = fleet(3, arrival % 10 != 0)
+    # A window no smaller fleet meets falls to the peak fleet's best split, misses and all.
+    fixed[3] = [fleet(3, arrival % 10 != 0), fleet(3, arrival % 5 != 0)]
     row = hindsight_sizing(fixed, DEFAULT_SLO, 3, 1200.0)
     assert row.gpu_hours == pytest.approx((2 * 600 + 3 * 600) * 8 / 3600) and row.misses == 60
+    # Each window may take another split of the same size: two instances serve both windows.
+    fixed[2].append(fleet(2, ~quiet_then_busy))
+    row = hindsight_sizing(fixed, DEFAULT_SLO, 3, 1200.0)
+    assert row.gpu_hours == pytest.approx(2 * 1200 * 8 / 3600) and row.misses == 0
 
 
 class PlannerProbe:
@@ -487,6 +507,8 @@ def test_hindsight_oracle_is_at_least_the_best_static_split_and_ours():
     for scale in (1.0, 1.5):
         bound, _ = runner.hindsight(scale)
         assert bound >= runner.best_static(scale)[1]
+        # The search halves its segments while that gains: no grid it tries scores above it.
+        assert bound >= max(runner.hindsight_at(scale, s)[0] for s in (75.0, 37.5))
         ours = runner.dynamic(
             scale, lambda: PolicyController(RoleSwitchPolicy(shipped_config(DEFAULT_SLO), MODEL)), True, "ours"
         )

@@ -99,7 +99,7 @@ class _Instance:
     __slots__ = (
         "idx", "name", "role", "phase", "target", "last_switch_at", "pinned", "in_place",
         "queue", "queue_tokens", "busy", "pass_items", "busy_log",
-        "running", "steps", "t0", "batch", "resident", "reserved", "inbound", "version",
+        "running", "steps", "t0", "batch", "resident", "reserved", "inbound", "inbound_tokens", "version",
         "tpot_log", "drain_started", "removing", "done_log",
     )  # fmt: skip
 
@@ -126,6 +126,7 @@ class _Instance:
         self.resident = 0
         self.reserved = 0
         self.inbound = 0
+        self.inbound_tokens = 0  # prompts allocated for KV on its way here
         self.version = 0
         self.tpot_log: deque[tuple[float, float]] = deque()
         self.drain_started = 0.0
@@ -419,10 +420,12 @@ class FleetSimulator:
             pending.popleft()
             best.reserved += need
             best.inbound += 1
+            best.inbound_tokens += self.prompt[r]
             self._push(t + self.model.transfer_seconds(self.prompt[r]), _TRANSFER_DONE, best.idx, r)
 
     def _transfer_done(self, t: float, inst: _Instance, r: int) -> None:
         inst.inbound -= 1
+        inst.inbound_tokens -= self.prompt[r]
         # Decode starts stepping when the KV lands; the first token reaches the user a fixed
         # latency later, which TTFT carries and TPOT (the pace of the following tokens) does not.
         self.first_token[r] = t
@@ -590,7 +593,10 @@ class FleetSimulator:
                 self._decode_advance(t, inst)
                 out[inst.name] = InstanceMetrics(
                     role="decode",
-                    kv_usage=inst.reserved / cap,
+                    # What SGLang's token usage counts: the KV slots held now (each running request's
+                    # prompt and the tokens generated so far, and the prompts on their way), not
+                    # the whole output the admission here reserves, which no engine knows ahead.
+                    kv_usage=(inst.resident + inst.inbound_tokens) / cap,
                     prealloc_queue_reqs=int(math.ceil(prealloc_each)) if inst.phase == "serving" else 0,
                     running_reqs=inst.batch + inst.inbound,
                     tpot_p90_s=_p90(inst.tpot_log, t),
