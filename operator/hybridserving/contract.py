@@ -9,6 +9,7 @@ operator code for it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -35,6 +36,15 @@ def sglang_flags() -> dict[str, int | str | None]:
         raise RuntimeError(f"sglang_flags.json is for SGLang {table['sglang_version']}, not {SGLANG_VERSION}")
     flags: dict[str, int | str | None] = table["flags"]
     return flags
+
+
+@functools.cache
+def sglang_flag_values() -> dict[str, dict[str, Any]]:
+    """What SGLang's parser accepts as the value of each one-value option it checks: `choices`
+    (strings) or `type` ("int" / "float"); from the same dump as `sglang_flags`."""
+    table = json.loads(resources.files("hybridserving").joinpath("sglang_flags.json").read_text())
+    values: dict[str, dict[str, Any]] = table["values"]
+    return values
 
 # The router-facing role label of a leader pod, and the pod annotation the launcher reads (through a
 # downward-API file) for its role; same key.

@@ -513,17 +513,38 @@ def _parse_one(server_args: Any, argv: list[str]) -> dict[str, Any]:
 
 def _flag_table(server_args: Any) -> dict[str, Any]:
     """Every option string of `sglang serve` and how many values it takes (argparse nargs: 0 for
-    switches, null for exactly one), so a simulator can accept exactly SGLang's flags."""
+    switches, null for exactly one), so a simulator can accept exactly SGLang's flags; and, for
+    the options taking one value, what the parser accepts of it where it checks (`values`: the
+    choices of a string option, or int / float), so admission can refuse what the parser would.
+    Choice lists a plugin can extend (`arg_groups/choices.py`'s `add_*_choices`, e.g. attention
+    backends and quantization methods) are left out: a custom build may accept more."""
+    from sglang.srt.arg_groups import choices as choice_lists
+
     parser = argparse.ArgumentParser(prog="sglang serve")
     server_args.ServerArgs.add_cli_args(parser)
     _check_parser(parser)
+    extendable = {id(getattr(choice_lists, name).__self__) for name in dir(choice_lists)
+                  if name.startswith("add_") and name.endswith("_choices")
+                  and isinstance(getattr(getattr(choice_lists, name), "__self__", None), list)}
     flags: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
             continue
+        accepts: dict[str, Any] | None = None
+        if action.nargs is None and action.option_strings:
+            if action.choices is not None and id(action.choices) in extendable:
+                pass
+            elif action.choices is not None and action.type in (None, str) and all(
+                    isinstance(c, str) for c in action.choices):
+                accepts = {"choices": sorted(action.choices)}  # some lists are built from sets
+            elif action.choices is None and action.type in (int, float):
+                accepts = {"type": action.type.__name__}
         for option in action.option_strings:
             flags[option] = action.nargs
-    return {"sglang_version": SGLANG_VERSION, "flags": flags}
+            if accepts is not None:
+                values[option] = accepts
+    return {"sglang_version": SGLANG_VERSION, "flags": flags, "values": values}
 
 
 def _read_ib_devices(value: str | None) -> Any:

@@ -175,10 +175,39 @@ def test_the_simulators_flag_table_is_the_wheels_parser():
     """The SGLang simulator accepts exactly these flags (and exits 2 on any other), so the table
     must be what `sglang serve`'s parser holds; regenerate it with
     `python -m support.sglang_parser --dump-flags` from the cache venv."""
-    from hybridserving.contract import sglang_flags
+    from hybridserving.contract import sglang_flag_values, sglang_flags
 
     try:
         table = sglang_parser.dump_flags()
     except SGLangParserUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
     assert table["flags"] == sglang_flags()
+    assert table["values"] == sglang_flag_values()
+
+
+def test_extra_args_values_are_refused_exactly_where_the_parser_exits():
+    """The value check of engine.extraArgs (rule extra-args-value) against the wheel's parser: for
+    every flag with a checked value, a good value and a bad one, the operator refuses exactly the
+    argvs the parser rejects."""
+    from hybridserving.contract import sglang_flag_values
+    from hybridserving.core import sglang_options
+
+    samples = []
+    for flag, accepts in sorted(sglang_flag_values().items()):
+        if "choices" in accepts:
+            samples += [(flag, accepts["choices"][-1]), (flag, "not-a-choice")]
+        else:
+            samples += [(flag, "8"), (flag, "eight")]
+            if accepts["type"] == "float":
+                samples.append((flag, "0.5"))
+    try:
+        parsed = parse_many(BASE + [flag, value] for flag, value in samples)
+    except SGLangParserUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    checked = 0
+    for (flag, value), result in zip(samples, parsed, strict=True):
+        refused = sglang_options.value_refusal(flag, value)
+        value_error = isinstance(result, SGLangArgvError) and "invalid" in result.message and flag in result.message
+        assert (refused is not None) == value_error, (flag, value, refused, result)
+        checked += refused is not None
+    assert checked > 100

@@ -209,6 +209,15 @@ def test_decode_dies_on_a_prefill_whose_parallel_layout_it_cannot_take(decode, p
     KvReceiver(1.0, pp_size=1)._check_layout({"attn_cp_size": 1, "pp_size": 4})  # decode pp 1 takes any
 
 
+@pytest.mark.parametrize("flag, value", [("--load-balance-method", "bogus"), ("--cuda-graph-max-bs-decode", "many")])
+def test_a_value_sglangs_parser_refuses_makes_the_simulator_exit_2_as_well(flag, value):
+    # The value table is the wheel parser's (contract.sglang_flag_values): modelled or not, a flag
+    # takes what SGLang takes.
+    with pytest.raises(SystemExit) as exited:
+        parse_server_args(["--model-path", "m", flag, value])
+    assert exited.value.code == 2
+
+
 def test_unknown_sglang_flags_are_ignored_with_a_note(caplog):
     with caplog.at_level(logging.INFO, logger="hybridserving.simulator"):
         args = parse_server_args(["--model-path", "m", "--tp-size", "8", "--cuda-graph-max-bs-decode", "64",

@@ -211,6 +211,9 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"decode": {"pageSize": 64}},
         {"prefill": {"pageSize": 64}, "decode": {"pageSize": 64}},
         "spec.prefill.pageSize"),
+    "extra-args-value": ({"engine": {"extraArgs": ["--load-balance-method", "bogus"]}},
+                         {"engine": {"extraArgs": ["--load-balance-method", "total_tokens"]}},
+                         "spec.engine.extraArgs[0]"),
     "moe-a2a-flashinfer-topology": (
         {"decode": {"layout": {"ep": 8, "moeA2aBackend": "flashinfer"}},
          "engine": {"extraArgs": ["--moe-runner-backend", "flashinfer_cutlass"]}},

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 
 from hybridserving.api.v1alpha1 import GPU_TYPES
-from hybridserving.contract import sglang_flags
+from hybridserving.contract import sglang_flag_values, sglang_flags
 from hybridserving.core import resolution
 from hybridserving.api.profiles import ModelArchitecture, resolve_profile
 from hybridserving.core.resolution import ResolvedArgs
@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--watchdog-timeout", type=float, default=300)
     a("--soft-watchdog-timeout", type=float, default=None)
     known = set(p._option_string_actions)
+    values = sglang_flag_values()
+    for option, action in p._option_string_actions.items():
+        # A value SGLang's parser refuses (exit 2) is refused here too, modelled flag or not.
+        if action.choices is None and "choices" in values.get(option, {}):
+            action.choices = values[option]["choices"]
     for option, nargs in sglang_flags().items():
         if option not in known:
             # Accepted as SGLang accepts it, with no effect on a simulation.
@@ -92,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                 p.add_argument(option, action="store_const", const=True, dest=dest, default=None,
                                help=argparse.SUPPRESS)
             else:
-                p.add_argument(option, nargs=nargs, dest=dest, default=None, help=argparse.SUPPRESS)
+                accepts = values.get(option, {})
+                checked = {"choices": accepts["choices"]} if "choices" in accepts else (
+                    {"type": {"int": int, "float": float}[accepts["type"]]} if "type" in accepts else {})
+                p.add_argument(option, nargs=nargs, dest=dest, default=None, help=argparse.SUPPRESS, **checked)
     return p
 
 

@@ -161,6 +161,8 @@ _RULES: tuple[Rule, ...] = (
          "layouts whose attention backends need Blackwell declare hardware.gpuType", "n/a: cannot be checked"),
     Rule("roles-page-size-agree", "error", "both roles run the same page size once the engine has resolved it",
          "late: decode raises \"Page size mismatch\" at bootstrap", _FROM_VERIFIED),
+    Rule("extra-args-value", "error", "a value in engine.extraArgs is one SGLang's parser accepts for its flag "
+         "(one of its choices, or a number)", "late: the parser exits at startup", _FROM_VERIFIED),
     Rule("moe-a2a-flashinfer-topology", "error", "moeA2aBackend flashinfer runs with attnDp = tp",
          "late: asserted at startup", _FROM_VERIFIED),
     Rule("moe-a2a-flashinfer-runner", "error", "moeA2aBackend flashinfer runs with a FlashInfer or DeepGEMM MoE "
@@ -1036,6 +1038,14 @@ def _check_model(spec: HybridServingSpec) -> Issues:
                          f"set spec.model.{field} to a path or name that does not begin with '-'")
 
 
+def _value_at(args: list[str], index: int) -> str | None:
+    """The value the token at `index` gives its flag (`--flag=V` or the next token), None without one."""
+    arg = args[index]
+    if "=" in arg:
+        return arg.split("=", 1)[1]
+    return args[index + 1] if index + 1 < len(args) else None
+
+
 def _check_extra_args(spec: HybridServingSpec) -> Issues:
     placeholders = set(PLACEHOLDERS.values())
     args = spec.engine.extra_args
@@ -1075,6 +1085,10 @@ def _check_extra_args(spec: HybridServingSpec) -> Issues:
                          _REJECTED_FLAGS[flag])
         elif flag in _DEPRECATED_FLAGS:
             yield _issue("extra-args-deprecated-flag", path, f"{spelled} is deprecated", _DEPRECATED_FLAGS[flag])
+        elif (refused := sglang_options.value_refusal(flag, _value_at(args, index))) is not None:
+            yield _issue("extra-args-value", path,
+                         f"{spelled} {refused}: SGLang {VERIFIED_SGLANG}'s parser exits at startup",
+                         f"give {flag} a value it accepts, or remove it")
         elif flag == "--tokenizer-worker-num" and (sglang_options.int_value(args, flag) or 0) > 1:
             # Every engine gets --api-key from the launcher, and each tokenizer worker asserts there is
             # none (entrypoints/http_server.py:258-261): the server never comes up.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hybridserving.contract import sglang_flags
+from hybridserving.contract import sglang_flag_values, sglang_flags
 
 
 # argparse's `_negative_number_matcher`: such tokens are values, not options.
@@ -84,3 +84,20 @@ def int_value(args: list[str] | tuple[str, ...], flag: str) -> int | None:
         return None if raw is None else int(raw)
     except ValueError:
         return None
+
+
+def value_refusal(flag: str, value: str | None) -> str | None:
+    """Why SGLang's parser refuses `value` for `flag` (argparse's checks: a choice, an int, a float),
+    said after the flag; None where it accepts it or does not check (a missing value is the
+    parser's own error, and a value that starts like a flag is read as one)."""
+    accepts = sglang_flag_values().get(flag)
+    if accepts is None or value is None or resolve(value) is not None:
+        return None
+    if "choices" in accepts:
+        return None if value in accepts["choices"] else (
+            f"takes one of {', '.join(accepts['choices'])}, not {value!r}")
+    try:
+        (int if accepts.get("type") == "int" else float)(value)
+    except ValueError:
+        return f"takes {'an integer' if accepts.get('type') == 'int' else 'a number'}, not {value!r}"
+    return None
