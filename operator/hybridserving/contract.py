@@ -9,7 +9,6 @@ operator code for it.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -26,24 +25,27 @@ SGLANG_VERSION = "0.5.23"
 
 
 @cache
-def sglang_flags() -> dict[str, int | str | None]:
-    """Every option of SGLang's `sglang serve` parser with its argparse nargs, dumped from the
-    pinned wheel (`python -m support.sglang_parser --dump-flags` in tests/; a test keeps the file
-    equal to the parser). The operator resolves `engine.extraArgs` against it and the
-    SGLang simulator accepts exactly these flags, so both read this one table."""
-    table = json.loads(resources.files("hybridserving").joinpath("sglang_flags.json").read_text())
+def _flag_table() -> dict[str, Any]:
+    """`sglang_flags.json`, dumped from the pinned wheel's parser (`python -m support.sglang_parser
+    --dump-flags` in tests/; a test keeps the file equal to the parser)."""
+    table: dict[str, Any] = json.loads(resources.files("hybridserving").joinpath("sglang_flags.json").read_text())
     if table["sglang_version"] != SGLANG_VERSION:
         raise RuntimeError(f"sglang_flags.json is for SGLang {table['sglang_version']}, not {SGLANG_VERSION}")
-    flags: dict[str, int | str | None] = table["flags"]
+    return table
+
+
+def sglang_flags() -> dict[str, int | str | None]:
+    """Every option of SGLang's `sglang serve` parser with its argparse nargs. The operator
+    resolves `engine.extraArgs` against it and the SGLang simulator accepts exactly these flags,
+    so both read this one table."""
+    flags: dict[str, int | str | None] = _flag_table()["flags"]
     return flags
 
 
-@functools.cache
 def sglang_flag_values() -> dict[str, dict[str, Any]]:
     """What SGLang's parser accepts as the value of each one-value option it checks: `choices`
     (strings) or `type` ("int" / "float"); from the same dump as `sglang_flags`."""
-    table = json.loads(resources.files("hybridserving").joinpath("sglang_flags.json").read_text())
-    values: dict[str, dict[str, Any]] = table["values"]
+    values: dict[str, dict[str, Any]] = _flag_table()["values"]
     return values
 
 # The router-facing role label of a leader pod, and the pod annotation the launcher reads (through a

@@ -1038,14 +1038,6 @@ def _check_model(spec: HybridServingSpec) -> Issues:
                          f"set spec.model.{field} to a path or name that does not begin with '-'")
 
 
-def _value_at(args: list[str], index: int) -> str | None:
-    """The value the token at `index` gives its flag (`--flag=V` or the next token), None without one."""
-    arg = args[index]
-    if "=" in arg:
-        return arg.split("=", 1)[1]
-    return args[index + 1] if index + 1 < len(args) else None
-
-
 def _check_extra_args(spec: HybridServingSpec) -> Issues:
     placeholders = set(PLACEHOLDERS.values())
     args = spec.engine.extra_args
@@ -1085,7 +1077,7 @@ def _check_extra_args(spec: HybridServingSpec) -> Issues:
                          _REJECTED_FLAGS[flag])
         elif flag in _DEPRECATED_FLAGS:
             yield _issue("extra-args-deprecated-flag", path, f"{spelled} is deprecated", _DEPRECATED_FLAGS[flag])
-        elif (refused := sglang_options.value_refusal(flag, _value_at(args, index))) is not None:
+        elif (refused := sglang_options.value_refusal(flag, sglang_options.value_at(args, index))) is not None:
             yield _issue("extra-args-value", path,
                          f"{spelled} {refused}: SGLang {VERIFIED_SGLANG}'s parser exits at startup",
                          f"give {flag} a value it accepts, or remove it")

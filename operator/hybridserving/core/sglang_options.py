@@ -73,8 +73,17 @@ def value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
         read = resolve(arg)
         if read is None or read.flag != flag:
             continue
-        found = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
+        found = value_at(args, index) or ""
     return found
+
+
+def value_at(args: list[str] | tuple[str, ...], index: int) -> str | None:
+    """The value the option token at `index` gives its flag (`--flag=V` or the next token), None
+    without one."""
+    arg = args[index]
+    if "=" in arg:
+        return arg.split("=", 1)[1]
+    return args[index + 1] if index + 1 < len(args) else None
 
 
 def int_value(args: list[str] | tuple[str, ...], flag: str) -> int | None:
