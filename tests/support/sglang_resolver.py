@@ -64,6 +64,7 @@ RESOLVED_FIELDS = (
     "kv_cache_dtype", "disable_radix_cache", "speculative_algorithm", "speculative_num_draft_tokens",
     "speculative_num_steps", "speculative_eagle_topk",
     "dcp_replicate_q_proj", "enable_symm_mem", "moe_a2a_backend", "disable_cuda_graph",
+    "dsa_prefill_backend", "dsa_decode_backend",
 )
 
 

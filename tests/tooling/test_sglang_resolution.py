@@ -20,7 +20,7 @@ import pytest
 from hybridserving.api.profiles import PROFILES
 from hybridserving.api.v1alpha1 import GPU_TYPES, ROLES, HybridServingSpec, Role
 from hybridserving.core import resolution
-from hybridserving.core.flags import render_argv
+from hybridserving.core.flags import keeps_radix_cache, render_argv
 from hybridserving.core.layout import LayoutIssue, errors, validate
 from support.patches import overlaid
 from support.sglang_fleets import LEADER, PORTS, TYPICAL, example_specs
@@ -57,6 +57,8 @@ LAYOUTS |= {
     "a2a-mori": {"prefill": {"layout": {"ep": 8, "moeA2aBackend": "mori"}}},
     "a2a-mori-attn-dp": {"prefill": {"layout": {"ep": 8, "attnDp": 8, "moeA2aBackend": "mori"}}},
     "kv-e5m2": {"prefill": {"kvCacheDtype": "fp8_e5m2"}, "decode": {"kvCacheDtype": "fp8_e5m2"}},
+    "kv-auto": {"prefill": {"kvCacheDtype": "auto"}, "decode": {"kvCacheDtype": "auto"}},
+    "kv-bf16": {"prefill": {"kvCacheDtype": "bf16"}, "decode": {"kvCacheDtype": "bf16"}},
     "standalone-attn-dp": {"decode": {"layout": {"attnDp": 8}, **_DECODE_CAP,
                                       "speculative": {"algorithm": "STANDALONE", "draftModelPath": "org/draft"}}},
 }
@@ -97,7 +99,11 @@ FIELDS = {
     "prefill_attention_backend": "prefill_attention_backend",
     "decode_attention_backend": "decode_attention_backend",
     "attention_backend": "attention_backend",
+    "dsa_prefill_backend": "dsa_prefill_backend",
+    "dsa_decode_backend": "dsa_decode_backend",
     "draft_tree_width": "speculative_eagle_topk",
+    "draft_tokens": "speculative_num_draft_tokens",
+    "disable_radix_cache": "disable_radix_cache",
 }
 
 
@@ -211,7 +217,10 @@ def _difference(case: Case) -> Difference | None:
 
 def _mirror(case: Case) -> dict[str, object]:
     return {**resolution.resolve(case.spec, case.role).to_dict(),
-            "draft_tree_width": resolution.draft_tree_width(case.spec, case.role)}
+            "draft_tree_width": resolution.draft_tree_width(case.spec, case.role),
+            "draft_tokens": resolution.role_draft_tokens(case.spec, case.role),
+            # The radix cache also sizes a hybrid model's state pool (core.capacity.state_slots).
+            "disable_radix_cache": not keeps_radix_cache(case.spec, case.role)}
 
 
 def _refused_as(result: Refused, rule: str) -> bool:

@@ -210,14 +210,109 @@ def test_custom_architectures_keep_their_layer_counts_within_the_model(attention
 # --------------------------------------------------------------------------- frontier and report
 
 
-def test_frontier_is_the_unified_pool_inequality():
+def test_decode_sizes_its_state_pool_by_the_ratio_and_pages_take_the_rest():
+    """Decode runs without a radix cache and, uncapped, SGLang gives the states 0.9 / 1.9 of the pool
+    (kv_cache_configurator.py:3345-3390): the pages keep the rest, whatever the contexts are."""
     cap = instance_capacity(K3, RoleSpec(layout=LayoutSpec(tp=16, dcp=8)), HardwareSpec())
+    state = cap.footprint.state
+    assert cap.state_slots == math.floor((cap.pool_bytes * 0.9 / 1.9 - state) / state)
+    assert cap.state_bytes == (cap.state_slots + 1) * state
+    assert cap.tokens == math.floor((cap.pool_bytes - cap.state_bytes) / cap.footprint.per_token)
+    # The pages are 1/1.9 of the pool, give or take one state and one token.
+    assert cap.pool_bytes / 1.9 - cap.footprint.per_token < cap.tokens * cap.footprint.per_token
+    assert cap.tokens * cap.footprint.per_token < cap.pool_bytes / 1.9 + state
+    assert cap.running_cap == cap.state_slots  # no radix cache: one state per request
     for length in (1, 2_000, 131_072, 1_000_000):
         n = max_requests(cap, length)
-        per_request = cap.footprint.request_bytes(length)
-        assert n * per_request <= cap.pool_bytes < (n + 1) * per_request
+        assert n <= cap.state_slots
+        assert n == cap.state_slots or n * length * cap.footprint.per_token <= cap.pool_bytes - cap.state_bytes < (
+            (n + 1) * length * cap.footprint.per_token)
+    assert max_requests(cap, 1) == cap.state_slots
+    assert max_requests(cap, 1_000_000) < cap.state_slots
     with pytest.raises(ValueError):
         max_requests(cap, 0)
+
+
+def test_a_request_cap_without_a_radix_cache_sizes_one_state_per_request():
+    """--max-running-requests on a server without a radix cache (decode) reserves exactly its states
+    (kv_cache_configurator.py:3325-3344); a prefill keeping its prefix cache still takes the ratio."""
+    capped = RoleSpec(layout=LayoutSpec(tp=8, attn_dp=2), max_running_requests=64)
+    decode = instance_capacity(K3, capped, B300)
+    assert decode.state_slots == 32  # per DP attention group
+    pages = decode.pool_bytes - 33 * decode.footprint.state
+    assert decode.tokens == 2 * math.floor(pages / decode.footprint.per_token)
+    assert max_requests(decode, 1) == 64
+    prefill = instance_capacity(K3, capped, B300, role_name="prefill")
+    assert prefill.state_slots > 100
+    # With the radix cache Kimi K3 keeps 5 states per running request (3 + the extra buffer's 2), and
+    # the request cap still holds (kv_cache_configurator.py:3062-3088, 3119-3150).
+    assert prefill.running_cap == min(32, prefill.state_slots // 5) == 32
+    uncapped = instance_capacity(K3, RoleSpec(layout=LayoutSpec(tp=8)), B300, role_name="prefill")
+    assert uncapped.running_cap == uncapped.state_slots // 5
+    assert max_requests(uncapped, 1) == uncapped.state_slots // 5
+    unshared = instance_capacity(K3, capped.model_copy(update={"prefix_caching": False}), B300, role_name="prefill")
+    assert unshared.state_slots == 32
+    cached = instance_capacity(K3, capped, B300, radix_cache=True)  # a decode of an in-place switching fleet
+    assert cached.state_slots == math.floor((cached.pool_bytes * 0.9 / 1.9 - cached.footprint.state)
+                                            / cached.footprint.state)
+    glm = instance_capacity(GLM52, capped, B300)
+    assert glm.state_slots == 0 and glm.state_bytes == 0  # no linear attention, no state pool
+    assert max_requests(glm, 1) == 64
+    assert instance_capacity(GLM52, RoleSpec(layout=LayoutSpec(tp=8)), B300).running_cap is None
+
+
+def test_a_speculative_decode_reserves_a_state_per_draft_token_and_prefill_does_not():
+    """EAGLE on decode caps requests at 48 and keeps, for every slot, a state per verified draft token
+    (kv_cache_configurator.py:3336-3344); the auto shape drafts 4 tokens (3 steps + 1)."""
+    eagle = RoleSpec(layout=LayoutSpec(tp=8), speculative=SpeculativeSpec(algorithm="EAGLE"))
+    decode = instance_capacity(K3, eagle, B300)
+    assert (decode.state_slots, decode.draft_states) == (48, 4)
+    assert decode.state_bytes == 49 * decode.footprint.state * 5
+    plain = instance_capacity(K3, eagle.model_copy(update={"speculative": None, "max_running_requests": 48}), B300)
+    assert plain.draft_states == 0 and plain.tokens > decode.tokens
+    assert instance_capacity(K3, eagle, B300, role_name="prefill").draft_states == 0
+
+
+def test_more_states_than_the_pool_holds_name_the_request_cap():
+    with pytest.raises(CapacityError) as err:
+        instance_capacity(K3, RoleSpec(layout=LayoutSpec(tp=8), max_running_requests=100_000), B300)
+    assert err.value.field_path == "decode.maxRunningRequests"
+    assert "lower decode.maxRunningRequests" in err.value.fix
+
+
+def test_state_shards_over_the_attention_tp_group_without_context_parallel_ranks():
+    """The KDA state splits over tp / (attnDp x attnCp) ranks (configs/kimi_linear.py:173-182)."""
+    plain = rank_footprint(K3, LayoutSpec(tp=8))
+    cp = rank_footprint(K3, LayoutSpec(tp=8, attn_cp=2, cp_strategy="interleave"))
+    assert cp.state == 2 * plain.state == 2 * K3.recurrent_state_bytes_per_request / 8
+
+
+@pytest.mark.parametrize(("gpu", "latent"), [("H200", 656), ("B300", 576)])
+def test_dsa_fp8_latent_follows_the_kernel_the_gpu_resolves(gpu, latent):
+    """Hopper's FP8 DSA kernel (flashmla_kv) keeps the latent with a scale per 128 values and the rope
+    part in bf16, 512 + 16 + 128 = 656 bytes a layer; Blackwell's TensorRT-LLM kernel keeps the raw
+    576 (overrides.py:706-726, kv_cache_configurator.py:3417-3470). The draft layer is built alike."""
+    hardware = HardwareSpec(gpu_type=gpu)
+    role = RoleSpec(layout=LayoutSpec(tp=8), speculative=SpeculativeSpec(algorithm="EAGLE"))
+    cap = instance_capacity(GLM52, role, hardware)
+    assert cap.footprint.kv == 78 * latent
+    assert cap.footprint.draft == latent
+    assert cap.footprint.index == 21 * 132
+    report = capacity_report(GLM52, 1, hardware=hardware, role=role).to_dict()
+    assert report["bytesPerRank"]["kv"] == 78 * latent and report["kvCacheDtype"] == "fp8_e4m3"
+    # Decode context parallelism takes the TensorRT-LLM kernels (model_overrides/deepseek_v2.py:26-31).
+    dcp = instance_capacity(GLM52, role.model_copy(update={"layout": LayoutSpec(tp=8, dcp=8)}), hardware)
+    assert dcp.footprint.kv == 78 * 576 / 8
+
+
+@pytest.mark.parametrize(("gpu", "dtype", "latent"), [("H200", "bfloat16", 1152), ("B300", "fp8_e4m3", 576)])
+def test_dsa_auto_cache_dtype_is_fp8_on_blackwell_and_bf16_on_hopper(gpu, dtype, latent):
+    """overrides.py:532-538: a DSA model's `auto` cache is not bf16 everywhere."""
+    role = RoleSpec(layout=LayoutSpec(tp=8), kv_cache_dtype="auto")
+    cap = instance_capacity(GLM52, role, HardwareSpec(gpu_type=gpu))
+    assert cap.footprint.kv == 78 * latent
+    assert capacity_report(GLM52, 1, hardware=HardwareSpec(gpu_type=gpu), role=role).kv_cache_dtype == dtype
+    assert instance_capacity(K3, role, HardwareSpec(gpu_type=gpu)).footprint.kv == 24 * 576 * 2  # not DSA: bf16
 
 
 def test_report_is_json_and_carries_breakdown_gain_and_tokens():

@@ -116,17 +116,25 @@ def test_invalid_layouts_are_rejected():
 
 
 def test_h200_kv_pool_follows_sglangs_memory_computation():
-    """0.88 × 141 GiB − 2 GiB reserve − 750 GB / 8 of weights, over 44,928 + 2,772 + 576 B a token:
-    about 773 K tokens per rank, not the 1.17 M measured on B300."""
+    """0.88 × 141 GiB − 2 GiB reserve − 750 GB / 8 of weights, over 78 × 656 + 2,772 + 656 B a token
+    (on Hopper the FP8 DSA kernel is flashmla_kv, whose latent keeps scales and a bf16 rope part:
+    512 + 16 + 128 = 656 B a layer, not 576): about 684 K tokens per rank, not the 1.17 M measured on
+    B300, where the TensorRT-LLM kernel keeps the 576-byte raw latent."""
     from hybridserving.core.perfmodel import GPU_TYPES, pool_tokens_per_rank
 
     arch = PROFILES["glm-5.2"]
     h200 = PerformanceModel.for_role(arch, tp=8, gpu="h200")
-    expected = (0.88 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (44_928 + 2_772 + 576)
+    expected = (0.88 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (78 * 656 + 2_772 + 656)
     assert h200.kv_capacity_tokens == pytest.approx(expected, rel=1e-3)
-    assert 760_000 < h200.kv_capacity_tokens < 790_000
-    assert pool_tokens_per_rank(arch, 8, GPU_TYPES["h200"]) == h200.kv_capacity_tokens
+    assert 670_000 < h200.kv_capacity_tokens < 700_000
     assert PerformanceModel.for_role(arch, tp=8, gpu="b300").kv_capacity_tokens == 1_170_000
+    # The hand-over moves the pool's own bytes.
+    assert h200.kv_wire_bytes_per_token == 78 * 656 + 2_772
+    assert PerformanceModel.for_role(arch, tp=8, gpu="b300").kv_wire_bytes_per_token == 78 * 576 + 2_772
+    # Decode context parallelism takes the TensorRT-LLM kernels, whose latent is the raw 576 bytes.
+    raw = (0.88 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (78 * 576 + 2_772 + 576)
+    assert pool_tokens_per_rank(arch, 8, GPU_TYPES["h200"], dcp=4) == pytest.approx(raw, rel=1e-3)
+    assert PerformanceModel.for_role(arch, tp=8, dcp=4, gpu="h200").kv_wire_bytes_per_token == 78 * 576 + 2_772
 
 
 def test_h200_prefill_scales_with_fp8_compute_and_decode_with_hbm_bandwidth():

@@ -404,7 +404,9 @@ class RoleSpec(ApiModel):
         "the KV pool and the speculative settings.")
     page_size: int | None = Field(default=None, ge=1, le=4096, description="KV page size in tokens.")
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"] = Field(
-        default="fp8_e4m3", description="KV cache dtype; capacity assumes 1 byte for fp8, 2 for bf16/auto."
+        default="fp8_e4m3",
+        description="KV cache dtype; capacity counts 1 byte for fp8, 2 for bf16 and for auto (a DSA model's auto "
+        "is FP8 on Blackwell).",
     )
     prefix_caching: bool = Field(
         default=True,

@@ -28,7 +28,7 @@ from hybridserving.api.v1alpha1 import (
     RolloutStatus,
 )
 from hybridserving.contract import ANNOTATION_ROLE
-from hybridserving.core import backoff, capacity, router, stalled
+from hybridserving.core import backoff, capacity, fleet, router, stalled
 from hybridserving.core.desired import DesiredState
 from hybridserving.core.health import InstanceState, InstanceView
 from hybridserving.core.layout import LayoutIssue
@@ -227,9 +227,7 @@ def instance_status(v: InstanceView, generation: int | None) -> HybridServingIns
 def capacity_status(spec: HybridServingSpec, decode_instances: int) -> CapacityStatus:
     """KV capacity per instance from the layout; zeros with a reason when the layout has none."""
     try:
-        arch = spec.architecture()
-        decode = capacity.instance_capacity(arch, spec.decode, spec.hardware, role_name="decode")
-        prefill = capacity.instance_capacity(arch, spec.prefill, spec.hardware, role_name="prefill")
+        decode, prefill = (fleet.role_capacity(spec, role) for role in ("decode", "prefill"))
     except (capacity.CapacityError, KeyError, ValueError, ArithmeticError) as exc:
         # Status must still be written: a layout that validation let through reads as no capacity.
         return CapacityStatus(summary=f"no capacity: {exc}")

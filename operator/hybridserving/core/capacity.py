@@ -11,10 +11,12 @@ size their KV pools from it. The arithmetic follows what SGLang allocates on eac
 * the EAGLE/MTP draft pool is sized max_total_num_tokens x dcp_size, so for every logical
   token each DCP rank still holds the draft's full bytes: DCP does not shrink it;
 * a linear-attention (KDA) state is one fixed block per request, sharded by the attention
-  TP width (feature dimension) and never by DCP: it has no token axis to split.
+  TP width (feature dimension, tp / (attnDp x attnCp)) and never by DCP: it has no token axis
+  to split.
 
-KDA state blocks and MLA pages share one unified pool from opposite ends, so capacity is a
-frontier over (requests, context length), not a single number. `docs/capacity.md` lists the
+KDA states have a pool of their own, sized at start-up before the MLA pages get the rest
+(`state_slots`), so capacity is a frontier over (requests, context length): a number of
+requests the state pool caps, and tokens the pages cap. `docs/capacity.md` lists the
 published figures these formulas reproduce; `docs/performance-model.md` (Sources) the public
 sources the short names in comments stand for.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -33,7 +35,7 @@ from hybridserving.core import resolution
 from hybridserving.api.profiles import ModelArchitecture
 
 IndexPlacement = Literal["copied", "split"]
-KvCacheDtype = Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"]
+KvCacheDtype = Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16"]
 
 GIB = 1 << 30
 
@@ -50,7 +52,14 @@ DEFAULT_MEM_FRACTION_STATIC = 0.88
 DEFAULT_RESERVE_BYTES = 2 * GIB
 
 # Bytes per element of the KV cache relative to the profiles, which are written for FP8.
-_KV_DTYPE_FACTOR: dict[str, int] = {"fp8_e4m3": 1, "fp8_e5m2": 1, "bf16": 2, "auto": 2}
+_KV_DTYPE_FACTOR: dict[str, int] = {"fp8_e4m3": 1, "fp8_e5m2": 1, "bf16": 2, "bfloat16": 2, "auto": 2}
+
+# DSA's scaled FP8 latent (`mem_cache/kv_cache_configurator.py:3456-3470`): the no-position part in
+# FP8 with a 4-byte scale per 128 values (`DSATokenToKVPool.quant_block_size`, memory_pool.py:5280)
+# and the rope part (qk_rope_head_dim, 64 in every DSA model) kept in bf16: 512 + 16 + 128 = 656
+# bytes where the raw layout keeps 576.
+DSA_ROPE_DIM = 64
+DSA_QUANT_BLOCK = 128
 
 
 class CapacityError(ValueError):
@@ -70,6 +79,12 @@ class CapacityError(ValueError):
 def kv_dtype_factor(kv_cache_dtype: KvCacheDtype) -> int:
     """Multiplier on the profiled (FP8) KV bytes: bf16, and `auto` on a bf16 model, take 2 bytes."""
     return _KV_DTYPE_FACTOR[kv_cache_dtype]
+
+
+def dsa_scaled_bytes(fp8_bytes: int) -> int:
+    """Bytes of one token's latent in one layer on DSA's scaled FP8 layout, from its raw FP8 bytes."""
+    latent = fp8_bytes - DSA_ROPE_DIM
+    return latent + -(-latent // DSA_QUANT_BLOCK) * 4 + DSA_ROPE_DIM * 2
 
 
 def keeps_draft_pool(role: RoleSpec) -> bool:
@@ -136,6 +151,7 @@ def rank_footprint(
     index: IndexPlacement = "copied",
     speculative: bool = False,
     kv_cache_dtype: KvCacheDtype = "fp8_e4m3",
+    dsa_scaled: bool = False,
     role_name: Role = "decode",
 ) -> RankFootprint:
     """Per-GPU bytes of one logical token (latent, index, draft) and of one request's KDA state.
@@ -143,17 +159,23 @@ def rank_footprint(
     Pipeline stages hold disjoint layer groups, so per-token KV and state divide by pp (an
     even split); the MTP draft layer sits on the last stage whole, so the draft does not.
     The index key and the recurrent state keep their own dtypes (FP8 index, fp32 state),
-    so only the latent and the draft scale with the KV cache dtype.
+    so only the latent and the draft scale with the KV cache dtype. `dsa_scaled`: the DSA
+    kernels the role resolves to keep the FP8 latent with scales (`resolution.dsa_kv_scaled`),
+    the draft layer's too (it is built the same way).
     """
     width = _attention_tp(layout, role_name)
     dtype = kv_dtype_factor(kv_cache_dtype)
     dcp, pp = layout.dcp, layout.pp
     index_shards = dcp if index == "split" else 1
+    kv_layer = dsa_scaled_bytes(arch.kv_bytes_per_token_layer) if dsa_scaled else arch.kv_bytes_per_token_layer * dtype
+    draft = arch.draft_kv_bytes_per_token * dtype
+    if dsa_scaled and arch.draft_kv_bytes_per_token:
+        draft = dsa_scaled_bytes(arch.draft_kv_bytes_per_token)
     footprint = RankFootprint(
-        kv=arch.kv_bytes_per_token * dtype / (dcp * pp),
+        kv=arch.mla_layers * kv_layer / (dcp * pp),
         index=arch.index_bytes_per_token / (index_shards * pp),
-        draft=arch.draft_kv_bytes_per_token * dtype if speculative else 0.0,
-        state=arch.recurrent_state_bytes_per_request / (width * pp),
+        draft=draft if speculative else 0.0,
+        state=arch.recurrent_state_bytes_per_request / (width // layout.attn_cp * pp),
     )
     if footprint.per_token <= 0:
         # Token counts and gains divide by it: an error the callers report, not a ZeroDivisionError that
@@ -235,14 +257,26 @@ class InstanceCapacity:
     mem_fraction_static: float
     reserve_bytes: float
     attn_dp: int
+    state_slots: int = 0
+    """KDA states one DP attention group holds at once (0: the model keeps none)."""
+    draft_states: int = 0
+    """States a speculative decode keeps per slot besides its own, one per draft token it verifies."""
+    running_cap: int | None = None
+    """Most requests one DP attention group runs, when the engine caps them (None: only KV bounds it)."""
+
+    @property
+    def state_bytes(self) -> float:
+        """Bytes of the state pool on one GPU: its slots and the padding slot SGLang adds, each with its
+        draft-step states (`mem_cache/kv_cache_configurator.py:3336-3344, 3404-3409`)."""
+        return (self.state_slots + 1) * self.footprint.state * (1 + self.draft_states) if self.state_slots else 0.0
 
     @property
     def tokens(self) -> int:
-        """Logical context tokens the instance holds with no KDA state resident.
+        """Logical context tokens the instance's pages hold, after the state pool.
 
         Each DP attention group keeps its own requests, so the groups add up.
         """
-        return self.attn_dp * math.floor(self.pool_bytes / self.footprint.per_token)
+        return self.attn_dp * math.floor((self.pool_bytes - self.state_bytes) / self.footprint.per_token)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -251,8 +285,60 @@ class InstanceCapacity:
             "memFractionStatic": self.mem_fraction_static,
             "reserveBytes": self.reserve_bytes,
             "attnDp": self.attn_dp,
+            "stateSlotsPerGroup": self.state_slots,
+            "draftStatesPerSlot": self.draft_states,
+            "runningCapPerGroup": self.running_cap,
+            "stateBytesPerRank": self.state_bytes,
             "tokensPerInstance": self.tokens,
         }
+
+
+# SGLang's share of the pool for linear-attention states when it sizes them itself: state : pages =
+# 0.9 : 1 (`--mamba-full-memory-ratio`, arg_groups/fields/schedule.py:220-226; no profile overrides it).
+MAMBA_FULL_MEMORY_RATIO = 0.9
+
+
+# Hybrid architectures whose radix cache keeps two more states per request to track prefixes with
+# (`arg_groups/overrides.py:403-429, 477-483`, the extra_buffer strategy with the overlap schedule,
+# `mem_cache/allocation_sizing.py:11-19`): the KDA ones of SGLang's list.
+EXTRA_BUFFER_ARCHITECTURES = frozenset({"KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"})
+
+
+def states_per_request(arch: ModelArchitecture, radix_cache: bool) -> int:
+    """State slots SGLang counts per running request when it caps requests by its state pool
+    (`mem_cache/kv_cache_configurator.py:3062-3088`): one without a radix cache, three with it, two
+    more with the extra buffer."""
+    if not radix_cache:
+        return 1
+    return 3 + (2 if arch.hf_architecture in EXTRA_BUFFER_ARCHITECTURES else 0)
+
+
+def running_cap(arch: ModelArchitecture, slots: int, *, radix_cache: bool, max_running_requests: int | None,
+                attn_dp: int) -> int | None:
+    """Most requests one DP attention group runs: the request cap split over the groups, and for a
+    hybrid model what its state pool holds (`kv_cache_configurator.py:3119-3150`)."""
+    caps = []
+    if max_running_requests is not None:
+        caps.append(max(1, max_running_requests // attn_dp))
+    if slots:
+        caps.append(slots // states_per_request(arch, radix_cache))
+    return min(caps) if caps else None
+
+
+def state_slots(footprint: RankFootprint, pool: float, *, radix_cache: bool, max_running_requests: int | None,
+                attn_dp: int) -> int:
+    """How many KDA states one DP attention group keeps, as SGLang sizes its state pool at start-up
+    (`mem_cache/kv_cache_configurator.py:3303-3390`): without the radix cache (always on decode,
+    `arg_groups/pd_disaggregation_hook.py:97-127`; on prefill when prefix caching is off) and with a
+    request cap, one per request the group runs; otherwise what 0.9 / 1.9 of the pool holds, less the
+    padding slot. The pages get what is left, so a request cap well above what long contexts fill
+    still takes its states' memory from them."""
+    if not footprint.state:
+        return 0
+    if not radix_cache and max_running_requests is not None:
+        return max(1, max_running_requests // attn_dp)
+    budget = pool * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+    return math.floor((budget - footprint.state) / footprint.state)
 
 
 def instance_capacity(
@@ -263,19 +349,27 @@ def instance_capacity(
     index: IndexPlacement = "copied",
     reserve_bytes: float = DEFAULT_RESERVE_BYTES,
     role_name: Role = "decode",
+    radix_cache: bool | None = None,
 ) -> InstanceCapacity:
-    """The capacity of one instance of `role` on `hardware`; raises CapacityError when none exists."""
+    """The capacity of one instance of `role` on `hardware`; raises CapacityError when none exists.
+
+    `radix_cache`: whether the engines keep a prefix cache (`flags.keeps_radix_cache`; unset: prefill
+    as its prefixCaching says, decode never), which decides how a hybrid model's state pool is sized.
+    """
     layout = role.layout
+    # The engine's own resolution decides the cache's dtype and layout (a DSA model's `auto`, its kernels)
+    # and, unset, the static fraction per role from the GPU's memory (arg_groups/memory_hook.py:281-343).
+    resolved = resolution.resolve_role(arch, role, hardware, role_name)
     footprint = rank_footprint(
         arch,
         layout,
         index=index,
         speculative=keeps_draft_pool(role),
-        kv_cache_dtype=role.kv_cache_dtype,
+        kv_cache_dtype=_cache_dtype(resolved),
+        dsa_scaled=resolution.resolved_dsa_kv_scaled(resolved, role_name),
         role_name=role_name,
     )
-    # Unset, SGLang computes the fraction per role from the GPU's memory (arg_groups/memory_hook.py:281-343).
-    fraction = resolution.resolve_role(arch, role, hardware, role_name).mem_fraction_static
+    fraction = resolved.mem_fraction_static
     try:
         pool = pool_bytes(
             arch, layout, hardware, mem_fraction_static=fraction, reserve_bytes=reserve_bytes, role_name=role_name
@@ -293,14 +387,46 @@ def instance_capacity(
             f"use GPUs with at least {least} GiB for this layout" if least is not None
             else "use GPUs with more memory and more of them per instance (layout.tp)",
         ) from None
-    return InstanceCapacity(
+    if radix_cache is None:
+        radix_cache = role_name == "prefill" and role.prefix_caching
+    slots = state_slots(footprint, pool, radix_cache=radix_cache, max_running_requests=resolved.max_running_requests,
+                        attn_dp=layout.attn_dp)
+    # A speculative decode snapshots every slot's state once per draft token it verifies; prefill never
+    # verifies and skips them (kv_cache_configurator.py:172-181, 3294-3298). Without a radix cache a
+    # speculative server always has a request cap (48 unless set), so its slots are that cap.
+    draft_states = 0
+    if slots and role_name == "decode" and not radix_cache and role.speculative is not None:
+        draft_states = resolution.draft_tokens(arch, resolution.speculative_draft(role.speculative)) or 0
+    capacity = InstanceCapacity(
         footprint=footprint,
         pool_bytes=pool,
         weight_bytes=arch.weight_bytes / layout.world_size,
         mem_fraction_static=fraction,
         reserve_bytes=reserve_bytes,
         attn_dp=layout.attn_dp,
+        state_slots=slots,
+        draft_states=draft_states,
+        running_cap=running_cap(arch, slots, radix_cache=radix_cache,
+                                max_running_requests=resolved.max_running_requests, attn_dp=layout.attn_dp),
     )
+    if footprint.state and (slots < 1 or capacity.tokens < layout.attn_dp or capacity.running_cap == 0):
+        # SGLang stops at start-up here (kv_cache_configurator.py:3392-3403, 3152-3160).
+        capped = role.max_running_requests is not None or role.speculative is not None
+        raise CapacityError(
+            f"{role_name}.maxRunningRequests" if capped else "hardware.gpuMemoryGib",
+            f"the linear-attention states of {max(slots, 1)} requests ({footprint.state / GIB:.2f} GiB each per GPU) "
+            f"leave no room for KV pages in the {pool / GIB:.1f} GiB pool",
+            f"lower {role_name}.maxRunningRequests, raise {role_name}.layout.tp, or use GPUs with more memory",
+        )
+    return capacity
+
+
+def _cache_dtype(resolved: resolution.ResolvedArgs) -> KvCacheDtype:
+    """The resolved KV cache dtype as capacity names it."""
+    dtype = resolved.kv_cache_dtype
+    if dtype not in _KV_DTYPE_FACTOR:
+        raise ValueError(f"unknown KV cache dtype {dtype!r}")
+    return cast(KvCacheDtype, dtype)
 
 
 def _least_gpu_memory_gib(arch: ModelArchitecture, role: RoleSpec, hardware: HardwareSpec, reserve_bytes: float,
@@ -320,15 +446,18 @@ def _least_gpu_memory_gib(arch: ModelArchitecture, role: RoleSpec, hardware: Har
 
 
 def frontier(cap: InstanceCapacity, context_lens: ArrayLike) -> np.ndarray:
-    """Most requests the instance holds at each context length: n with n*S + n*L*b <= pool.
+    """Most requests the instance holds at each context length: n*L*b within the pages, n within the
+    engine's running cap (the request cap, the states).
 
     Vectorised over context lengths so a caller can draw the whole frontier at once.
     """
     lengths = np.asarray(context_lens, dtype=np.float64)
     if np.any(lengths < 1):
         raise ValueError("context lengths must be >= 1 token")
-    per_request = cap.footprint.state + lengths * cap.footprint.per_token
-    return np.floor(cap.pool_bytes / per_request).astype(np.int64) * cap.attn_dp
+    pages = np.floor((cap.pool_bytes - cap.state_bytes) / (lengths * cap.footprint.per_token)).astype(np.int64)
+    if cap.running_cap is not None:
+        pages = np.minimum(pages, cap.running_cap)
+    return pages * cap.attn_dp
 
 
 def max_requests(cap: InstanceCapacity, context_len: int) -> int:
@@ -350,11 +479,13 @@ def _footprints(
     speculative: bool,
     kv_cache_dtype: KvCacheDtype,
     role_name: Role,
+    dsa_scaled: bool = False,
 ) -> tuple[RankFootprint, RankFootprint]:
-    """The footprint of `layout` with DCP 1 and as declared: the two sides of every gain."""
+    """The footprint of `layout` with DCP 1 and as declared, on one cache layout: the two sides of every gain."""
     without_dcp, declared = (
         rank_footprint(
-            arch, candidate, index=index, speculative=speculative, kv_cache_dtype=kv_cache_dtype, role_name=role_name
+            arch, candidate, index=index, speculative=speculative, kv_cache_dtype=kv_cache_dtype,
+            dsa_scaled=dsa_scaled, role_name=role_name,
         )
         for candidate in (layout.model_copy(update={"dcp": 1}), layout)
     )
@@ -459,14 +590,20 @@ def capacity_report(
                             f"{arch.attention_heads} attention heads do not split over {heads_per_group} attention "
                             "TP ranks (tp / (attnDp x attnCp))", f"choose a TP among {splits}")
     speculative = keeps_draft_pool(sized_role)
-    base, footprint = _footprints(arch, layout, index, speculative, sized_role.kv_cache_dtype, role_name)
+    kv_cache_dtype: KvCacheDtype = sized_role.kv_cache_dtype
+    dsa_scaled = False
+    if hardware is not None:
+        # On a known GPU the cache is the one the engine resolves (a DSA model's `auto` and kernels).
+        resolved = resolution.resolve_role(arch, sized_role, hardware, role_name)
+        kv_cache_dtype, dsa_scaled = _cache_dtype(resolved), resolution.resolved_dsa_kv_scaled(resolved, role_name)
+    base, footprint = _footprints(arch, layout, index, speculative, kv_cache_dtype, role_name, dsa_scaled)
     instance = None
     if hardware is not None:
         instance = instance_capacity(arch, sized_role, hardware, index=index, role_name=role_name)
     return CapacityReport(
         layout=layout,
         index=index,
-        kv_cache_dtype=sized_role.kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype,
         speculative=speculative,
         footprint=footprint,
         gain_over_dcp1=_gain(base, footprint, None),

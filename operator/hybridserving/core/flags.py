@@ -31,6 +31,20 @@ def default_ports(spec: HybridServingSpec) -> InstancePorts:
     return block_ports(0, spec.transfer.bootstrap_port)
 
 
+def keeps_radix_cache(spec: HybridServingSpec, role: Role) -> bool:
+    """Whether the role's engines run a radix (prefix) cache, which also sizes a hybrid model's state pool.
+
+    Decode servers run without one unless told (arg_groups/pd_disaggregation_hook.py:97-127); only
+    prefill has one to turn off. An engine keeps the radix-cache setting of the role it was born with
+    across in-place switches (managers/scheduler.py:614 reads it once; disaggregation/role_switch.py:
+    282-294 only resets the tree), so a decode-born instance would serve prefill without a prefix
+    cache: switching fleets start decode with it.
+    """
+    if role == "prefill":
+        return spec.prefill.prefix_caching
+    return in_place_role_switch(spec) and spec.prefill.prefix_caching
+
+
 def in_place_role_switch(spec: HybridServingSpec) -> bool:
     """Whether the engines start with `--enable-pd-role-switch`.
 
@@ -131,14 +145,9 @@ def render_template(spec: HybridServingSpec, role: Role) -> list[str]:
     if rs.page_size is not None:
         argv += ["--page-size", str(rs.page_size)]
     argv += ["--kv-cache-dtype", rs.kv_cache_dtype]
-    # Decode servers run without a radix cache whatever the flag says; only prefill has one to turn off.
     if role == "prefill" and not rs.prefix_caching:
         argv += ["--disable-radix-cache"]
-    # An engine keeps the radix-cache setting of the role it was born with across in-place switches
-    # (managers/scheduler.py:614 reads it once; disaggregation/role_switch.py:282-294 only resets
-    # the tree). A decode-born instance would serve prefill without a prefix cache, so switching
-    # fleets start decode with it (arg_groups/pd_disaggregation_hook.py:98-119).
-    if role == "decode" and in_place_role_switch(spec) and spec.prefill.prefix_caching:
+    if role == "decode" and keeps_radix_cache(spec, role):
         argv += ["--disaggregation-decode-enable-radix-cache"]
 
     return argv + list(spec.engine.extra_args)

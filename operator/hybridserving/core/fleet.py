@@ -89,6 +89,12 @@ def issue_to_dict(issue: LayoutIssue) -> dict[str, Any]:
     }
 
 
+def role_capacity(spec: HybridServingSpec, role: Role) -> capacity.InstanceCapacity:
+    """The capacity of one instance of `role` as the fleet's engines run it (with or without a prefix cache)."""
+    return capacity.instance_capacity(spec.architecture(), spec.role(role), spec.hardware, role_name=role,
+                                      radix_cache=flags.keeps_radix_cache(spec, role))
+
+
 def _capacity_issue(err: capacity.CapacityError) -> LayoutIssue:
     return LayoutIssue(
         path=f"spec.{err.field_path}", message=err.message, fix=err.fix, rule="capacity-exists", severity="error"
@@ -117,10 +123,9 @@ def _checked(
     issues = [*layout.validate(spec), *surface.check(spec)]
     capacities: dict[Role, capacity.InstanceCapacity | None] = {}
     if not layout.errors(issues):
-        arch = spec.architecture()
         for role in ROLES:
             try:
-                capacities[role] = capacity.instance_capacity(arch, spec.role(role), spec.hardware, role_name=role)
+                capacities[role] = role_capacity(spec, role)
             except capacity.CapacityError as err:
                 issues.append(_capacity_issue(err))
                 capacities[role] = None

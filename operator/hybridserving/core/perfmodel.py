@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Literal
 
 from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec
+from hybridserving.core import resolution
 from hybridserving.core.capacity import pool_bytes, rank_footprint
 from hybridserving.api.profiles import ModelArchitecture
 
@@ -79,14 +80,21 @@ class GpuType:
     memory_gib: float
     hbm_tb_per_s: float
     fp8_dense_tflops: float
+    compute_capability_major: int
+    """Decides the engine's kernels, and with them a DSA model's cache layout."""
+
+    def dsa_kv_scaled(self, arch: ModelArchitecture, dcp: int = 1) -> bool:
+        """Whether `arch`'s FP8 cache takes DSA's scaled layout on this GPU (`resolution.dsa_kv_scaled`)."""
+        backends = resolution.dsa_backends("fp8_e4m3", dcp, self.compute_capability_major)
+        return arch.is_dsa and resolution.dsa_kv_scaled("fp8_e4m3", backends, "decode")
 
 
 # Vendor datasheets: B300 (HGX B300: 288 GB HBM3e at 8 TB/s per GPU; FP8 72 PFLOPS per 8 GPUs
 # with sparsity, so 4.5 PFLOPS dense per GPU); H200 SXM (141 GB HBM3e, 4.8 TB/s; FP8 3,958
 # TFLOPS with sparsity, 1,979 dense). Memory in GiB as `hardware.gpuMemoryGib` takes it.
 GPU_TYPES: dict[str, GpuType] = {
-    "b300": GpuType("b300", memory_gib=288.0, hbm_tb_per_s=8.0, fp8_dense_tflops=4500.0),
-    "h200": GpuType("h200", memory_gib=141.0, hbm_tb_per_s=4.8, fp8_dense_tflops=1979.0),
+    "b300": GpuType("b300", memory_gib=288.0, hbm_tb_per_s=8.0, fp8_dense_tflops=4500.0, compute_capability_major=10),
+    "h200": GpuType("h200", memory_gib=141.0, hbm_tb_per_s=4.8, fp8_dense_tflops=1979.0, compute_capability_major=9),
 }
 _CALIBRATION_GPU = GPU_TYPES["b300"]
 
@@ -185,13 +193,14 @@ class PerformanceModel:
         bandwidth_scale = _CALIBRATION_GPU.hbm_tb_per_s / kind.hbm_tb_per_s
         base, per_request = _decode_terms()
         if kv_tokens is None and kind is not _CALIBRATION_GPU:
-            kv_tokens = pool_tokens_per_rank(arch, tp, kind) * dcp
-        kv_per_rank = arch.kv_bytes_per_token / dcp + arch.index_bytes_per_token
+            kv_tokens = pool_tokens_per_rank(arch, tp, kind, dcp) * dcp
+        latent = rank_footprint(arch, LayoutSpec(), dsa_scaled=kind.dsa_kv_scaled(arch, dcp)).kv
+        kv_per_rank = latent / dcp + arch.index_bytes_per_token
         state_per_rank = arch.recurrent_state_bytes_per_request / tp
         return cls(
             kv_capacity_tokens=kv_tokens if kv_tokens is not None else _DEFAULT_KV_TOKENS_PER_DCP_RANK * dcp,
             state_tokens_per_request=math.ceil(state_per_rank / kv_per_rank) if kv_per_rank else 0,
-            kv_wire_bytes_per_token=arch.kv_bytes_per_token + arch.index_bytes_per_token,
+            kv_wire_bytes_per_token=round(latent) + arch.index_bytes_per_token,
             max_running_requests=max_running_requests,
             request_latency_s=_REQUEST_LATENCY_S,
             prefill_step_overhead_s=_PREFILL_STEP_OVERHEAD_S,
@@ -270,15 +279,17 @@ class PerformanceModel:
         raise ValueError(f"unknown switch mode {mode!r}; use 'in-place' or 'relaunch'")
 
 
-def pool_tokens_per_rank(arch: ModelArchitecture, tp: int, gpu: GpuType) -> int:
+def pool_tokens_per_rank(arch: ModelArchitecture, tp: int, gpu: GpuType, dcp: int = 1) -> int:
     """KV tokens one TP rank's pool holds on `gpu`, by SGLang's memory computation.
 
     `core.capacity`: the static fraction of the GPU's memory, less the engine's reserve and the
     rank's weight slice, divided by the bytes one token costs the rank (latent, index, draft).
     On B300 the measured 1.17 M (Mind Lab 2026, Table 1) is used instead: it is below this
     figure because the measured engine also held LoRA and other buffers the profile does not
-    list.
+    list. `dcp` decides a DSA model's kernels, and with them its cache layout.
     """
     layout = LayoutSpec(tp=tp)
     pool = pool_bytes(arch, layout, HardwareSpec(gpu_memory_gib=gpu.memory_gib))
-    return int(pool // rank_footprint(arch, layout, speculative=arch.draft_kv_bytes_per_token > 0).per_token)
+    footprint = rank_footprint(arch, layout, speculative=arch.draft_kv_bytes_per_token > 0,
+                               dsa_scaled=gpu.dsa_kv_scaled(arch, dcp))
+    return int(pool // footprint.per_token)

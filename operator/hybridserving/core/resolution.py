@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hybridserving.api.v1alpha1 import HardwareSpec, HybridServingSpec, Role, RoleSpec
+from hybridserving.api.v1alpha1 import HardwareSpec, HybridServingSpec, Role, RoleSpec, SpeculativeSpec
 from hybridserving.api.profiles import ModelArchitecture
 from hybridserving.core import sglang_options
 
@@ -33,6 +33,7 @@ EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")  # speculative/spec_in
 _TREE_DRAFTING_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
 NGRAM_BFS_BREADTH_FLAG = "--speculative-ngram-max-bfs-breadth"
 NGRAM_DEFAULT_BFS_BREADTH = 10  # arg_groups/fields/spec.py:256-259
+NGRAM_DEFAULT_DRAFT_TOKENS = 12  # arg_groups/speculative_hook.py:1314-1319
 # Attention backends that page a draft tree: speculative_hook.py:1271 (EAGLE family), 1355-1358 (NGRAM).
 TREE_PAGING_BACKENDS = ("flashinfer", "fa3", "triton")
 NGRAM_TREE_PAGING_BACKENDS = ("flashinfer",)
@@ -67,6 +68,10 @@ class ResolvedArgs:
     """The backend of both phases unless one of the two above overrides it."""
 
     attn_dp: int = 1
+    dsa_prefill_backend: str | None = None
+    dsa_decode_backend: str | None = None
+    """The sparse-attention kernels of a DSA model (None for other models): they decide the layout of
+    its KV cache (`dsa_kv_scaled`)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -79,6 +84,8 @@ class ResolvedArgs:
             "prefill_attention_backend": self.prefill_attention_backend,
             "decode_attention_backend": self.decode_attention_backend,
             "attention_backend": self.attention_backend,
+            "dsa_prefill_backend": self.dsa_prefill_backend,
+            "dsa_decode_backend": self.dsa_decode_backend,
         }
 
 
@@ -200,6 +207,47 @@ def attention_backend(arch: ModelArchitecture, backends: tuple[str | None, str |
     return "flashinfer" if blackwell else "fa3"
 
 
+def dsa_kv_cache_dtype(kv_cache_dtype: str, compute_capability_major: int | None) -> str:
+    """A DSA model's KV cache dtype: `auto` is FP8 on Blackwell and bf16 on Hopper
+    (`arg_groups/overrides.py:532-538`; no profile has learnable attention sinks), `bf16` is spelled
+    `bfloat16` (539-540)."""
+    if kv_cache_dtype == "auto":
+        blackwell = compute_capability_major is not None and compute_capability_major >= SM100_MAJOR
+        return "fp8_e4m3" if blackwell else "bfloat16"
+    return "bfloat16" if kv_cache_dtype == "bf16" else kv_cache_dtype
+
+
+def dsa_backends(kv_cache_dtype: str, dcp: int, compute_capability_major: int | None) -> tuple[str, str]:
+    """(prefill, decode) sparse-attention kernels of a DSA model on CUDA: DCP forces TensorRT-LLM
+    (`arg_groups/model_overrides/deepseek_v2.py:26-31`); else FP8 takes trtllm on Blackwell and
+    flashmla_kv on Hopper, bf16 flashmla_sparse for prefill and trtllm or fa3 for decode
+    (`arg_groups/overrides.py:706-726`)."""
+    blackwell = compute_capability_major is not None and compute_capability_major >= SM100_MAJOR
+    if dcp > 1:
+        return "trtllm", "trtllm"
+    if kv_cache_dtype == "fp8_e4m3":
+        default = "trtllm" if blackwell else "flashmla_kv"
+        return default, default
+    return "flashmla_sparse", "trtllm" if blackwell else "fa3"
+
+
+def dsa_kv_scaled(kv_cache_dtype: str, backends: tuple[str | None, str | None], role: str) -> bool:
+    """Whether a DSA role stores its FP8 latent with per-block scales and a bf16 rope part (656 bytes a
+    layer for the 512 + 64 latent, not 576): every CUDA FP8 kernel but TensorRT-LLM's and an all-TileLang
+    pair, judged by the local role's kernel of (prefill, decode) `backends`
+    (`mem_cache/kv_cache_configurator.py:3417-3470`)."""
+    prefill, decode = backends
+    if kv_cache_dtype != "fp8_e4m3" or decode is None:
+        return False
+    local = decode if role == "decode" else prefill
+    return local != "trtllm" and not prefill == decode == "tilelang"
+
+
+def resolved_dsa_kv_scaled(resolved: ResolvedArgs, role: str) -> bool:
+    """`dsa_kv_scaled` for a role's resolved values."""
+    return dsa_kv_scaled(resolved.kv_cache_dtype, (resolved.dsa_prefill_backend, resolved.dsa_decode_backend), role)
+
+
 def page_size(arch: ModelArchitecture, requested: int | None, backends: tuple[str | None, str | None],
               backend: str | None = None) -> int:
     """The page size the engine runs: DSA forces 64 x index_kpool whatever --page-size says
@@ -249,12 +297,17 @@ class DraftRefusal:
 
 def role_draft(spec: HybridServingSpec, role: Role) -> Draft | None:
     """What the engine reads of the role's speculative settings; `engine.extraArgs` can widen NGRAM."""
-    speculative = spec.role(role).speculative
+    breadth = sglang_options.int_value(spec.engine.extra_args, NGRAM_BFS_BREADTH_FLAG)
+    return speculative_draft(spec.role(role).speculative, NGRAM_DEFAULT_BFS_BREADTH if breadth is None else breadth)
+
+
+def speculative_draft(speculative: SpeculativeSpec | None,
+                      ngram_bfs_breadth: int = NGRAM_DEFAULT_BFS_BREADTH) -> Draft | None:
+    """What the engine reads of a role's speculative settings."""
     if speculative is None:
         return None
-    breadth = sglang_options.int_value(spec.engine.extra_args, NGRAM_BFS_BREADTH_FLAG)
     return Draft(speculative.algorithm, speculative.num_steps, speculative.eagle_topk, speculative.num_draft_tokens,
-                 NGRAM_DEFAULT_BFS_BREADTH if breadth is None else breadth)
+                 ngram_bfs_breadth)
 
 
 def auto_draft_shape(arch: ModelArchitecture, algorithm: str) -> tuple[int, int, int]:
@@ -275,6 +328,27 @@ def draft_width(arch: ModelArchitecture, draft: Draft | None) -> int | None:
     if draft.num_steps is not None:
         return draft.eagle_topk
     return auto_draft_shape(arch, draft.algorithm)[1]
+
+
+def draft_tokens(arch: ModelArchitecture, draft: Draft | None) -> int | None:
+    """The resolved `speculative_num_draft_tokens`: tokens each verify step checks. NGRAM defaults
+    to 12 (`speculative_hook.py:1314-1319`); a chain (eagleTopk 1) checks its steps + 1 (1255-1265);
+    unset steps take the engine's own shape (1159-1173). None without speculative decoding, and where
+    the engine refuses the settings."""
+    if draft is None:
+        return None
+    if draft.algorithm == "NGRAM":
+        return draft.num_draft_tokens or NGRAM_DEFAULT_DRAFT_TOKENS
+    if draft.num_steps is None:
+        return auto_draft_shape(arch, draft.algorithm)[2]
+    if draft.eagle_topk == 1:
+        return draft.num_steps + 1
+    return draft.num_draft_tokens
+
+
+def role_draft_tokens(spec: HybridServingSpec, role: Role) -> int | None:
+    """`draft_tokens` of one role of a fleet."""
+    return draft_tokens(spec.architecture(), role_draft(spec, role))
 
 
 def draft_tree_width(spec: HybridServingSpec, role: Role) -> int | None:
@@ -369,6 +443,10 @@ def resolve_values(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp
     backend = attention_backend(arch, backends, compute_capability_major)
     if backend == "fa3" and kv_cache_dtype == "fp8_e5m2":
         backend = "triton"  # FlashAttention 3 reads FP8 as e4m3 only (arg_groups/overrides.py:1262-1270)
+    dsa: tuple[str | None, str | None] = (None, None)
+    if arch.is_dsa:
+        kv_cache_dtype = dsa_kv_cache_dtype(kv_cache_dtype, compute_capability_major)
+        dsa = dsa_backends(kv_cache_dtype, dcp, compute_capability_major)
     fraction = mem_fraction_static
     if fraction is None:
         # The memory hook runs before the attention-DP split of chunked prefill and before the
@@ -390,6 +468,8 @@ def resolve_values(arch: ModelArchitecture, *, role: str, gpu_mem_mib: float, tp
         decode_attention_backend=backends[1],
         attention_backend=backend,
         attn_dp=attn_dp,
+        dsa_prefill_backend=dsa[0],
+        dsa_decode_backend=dsa[1],
     )
 
 
