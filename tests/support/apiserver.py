@@ -225,7 +225,9 @@ class FakeCluster(MemoryApi):
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
         obj = self.store.get((kind, name))
-        if kind == "Pod" and obj is not None and not (uid and obj["metadata"]["uid"] != uid):
+        # Pods terminate gracefully; the operator deletes router Deployments in the foreground, so
+        # they stay, marked, while their pods terminate. Both are gone at the next `advance`.
+        if kind in ("Pod", "Deployment") and obj is not None and not (uid and obj["metadata"]["uid"] != uid):
             self._check("delete", kind, name)
             self.writes[("delete", kind)] += 1
             obj["metadata"]["deletionTimestamp"] = "now"
@@ -289,7 +291,7 @@ class FakeCluster(MemoryApi):
 
     def advance(self) -> None:
         for key, obj in list(self.store.items()):
-            if key[0] == "Pod" and obj["metadata"].get("deletionTimestamp"):
+            if key[0] in ("Pod", "Deployment") and obj["metadata"].get("deletionTimestamp"):
                 del self.store[key]
         owners = {o["metadata"]["uid"] for o in self.store.values()} | {"hs-uid"}
         for key, obj in list(self.store.items()):

@@ -190,7 +190,8 @@ def pairing_invariants(hs: HybridServing):
                 assert (pod.labels[LABEL_PAIRING] == key) == runs_spec, f"{pod.name} says the wrong key"
             if v.available:
                 serving.setdefault(keys.pop(), set()).add(v.plan.role)
-        routed = {o["metadata"]["labels"][LABEL_PAIRING] for (kind, _), o in c.store.items() if kind == "Deployment"}
+        routed = {o["metadata"]["labels"][LABEL_PAIRING] for (kind, _), o in c.store.items()
+                  if kind == "Deployment" and not o["metadata"].get("deletionTimestamp")}
         assert key in routed
         assert any(serving.get(k) == set(ROLES) for k in routed), f"no routed pair serving: {serving}, {routed}"
         for k in routed - {key}:

@@ -248,8 +248,14 @@ class Kube:
                    query={"fieldManager": FIELD_MANAGER}, body=body, content_type="application/apply-patch+yaml")
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
-        """Delete in the background (the garbage collector takes the dependents); 404 is done."""
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        """Delete, the garbage collector taking the dependents; 404 is done.
+
+        A router Deployment goes in the foreground: it stays, marked for deletion, until its pods
+        are gone, so the rollout can see that a retired router still takes requests through its
+        preStop window (`core.router.PRESTOP_SECONDS`) and keep the pair it routes to until then.
+        Everything else goes in the background.
+        """
+        body: dict[str, Any] = {"propagationPolicy": "Foreground" if kind == "Deployment" else "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
         self._count("delete", kind)

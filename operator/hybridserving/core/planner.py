@@ -105,7 +105,7 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     instances = {n: render(n, *members[n], allocated[n], n in surging) for n in order}
     views = views_of(instances, observed, spec.rollout.min_ready_seconds)
     routers = _routed(observed)
-    gone, wanted = surge_plan(spec.rollout, views, pairing_key, routers)
+    gone, wanted = surge_plan(spec.rollout, views, pairing_key, _routed(observed, leaving=True))
     for n in gone:
         del instances[n], views[n]
     if any(wanted.values()):
@@ -148,10 +148,12 @@ def plan(hs: HybridServing, observed: Observed, access: EngineAccess | None = No
     )
 
 
-def _routed(observed: Observed) -> frozenset[str]:
-    """The pairing keys with a router Deployment not on its way out."""
+def _routed(observed: Observed, *, leaving: bool = False) -> frozenset[str]:
+    """The pairing keys with a router Deployment not on its way out, or with `leaving` also those on
+    their way out: a retired router's pods still take what stale proxies send them until they are
+    gone (its Deployment is deleted in the foreground), so the last pair of its key stays till then."""
     return frozenset(obj["metadata"]["labels"].get(LABEL_PAIRING, "") for (kind, _), obj in observed.objects.items()
-                     if kind == "Deployment" and not obj["metadata"].get("deletionTimestamp"))
+                     if kind == "Deployment" and (leaving or not obj["metadata"].get("deletionTimestamp")))
 
 
 def diff(desired: DesiredState, observed: Observed) -> list[Action]:
@@ -188,7 +190,7 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
     actions.extend(record)
 
     views = view(desired, observed)
-    selected = select_rollout(desired, views, _routed(observed))
+    selected = select_rollout(desired, views, _routed(observed, leaving=True))
 
     # Instances: create, adopt role switches, roll, restart broken gangs. `next_hash` is the
     # configHash each instance carries once this step's patch lands; its pods follow it.
