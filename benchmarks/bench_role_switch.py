@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from hybridserving.api.v1alpha1 import GPU_TYPES, GpuTypeName
+from hybridserving.core.perfmodel import CALIBRATION_GPU
 from hybridserving.core.policy import PolicyConfig, RoleSwitchPolicy
 from hybridserving.fleetsim import traces
 from hybridserving.fleetsim.baselines import PolicyController
@@ -86,7 +88,7 @@ def verdict(label: str, value: float, need: float, ceiling: float | None = None,
     return line
 
 
-def speed(quick: bool, gpu: str) -> tuple[float, int, float]:
+def speed(quick: bool, gpu: GpuTypeName) -> tuple[float, int, float]:
     """Wall seconds to simulate one hour of a 32-instance fleet at ~50 req/s with our policy."""
     d = traces_dir()
     code = traces.read_azure_csv(d / "AzureLLMInferenceTrace_code.csv")
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="out", help="directory for the PNGs (default out/)")
     ap.add_argument("--workloads", default="mix-shift,diurnal,agentic,mooncake")
     ap.add_argument("--instances", type=int, default=8)
-    ap.add_argument("--gpu", default="b300", choices=("b300", "h200"))
+    ap.add_argument("--gpu", default=CALIBRATION_GPU, type=str.upper, choices=tuple(GPU_TYPES),
+                    help="GPU type the fleet runs on (default: the calibration GPU)")
     ap.add_argument("--load", default="replicate", choices=("replicate", "compress"), help="how load is varied")
     ap.add_argument("--tuned", action="store_true", help="also sweep ours per workload ('ours, tuned')")
     ap.add_argument("--no-scaling", action="store_true", help="skip the scaling comparison")

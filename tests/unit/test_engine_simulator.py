@@ -91,6 +91,24 @@ def resolved_info(*flags: str, gpu: str = "H200", profile: str = "glm-5.2") -> d
     return SimulatorServer(parse_server_args(argv), opts, argv).server_info_dict()
 
 
+def test_the_simulator_runs_at_its_gpus_speed_on_the_same_pool():
+    """The timings of the GPU the simulator stands in for (the operator's policy projects with the
+    same ones, `controller.switching.policy_model`); the pool stays the flag's or the measured one."""
+    def server(gpu: str, *flags: str) -> SimulatorServer:
+        argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), "--tp-size", "8", *flags]
+        opts = SimulatorOptions(profile="glm-5.2", time_scale=0.01, startup_seconds=0.0, faults="", gpu_type=gpu)
+        return SimulatorServer(parse_server_args(argv), opts, argv)
+
+    b300, h200 = server("B300").perf, server("H200").perf
+    assert (b300.gpu, h200.gpu) == ("B300", "H200")
+    compute = b300.prefill_chunk_compute_seconds(8192)
+    assert h200.prefill_chunk_compute_seconds(8192) == pytest.approx(compute * 4500 / 1979)
+    assert h200.kv_capacity_tokens == b300.kv_capacity_tokens == 1_170_000
+    assert server("H200", "--max-total-tokens", "400000").perf.kv_capacity_tokens == 400_000
+    with pytest.raises(FlagError, match="unknown simulated GPU type 'A100'"):
+        server("A100")
+
+
 def test_simulator_serves_sglangs_resolved_values():
     # EAGLE without --max-running-requests: 48 (arg_groups/speculative_hook.py:1086-1094).
     eagle = resolved_info("--disaggregation-mode", "decode", "--tp-size", "8", "--attn-dp-size", "8",

@@ -20,6 +20,7 @@ from hybridserving.controller.engines import (
     waiting_queue_reqs,
 )
 from hybridserving.controller.switching import Instance, policy_model
+from hybridserving.core.fleet import role_capacity
 from support.fleets import fleet
 
 FORWARD = "sglang:forward_execution_seconds_total"
@@ -182,6 +183,32 @@ def test_the_policys_kv_capacity_is_every_attention_dp_ranks_pool():
     assert policy_model(hs.spec, {"fleet-2": decode}).kv_capacity_tokens == 800_000
     single = fleet(decode={"replicas": 2, "layout": {"tp": 8}})
     assert policy_model(single.spec, {"fleet-2": decode}).kv_capacity_tokens == 100_000
+
+
+def test_the_policy_times_the_fleet_on_its_declared_gpu():
+    """An H200 prefills at 1,979 dense FP8 TFLOPS against a B300's 4,500 and reads HBM at 4.8 TB/s
+    against 8: timed as the calibration B300, an H200 fleet's prefill pressure is projected 2.3× too
+    low. A fleet that names no GPU model is timed as the H200 its memory defaults to."""
+    info = EngineSample(server_info={"max_total_num_tokens": 500_000})
+    decode = Instance(obj={"metadata": {"name": "fleet-2"}, "spec": {"role": "decode"}}, pods=[], sample=info)
+    models = {gpu: policy_model(fleet(hardware={"gpuType": gpu} if gpu else {}).spec, {"fleet-2": decode})
+              for gpu in ("B300", "H200", "H20", None)}
+    assert [models[g].gpu for g in ("B300", "H200", "H20", None)] == ["B300", "H200", "H20", "H200"]
+    compute = models["B300"].prefill_chunk_compute_seconds(8192)
+    assert models["H200"].prefill_chunk_compute_seconds(8192) == pytest.approx(compute * 4500 / 1979)
+    assert models["H20"].prefill_chunk_compute_seconds(8192) == pytest.approx(compute * 4500 / 296)
+    assert models["H200"].decode_per_request_s == pytest.approx(models["B300"].decode_per_request_s * 8.0 / 4.8)
+    assert models[None] == models["H200"]
+    assert {m.kv_capacity_tokens for m in models.values()} == {500_000}, "the engine's own pool, whatever the GPU"
+
+
+def test_before_any_engine_answers_the_policy_takes_the_capacity_models_pool():
+    """Not the B300 measurement: a fleet on 141-GiB GPUs holds fewer tokens than one on 288-GiB ones."""
+    for gpu in ("H200", "B300"):
+        hs = fleet(hardware={"gpuType": gpu}, decode={"replicas": 2, "layout": {"tp": 8, "attnDp": 2}})
+        assert policy_model(hs.spec, {}).kv_capacity_tokens == role_capacity(hs.spec, "decode").tokens
+    h200, b300 = (policy_model(fleet(hardware={"gpuType": g}).spec, {}).kv_capacity_tokens for g in ("H200", "B300"))
+    assert 0 < h200 < b300
 
 
 def _instance(name: str, role: str, sample: EngineSample) -> Instance:

@@ -120,27 +120,28 @@ def test_h200_kv_pool_follows_sglangs_memory_computation():
     (on Hopper the FP8 DSA kernel is flashmla_kv, whose latent keeps scales and a bf16 rope part:
     512 + 16 + 128 = 656 B a layer, not 576): about 684 K tokens per rank, not the 1.17 M measured on
     B300, where the TensorRT-LLM kernel keeps the 576-byte raw latent."""
-    from hybridserving.core.perfmodel import GPU_TYPES, pool_tokens_per_rank
+    from hybridserving.api.v1alpha1 import GPU_TYPES
+    from hybridserving.core.perfmodel import pool_tokens_per_rank
 
     arch = PROFILES["glm-5.2"]
-    h200 = PerformanceModel.for_role(arch, tp=8, gpu="h200")
+    h200 = PerformanceModel.for_role(arch, tp=8, gpu="H200")
     expected = (0.88 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (78 * 656 + 2_772 + 656)
     assert h200.kv_capacity_tokens == pytest.approx(expected, rel=1e-3)
     assert 670_000 < h200.kv_capacity_tokens < 700_000
-    assert PerformanceModel.for_role(arch, tp=8, gpu="b300").kv_capacity_tokens == 1_170_000
+    assert PerformanceModel.for_role(arch, tp=8, gpu="B300").kv_capacity_tokens == 1_170_000
     # The hand-over moves the pool's own bytes.
     assert h200.kv_wire_bytes_per_token == 78 * 656 + 2_772
-    assert PerformanceModel.for_role(arch, tp=8, gpu="b300").kv_wire_bytes_per_token == 78 * 576 + 2_772
+    assert PerformanceModel.for_role(arch, tp=8, gpu="B300").kv_wire_bytes_per_token == 78 * 576 + 2_772
     # Decode context parallelism takes the TensorRT-LLM kernels, whose latent is the raw 576 bytes.
     raw = (0.88 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (78 * 576 + 2_772 + 576)
-    assert pool_tokens_per_rank(arch, 8, GPU_TYPES["h200"], dcp=4) == pytest.approx(raw, rel=1e-3)
-    assert PerformanceModel.for_role(arch, tp=8, dcp=4, gpu="h200").kv_wire_bytes_per_token == 78 * 576 + 2_772
+    assert pool_tokens_per_rank(arch, 8, GPU_TYPES["H200"], dcp=4) == pytest.approx(raw, rel=1e-3)
+    assert PerformanceModel.for_role(arch, tp=8, dcp=4, gpu="H200").kv_wire_bytes_per_token == 78 * 576 + 2_772
 
 
 def test_h200_prefill_scales_with_fp8_compute_and_decode_with_hbm_bandwidth():
     arch = PROFILES["glm-5.2"]
-    b300 = PerformanceModel.for_role(arch, tp=8, gpu="b300")
-    h200 = PerformanceModel.for_role(arch, tp=8, gpu="h200")
+    b300 = PerformanceModel.for_role(arch, tp=8, gpu="B300")
+    h200 = PerformanceModel.for_role(arch, tp=8, gpu="H200")
     compute = b300.prefill_chunk_compute_seconds(32768)
     assert h200.prefill_chunk_compute_seconds(32768) == pytest.approx(compute * 4500 / 1979)
     assert h200.decode_per_context_token_s == pytest.approx(b300.decode_per_context_token_s * 8.0 / 4.8)

@@ -15,8 +15,9 @@ import argparse
 import logging
 import os
 from dataclasses import dataclass
+from typing import cast
 
-from hybridserving.api.v1alpha1 import GPU_TYPES
+from hybridserving.api.v1alpha1 import DEFAULT_GPU_TYPE, GPU_TYPES, GpuTypeName
 from hybridserving.contract import sglang_flag_values, sglang_flags
 from hybridserving.core import resolution
 from hybridserving.api.profiles import ModelArchitecture, resolve_profile
@@ -112,7 +113,7 @@ class SimulatorOptions:
     time_scale: float
     startup_seconds: float | None
     faults: str
-    gpu_type: str = "H200"
+    gpu_type: str = DEFAULT_GPU_TYPE
     """The device SGLang would query (its memory and compute capability), by `spec.hardware.gpuType` name."""
     gpu_memory_gib: float | None = None
 
@@ -126,7 +127,7 @@ class SimulatorOptions:
             startup_seconds=float(startup) if startup else None,
             faults=",".join(filter(None, (env.get("HYBRIDSERVING_SIM_FAULTS", ""),
                                           _read_faults_file(env.get("HYBRIDSERVING_SIM_FAULTS_FILE"))))),
-            gpu_type=env.get("HYBRIDSERVING_SIM_GPU_TYPE", "H200"),
+            gpu_type=env.get("HYBRIDSERVING_SIM_GPU_TYPE", DEFAULT_GPU_TYPE),
             gpu_memory_gib=float(env["HYBRIDSERVING_SIM_GPU_MEMORY_GIB"]) if env.get("HYBRIDSERVING_SIM_GPU_MEMORY_GIB")
             else None,
         )
@@ -218,12 +219,17 @@ def reserved_tokens(args: argparse.Namespace, arch: ModelArchitecture) -> int:
     return int(max(topk * steps, draft))
 
 
+def simulated_gpu(options: SimulatorOptions) -> GpuTypeName:
+    """The GPU model the simulator stands in for: it decides SGLang's resolution and the timings."""
+    if options.gpu_type not in GPU_TYPES:
+        raise FlagError(f"unknown simulated GPU type {options.gpu_type!r}; use one of {', '.join(GPU_TYPES)}")
+    return cast(GpuTypeName, options.gpu_type)
+
+
 def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> ResolvedArgs:
     """SGLang's start-up resolution of `args` on the declared device (`core.resolution`, each
     rewrite with the source line it mirrors); refuses what SGLang refuses on that device."""
-    gpu = GPU_TYPES.get(options.gpu_type)
-    if gpu is None:
-        raise FlagError(f"unknown simulated GPU type {options.gpu_type!r}; use one of {', '.join(GPU_TYPES)}")
+    gpu = GPU_TYPES[simulated_gpu(options)]
     memory_gib = options.gpu_memory_gib or gpu.memory_gib
     arch = resolve_profile(options.profile)
     resolved = resolution.resolve_values(

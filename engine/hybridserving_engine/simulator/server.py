@@ -32,7 +32,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hybridserving.contract import SGLANG_VERSION
-from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.core.perfmodel import PerformanceModel, calibrated_kv_tokens
 from hybridserving.api.profiles import resolve_profile
 
 from hybridserving_engine.simulator import auth
@@ -43,6 +43,7 @@ from hybridserving_engine.simulator.args import (
     parse_server_args,
     reserved_tokens,
     resolve_server_args,
+    simulated_gpu,
 )
 from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
 from hybridserving_engine.simulator.contract import generate_contract_error
@@ -219,14 +220,19 @@ class SimulatorServer:
         self._watchdogs: list[asyncio.Task[None]] = []
 
     def _performance_model(self) -> PerformanceModel:
-        """Timings and the KV pool; the running-request cap is the scheduler's own
-        (`SimulatedEngine.rank_max_running_requests`), sized from that pool as SGLang sizes it."""
+        """Timings on the simulated GPU, and the KV pool; the running-request cap is the scheduler's
+        own (`SimulatedEngine.rank_max_running_requests`), sized from that pool as SGLang sizes it.
+
+        Without `--max-total-tokens` the pool is the B300 measurement whatever the GPU: the
+        simulator does not size its pool from memory as SGLang does (the operator's capacity
+        model does, `core.capacity`)."""
         return PerformanceModel.for_role(
             self.arch,
             tp=self.args.tp_size,
             dcp=self.args.dcp_size,
-            kv_tokens=self.args.max_total_tokens,
+            kv_tokens=self.args.max_total_tokens or calibrated_kv_tokens(self.args.dcp_size),
             time_scale=self.options.time_scale,
+            gpu=simulated_gpu(self.options),
         )
 
     def startup_seconds(self) -> float:

@@ -202,11 +202,15 @@ GpuTypeName = Literal["H100", "H200", "H20", "B200", "B300", "GB200", "GB300"]
 
 @dataclass(frozen=True)
 class GpuType:
-    """What the operator knows of a GPU: its memory and the CUDA compute capability SGLang's
-    backend checks read (`utils/common.py:297-313`: Blackwell is major 10-12, SM100 is major 10)."""
+    """What the operator knows of a GPU: its memory, the CUDA compute capability SGLang's backend
+    checks read (`utils/common.py:297-313`: Blackwell is major 10-12, SM100 is major 10), and the two
+    figures the performance model scales its timings by (`core.perfmodel`): prefill is compute-bound
+    (dense FP8 throughput), decode reads KV and expert weights (HBM bandwidth)."""
 
     memory_gib: float
     compute_capability_major: int
+    hbm_tb_per_s: float
+    fp8_dense_tflops: float
 
     @property
     def architecture(self) -> str:
@@ -214,17 +218,24 @@ class GpuType:
             self.compute_capability_major, "other")
 
 
-# Memory as the vendor lists it (the examples' convention); gpuMemoryGib overrides it.
+# Vendor datasheets, per GPU (memory as the vendor lists it, the examples' convention; gpuMemoryGib
+# overrides it). FP8 dense is half the "with sparsity" figure the sheets lead with. H100 SXM: 80 GB
+# HBM3, 3.35 TB/s, FP8 3,958 TFLOPS sparse. H200 SXM: 141 GB HBM3e, 4.8 TB/s, the H100's compute.
+# H20: 96 GB HBM3, 4.0 TB/s, FP8 296 TFLOPS dense. HGX B200 and HGX B300: 180 and 288 GB HBM3e,
+# 8 TB/s, FP8 72 PFLOPS sparse per 8 GPUs (4.5 PFLOPS dense each). GB200 and GB300 NVL72: 186 and
+# 288 GB, 576 TB/s and FP8 720 PFLOPS sparse per 72 GPUs (8 TB/s, 5 PFLOPS dense each).
 GPU_TYPES: dict[str, GpuType] = {
-    "H100": GpuType(80.0, 9),
-    "H200": GpuType(141.0, 9),
-    "H20": GpuType(96.0, 9),
-    "B200": GpuType(180.0, 10),
-    "B300": GpuType(288.0, 10),
-    "GB200": GpuType(186.0, 10),
-    "GB300": GpuType(288.0, 10),
+    "H100": GpuType(80.0, 9, hbm_tb_per_s=3.35, fp8_dense_tflops=1979.0),
+    "H200": GpuType(141.0, 9, hbm_tb_per_s=4.8, fp8_dense_tflops=1979.0),
+    "H20": GpuType(96.0, 9, hbm_tb_per_s=4.0, fp8_dense_tflops=296.0),
+    "B200": GpuType(180.0, 10, hbm_tb_per_s=8.0, fp8_dense_tflops=4500.0),
+    "B300": GpuType(288.0, 10, hbm_tb_per_s=8.0, fp8_dense_tflops=4500.0),
+    "GB200": GpuType(186.0, 10, hbm_tb_per_s=8.0, fp8_dense_tflops=5000.0),
+    "GB300": GpuType(288.0, 10, hbm_tb_per_s=8.0, fp8_dense_tflops=5000.0),
 }
-DEFAULT_GPU_MEMORY_GIB = 141.0
+DEFAULT_GPU_TYPE: GpuTypeName = "H200"
+"""What a fleet that names no gpuType is sized and timed as."""
+DEFAULT_GPU_MEMORY_GIB = GPU_TYPES[DEFAULT_GPU_TYPE].memory_gib
 
 
 class HardwareSpec(ApiModel):
@@ -232,7 +243,8 @@ class HardwareSpec(ApiModel):
     gpu_type: GpuTypeName | None = Field(
         default=None,
         description="The GPU model: gives the memory and the architecture the engine's backend checks need "
-        "(Kimi K3 decode context parallelism, for one, runs only on Blackwell).",
+        "(Kimi K3 decode context parallelism, for one, runs only on Blackwell), and the compute and memory "
+        "bandwidth the role-switch policy times prefill and decode by; unset: timed as an H200.",
     )
     gpu_memory_gib: float | None = Field(
         default=None, gt=0, le=4096,
@@ -255,6 +267,11 @@ class HardwareSpec(ApiModel):
     def gpu(self) -> GpuType | None:
         """The declared GPU model, None when only its memory is given."""
         return GPU_TYPES[self.gpu_type] if self.gpu_type else None
+
+    @property
+    def assumed_gpu_type(self) -> GpuTypeName:
+        """The GPU model the fleet is timed as: the declared one, else the one its memory defaults to."""
+        return self.gpu_type or DEFAULT_GPU_TYPE
 
 
 # --------------------------------------------------------------------------- per-role layout

@@ -1,11 +1,13 @@
 """`hybridserving simulate`: replay a trace through the fleet simulator under one policy.
 
-    hybridserving simulate --trace mix-shift --policy ours [--instances 8] [--rate-scale 1.5]
-                           [--goodput] [-o json] [--plot out.png]
+    hybridserving simulate --trace mix-shift --policy ours [--instances 8] [--gpu B300]
+                           [--rate-scale 1.5] [--goodput] [-o json] [--plot out.png]
 
 `--trace` is a workload name (mix-shift, diurnal, agentic, mooncake) or a trace file (Azure CSV
 or Mooncake JSONL). Dynamic policies start from the best static split at the chosen rate and use
-the first setting of their benchmark sweep.
+the first setting of their benchmark sweep. `--gpu` names the GPU type of the instances (a
+`hardware.gpuType`); the default is B300, the GPU the performance model is calibrated on and the
+named workloads' SLOs were set for.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import math
 from pathlib import Path
 from typing import TextIO
 
+from hybridserving.api.v1alpha1 import GPU_TYPES
 from hybridserving.commands.output import positive_number, whole_number, write_error, write_json
+from hybridserving.core.perfmodel import CALIBRATION_GPU
 from hybridserving.fleetsim import traces
 from hybridserving.fleetsim.experiment import (
     DEFAULT_SLO,
@@ -47,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--policy", required=True, choices=POLICIES)
     # At least one instance per role; at most spec.scaling.maxReplicas allows.
     p.add_argument("--instances", type=whole_number(2, 1024), default=8, help="instances of 8 GPUs (default 8)")
+    p.add_argument("--gpu", type=str.upper, choices=tuple(GPU_TYPES), default=CALIBRATION_GPU,
+                   help=f"GPU type of the instances (default {CALIBRATION_GPU}, the calibration GPU)")
     p.add_argument("--rate-scale", type=positive_number, default=1.0, help="multiply the trace's request rate")
     p.add_argument("--goodput", action="store_true", help="also search the highest rate with ≥90%% SLO attainment")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -139,7 +145,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                            "one run to plot", "plot another policy (hindsight plots the oracle's schedule)")
     if (too_many := check_rate(w, args.rate_scale)) is not None:
         return write_error(out, as_json, "--rate-scale", too_many.message, too_many.fix)
-    model = fleet_model()
+    model = fleet_model(gpu=args.gpu)
     runner = Runner(w, args.instances, model, iterations=7)
     slo = w.slo
     split, static_att = runner.best_static(args.rate_scale)
@@ -181,6 +187,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         "policy": args.policy,
         "instances": args.instances,
         "gpus": args.instances * 8,
+        "gpuType": args.gpu,
         "rateScale": args.rate_scale,
         "rateRps": w.trace.rate * args.rate_scale,
         "initialSplit": {"prefill": split, "decode": args.instances - split},

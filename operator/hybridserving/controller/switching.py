@@ -38,6 +38,7 @@ from hybridserving.controller.engines import LAUNCHER_PORT, EngineSample, Engine
 from hybridserving.controller.kube import KubeError, describe_failure
 from hybridserving.controller.reconcile import DEFAULT_ENGINE_POLICY, spec_of_applied, validate
 from hybridserving.core import enginekey, flags, liveness, switching
+from hybridserving.core.fleet import role_capacity
 from hybridserving.core.assignment import prefill_share
 from hybridserving.core.observed import format_time, parse_time, restart_generation
 from hybridserving.core.perfmodel import PerformanceModel
@@ -897,14 +898,18 @@ async def _tick_fleet(controller: SwitchController, key: tuple[str, str], interv
 
 
 def policy_model(spec: HybridServingSpec, instances: Mapping[str, Instance]) -> PerformanceModel:
-    """The performance model the policy projects with: the decode layout, at the engines' time scale.
+    """The performance model the policy projects with: the decode layout on the fleet's GPU model,
+    at the engines' time scale.
 
-    `/server_info`'s `max_total_num_tokens` is one DP rank's pool (the data-parallel controller
-    reports its first scheduler's: `managers/data_parallel_controller.py:821`), and each
-    attention-DP rank has its own: the instance holds `attnDp` of them. The running-request cap is
-    the one the engine's schedulers sized, from `/v1/loads` (`EngineSample.max_running_requests`);
-    `/server_info`'s is the flag, which stands in (or else the model's default) only while no
-    engine answered that.
+    The timings follow `hardware.gpuType` (an H200's, as its memory does, when none is named): an
+    H200 prefills 2.3× slower than the B300 the model is calibrated on, so B300 timings would
+    project an H200 fleet's prefill pressure 2.3× too low. `/server_info`'s `max_total_num_tokens`
+    is one DP rank's pool (the data-parallel controller reports its first scheduler's:
+    `managers/data_parallel_controller.py:821`), and each attention-DP rank has its own: the
+    instance holds `attnDp` of them; before any engine answered, the capacity model's pool stands
+    in. The running-request cap is the one the engine's schedulers sized, from `/v1/loads`
+    (`EngineSample.max_running_requests`); `/server_info`'s is the flag, which stands in (or else
+    the model's default) only while no engine answered that.
     """
     info: dict[str, Any] = {}
     cap: int | None = None
@@ -920,6 +925,7 @@ def policy_model(spec: HybridServingSpec, instances: Mapping[str, Instance]) -> 
     layout = spec.decode.layout
     return PerformanceModel.for_role(
         spec.architecture(), tp=layout.tp, dcp=layout.dcp,
-        kv_tokens=int(info["max_total_num_tokens"]) * layout.attn_dp if info.get("max_total_num_tokens") else None,
-        time_scale=float(info.get("simulator_time_scale") or 1.0), **kwargs,
+        kv_tokens=(int(info["max_total_num_tokens"]) * layout.attn_dp if info.get("max_total_num_tokens")
+                   else role_capacity(spec, "decode").tokens),
+        time_scale=float(info.get("simulator_time_scale") or 1.0), gpu=spec.hardware.assumed_gpu_type, **kwargs,
     )

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal
 
-from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec
+from hybridserving.api.v1alpha1 import GPU_TYPES, GpuType, GpuTypeName, HardwareSpec, LayoutSpec
 from hybridserving.core import resolution
 from hybridserving.core.capacity import pool_bytes, rank_footprint
 from hybridserving.api.profiles import ModelArchitecture
@@ -65,38 +65,19 @@ _DEFAULT_MAX_RUNNING_REQUESTS = 256
 _POD_START_S = 60.0
 
 
-@dataclass(frozen=True)
-class GpuType:
-    """What the timings scale with from one GPU type to another.
-
-    The constants above are fitted on B300 (Mind Lab 2026; Long Context 2026). Prefill is
-    compute-bound, so its compute terms scale with dense FP8 throughput; decode reads KV and
-    expert weights, so its per-token and per-request terms scale with HBM bandwidth (the fixed
-    launch/collective latency does not); the KV pool comes from memory (`core.capacity`,
-    SGLang's computation).
-    """
-
-    name: str
-    memory_gib: float
-    hbm_tb_per_s: float
-    fp8_dense_tflops: float
-    compute_capability_major: int
-    """Decides the engine's kernels, and with them a DSA model's cache layout."""
-
-    def dsa_kv_scaled(self, arch: ModelArchitecture, dcp: int = 1) -> bool:
-        """Whether `arch`'s FP8 cache takes DSA's scaled layout on this GPU (`resolution.dsa_kv_scaled`)."""
-        backends = resolution.dsa_backends("fp8_e4m3", dcp, self.compute_capability_major)
-        return arch.is_dsa and resolution.dsa_kv_scaled("fp8_e4m3", backends, "decode")
+# The constants above are fitted on B300 (Mind Lab 2026; Long Context 2026). Prefill is
+# compute-bound, so its compute terms scale with dense FP8 throughput; decode reads KV and expert
+# weights, so its per-token and per-request terms scale with HBM bandwidth (the fixed
+# launch/collective latency does not); the KV pool comes from memory (`core.capacity`, SGLang's
+# computation). Each GPU's figures are the API's (`api.v1alpha1.GPU_TYPES`, vendor datasheets).
+CALIBRATION_GPU: GpuTypeName = "B300"
 
 
-# Vendor datasheets: B300 (HGX B300: 288 GB HBM3e at 8 TB/s per GPU; FP8 72 PFLOPS per 8 GPUs
-# with sparsity, so 4.5 PFLOPS dense per GPU); H200 SXM (141 GB HBM3e, 4.8 TB/s; FP8 3,958
-# TFLOPS with sparsity, 1,979 dense). Memory in GiB as `hardware.gpuMemoryGib` takes it.
-GPU_TYPES: dict[str, GpuType] = {
-    "b300": GpuType("b300", memory_gib=288.0, hbm_tb_per_s=8.0, fp8_dense_tflops=4500.0, compute_capability_major=10),
-    "h200": GpuType("h200", memory_gib=141.0, hbm_tb_per_s=4.8, fp8_dense_tflops=1979.0, compute_capability_major=9),
-}
-_CALIBRATION_GPU = GPU_TYPES["b300"]
+def dsa_kv_scaled(gpu: GpuType, arch: ModelArchitecture, dcp: int = 1) -> bool:
+    """Whether `arch`'s FP8 cache takes DSA's scaled layout on `gpu`: the kernels decide it, and the
+    GPU's architecture decides the kernels (`resolution.dsa_kv_scaled`)."""
+    backends = resolution.dsa_backends("fp8_e4m3", dcp, gpu.compute_capability_major)
+    return arch.is_dsa and resolution.dsa_kv_scaled("fp8_e4m3", backends, "decode")
 
 
 def _prefill_compute_terms() -> tuple[float, float]:
@@ -160,7 +141,7 @@ class PerformanceModel:
     relaunch_switch_s: float
     time_scale: float = 1.0
     pod_start_s: float = _POD_START_S
-    gpu: str = "b300"
+    gpu: GpuTypeName = CALIBRATION_GPU
 
     @classmethod
     def for_role(
@@ -174,7 +155,7 @@ class PerformanceModel:
         in_place_switch_seconds: float = _IN_PLACE_SWITCH_S,
         link_bytes_per_second: float = _LINK_BYTES_PER_S,
         time_scale: float = 1.0,
-        gpu: str = "b300",
+        gpu: GpuTypeName = CALIBRATION_GPU,
     ) -> PerformanceModel:
         """Build the model of one instance of `arch` laid out as TP `tp` with DCP `dcp`.
 
@@ -187,18 +168,18 @@ class PerformanceModel:
             raise ValueError("time_scale must be positive")
         if gpu not in GPU_TYPES:
             raise ValueError(f"unknown gpu {gpu!r}; known: {', '.join(sorted(GPU_TYPES))}")
-        kind = GPU_TYPES[gpu]
+        kind, calibration = GPU_TYPES[gpu], GPU_TYPES[CALIBRATION_GPU]
         per_token, per_pair = _prefill_compute_terms()
-        compute_scale = _PREFILL_ANCHOR_TP / tp * _CALIBRATION_GPU.fp8_dense_tflops / kind.fp8_dense_tflops
-        bandwidth_scale = _CALIBRATION_GPU.hbm_tb_per_s / kind.hbm_tb_per_s
+        compute_scale = _PREFILL_ANCHOR_TP / tp * calibration.fp8_dense_tflops / kind.fp8_dense_tflops
+        bandwidth_scale = calibration.hbm_tb_per_s / kind.hbm_tb_per_s
         base, per_request = _decode_terms()
-        if kv_tokens is None and kind is not _CALIBRATION_GPU:
+        if kv_tokens is None and gpu != CALIBRATION_GPU:
             kv_tokens = pool_tokens_per_rank(arch, tp, kind, dcp) * dcp
-        latent = rank_footprint(arch, LayoutSpec(), dsa_scaled=kind.dsa_kv_scaled(arch, dcp)).kv
+        latent = rank_footprint(arch, LayoutSpec(), dsa_scaled=dsa_kv_scaled(kind, arch, dcp)).kv
         kv_per_rank = latent / dcp + arch.index_bytes_per_token
         state_per_rank = arch.recurrent_state_bytes_per_request / tp
         return cls(
-            kv_capacity_tokens=kv_tokens if kv_tokens is not None else _DEFAULT_KV_TOKENS_PER_DCP_RANK * dcp,
+            kv_capacity_tokens=kv_tokens if kv_tokens is not None else calibrated_kv_tokens(dcp),
             state_tokens_per_request=math.ceil(state_per_rank / kv_per_rank) if kv_per_rank else 0,
             kv_wire_bytes_per_token=round(latent) + arch.index_bytes_per_token,
             max_running_requests=max_running_requests,
@@ -279,6 +260,11 @@ class PerformanceModel:
         raise ValueError(f"unknown switch mode {mode!r}; use 'in-place' or 'relaunch'")
 
 
+def calibrated_kv_tokens(dcp: int = 1) -> int:
+    """The KV tokens measured on the calibration GPU (GLM-5.2, TP8), which scale with DCP."""
+    return _DEFAULT_KV_TOKENS_PER_DCP_RANK * dcp
+
+
 def pool_tokens_per_rank(arch: ModelArchitecture, tp: int, gpu: GpuType, dcp: int = 1) -> int:
     """KV tokens one TP rank's pool holds on `gpu`, by SGLang's memory computation.
 
@@ -291,5 +277,5 @@ def pool_tokens_per_rank(arch: ModelArchitecture, tp: int, gpu: GpuType, dcp: in
     layout = LayoutSpec(tp=tp)
     pool = pool_bytes(arch, layout, HardwareSpec(gpu_memory_gib=gpu.memory_gib))
     footprint = rank_footprint(arch, layout, speculative=arch.draft_kv_bytes_per_token > 0,
-                               dsa_scaled=gpu.dsa_kv_scaled(arch, dcp))
+                               dsa_scaled=dsa_kv_scaled(gpu, arch, dcp))
     return int(pool // footprint.per_token)

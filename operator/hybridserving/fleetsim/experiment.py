@@ -24,8 +24,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from hybridserving.api.v1alpha1 import RoleSwitchSpec, SloSpec
-from hybridserving.core.perfmodel import PerformanceModel
+from hybridserving.api.v1alpha1 import GpuTypeName, RoleSwitchSpec, SloSpec
+from hybridserving.core.perfmodel import CALIBRATION_GPU, PerformanceModel
 from hybridserving.core.policy import FleetScaler, PolicyConfig, RoleSwitchPolicy, ScalingConfig
 from hybridserving.api.profiles import PROFILES
 from hybridserving.fleetsim import traces
@@ -112,7 +112,7 @@ def load_workload(key: str, directory: Path | None = None) -> Workload:
     raise KeyError(f"unknown workload {key!r}; known: mix-shift, diurnal, agentic, mooncake")
 
 
-def fleet_model(profile: str = "glm-5.2", tp: int = 8, gpu: str = "b300") -> PerformanceModel:
+def fleet_model(profile: str = "glm-5.2", tp: int = 8, gpu: GpuTypeName = CALIBRATION_GPU) -> PerformanceModel:
     """One 8-GPU instance; B300 by default, the GPU the model is calibrated on and the workloads'
     SLOs were set for (on H200 prefill is 2.27× slower: a 2 s TTFT excludes Mooncake's longest
     prompts at any load, so goodput there is 0)."""
