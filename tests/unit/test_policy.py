@@ -408,6 +408,24 @@ def test_a_decode_role_past_its_cliff_gets_an_instance_even_if_one_more_leaves_i
     assert decision is not None and (decision.from_role, decision.to_role) == ("prefill", "decode")
 
 
+def test_a_prefill_backlog_past_the_pressure_cap_still_gets_an_instance():
+    """A backlog deep enough that two and three prefill instances would both read the old cap of
+    50: the projection must still show what the third one relieves, or the policy holds still
+    exactly when prefill is furthest behind."""
+    policy = RoleSwitchPolicy(PolicyConfig(sustain_s=20), MODEL)
+    states = fleet(2, 2)
+    demand = RoleDemand(300.0, 100.0, 500.0)
+    on_two, on_three = policy.projected("prefill", demand, 2), policy.projected("prefill", demand, 3)
+    assert on_three > 50.0 and on_two == pytest.approx(on_three * 3 / 2)
+    assert policy.projected("prefill", demand, 0) >= policy.projected("prefill", demand, 1)
+    memory, decision = PolicyMemory(), None
+    for t in range(0, 60, 5):
+        decision, memory = policy.decide(float(t), states, metrics_for(states, 1.0, 0.01, 3_000_000), memory)
+        if decision:
+            break
+    assert decision is not None and (decision.from_role, decision.to_role) == ("decode", "prefill")
+
+
 def test_decisions_are_deterministic():
     states = fleet(3, 5)
     m = metrics_for(states, 1.0, 0.2, 80_000)

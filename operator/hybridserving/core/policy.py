@@ -242,7 +242,8 @@ class Decision:
 
 
 _PRESSURE_CAP = 50.0
-"""Upper bound on any projected pressure (a role with no instance and some demand)."""
+"""The pressure of a role with no instance and some demand, and the bound on decode's (its cliff);
+prefill's is linear in its load and not bounded (`projected_prefill_pressure`)."""
 
 
 @dataclass(frozen=True)
@@ -357,10 +358,16 @@ def kv_wait_seconds(metrics: Sequence[InstanceMetrics], model: PerformanceModel,
 
 
 def projected_prefill_pressure(demand: RoleDemand, instances: int, config: PolicyConfig) -> float:
-    """Prefill load per instance over the target utilisation (fluid: compute is linear in instances)."""
-    if instances <= 0:
-        return _PRESSURE_CAP if demand.prefill_load > 0 else 0.0
-    return min(_PRESSURE_CAP, demand.prefill_load / instances / config.target_utilization)
+    """Prefill load per instance over the target utilisation (fluid: compute is linear in instances).
+
+    Not capped: a backlog deep enough to read the cap at both the current count and one more
+    (hundreds of thousands of queued tokens on an H200) hid the relief one more instance brings,
+    and the role that needed an instance most was refused one. No instance at all is the cap, or
+    what one instance would carry if that is more, so fewer instances never project less."""
+    if demand.prefill_load <= 0:
+        return 0.0
+    on_one = demand.prefill_load / config.target_utilization
+    return max(_PRESSURE_CAP, on_one) if instances <= 0 else on_one / instances
 
 
 def projected_decode_batch(demand: RoleDemand, instances: int, model: PerformanceModel) -> float:
