@@ -108,8 +108,9 @@ def _was_ready(ready_condition: Mapping[str, Any], containers: list[Mapping[str,
 
 
 def _lost_readiness(ready_condition: Mapping[str, Any], containers: list[Mapping[str, Any]], now: float | None) -> bool:
-    """`_was_ready` for `UNREADY_GRACE_SECONDS`. The grace lets a pause (an in-place role switch
-    holds `/ready` at 503 while it rebuilds) pass before the next probe without being reported."""
+    """`_was_ready` for `UNREADY_GRACE_SECONDS`. The grace lets a pause (the launcher's `/readyz`
+    answers 503 while an in-place role switch drains and rebuilds the engine) pass before the next
+    probe without being reported."""
     if now is None or not _was_ready(ready_condition, containers):
         return False
     turned = parse_time(ready_condition.get("lastTransitionTime"))
