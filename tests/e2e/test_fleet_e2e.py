@@ -65,6 +65,7 @@ def fleet_manifest() -> dict:
     doc["spec"]["decode"]["replicas"] = 2
     doc["spec"]["engine"] = {"env": [
         {"name": "HYBRIDSERVING_SIM_PROFILE", "value": doc["spec"]["model"]["profile"]},
+        {"name": "HYBRIDSERVING_SIM_GPU_TYPE", "value": doc["spec"]["hardware"]["gpuType"]},
         {"name": "HYBRIDSERVING_SIM_TIME_SCALE", "value": str(TIME_SCALE)},
         {"name": "HYBRIDSERVING_SIM_STARTUP_SECONDS", "value": str(STARTUP_SECONDS)},
         {"name": "HYBRIDSERVING_POLL_INTERVAL_S", "value": "0.2"},
@@ -148,7 +149,8 @@ def test_requests_split_between_prefill_and_decode_pods_with_model_latencies(ser
     prefill_urls = [f.engine_url(p) for p in f.pods("prefill")]
     decode_urls = [f.engine_url(p) for p in f.pods("decode")]
     before = {u: metrics_of(u) for u in prefill_urls + decode_urls}
-    model = PerformanceModel.for_role(PROFILES["deepseek-v3"], tp=8, time_scale=TIME_SCALE)
+    model = PerformanceModel.for_role(PROFILES["deepseek-v3"], tp=8, time_scale=TIME_SCALE,
+                                      gpu=fleet_manifest()["spec"]["hardware"]["gpuType"])
     expected_ttft = model.prefill_seconds(PROMPT_TOKENS) + model.transfer_seconds(PROMPT_TOKENS)
     expected_tpot = sum(model.decode_step_seconds(1, PROMPT_TOKENS + k) for k in range(1, OUTPUT_TOKENS)) / (
         OUTPUT_TOKENS - 1)

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from hybridserving.api.v1alpha1 import DEFAULT_GPU_TYPE
 from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import PROFILES
 from hybridserving.core.router import WORKER_FLAGS
@@ -42,7 +43,7 @@ def test_requests_through_smg_split_prefill_and_decode_work_at_no_less_than_mode
     prefill = engine_pod("prefill", time_scale=TIME_SCALE)
     decode = engine_pod("decode", time_scale=TIME_SCALE)
     router = smg_router(prefill, decode)
-    model = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8, time_scale=TIME_SCALE)
+    model = PerformanceModel.for_role(PROFILES["glm-5.2"], tp=8, time_scale=TIME_SCALE, gpu=DEFAULT_GPU_TYPE)
 
     # TTFT and TPOT of single streaming requests on idle instances.
     expected_ttft = model.prefill_seconds(PROMPT_TOKENS) + model.transfer_seconds(PROMPT_TOKENS)

@@ -36,6 +36,8 @@ def manifest(name: str, *, backend: str, time_scale: float, startup_seconds: flo
     spec["roleSwitch"].update(cooldownSeconds=900, drainTimeoutSeconds=60, maxConcurrent=1)
     env = [
         {"name": "HYBRIDSERVING_SIM_PROFILE", "value": spec["model"]["profile"]},
+        # The simulators run at the speed of the GPU the operator times the fleet on.
+        {"name": "HYBRIDSERVING_SIM_GPU_TYPE", "value": spec["hardware"]["gpuType"]},
         {"name": "HYBRIDSERVING_SIM_TIME_SCALE", "value": str(time_scale)},
         {"name": "HYBRIDSERVING_POLL_INTERVAL_S", "value": "0.2"},
         {"name": "HYBRIDSERVING_RESTART_BACKOFF_S", "value": "0.5"},

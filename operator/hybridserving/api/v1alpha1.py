@@ -270,7 +270,8 @@ class HardwareSpec(ApiModel):
 
     @property
     def assumed_gpu_type(self) -> GpuTypeName:
-        """The GPU model the fleet is timed as: the declared one, else the one its memory defaults to."""
+        """The GPU model the fleet is timed as: the declared one, else an H200, whose memory an
+        unnamed fleet is sized with; `gpuMemoryGib` alone sets the memory, not the speed."""
         return self.gpu_type or DEFAULT_GPU_TYPE
 
 

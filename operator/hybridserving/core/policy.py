@@ -242,8 +242,9 @@ class Decision:
 
 
 _PRESSURE_CAP = 50.0
-"""The pressure of a role with no instance and some demand, and the bound on decode's (its cliff);
-prefill's is linear in its load and not bounded (`projected_prefill_pressure`)."""
+"""The least pressure of a role with no instance and some demand (prefill's is this or its load on
+one instance, if more), and the bound on decode's (its cliff); prefill's on one or more instances
+is linear in its load and not bounded (`projected_prefill_pressure`)."""
 
 
 @dataclass(frozen=True)
