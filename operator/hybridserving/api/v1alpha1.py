@@ -235,7 +235,6 @@ GPU_TYPES: dict[str, GpuType] = {
 }
 DEFAULT_GPU_TYPE: GpuTypeName = "H200"
 """What a fleet that names no gpuType is sized and timed as."""
-DEFAULT_GPU_MEMORY_GIB = GPU_TYPES[DEFAULT_GPU_TYPE].memory_gib
 
 
 class HardwareSpec(ApiModel):
@@ -261,7 +260,7 @@ class HardwareSpec(ApiModel):
         filled-in field, so the stored object stays what the apiserver's defaulting makes of it."""
         if self.gpu_memory_gib is not None:
             return self.gpu_memory_gib
-        return GPU_TYPES[self.gpu_type].memory_gib if self.gpu_type else DEFAULT_GPU_MEMORY_GIB
+        return GPU_TYPES[self.assumed_gpu_type].memory_gib
 
     @property
     def gpu(self) -> GpuType | None:
