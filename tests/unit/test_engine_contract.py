@@ -31,7 +31,8 @@ from hybridserving_engine.simulator.process import SimulatorProcess, free_port, 
 from hybridserving.controller.engines import inflight_requests
 
 ENGINE_URL = os.environ.get("HYBRIDSERVING_ENGINE_URL")
-ARGV = ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
+# GLM-5.2's weights need a node of 8 H200s, the simulator's default GPU, as they need them on SGLang.
+ARGV = ["--tp-size", "8", "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
         "--enable-pd-role-switch", "--enable-metrics"]
 
 
@@ -131,7 +132,7 @@ def test_the_scheduler_watchdog_kills_the_server_hung_mid_batch_and_spares_it_hu
     if ENGINE_URL:
         pytest.skip("a real engine's scheduler cannot be hung on demand")
     argv = ["--model-path", "zai-org/GLM-5.2-FP8", "--host", "127.0.0.1", "--port", str(free_port()),
-            "--watchdog-timeout", "1"]
+            "--tp-size", "8", "--watchdog-timeout", "1"]
     with SimulatorProcess(argv, env=simulator_env(time_scale=0.01)) as sim:
         sim.wait_ready()
         faults = sim.url + "/sim/faults"

@@ -19,9 +19,12 @@ from hybridserving_engine.simulator.engine import SimRequest, count_tokens
 from hybridserving_engine.simulator.faults import Faults
 from hybridserving_engine.simulator.process import SimulatorProcess, free_port, simulator_env
 from hybridserving_engine.simulator import server as simulator_server
-from hybridserving_engine.simulator.server import SimulatorServer
+from hybridserving_engine.simulator.server import SimulatorServer, main
 
+from hybridserving.api.profiles import PROFILES
+from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec, RoleSpec
 from hybridserving.contract import inflight_requests
+from hybridserving.core.capacity import instance_capacity
 from hybridserving.controller.engines import Scrape, busy_fraction, instance_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,8 +40,9 @@ def options(time_scale: float = 0.01, faults: str = "") -> SimulatorOptions:
 
 
 def make_server(*flags: str, time_scale: float = 0.01, faults: str = "") -> SimulatorServer:
+    """A server of GLM-5.2 on one node of 8 H200s unless `flags` say otherwise: its weights need them."""
     argv = ["--model-path", "zai-org/GLM-5.2-FP8", "--served-model-name", "glm-5.2", "--host", "127.0.0.1",
-            "--port", str(free_port()), *flags]
+            "--port", str(free_port()), "--tp-size", "8", *flags]
     return SimulatorServer(parse_server_args(argv), options(time_scale, faults), argv)
 
 
@@ -86,16 +90,19 @@ def test_flags_sglang_does_not_know_exit_2_as_sglang_serve_does():
 
 
 def resolved_info(*flags: str, gpu: str = "H200", profile: str = "glm-5.2") -> dict:
-    argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), *flags]
+    argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), "--tp-size", "8", *flags]
     opts = SimulatorOptions(profile=profile, time_scale=0.01, startup_seconds=0.0, faults="", gpu_type=gpu)
     return SimulatorServer(parse_server_args(argv), opts, argv).server_info_dict()
 
 
-def test_the_simulator_runs_at_its_gpus_speed_on_the_same_pool():
+def test_the_simulator_runs_at_its_gpus_speed_on_the_pool_its_memory_holds():
     """The timings of the GPU the simulator stands in for (the operator's policy projects with the
-    same ones, `controller.switching.policy_model`); the pool stays the flag's or the measured one."""
+    same ones, `controller.switching.policy_model`), and the pool SGLang sizes from that GPU's memory,
+    which is the operator's figure for the same role (`core.capacity`); `--max-total-tokens` only
+    lowers it (`mem_cache/kv_cache_configurator.py:3096-3106`)."""
     def server(gpu: str, *flags: str) -> SimulatorServer:
-        argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), "--tp-size", "8", *flags]
+        argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), "--tp-size", "8",
+                "--disaggregation-mode", "decode", "--kv-cache-dtype", "fp8_e4m3", *flags]
         opts = SimulatorOptions(profile="glm-5.2", time_scale=0.01, startup_seconds=0.0, faults="", gpu_type=gpu)
         return SimulatorServer(parse_server_args(argv), opts, argv)
 
@@ -103,10 +110,41 @@ def test_the_simulator_runs_at_its_gpus_speed_on_the_same_pool():
     assert (b300.gpu, h200.gpu) == ("B300", "H200")
     compute = b300.prefill_chunk_compute_seconds(8192)
     assert h200.prefill_chunk_compute_seconds(8192) == pytest.approx(compute * 4500 / 1979)
-    assert h200.kv_capacity_tokens == b300.kv_capacity_tokens == 1_170_000
+    planned = {gpu: instance_capacity(PROFILES["glm-5.2"], RoleSpec(layout=LayoutSpec(tp=8)),
+                                      HardwareSpec(gpu_type=gpu)).tokens for gpu in ("B300", "H200")}
+    assert (b300.kv_capacity_tokens, h200.kv_capacity_tokens) == (planned["B300"], planned["H200"])
+    assert 800_000 < h200.kv_capacity_tokens < 850_000 < 4_000_000 < b300.kv_capacity_tokens
     assert server("H200", "--max-total-tokens", "400000").perf.kv_capacity_tokens == 400_000
+    assert server("H200", "--max-total-tokens", "5000000").perf.kv_capacity_tokens == planned["H200"]
     with pytest.raises(FlagError, match="unknown simulated GPU type 'A100'"):
         server("A100")
+
+
+def test_a_layout_whose_weights_leave_no_pool_does_not_start():
+    """SGLang stops at start-up when the static fraction holds no KV after the weights
+    (`model_executor/pool_configurator.py:94-99`): GLM-5.2's 750 GB on fewer than 8 H200s."""
+    with pytest.raises(FlagError, match=r"Not enough memory\. Please try to increase --mem-fraction-static\. "
+                                        r"Current value: mem_fraction_static=0\.\d+ \(the weights take 174\.6 GiB"):
+        resolved_info("--tp-size", "4")
+    argv = ["--model-path", "m", "--port", str(free_port()), "--tp-size", "4"]
+    assert main(argv) == 1
+    assert resolved_info("--tp-size", "8")["max_total_num_tokens"] > 0
+
+
+def test_a_hybrid_models_state_pool_caps_its_running_requests_and_its_pages_hold_tokens_only():
+    """SGLang keeps linear-attention states in a pool of their own, sized at start-up before the pages
+    get the rest, and caps running requests by its slots (`mem_cache/kv_cache_configurator.py:3133-3150`):
+    Kimi K3 on 8 H200s, a decode server, holds 797 states of 276 MiB, fewer than the 2,048 its pages
+    alone would let run. A request's pages are its tokens; its state is not among them."""
+    argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), "--tp-size", "8",
+            "--disaggregation-mode", "decode", "--kv-cache-dtype", "fp8_e4m3"]
+    opts = SimulatorOptions(profile="kimi-k3", time_scale=0.01, startup_seconds=0.0, faults="", gpu_type="H200")
+    server = SimulatorServer(parse_server_args(argv), opts, argv)
+    planned = instance_capacity(PROFILES["kimi-k3"], RoleSpec(layout=LayoutSpec(tp=8)), HardwareSpec(gpu_type="H200"))
+    assert planned.running_cap == planned.state_slots == 797
+    assert server.perf.kv_capacity_tokens == planned.tokens
+    assert [load["max_running_requests"] for load in server.engine.loads()] == [797]
+    assert server.engine._kv_need(SimRequest(prompt_tokens=1000, max_new_tokens=24, streaming=False)) == 1024
 
 
 def test_simulator_serves_sglangs_resolved_values():
@@ -134,8 +172,10 @@ def test_each_rank_sizes_its_running_cap_from_its_pool_and_server_info_keeps_the
     # pool either way. /v1/loads reports it (load_inquirer.py:242); /server_info's top level is the
     # resolved flag (utils/common.py:3584-3593).
     def sized(*flags: str) -> tuple[list[int], int | None]:
-        argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), *flags]
-        server = SimulatorServer(parse_server_args(argv), options(), argv)
+        argv = ["--model-path", "m", "--host", "127.0.0.1", "--port", str(free_port()), "--tp-size", "8", *flags]
+        # B300: its pool (3.9 M tokens) holds each --max-total-tokens below.
+        opts = SimulatorOptions(profile="glm-5.2", time_scale=0.01, startup_seconds=0.0, faults="", gpu_type="B300")
+        server = SimulatorServer(parse_server_args(argv), opts, argv)
         return [load["max_running_requests"] for load in server.engine.loads()], server.server_info_dict()[
             "max_running_requests"]
 
@@ -144,8 +184,9 @@ def test_each_rank_sizes_its_running_cap_from_its_pool_and_server_info_keeps_the
     assert sized("--max-total-tokens", "3000") == ([1500], None)
     assert sized("--tp-size", "8", "--attn-dp-size", "4", "--max-running-requests", "64",
                  "--max-total-tokens", "400") == ([16] * 4, 64)
+    # The flag caps each DP rank's pool, as each rank's scheduler applies it (lines 3096-3106).
     assert sized("--tp-size", "8", "--attn-dp-size", "4", "--max-running-requests", "64",
-                 "--max-total-tokens", "80") == ([10] * 4, 64)
+                 "--max-total-tokens", "20") == ([10] * 4, 64)
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_out_of_the_waiting_queue_and_continues_first():

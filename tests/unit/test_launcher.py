@@ -477,12 +477,14 @@ class Pod:
         # the test starts one, on the same `port`) on 127.0.0.1.
         nnodes = 2 if node_rank else nnodes
         host = "127.0.0.2" if node_rank else "127.0.0.1"
-        multi_node = ["--tp-size", "16", "--dist-init-addr", f"127.0.0.1:{free_port()}"] if nnodes > 1 else []
+        # GLM-5.2's weights need a node of 8 H200s (the simulator's GPU), or two nodes.
+        layout = (["--tp-size", "16", "--dist-init-addr", f"127.0.0.1:{free_port()}"] if nnodes > 1
+                  else ["--tp-size", "8"])
         for r in ("prefill", "decode"):
             # Like the operator's ConfigMap: per-pod values are placeholders the launcher fills from env.
             argv = ["--model-path", "m", "--host", host, "--port", "{port}",
                     "--disaggregation-mode", r, "--disaggregation-bootstrap-port", str(self.bootstrap),
-                    *(["--enable-pd-role-switch"] if switch_flag else []), *multi_node, *(extra or [])]
+                    *(["--enable-pd-role-switch"] if switch_flag else []), *layout, *(extra or [])]
             write_config(tmp_path / "cfg", r, {"argv": argv, "decode_cuda_graph_memory_gb": 1.0, "nnodes": nnodes})
         self.role_file = tmp_path / "role"
         self.role_file.write_text(role)

@@ -116,25 +116,31 @@ def test_invalid_layouts_are_rejected():
 
 
 def test_h200_kv_pool_follows_sglangs_memory_computation():
-    """0.88 × 141 GiB − 2 GiB reserve − 750 GB / 8 of weights, over 78 × 656 + 2,772 + 656 B a token
-    (on Hopper the FP8 DSA kernel is flashmla_kv, whose latent keeps scales and a bf16 rope part:
-    512 + 16 + 128 = 656 B a layer, not 576): about 684 K tokens per rank, not the 1.17 M measured on
-    B300, where the TensorRT-LLM kernel keeps the 576-byte raw latent."""
-    from hybridserving.api.v1alpha1 import GPU_TYPES
-    from hybridserving.core.perfmodel import pool_tokens_per_rank
+    """SGLang's static fraction for a TP8 decode rank on 141 GiB (0.929, `arg_groups/memory_hook.py`)
+    × 141 GiB − 2 GiB reserve − 750 GB / 8 of weights, over 78 × 656 + 2,772 + 656 B a token (on
+    Hopper the FP8 DSA kernel is flashmla_kv, whose latent keeps scales and a bf16 rope part:
+    512 + 16 + 128 = 656 B a layer, not 576): about 820 K tokens, the pool the capacity model gives
+    the same instance (a fleet's status, the policy before any engine answers), not the 1.17 M
+    measured on B300, where the TensorRT-LLM kernel keeps the 576-byte raw latent."""
+    from hybridserving.api.v1alpha1 import HardwareSpec, LayoutSpec, RoleSpec, SpeculativeSpec
+    from hybridserving.core.capacity import instance_capacity
+    from hybridserving.core.perfmodel import computed_kv_tokens
 
     arch = PROFILES["glm-5.2"]
     h200 = PerformanceModel.for_role(arch, tp=8, gpu="H200")
-    expected = (0.88 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (78 * 656 + 2_772 + 656)
+    expected = (0.929 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (78 * 656 + 2_772 + 656)
     assert h200.kv_capacity_tokens == pytest.approx(expected, rel=1e-3)
-    assert 670_000 < h200.kv_capacity_tokens < 700_000
+    assert 810_000 < h200.kv_capacity_tokens < 830_000
+    eagle = RoleSpec(layout=LayoutSpec(tp=8), speculative=SpeculativeSpec(algorithm="EAGLE"))
+    assert h200.kv_capacity_tokens == instance_capacity(arch, eagle, HardwareSpec(gpu_type="H200")).tokens
     assert PerformanceModel.for_role(arch, tp=8, gpu="B300").kv_capacity_tokens == 1_170_000
     # The hand-over moves the pool's own bytes.
     assert h200.kv_wire_bytes_per_token == 78 * 656 + 2_772
     assert PerformanceModel.for_role(arch, tp=8, gpu="B300").kv_wire_bytes_per_token == 78 * 576 + 2_772
-    # Decode context parallelism takes the TensorRT-LLM kernels, whose latent is the raw 576 bytes.
-    raw = (0.88 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (78 * 576 + 2_772 + 576)
-    assert pool_tokens_per_rank(arch, 8, GPU_TYPES["H200"], dcp=4) == pytest.approx(raw, rel=1e-3)
+    # Decode context parallelism takes the TensorRT-LLM kernels, whose latent is the raw 576 bytes,
+    # split over the DCP ranks; each rank keeps the whole index key.
+    raw = (0.929 * 141 * 2**30 - 2 * 2**30 - 750e9 / 8) / (78 * 576 / 4 + 2_772 + 576)
+    assert computed_kv_tokens(arch, 8, "H200", dcp=4) == pytest.approx(raw, rel=1e-3)
     assert PerformanceModel.for_role(arch, tp=8, dcp=4, gpu="H200").kv_wire_bytes_per_token == 78 * 576 + 2_772
 
 

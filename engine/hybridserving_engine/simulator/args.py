@@ -17,9 +17,9 @@ import os
 from dataclasses import dataclass
 from typing import cast
 
-from hybridserving.api.v1alpha1 import DEFAULT_GPU_TYPE, GPU_TYPES, GpuTypeName
+from hybridserving.api.v1alpha1 import DEFAULT_GPU_TYPE, GPU_TYPES, GpuTypeName, HardwareSpec, LayoutSpec, Role
 from hybridserving.contract import sglang_flag_values, sglang_flags
-from hybridserving.core import resolution
+from hybridserving.core import capacity, resolution
 from hybridserving.api.profiles import ModelArchitecture, resolve_profile
 from hybridserving.core.resolution import ResolvedArgs
 
@@ -255,3 +255,31 @@ def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> 
     if refusals:
         raise FlagError(f"{refusals[0].error} ({refusals[0].source})")
     return resolved
+
+
+def keeps_radix_cache(args: argparse.Namespace) -> bool:
+    """Whether the server keeps a prefix cache: never on decode, where the disaggregation hook turns it
+    off (`arg_groups/pd_disaggregation_hook.py:97-127`), else unless `--disable-radix-cache`."""
+    return args.disaggregation_mode != "decode" and not args.disable_radix_cache
+
+
+def sized_capacity(args: argparse.Namespace, options: SimulatorOptions,
+                   resolved: ResolvedArgs) -> capacity.InstanceCapacity:
+    """The KV pages and linear-attention states one data-parallel replica sizes at start-up from the
+    simulated GPU's memory (`model_executor/pool_configurator.py`, `mem_cache/kv_cache_configurator.py`),
+    by the computation the operator plans the fleet with (`core.capacity.engine_capacity`). A layout
+    that leaves no pool stops the server at start, as SGLang's pool configurator stops it
+    (`model_executor/pool_configurator.py:94-99`)."""
+    arch = resolve_profile(options.profile)
+    hardware = HardwareSpec(gpu_type=simulated_gpu(options), gpu_memory_gib=options.gpu_memory_gib)
+    layout = LayoutSpec(tp=args.tp_size, pp=args.pp_size, attn_dp=args.attn_dp_size, attn_cp=args.attn_cp_size,
+                        dcp=args.dcp_size)
+    # A server that is not disaggregated verifies drafts as a decode does; its DSA kernels are one pair.
+    role: Role = "prefill" if args.disaggregation_mode == "prefill" else "decode"
+    try:
+        return capacity.engine_capacity(arch, layout, hardware, resolved, draft=speculative_draft(args),
+                                        radix_cache=keeps_radix_cache(args), role_name=role)
+    except capacity.CapacityError as err:
+        raise FlagError(f"Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+                        f"mem_fraction_static={resolved.mem_fraction_static} ({err.message}; "
+                        "model_executor/pool_configurator.py:94-99)") from None

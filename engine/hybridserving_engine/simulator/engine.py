@@ -140,6 +140,7 @@ class SimulatedEngine:
         attn_dp_size: int = 1,
         chunked_prefill_size: int | None = None,
         reserved_tokens: int = 0,
+        sized_running_cap: int | None = None,
     ) -> None:
         self.role = role
         self.perf = perf
@@ -156,6 +157,9 @@ class SimulatedEngine:
         self.follow_bootstrap_room = follow_bootstrap_room
         self.max_running_requests = max_running_requests
         """`--max-running-requests` as resolved at start-up (None: unset), for the whole instance."""
+        self.sized_running_cap = sized_running_cap
+        """Most requests one DP rank runs as its pools were sized (`capacity.InstanceCapacity.running_cap`:
+        the request cap, a hybrid model's state slots), None where only the KV pool bounds them."""
         self.attn_dp_size = attn_dp_size
         # Chunking is off for a size of 0 or less (managers/scheduler.py:1372-1373).
         self.chunked_prefill_size = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
@@ -268,18 +272,19 @@ class SimulatedEngine:
     @property
     def rank_max_running_requests(self) -> int:
         """One DP rank's running-request cap, as SGLang sizes it from the rank's finished KV pool
-        (`mem_cache/kv_cache_configurator.py:3119-3131`): the requested cap split over the
+        (`mem_cache/kv_cache_configurator.py:3119-3150`): the requested cap split over the
         attention-DP ranks (DP replicas each take it whole), else 512 per context length of pool
-        held between 2048 and 4096; at most half the pool's tokens either way. This, not
-        `/server_info`'s `max_running_requests` (the flag, None when unset), is what the
-        scheduler admits against and what `/v1/loads` reports (`load_inquirer.py:242`). The cap a
-        hybrid model's recurrent-state pool sets (lines 3133-3160) is not modelled."""
+        held between 2048 and 4096; at most half the pool's tokens either way, and at most what a
+        hybrid model's state pool holds. This, not `/server_info`'s `max_running_requests` (the
+        flag, None when unset), is what the scheduler admits against and what `/v1/loads` reports
+        (`load_inquirer.py:242`)."""
         pool = self.rank_kv_capacity
         if self.max_running_requests is not None:
             wanted = max(1, self.max_running_requests // self.attn_dp_size)
         else:
             wanted = max(min(int(pool / self.context_length * 512), 4096), 2048)
-        return min(wanted, pool // 2)
+        cap = min(wanted, pool // 2)
+        return cap if self.sized_running_cap is None else min(cap, self.sized_running_cap)
 
     def _dispatch(self, req: SimRequest) -> int:
         """The DP rank SGLang's DataParallelController sends `req` to: the bootstrap room's rank
@@ -356,9 +361,11 @@ class SimulatedEngine:
         await self._progress.wait()
 
     def _kv_need(self, req: SimRequest) -> int:
+        """Pages a request holds: its tokens only, since a hybrid model's linear-attention state has a
+        pool of its own, which caps running requests instead (`rank_max_running_requests`)."""
         if self.role == "prefill":
-            return self.perf.request_kv_tokens(req.prompt_tokens)
-        return self.perf.request_kv_tokens(req.prompt_tokens + req.max_new_tokens)
+            return req.prompt_tokens
+        return req.prompt_tokens + req.max_new_tokens
 
     def _request_latency(self, prompt_tokens: int) -> float:
         """The part of a request's TTFT that does not occupy the GPUs (per the performance model)."""

@@ -32,7 +32,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hybridserving.contract import SGLANG_VERSION
-from hybridserving.core.perfmodel import PerformanceModel, calibrated_kv_tokens
+from hybridserving.core.perfmodel import PerformanceModel
 from hybridserving.api.profiles import resolve_profile
 
 from hybridserving_engine.simulator import auth
@@ -44,6 +44,7 @@ from hybridserving_engine.simulator.args import (
     reserved_tokens,
     resolve_server_args,
     simulated_gpu,
+    sized_capacity,
 )
 from hybridserving_engine.simulator.bootstrap import BootstrapServer, KvReceiver
 from hybridserving_engine.simulator.contract import generate_contract_error
@@ -180,6 +181,7 @@ class SimulatorServer:
         self.faults = Faults.parse(options.faults)
         self.arch = resolve_profile(options.profile)
         self.resolved = resolve_server_args(args, options)
+        self.capacity = sized_capacity(args, options, self.resolved)
         self.perf = self._performance_model()
         self.role = args.disaggregation_mode
         self.metrics = EngineMetrics(
@@ -211,6 +213,7 @@ class SimulatorServer:
             attn_dp_size=args.attn_dp_size,
             chunked_prefill_size=self.resolved.chunked_prefill_size,
             reserved_tokens=reserved_tokens(args, self.arch),
+            sized_running_cap=self.capacity.running_cap,
         )
         self.startup_time = time.time()
         self.server_status = ServerStatus.UP
@@ -220,17 +223,17 @@ class SimulatorServer:
         self._watchdogs: list[asyncio.Task[None]] = []
 
     def _performance_model(self) -> PerformanceModel:
-        """Timings on the simulated GPU, and the KV pool; the running-request cap is the scheduler's
-        own (`SimulatedEngine.rank_max_running_requests`), sized from that pool as SGLang sizes it.
-
-        Without `--max-total-tokens` the pool is the B300 measurement whatever the GPU: the
-        simulator does not size its pool from memory as SGLang does (the operator's capacity
-        model does, `core.capacity`)."""
+        """Timings on the simulated GPU, and the KV pool SGLang sizes from its memory, which
+        `--max-total-tokens` can only lower (`mem_cache/kv_cache_configurator.py:3096-3106`); the
+        running-request cap is the scheduler's own (`SimulatedEngine.rank_max_running_requests`)."""
+        rank_pool = self.capacity.tokens // self.args.attn_dp_size
+        if self.args.max_total_tokens is not None:
+            rank_pool = min(rank_pool, self.args.max_total_tokens)  # each DP rank's scheduler caps its own
         return PerformanceModel.for_role(
             self.arch,
             tp=self.args.tp_size,
             dcp=self.args.dcp_size,
-            kv_tokens=self.args.max_total_tokens or calibrated_kv_tokens(self.args.dcp_size),
+            kv_tokens=rank_pool * self.args.dp_size * self.args.attn_dp_size,
             time_scale=self.options.time_scale,
             gpu=simulated_gpu(self.options),
         )
@@ -1106,7 +1109,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         args = parse_server_args(argv)
-        resolve_server_args(args, options)
+        sized_capacity(args, options, resolve_server_args(args, options))
     except FlagError as e:
         log.error("simulator refuses these SGLang flags: %s", e)
         return 1

@@ -356,24 +356,15 @@ def instance_capacity(
     `radix_cache`: whether the engines keep a prefix cache (`flags.keeps_radix_cache`; unset: prefill
     as its prefixCaching says, decode never), which decides how a hybrid model's state pool is sized.
     """
-    layout = role.layout
     # The engine's own resolution decides the cache's dtype and layout (a DSA model's `auto`, its kernels)
     # and, unset, the static fraction per role from the GPU's memory (arg_groups/memory_hook.py:281-343).
     resolved = resolution.resolve_role(arch, role, hardware, role_name)
-    footprint = rank_footprint(
-        arch,
-        layout,
-        index=index,
-        speculative=keeps_draft_pool(role),
-        kv_cache_dtype=_cache_dtype(resolved),
-        dsa_scaled=resolution.resolved_dsa_kv_scaled(resolved, role_name),
-        role_name=role_name,
-    )
-    fraction = resolved.mem_fraction_static
+    if radix_cache is None:
+        radix_cache = role_name == "prefill" and role.prefix_caching
     try:
-        pool = pool_bytes(
-            arch, layout, hardware, mem_fraction_static=fraction, reserve_bytes=reserve_bytes, role_name=role_name
-        )
+        return engine_capacity(arch, role.layout, hardware, resolved,
+                               draft=resolution.speculative_draft(role.speculative), index=index,
+                               reserve_bytes=reserve_bytes, role_name=role_name, radix_cache=radix_cache)
     except CapacityError as err:
         if role.mem_fraction_static is not None or not err.field_path.endswith("memFractionStatic"):
             raise
@@ -383,25 +374,51 @@ def instance_capacity(
         raise CapacityError(
             "hardware.gpuMemoryGib",
             f"{hardware.memory_gib} GiB per GPU is too little for {role_name}: SGLang's memFractionStatic for it "
-            f"comes to {fraction}, which leaves nothing after the {reserve_bytes / GIB:.1f} GiB the engine reserves",
+            f"comes to {resolved.mem_fraction_static}, which leaves nothing after the {reserve_bytes / GIB:.1f} GiB "
+            "the engine reserves",
             f"use GPUs with at least {least} GiB for this layout" if least is not None
             else "use GPUs with more memory and more of them per instance (layout.tp)",
         ) from None
-    if radix_cache is None:
-        radix_cache = role_name == "prefill" and role.prefix_caching
+
+
+def engine_capacity(
+    arch: ModelArchitecture,
+    layout: LayoutSpec,
+    hardware: HardwareSpec,
+    resolved: resolution.ResolvedArgs,
+    *,
+    draft: resolution.Draft | None,
+    radix_cache: bool,
+    index: IndexPlacement = "copied",
+    reserve_bytes: float = DEFAULT_RESERVE_BYTES,
+    role_name: Role = "decode",
+) -> InstanceCapacity:
+    """The capacity an engine sizes at start-up from its resolved arguments: the operator's figure
+    for a role (`instance_capacity`) and the engine simulator's own pool are this one computation."""
+    footprint = rank_footprint(
+        arch,
+        layout,
+        index=index,
+        speculative=draft is not None and draft.algorithm != "NGRAM",
+        kv_cache_dtype=_cache_dtype(resolved),
+        dsa_scaled=resolution.resolved_dsa_kv_scaled(resolved, role_name),
+        role_name=role_name,
+    )
+    pool = pool_bytes(arch, layout, hardware, mem_fraction_static=resolved.mem_fraction_static,
+                      reserve_bytes=reserve_bytes, role_name=role_name)
     slots = state_slots(footprint, pool, radix_cache=radix_cache, max_running_requests=resolved.max_running_requests,
                         attn_dp=layout.attn_dp)
     # A speculative decode snapshots every slot's state once per draft token it verifies; prefill never
     # verifies and skips them (kv_cache_configurator.py:172-181, 3294-3298). Without a radix cache a
     # speculative server always has a request cap (48 unless set), so its slots are that cap.
     draft_states = 0
-    if slots and role_name == "decode" and not radix_cache and role.speculative is not None:
-        draft_states = resolution.draft_tokens(arch, resolution.speculative_draft(role.speculative)) or 0
+    if slots and role_name == "decode" and not radix_cache and draft is not None:
+        draft_states = resolution.draft_tokens(arch, draft) or 0
     capacity = InstanceCapacity(
         footprint=footprint,
         pool_bytes=pool,
         weight_bytes=arch.weight_bytes / layout.world_size,
-        mem_fraction_static=fraction,
+        mem_fraction_static=resolved.mem_fraction_static,
         reserve_bytes=reserve_bytes,
         attn_dp=layout.attn_dp,
         state_slots=slots,
@@ -410,8 +427,9 @@ def instance_capacity(
                                 max_running_requests=resolved.max_running_requests, attn_dp=layout.attn_dp),
     )
     if footprint.state and (slots < 1 or capacity.tokens < layout.attn_dp or capacity.running_cap == 0):
-        # SGLang stops at start-up here (kv_cache_configurator.py:3392-3403, 3152-3160).
-        capped = role.max_running_requests is not None or role.speculative is not None
+        # SGLang stops at start-up here (kv_cache_configurator.py:3392-3403, 3152-3160); the request
+        # cap, where there is one (set, or a speculative server's 48), is what sized the states.
+        capped = resolved.max_running_requests is not None
         raise CapacityError(
             f"{role_name}.maxRunningRequests" if capped else "hardware.gpuMemoryGib",
             f"the linear-attention states of {max(slots, 1)} requests ({footprint.state / GIB:.2f} GiB each per GPU) "

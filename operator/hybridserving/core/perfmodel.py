@@ -16,9 +16,17 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal
 
-from hybridserving.api.v1alpha1 import GPU_TYPES, GpuType, GpuTypeName, HardwareSpec, LayoutSpec
+from hybridserving.api.v1alpha1 import (
+    GPU_TYPES,
+    GpuType,
+    GpuTypeName,
+    HardwareSpec,
+    LayoutSpec,
+    RoleSpec,
+    SpeculativeSpec,
+)
 from hybridserving.core import resolution
-from hybridserving.core.capacity import pool_bytes, rank_footprint
+from hybridserving.core.capacity import instance_capacity, rank_footprint
 from hybridserving.api.profiles import ModelArchitecture
 
 SwitchMode = Literal["in-place", "relaunch"]
@@ -174,7 +182,7 @@ class PerformanceModel:
         bandwidth_scale = calibration.hbm_tb_per_s / kind.hbm_tb_per_s
         base, per_request = _decode_terms()
         if kv_tokens is None and gpu != CALIBRATION_GPU:
-            kv_tokens = pool_tokens_per_rank(arch, tp, kind, dcp) * dcp
+            kv_tokens = computed_kv_tokens(arch, tp, gpu, dcp)
         latent = rank_footprint(arch, LayoutSpec(), dsa_scaled=dsa_kv_scaled(kind, arch, dcp)).kv
         kv_per_rank = latent / dcp + arch.index_bytes_per_token
         state_per_rank = arch.recurrent_state_bytes_per_request / tp
@@ -265,17 +273,18 @@ def calibrated_kv_tokens(dcp: int = 1) -> int:
     return _DEFAULT_KV_TOKENS_PER_DCP_RANK * dcp
 
 
-def pool_tokens_per_rank(arch: ModelArchitecture, tp: int, gpu: GpuType, dcp: int = 1) -> int:
-    """KV tokens one TP rank's pool holds on `gpu`, by SGLang's memory computation.
+def computed_kv_tokens(arch: ModelArchitecture, tp: int, gpu: GpuTypeName, dcp: int = 1) -> int:
+    """KV tokens one decode instance (TP `tp`, DCP `dcp`) holds on `gpu`, by SGLang's memory
+    computation as the capacity model implements it, the same figure a fleet's status and the
+    policy read before any engine reports its pool.
 
-    `core.capacity`: the static fraction of the GPU's memory, less the engine's reserve and the
-    rank's weight slice, divided by the bytes one token costs the rank (latent, index, draft).
-    On B300 the measured 1.17 M (Mind Lab 2026, Table 1) is used instead: it is below this
-    figure because the measured engine also held LoRA and other buffers the profile does not
-    list. `dcp` decides a DSA model's kernels, and with them its cache layout.
+    The static fraction is SGLang's for the GPU's memory (`arg_groups/memory_hook.py`), less the
+    engine's reserve and the rank's weight slice, over the bytes one token costs the rank: latent,
+    index and, as in the calibration measurement, the EAGLE draft. On B300 the measured 1.17 M
+    (Mind Lab 2026, Table 1) is used instead: it is below this figure because the measured engine
+    also held LoRA and other buffers the profile does not list. `dcp` decides a DSA model's kernels,
+    and with them its cache layout.
     """
-    layout = LayoutSpec(tp=tp)
-    pool = pool_bytes(arch, layout, HardwareSpec(gpu_memory_gib=gpu.memory_gib))
-    footprint = rank_footprint(arch, layout, speculative=arch.draft_kv_bytes_per_token > 0,
-                               dsa_scaled=dsa_kv_scaled(gpu, arch, dcp))
-    return int(pool // footprint.per_token)
+    draft = SpeculativeSpec(algorithm="EAGLE") if arch.draft_kv_bytes_per_token else None
+    role = RoleSpec(layout=LayoutSpec(tp=tp, dcp=dcp), speculative=draft)
+    return instance_capacity(arch, role, HardwareSpec(gpu_type=gpu), role_name="decode").tokens
