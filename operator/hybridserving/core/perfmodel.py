@@ -167,8 +167,9 @@ class PerformanceModel:
     ) -> PerformanceModel:
         """Build the model of one instance of `arch` laid out as TP `tp` with DCP `dcp`.
 
-        `kv_tokens` is the KV capacity from the capacity model; without it the measured
-        GLM-5.2/B300 figure (1.17 M tokens per DCP rank) stands in.
+        `kv_tokens` is the KV capacity from the capacity model or an engine's report; without it the
+        measured GLM-5.2 figure (1.17 M tokens per DCP rank) stands in on B300, and SGLang's memory
+        computation (`computed_kv_tokens`) on any other GPU.
         """
         if tp < 1 or dcp < 1 or tp % dcp:
             raise ValueError(f"need tp >= 1 and dcp dividing tp, got tp={tp} dcp={dcp}")
@@ -256,7 +257,8 @@ class PerformanceModel:
         return (self.transfer_latency_s + wire_s) * self.time_scale
 
     def request_kv_tokens(self, context_tokens: int) -> int:
-        """Pool slots one request occupies: its context plus its fixed recurrent state (the frontier)."""
+        """Pool slots one request occupies in the fleet simulator: its context plus its fixed recurrent
+        state (the frontier). SGLang, and the engine simulator, keep states in a pool of their own."""
         return context_tokens + self.state_tokens_per_request
 
     def switch_seconds(self, mode: SwitchMode) -> float:
