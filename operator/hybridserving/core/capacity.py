@@ -87,9 +87,9 @@ def dsa_scaled_bytes(fp8_bytes: int) -> int:
     return latent + -(-latent // DSA_QUANT_BLOCK) * 4 + DSA_ROPE_DIM * 2
 
 
-def keeps_draft_pool(role: RoleSpec) -> bool:
-    """Whether the role's speculative decoding keeps a draft KV pool (NGRAM drafts from text, no KV)."""
-    return role.speculative is not None and role.speculative.algorithm != "NGRAM"
+def keeps_draft_pool(draft: resolution.Draft | None) -> bool:
+    """Whether speculative decoding keeps a draft KV pool (NGRAM drafts from text, no KV)."""
+    return draft is not None and draft.algorithm != "NGRAM"
 
 
 @dataclass(frozen=True)
@@ -399,7 +399,7 @@ def engine_capacity(
         arch,
         layout,
         index=index,
-        speculative=draft is not None and draft.algorithm != "NGRAM",
+        speculative=keeps_draft_pool(draft),
         kv_cache_dtype=_cache_dtype(resolved),
         dsa_scaled=resolution.resolved_dsa_kv_scaled(resolved, role_name),
         role_name=role_name,
@@ -607,7 +607,7 @@ def capacity_report(
         raise CapacityError(f"{role_name}.layout.tp",
                             f"{arch.attention_heads} attention heads do not split over {heads_per_group} attention "
                             "TP ranks (tp / (attnDp x attnCp))", f"choose a TP among {splits}")
-    speculative = keeps_draft_pool(sized_role)
+    speculative = keeps_draft_pool(resolution.speculative_draft(sized_role.speculative))
     kv_cache_dtype: KvCacheDtype = sized_role.kv_cache_dtype
     dsa_scaled = False
     if hardware is not None:

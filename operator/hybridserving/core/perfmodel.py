@@ -283,9 +283,10 @@ def computed_kv_tokens(arch: ModelArchitecture, tp: int, gpu: GpuTypeName, dcp: 
     The static fraction is SGLang's for the GPU's memory (`arg_groups/memory_hook.py`), less the
     engine's reserve and the rank's weight slice, over the bytes one token costs the rank: latent,
     index and, as in the calibration measurement, the EAGLE draft. On B300 the measured 1.17 M
-    (Mind Lab 2026, Table 1) is used instead: it is below this figure because the measured engine
-    also held LoRA and other buffers the profile does not list. `dcp` decides a DSA model's kernels,
-    and with them its cache layout.
+    (Mind Lab 2026, Table 1) is used instead, which the benchmarks' SLOs were set on. It is 3.6×
+    below this figure (4.19 M), more than the LoRA and other buffers the profile does not list
+    explain; the publication gives neither its buffers nor its exact layout. `dcp` decides a DSA
+    model's kernels, and with them its cache layout.
     """
     draft = SpeculativeSpec(algorithm="EAGLE") if arch.draft_kv_bytes_per_token else None
     role = RoleSpec(layout=LayoutSpec(tp=tp, dcp=dcp), speculative=draft)
