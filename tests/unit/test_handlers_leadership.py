@@ -39,6 +39,7 @@ class Operator:
         self.api = api
         self.log: list[str] = []
         self.lease_kube: Kube | None = None
+        self.writers: dict[str, Kube] = {}  # the Kube each part acted through
         self.pass_may_end = threading.Event()
         self.pass_may_end.set()
 
@@ -60,12 +61,14 @@ def operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[Operator]:
         return Leadership(api, election)  # type: ignore[arg-type]
 
     def reconcile(kube: Any, namespace: str, name: str, *_: Any, **__: Any) -> SimpleNamespace:
+        op.writers["reconcile"] = kube
         op.log.append(f"pass {namespace}/{name} by {op.holder()}")
         op.pass_may_end.wait(10)
         op.log.append("pass ended")
         return SimpleNamespace(gone=False, conflict=False, errors=[], requeue_after=None)
 
     def tick(self: switching.SwitchController, namespace: str, name: str) -> switching.TickReport:
+        op.writers["switch"] = self.kube  # type: ignore[assignment]
         op.log.append(f"tick {namespace}/{name} by {op.holder()}")
         return switching.TickReport()
 
@@ -139,6 +142,25 @@ def test_a_standby_acts_on_nothing_and_writes_nothing_while_the_leader_renews(op
         assert all(kind == "Lease" for _, kind in operator.api.writes)
 
     asyncio.run(scenario())
+
+
+def test_the_reconcile_and_the_role_switches_write_through_the_leaders_fence(operator: Operator) -> None:
+    """A frozen leader's workers must not write on waking (tests/unit/test_leadership.py): every
+    writer of the replica asks the fence of the Lease it holds, and the Lease's own calls do not."""
+    operator.api.store[LEASE]["spec"]["holderIdentity"] = ""  # free: b leads at once
+
+    async def scenario() -> None:
+        await handlers.start(settings=kopf.OperatorSettings())
+        await handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+        await wait_until(lambda: set(operator.writers) == {"reconcile", "switch"})
+        leadership = handlers.runtime().leadership
+        assert leadership is not None
+        for part, kube in operator.writers.items():
+            assert kube.fence == leadership.fence, f"the {part} writes unfenced"
+        await handlers.stop()
+
+    asyncio.run(scenario())
+    assert operator.lease_kube is not None and operator.lease_kube.fence is None
 
 
 def test_the_lease_calls_time_out_within_the_renew_deadline(operator: Operator) -> None:

@@ -1,15 +1,21 @@
 """Leader election on a Lease, against the in-memory apiserver (tests/support) with resourceVersion preconditions
 and fake clocks: one leader at a time, takeover only after the lease ran out on the standby's own
-clock, a lost race is a 409 and no leadership, a leader that cannot renew gives up in time.
-The real apiserver and a killed leader are in tests/e2e/test_operator_ha_e2e.py."""
+clock, a lost race is a 409 and no leadership, a leader that cannot renew gives up in time, and a
+leader frozen past its deadline sends no write when it wakes. The real apiserver and a killed
+leader are in tests/e2e/test_operator_ha_e2e.py."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from kubernetes import client
 
+from hybridserving.controller.cache import CachedKube, ObjectCache
+from hybridserving.controller.kube import Fenced, Kube
 from hybridserving.controller.leadership import Election, Leadership
 from support.apiserver import MemoryApi
 
@@ -196,3 +202,83 @@ def test_a_renewal_under_way_when_the_lease_is_released_does_not_take_it_back() 
     releasing.join(10)
     time.sleep(0.1)  # any renewal still to come
     assert holder(api) == ""
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """An HTTP endpoint on loopback that answers every call with an empty object and records it:
+    what the Kube sent, and so what it did not."""
+
+    seen: list[str]
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append(f"{self.command} {self.path.split('?')[0]}")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_PATCH = do_POST = do_DELETE = _answer
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def apiserver() -> Iterator[tuple[client.ApiClient, list[str]]]:
+    seen: list[str] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (Recorder,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")), seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_leader_frozen_past_its_deadline_sends_no_write_when_it_wakes(apiserver) -> None:
+    """The deadline thread looks every half second; a process that wakes from a pause has workers
+    that may write before it does. The fence applies the deadline at the moment of sending."""
+    api_client, seen = apiserver
+    api, clock = MemoryApi(), Clock()
+    lost: list[str] = []
+    a = replica(api, "a", clock, on_lost=lambda: lost.append("lost"))
+    a.acquire()
+    kube = CachedKube(api_client, ObjectCache({"Pod"}, max_age=60), fence=a.fence)
+    switch = kube.sibling("switch")
+    clock.now += 5.9  # within the 6 s renew deadline: writes go out
+    switch.patch("Pod", "ns", "p", {"metadata": {"labels": {"role": "decode"}}}, uid="u")
+    kube.delete("Pod", "ns", "q")
+    assert seen == ["PATCH /api/v1/namespaces/ns/pods/p", "DELETE /api/v1/namespaces/ns/pods/q"]
+    assert lost == [] and a.leading
+
+    clock.now += 0.2  # frozen: no renewal, and the deadline thread has not run since
+    with pytest.raises(Fenced, match="renew deadline; the write was not sent"):
+        switch.patch("Pod", "ns", "p", {"metadata": {"labels": {"role": "prefill"}}}, uid="u")
+    for write in (lambda: kube.create("Pod", "ns", {"metadata": {"name": "r"}}),
+                  lambda: kube.patch("HybridServing", "ns", "f", {"status": {}}, subresource="status"),
+                  lambda: kube.server_side_apply("ConfigMap", "ns", {"metadata": {"name": "c"}}),
+                  lambda: kube.delete("Pod", "ns", "q")):
+        with pytest.raises(Fenced):
+            write()
+    assert len(seen) == 2, f"a write went out past the deadline: {seen[2:]}"
+    assert lost == ["lost"] and not a.leading and a.stopped.is_set()  # stopped once, as the deadline thread would
+    kube.get("Pod", "ns", "p")  # reads are not decisions: they still go
+    assert seen[-1] == "GET /api/v1/namespaces/ns/pods/p"
+
+
+def test_a_standby_and_a_replica_that_released_the_lease_write_nothing(apiserver) -> None:
+    api_client, seen = apiserver
+    api, clock = MemoryApi(), Clock()
+    a, b = replica(api, "a", clock), replica(api, "b", clock)
+    a.acquire()
+    assert not b.try_acquire_or_renew()
+    with pytest.raises(Fenced):  # b stands by
+        Kube(api_client, fence=b.fence).patch("Pod", "ns", "p", {"metadata": {"labels": {}}})
+    a.release()
+    with pytest.raises(Fenced):  # a handed the Lease over
+        Kube(api_client, fence=a.fence).patch("Pod", "ns", "p", {"metadata": {"labels": {}}})
+    assert seen == []
+    lease = Kube(api_client).unretried("lease", request_timeout=1)
+    assert lease.fence is None  # the Lease's own calls are how a replica comes to lead

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from hybridserving.controller.kube import Kube, KubeError
+from hybridserving.controller.kube import Fence, Kube, KubeError
 from hybridserving.controller.status import now as rfc3339_now
 
 T = TypeVar("T")
@@ -199,12 +199,13 @@ class ObjectCache:
 class CachedKube(Kube):
     """`Kube` whose reads of cached kinds come from an `ObjectCache` and whose writes feed it."""
 
-    def __init__(self, api_client: Any, cache: ObjectCache, component: str = "reconcile") -> None:
-        super().__init__(api_client, component)
+    def __init__(self, api_client: Any, cache: ObjectCache, component: str = "reconcile", *,
+                 fence: Fence | None = None) -> None:
+        super().__init__(api_client, component, fence=fence)
         self.cache = cache
 
     def sibling(self, component: str) -> Kube:
-        return type(self)(self.api, self.cache, component)
+        return type(self)(self.api, self.cache, component, fence=self.fence)
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
         held = self.cache.get(kind, namespace, name)

@@ -191,7 +191,10 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
     direct = OPTIONS.kube or Kube.from_environment(OPTIONS.kubeconfig, pool_size=OPTIONS.workers * 2 + 2)
     # Reads of what the handlers below watch come from the cache they feed; writes feed it too.
     cache = ObjectCache(CACHED_KINDS, max_age=OPTIONS.relist_seconds)
-    kube = CachedKube(direct.api, cache)
+    leadership = None if OPTIONS.election is None else Leadership(
+        direct.unretried("lease", request_timeout=OPTIONS.election.request_timeout_seconds), OPTIONS.election)
+    # Every write of an electing replica passes its fence; the Lease's own calls do not.
+    kube = CachedKube(direct.api, cache, fence=None if leadership is None else leadership.fence)
     # The reconcile's own reads of engine pods: the progress of running weights downloads.
     engines = Engines()
     inflight = InFlight()
@@ -240,16 +243,14 @@ async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
 
     queue = WorkQueue(work, workers=OPTIONS.workers)
     _runtime = Runtime(kube=kube, queue=queue, cache=cache, engines=engines, inflight=inflight,
-                       leading=asyncio.Event())
+                       leading=asyncio.Event(), leadership=leadership)
     # Every replica, leader or standby: it reads only, and an alert should not wait for a failover.
     _runtime.tasks.append(asyncio.create_task(crdcheck.run(direct.sibling("crd"), OPTIONS.crd_check_seconds),
                                               name="crd-schema-check"))
-    if OPTIONS.election is None:
+    if leadership is None:
         act(_runtime)
         return
-    _runtime.leadership = Leadership(
-        direct.unretried("lease", request_timeout=OPTIONS.election.request_timeout_seconds), OPTIONS.election)
-    _runtime.tasks.append(asyncio.create_task(elect(_runtime, _runtime.leadership), name="leader-election"))
+    _runtime.tasks.append(asyncio.create_task(elect(_runtime, leadership), name="leader-election"))
 
 
 def unhealthy() -> liveness.Unhealthy | None:

@@ -4,7 +4,9 @@ Every read and write the reconcile makes goes through `Kube`, by kind name, as p
 dicts (the same shapes the planner builds and reads). Keeping it in one place lets the unit
 tests inject faults (409s, 500s) without a cluster and lets the benchmarks count reads and writes.
 Writes are JSON merge patches carrying preconditions (resourceVersion or uid), so a stale
-read turns into a 409 and a retry instead of overwriting someone else's change.
+read turns into a 409 and a retry instead of overwriting someone else's change. With leader
+election every write first passes the replica's fence (`leadership.Leadership.fence`), so a
+replica that may no longer lead sends none.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -87,6 +90,15 @@ class KubeError(Exception):
         return self.status in (404, 409)
 
 
+class Fenced(Exception):
+    """A write refused before it was sent: this replica can no longer be sure it leads. Not a
+    KubeError, so no caller takes it for a conflict to retry."""
+
+
+Fence = Callable[[], None]
+"""Called before every write; raises `Fenced` to refuse it."""
+
+
 def describe_failure(exc: Exception) -> str:
     """An exception as status may name it: an API error as the apiserver said it, anything else
     with its type (the traceback is in the operator's log)."""
@@ -98,26 +110,29 @@ class Kube:
 
     `component` names the part of the operator that reads through this instance (the
     `hybridserving_api_reads_total` label); `sibling` gives another part its own count over
-    the same connection pool. `request_timeout` bounds each call's connect and each read.
+    the same connection pool. `request_timeout` bounds each call's connect and each read. `fence`,
+    where several replicas elect a leader, is asked before every write and its siblings share it.
     """
 
     def __init__(self, api_client: client.ApiClient, component: str = "reconcile", *,
-                 request_timeout: float = REQUEST_TIMEOUT) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT, fence: Fence | None = None) -> None:
         self.api = api_client
         self.component = component
         self.request_timeout = request_timeout
+        self.fence = fence
         self.writes: Counter[tuple[str, str]] = Counter()
         self.reads: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
 
     def sibling(self, component: str) -> Kube:
         """The same API access, counted as `component`'s."""
-        return Kube(self.api, component, request_timeout=self.request_timeout)
+        return Kube(self.api, component, request_timeout=self.request_timeout, fence=self.fence)
 
     def unretried(self, component: str, *, request_timeout: float) -> Kube:
         """The same credentials on a pool of its own that never retries: urllib3 otherwise tries a
         GET that timed out three more times, so a call would end only after four timeouts, where the
-        Lease's calls must end within one to leave the renew deadline its margin."""
+        Lease's calls must end within one to leave the renew deadline its margin. Unfenced: the
+        Lease's own calls are how a replica comes to lead."""
         configuration = copy.deepcopy(self.api.configuration)
         configuration.retries = False
         return Kube(client.ApiClient(configuration=configuration), component, request_timeout=request_timeout)
@@ -144,6 +159,8 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        if method != "GET" and self.fence is not None:
+            self.fence()  # at the last moment before sending: a replica frozen until now sends nothing
         url_path = path + (("?" + urlencode(query)) if query else "")
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:

@@ -9,9 +9,14 @@ a standby may have taken over is the one thing it must not do, and the restarted
 back as a standby. The deadline is watched on its own thread, so a renewal call that hangs does
 not postpone it, and the Lease's calls time out well within it (`request_timeout_seconds`), so
 the renewals that follow a stuck one still get their chance. A renewal that finds another
-replica holding the Lease stops the leader at once: it was frozen past its deadline. The writes
-that act are preconditioned (kube.py), so even two replicas that both believed they lead could
-not apply a stale decision twice.
+replica holding the Lease stops the leader at once: it was frozen past its deadline.
+
+Stopping is not enough for a process that was frozen (a paused VM, a stopped container): on
+waking, its workers could send a write before the deadline thread next looks. So every other write
+of this replica first passes `fence`, which applies the same deadline at the moment of sending and
+refuses the write (and stops the replica) once it has passed. What is left is a write that passes
+the fence and freezes between the check and the send, the window client-go leaves too; the
+writes that act are preconditioned (kube.py), so even then a stale decision is not applied twice.
 
 A graceful stop releases the Lease (empty holder), so a rolling update hands over at once
 (handlers.stop first waits for the work under way).
@@ -29,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hybridserving.controller.kube import Kube, KubeError
+from hybridserving.controller.kube import Fenced, Kube, KubeError
 
 log = logging.getLogger("hybridserving.controller.leadership")
 
@@ -208,6 +213,16 @@ class Leadership:
             if not renewed and self._observed and self._observed[0] not in ("", self.election.identity):
                 self._lose()
                 return
+
+    def fence(self) -> None:
+        """Let a write through only while this replica leads within its renew deadline, on the
+        clock the deadline thread reads; past it, stop as that thread would and refuse the write."""
+        if self.leading and self.clock() - self._renewed_at <= self.election.renew_deadline_seconds:
+            return
+        if self.leading:
+            self._lose()
+        raise Fenced(f"{self.election.identity} does not hold the lease {self.election.namespace}/"
+                     f"{self.election.name} within its renew deadline; the write was not sent")
 
     def _lose(self) -> None:
         self.leading = False
