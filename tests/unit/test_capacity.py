@@ -116,9 +116,12 @@ def test_pool_is_static_fraction_less_weight_slice_less_reserve():
     cap = instance_capacity(GLM53, RoleSpec(layout=layout), B300)
     assert cap.mem_fraction_static == 0.965
     sglang = 288 * GIB * 0.965 - GLM53.weight_bytes / 8 - DEFAULT_RESERVE_BYTES
-    assert cap.tokens == math.floor(sglang / 8_388)
+    # Whole pages of 64 tokens, as SGLang aligns the count (model_executor/pool_configurator.py:640-653).
+    assert cap.page_size == 64
+    assert cap.tokens == math.floor(sglang / 8_388) // 64 * 64
+    assert 0 < math.floor(sglang / 8_388) - cap.tokens < 64
     fixed = instance_capacity(GLM53, RoleSpec(layout=layout, mem_fraction_static=DEFAULT_MEM_FRACTION_STATIC), B300)
-    assert fixed.tokens == math.floor(expected / 8_388)
+    assert fixed.tokens == math.floor(expected / 8_388) // 64 * 64
 
 
 def test_speculative_roles_pay_the_draft_and_ngram_does_not():
@@ -217,16 +220,16 @@ def test_decode_sizes_its_state_pool_by_the_ratio_and_pages_take_the_rest():
     state = cap.footprint.state
     assert cap.state_slots == math.floor((cap.pool_bytes * 0.9 / 1.9 - state) / state)
     assert cap.state_bytes == (cap.state_slots + 1) * state
-    assert cap.tokens == math.floor((cap.pool_bytes - cap.state_bytes) / cap.footprint.per_token)
-    # The pages are 1/1.9 of the pool, give or take one state and one token.
-    assert cap.pool_bytes / 1.9 - cap.footprint.per_token < cap.tokens * cap.footprint.per_token
+    page = cap.page_size
+    assert cap.tokens == math.floor((cap.pool_bytes - cap.state_bytes) / cap.footprint.per_token) // page * page
+    # The pages are 1/1.9 of the pool, give or take one state and one page.
+    assert cap.pool_bytes / 1.9 - page * cap.footprint.per_token < cap.tokens * cap.footprint.per_token
     assert cap.tokens * cap.footprint.per_token < cap.pool_bytes / 1.9 + state
     assert cap.running_cap == cap.state_slots  # no radix cache: one state per request
     for length in (1, 2_000, 131_072, 1_000_000):
         n = max_requests(cap, length)
         assert n <= cap.state_slots
-        assert n == cap.state_slots or n * length * cap.footprint.per_token <= cap.pool_bytes - cap.state_bytes < (
-            (n + 1) * length * cap.footprint.per_token)
+        assert n == cap.state_slots or n * length <= cap.tokens < (n + 1) * length
     assert max_requests(cap, 1) == cap.state_slots
     assert max_requests(cap, 1_000_000) < cap.state_slots
     with pytest.raises(ValueError):

@@ -181,12 +181,18 @@ def test_each_rank_sizes_its_running_cap_from_its_pool_and_server_info_keeps_the
 
     assert sized("--max-total-tokens", "1000000") == ([3906], None)
     assert sized("--max-total-tokens", "200000") == ([2048], None)
-    assert sized("--max-total-tokens", "3000") == ([1500], None)
+    # The capped pool is whole pages of 64 again (lines 3212-3226): 3000 -> 2944 tokens.
+    assert sized("--max-total-tokens", "3000") == ([1472], None)
     assert sized("--tp-size", "8", "--attn-dp-size", "4", "--max-running-requests", "64",
                  "--max-total-tokens", "400") == ([16] * 4, 64)
-    # The flag caps each DP rank's pool, as each rank's scheduler applies it (lines 3096-3106).
-    assert sized("--tp-size", "8", "--attn-dp-size", "4", "--max-running-requests", "64",
-                 "--max-total-tokens", "20") == ([10] * 4, 64)
+    # The flag caps each DP rank's pool, as each rank's scheduler applies it (lines 3096-3106): 200
+    # is 192 tokens on each of the four ranks, not 200 shared by them.
+    assert sized("--tp-size", "8", "--attn-dp-size", "4", "--max-running-requests", "512",
+                 "--max-total-tokens", "200") == ([96] * 4, 512)
+    # Less than a page leaves no pool: SGLang stops at start (model_executor/pool_configurator.py:94-99).
+    with pytest.raises(FlagError, match=r"Not enough memory.*--max-total-tokens 20 is less than one page of 64"):
+        sized("--max-total-tokens", "20")
+    assert main(["--model-path", "m", "--port", str(free_port()), "--tp-size", "8", "--max-total-tokens", "20"]) == 1
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_out_of_the_waiting_queue_and_continues_first():
@@ -513,8 +519,9 @@ def test_pd_server_refuses_a_request_without_bootstrap_room_unless_its_backend_i
 def test_prefill_and_decode_instances_hand_over_kv_by_bootstrap_room():
     bootstrap = free_port()
     prefill = make_server(*pd_flags("prefill", bootstrap), "--tp-size", "8")
-    # KV for one request only (prompt 250 + 8 output tokens): the second waits in the prealloc queue.
-    decode = make_server(*pd_flags("decode", free_port()), "--tp-size", "8", "--max-total-tokens", "300")
+    # KV for one request only (prompt 250 + 8 output tokens; five pages of 64): the second waits in
+    # the prealloc queue.
+    decode = make_server(*pd_flags("decode", free_port()), "--tp-size", "8", "--max-total-tokens", "320")
 
     async def pair(session, p_url, d_url, room):
         body = {"text": "abcd" * 250, "sampling_params": {"max_new_tokens": 8}, "bootstrap_host": "127.0.0.1",

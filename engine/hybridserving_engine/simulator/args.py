@@ -283,3 +283,18 @@ def sized_capacity(args: argparse.Namespace, options: SimulatorOptions,
         raise FlagError(f"Not enough memory. Please try to increase --mem-fraction-static. Current value: "
                         f"mem_fraction_static={resolved.mem_fraction_static} ({err.message}; "
                         "model_executor/pool_configurator.py:94-99)") from None
+
+
+def rank_pool_tokens(args: argparse.Namespace, sized: capacity.InstanceCapacity) -> int:
+    """One DP rank's KV pool: what its memory holds, lowered by `--max-total-tokens` (each rank's
+    scheduler applies it, `mem_cache/kv_cache_configurator.py:3096-3106`) and aligned down to whole
+    pages again (3212-3226). A cap below one page leaves no pool, which stops SGLang at start
+    (`model_executor/pool_configurator.py:94-99`)."""
+    tokens = sized.group_tokens
+    if args.max_total_tokens is not None:
+        tokens = min(tokens, args.max_total_tokens) // sized.page_size * sized.page_size
+        if tokens <= 0:
+            raise FlagError(f"Not enough memory. Please try to increase --mem-fraction-static. (--max-total-tokens "
+                            f"{args.max_total_tokens} is less than one page of {sized.page_size} tokens; "
+                            "model_executor/pool_configurator.py:94-99)")
+    return tokens

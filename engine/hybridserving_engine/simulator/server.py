@@ -41,6 +41,7 @@ from hybridserving_engine.simulator.args import (
     FlagError,
     SimulatorOptions,
     parse_server_args,
+    rank_pool_tokens,
     reserved_tokens,
     resolve_server_args,
     simulated_gpu,
@@ -224,11 +225,9 @@ class SimulatorServer:
 
     def _performance_model(self) -> PerformanceModel:
         """Timings on the simulated GPU, and the KV pool SGLang sizes from its memory, which
-        `--max-total-tokens` can only lower (`mem_cache/kv_cache_configurator.py:3096-3106`); the
-        running-request cap is the scheduler's own (`SimulatedEngine.rank_max_running_requests`)."""
-        rank_pool = self.capacity.tokens // self.args.attn_dp_size
-        if self.args.max_total_tokens is not None:
-            rank_pool = min(rank_pool, self.args.max_total_tokens)  # each DP rank's scheduler caps its own
+        `--max-total-tokens` can only lower (`args.rank_pool_tokens`); the running-request cap is the
+        scheduler's own (`SimulatedEngine.rank_max_running_requests`)."""
+        rank_pool = rank_pool_tokens(self.args, self.capacity)
         return PerformanceModel.for_role(
             self.arch,
             tp=self.args.tp_size,
@@ -1109,7 +1108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         args = parse_server_args(argv)
-        sized_capacity(args, options, resolve_server_args(args, options))
+        rank_pool_tokens(args, sized_capacity(args, options, resolve_server_args(args, options)))
     except FlagError as e:
         log.error("simulator refuses these SGLang flags: %s", e)
         return 1

@@ -263,6 +263,8 @@ class InstanceCapacity:
     """States a speculative decode keeps per slot besides its own, one per draft token it verifies."""
     running_cap: int | None = None
     """Most requests one DP attention group runs, when the engine caps them (None: only KV bounds it)."""
+    page_size: int = 1
+    """Tokens per KV page: each group's pool is a whole number of pages."""
 
     @property
     def state_bytes(self) -> float:
@@ -271,12 +273,18 @@ class InstanceCapacity:
         return (self.state_slots + 1) * self.footprint.state * (1 + self.draft_states) if self.state_slots else 0.0
 
     @property
-    def tokens(self) -> int:
-        """Logical context tokens the instance's pages hold, after the state pool.
+    def group_tokens(self) -> int:
+        """Logical context tokens one DP attention group's pages hold, after the state pool: whole
+        pages, as SGLang aligns the count down to its page size (`model_executor/pool_configurator.py:
+        640-653`, the hybrid models' pool at 852-857)."""
+        fitting = math.floor((self.pool_bytes - self.state_bytes) / self.footprint.per_token)
+        return fitting // self.page_size * self.page_size
 
-        Each DP attention group keeps its own requests, so the groups add up.
-        """
-        return self.attn_dp * math.floor((self.pool_bytes - self.state_bytes) / self.footprint.per_token)
+    @property
+    def tokens(self) -> int:
+        """Logical context tokens the instance's pages hold. Each DP attention group keeps its own
+        requests, so the groups add up."""
+        return self.attn_dp * self.group_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -288,6 +296,7 @@ class InstanceCapacity:
             "stateSlotsPerGroup": self.state_slots,
             "draftStatesPerSlot": self.draft_states,
             "runningCapPerGroup": self.running_cap,
+            "pageSize": self.page_size,
             "stateBytesPerRank": self.state_bytes,
             "tokensPerInstance": self.tokens,
         }
@@ -425,6 +434,7 @@ def engine_capacity(
         draft_states=draft_states,
         running_cap=running_cap(arch, slots, radix_cache=radix_cache,
                                 max_running_requests=resolved.max_running_requests, attn_dp=layout.attn_dp),
+        page_size=resolved.page_size,
     )
     if footprint.state and (slots < 1 or capacity.tokens < layout.attn_dp or capacity.running_cap == 0):
         # SGLang stops at start-up here (kv_cache_configurator.py:3392-3403, 3152-3160); the request
@@ -464,15 +474,15 @@ def _least_gpu_memory_gib(arch: ModelArchitecture, role: RoleSpec, hardware: Har
 
 
 def frontier(cap: InstanceCapacity, context_lens: ArrayLike) -> np.ndarray:
-    """Most requests the instance holds at each context length: n*L*b within the pages, n within the
-    engine's running cap (the request cap, the states).
+    """Most requests the instance holds at each context length: n*L within each DP attention group's
+    whole pages, n within the engine's running cap (the request cap, the states).
 
     Vectorised over context lengths so a caller can draw the whole frontier at once.
     """
     lengths = np.asarray(context_lens, dtype=np.float64)
     if np.any(lengths < 1):
         raise ValueError("context lengths must be >= 1 token")
-    pages = np.floor((cap.pool_bytes - cap.state_bytes) / (lengths * cap.footprint.per_token)).astype(np.int64)
+    pages = np.floor(cap.group_tokens / lengths).astype(np.int64)
     if cap.running_cap is not None:
         pages = np.minimum(pages, cap.running_cap)
     return pages * cap.attn_dp
