@@ -30,9 +30,6 @@ class MemoryKube(Kube):
 
     api: MemoryApi
 
-    def __init__(self, api_client: Any, component: str = "reconcile") -> None:
-        super().__init__(api_client, component)
-
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
         self.reads[("get", kind)] += 1
         return self.api.get(kind, namespace, name)
