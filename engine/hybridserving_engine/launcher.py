@@ -575,11 +575,17 @@ class Launcher:
     async def _end_engine(self, proc: asyncio.subprocess.Process) -> int:
         """`proc`'s exit status, once SIGTERM and, after the grace, SIGKILL have ended it (see `stop_engine`)."""
         if proc.returncode is None:
-            os.kill(proc.pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), self.settings.stop_grace_s)
-            except asyncio.TimeoutError:
-                log.warning("engine did not stop within %.0f s; killing it", self.settings.stop_grace_s)
+                os.kill(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                # It exited and asyncio's child watcher reaped it on its own thread, but the loop has
+                # not heard yet: nothing to signal, and wait() below returns the status once it has.
+                pass
+            else:
+                try:
+                    await asyncio.wait_for(proc.wait(), self.settings.stop_grace_s)
+                except asyncio.TimeoutError:
+                    log.warning("engine did not stop within %.0f s; killing it", self.settings.stop_grace_s)
         self._kill_group(proc)
         return await proc.wait()
 

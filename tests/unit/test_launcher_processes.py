@@ -4,8 +4,10 @@ the middle of a start or a role switch, and the orphans it leaves to PID 1."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -141,6 +143,37 @@ def test_stop_signals_the_engines_main_process_and_kills_its_group_after_the_gra
     assert (marks / "parent").exists() and not (marks / "child").exists()
     assert 1.0 <= took < 10 and not pid_alive(child)
     assert launcher.last_exit_code == -9
+
+
+def test_stopping_an_engine_that_exited_before_the_loop_heard_of_it_reports_its_status(tmp_path, monkeypatch):
+    """asyncio's child watcher reaps an engine that exits on its own thread and tells the loop later;
+    a stop in between finds `returncode` unset and a pid the kernel no longer knows (ESRCH). The stop
+    must still end with the engine's exit status, not with ProcessLookupError out of the shutdown."""
+    launcher = Launcher(settings(tmp_path), command=python("import time; time.sleep(0.2); raise SystemExit(7)"))
+    signalled: list[int] = []
+    engine: list[int] = []
+    real_kill = os.kill
+
+    def kill_after_the_reap(pid: int, sig: int) -> None:
+        if pid not in engine:
+            return real_kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while pid_alive(pid):  # exited: from here the watcher may reap it before the loop hears
+            assert time.monotonic() < deadline, "the engine did not exit"
+            time.sleep(0.01)
+        signalled.append(sig)
+        raise ProcessLookupError(errno.ESRCH, "No such process")
+
+    async def scenario() -> None:
+        await launcher.start_engine("prefill")
+        assert launcher.proc is not None and launcher.proc.returncode is None
+        engine.append(launcher.proc.pid)
+        monkeypatch.setattr(os, "kill", kill_after_the_reap)
+        await launcher.stop_engine()
+
+    asyncio.run(scenario())
+    assert signalled == [signal.SIGTERM]
+    assert launcher.last_exit_code == 7 and launcher.proc is None
 
 
 def test_sigterm_while_the_engine_starts_stops_it_without_draining(tmp_path):
