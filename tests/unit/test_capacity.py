@@ -124,6 +124,21 @@ def test_pool_is_static_fraction_less_weight_slice_less_reserve():
     assert fixed.tokens == math.floor(expected / 8_388) // 64 * 64
 
 
+def test_a_pool_under_one_page_is_no_pool():
+    """SGLang aligns the pool down to whole pages and stops at start when none is left
+    (`model_executor/pool_configurator.py:94-99, 640-653`): a pool of a few hundred KB, more than
+    nothing but less than 64 tokens of 8,388 bytes, holds no page."""
+    layout = LayoutSpec(tp=8, dcp=8)
+    over_the_weights = GLM53.weight_bytes / 8 + DEFAULT_RESERVE_BYTES + 300_000
+    role = RoleSpec(layout=layout, mem_fraction_static=over_the_weights / (288 * GIB))
+    assert 0 < pool_bytes(GLM53, layout, B300, mem_fraction_static=role.mem_fraction_static) < 64 * 8_388
+    with pytest.raises(CapacityError) as err:
+        instance_capacity(GLM53, role, B300)
+    assert err.value.field_path == "decode.layout.tp"
+    assert "holds less than one page of 64 tokens (8388 bytes each)" in err.value.message
+    assert "raise decode.layout.tp" in err.value.fix
+
+
 def test_speculative_roles_pay_the_draft_and_ngram_does_not():
     layout = LayoutSpec(tp=8, dcp=4)
     eagle = RoleSpec(layout=layout, speculative=SpeculativeSpec(algorithm="EAGLE"))

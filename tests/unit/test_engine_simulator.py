@@ -131,6 +131,12 @@ def test_a_layout_whose_weights_leave_no_pool_does_not_start():
     assert resolved_info("--tp-size", "8")["max_total_num_tokens"] > 0
 
 
+def test_a_page_size_below_one_is_refused_at_start():
+    # SGLang divides by it (arg_groups/validation_hook.py:244); the pool is whole pages of it.
+    with pytest.raises(FlagError, match="--page-size must be at least 1, got -64"):
+        resolved_info("--tp-size", "8", "--page-size", "-64", profile="deepseek-v3")
+
+
 def test_a_hybrid_models_state_pool_caps_its_running_requests_and_its_pages_hold_tokens_only():
     """SGLang keeps linear-attention states in a pool of their own, sized at start-up before the pages
     get the rest, and caps running requests by its slots (`mem_cache/kv_cache_configurator.py:3133-3150`):

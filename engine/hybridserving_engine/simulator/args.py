@@ -241,6 +241,8 @@ def resolve_server_args(args: argparse.Namespace, options: SimulatorOptions) -> 
         speculative_algorithm=args.speculative_algorithm, num_draft_tokens=args.speculative_num_draft_tokens,
         moe_a2a_backend=args.moe_a2a_backend, chunked_prefill_size=args.chunked_prefill_size,
     )
+    if resolved.page_size < 1:  # SGLang divides by it (arg_groups/validation_hook.py:244)
+        raise FlagError(f"--page-size must be at least 1, got {args.page_size}")
     needed = resolution.required_compute_capability(resolved)
     if needed is not None and gpu.compute_capability_major != needed:
         backends = sorted({b for b in (resolved.prefill_attention_backend, resolved.decode_attention_backend) if b})
@@ -290,7 +292,7 @@ def rank_pool_tokens(args: argparse.Namespace, sized: capacity.InstanceCapacity)
     scheduler applies it, `mem_cache/kv_cache_configurator.py:3096-3106`) and aligned down to whole
     pages again (3212-3226). A cap below one page leaves no pool, which stops SGLang at start
     (`model_executor/pool_configurator.py:94-99`)."""
-    tokens = sized.group_tokens
+    tokens = sized.group_tokens  # at least one page: `sized_capacity` refuses less
     if args.max_total_tokens is not None:
         tokens = min(tokens, args.max_total_tokens) // sized.page_size * sized.page_size
         if tokens <= 0:

@@ -11,12 +11,14 @@ not postpone it, and the Lease's calls time out well within it (`request_timeout
 the renewals that follow a stuck one still get their chance. A renewal that finds another
 replica holding the Lease stops the leader at once: it was frozen past its deadline.
 
-Stopping is not enough for a process that was frozen (a paused VM, a stopped container): on
+Stopping is not enough for a process that was frozen (a stopped container, a stalled node): on
 waking, its workers could send a write before the deadline thread next looks. So every other write
 of this replica first passes `fence`, which applies the same deadline at the moment of sending and
-refuses the write (and stops the replica) once it has passed. What is left is a write that passes
-the fence and freezes between the check and the send, the window client-go leaves too; the
-writes that act are preconditioned (kube.py), so even then a stale decision is not applied twice.
+refuses the write (and stops the replica) once it has passed. The clock is monotonic, which a
+paused VM's may not advance: there the next renewal, finding another holder, stops the replica.
+What is left (that, and a write that passes the fence and freezes before it is sent, the window
+client-go leaves too) meets the preconditions of the writes that act (kube.py), so a stale
+decision is still not applied twice.
 
 A graceful stop releases the Lease (empty holder), so a rolling update hands over at once
 (handlers.stop first waits for the work under way).

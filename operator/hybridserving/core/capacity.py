@@ -276,7 +276,7 @@ class InstanceCapacity:
     def group_tokens(self) -> int:
         """Logical context tokens one DP attention group's pages hold, after the state pool: whole
         pages, as SGLang aligns the count down to its page size (`model_executor/pool_configurator.py:
-        640-653`, the hybrid models' pool at 852-857)."""
+        640-653`)."""
         fitting = math.floor((self.pool_bytes - self.state_bytes) / self.footprint.per_token)
         return fitting // self.page_size * self.page_size
 
@@ -445,6 +445,14 @@ def engine_capacity(
             f"the linear-attention states of {max(slots, 1)} requests ({footprint.state / GIB:.2f} GiB each per GPU) "
             f"leave no room for KV pages in the {pool / GIB:.1f} GiB pool",
             f"lower {role_name}.maxRunningRequests, raise {role_name}.layout.tp, or use GPUs with more memory",
+        )
+    if capacity.group_tokens < 1:
+        # Aligned down, a pool under one page is none: SGLang stops at start-up (pool_configurator.py:94-99).
+        raise CapacityError(
+            f"{role_name}.layout.tp",
+            f"the {pool / GIB:.3f} GiB pool per GPU holds less than one page of {resolved.page_size} tokens "
+            f"({footprint.per_token:.0f} bytes each)",
+            f"raise {role_name}.layout.tp or use GPUs with more memory",
         )
     return capacity
 
