@@ -265,6 +265,10 @@ def keeps_radix_cache(args: argparse.Namespace) -> bool:
     return args.disaggregation_mode != "decode" and not args.disable_radix_cache
 
 
+# SGLang's refusal of a pool with no tokens (`model_executor/pool_configurator.py:94-99`).
+NOT_ENOUGH_MEMORY = "Not enough memory. Please try to increase --mem-fraction-static."
+
+
 def sized_capacity(args: argparse.Namespace, options: SimulatorOptions,
                    resolved: ResolvedArgs) -> capacity.InstanceCapacity:
     """The KV pages and linear-attention states one data-parallel replica sizes at start-up from the
@@ -282,9 +286,8 @@ def sized_capacity(args: argparse.Namespace, options: SimulatorOptions,
         return capacity.engine_capacity(arch, layout, hardware, resolved, draft=speculative_draft(args),
                                         radix_cache=keeps_radix_cache(args), role_name=role)
     except capacity.CapacityError as err:
-        raise FlagError(f"Not enough memory. Please try to increase --mem-fraction-static. Current value: "
-                        f"mem_fraction_static={resolved.mem_fraction_static} ({err.message}; "
-                        "model_executor/pool_configurator.py:94-99)") from None
+        raise FlagError(f"{NOT_ENOUGH_MEMORY} Current value: mem_fraction_static={resolved.mem_fraction_static} "
+                        f"({err.message}; model_executor/pool_configurator.py:94-99)") from None
 
 
 def rank_pool_tokens(args: argparse.Namespace, sized: capacity.InstanceCapacity) -> int:
@@ -296,7 +299,6 @@ def rank_pool_tokens(args: argparse.Namespace, sized: capacity.InstanceCapacity)
     if args.max_total_tokens is not None:
         tokens = min(tokens, args.max_total_tokens) // sized.page_size * sized.page_size
         if tokens <= 0:
-            raise FlagError(f"Not enough memory. Please try to increase --mem-fraction-static. (--max-total-tokens "
-                            f"{args.max_total_tokens} is less than one page of {sized.page_size} tokens; "
-                            "model_executor/pool_configurator.py:94-99)")
+            raise FlagError(f"{NOT_ENOUGH_MEMORY} (--max-total-tokens {args.max_total_tokens} is less than one "
+                            f"page of {sized.page_size} tokens; model_executor/pool_configurator.py:94-99)")
     return tokens

@@ -15,8 +15,8 @@ import copy
 import json
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 

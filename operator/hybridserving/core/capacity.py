@@ -436,7 +436,7 @@ def engine_capacity(
                                 max_running_requests=resolved.max_running_requests, attn_dp=layout.attn_dp),
         page_size=resolved.page_size,
     )
-    if footprint.state and (slots < 1 or capacity.tokens < layout.attn_dp or capacity.running_cap == 0):
+    if footprint.state and (slots < 1 or capacity.group_tokens < 1 or capacity.running_cap == 0):
         # SGLang stops at start-up here (kv_cache_configurator.py:3392-3403, 3152-3160); the request
         # cap, where there is one (set, or a speculative server's 48), is what sized the states.
         capped = resolved.max_running_requests is not None
