@@ -282,3 +282,39 @@ def test_a_standby_and_a_replica_that_released_the_lease_write_nothing(apiserver
     assert seen == []
     lease = Kube(api_client).unretried("lease", request_timeout=1)
     assert lease.fence is None  # the Lease's own calls are how a replica comes to lead
+
+
+def test_a_delete_in_flight_when_the_replica_froze_is_not_resent_past_the_deadline() -> None:
+    """urllib3 resends a DELETE whose reply timed out, below `Kube._call`: the resend asks the
+    fence too. The endpoint holds the first DELETE past the client's timeout while the replica's
+    clock runs past its renew deadline, as a pause in mid-call would."""
+    api, clock = MemoryApi(), Clock()
+    lost: list[str] = []
+    a = replica(api, "a", clock, on_lost=lambda: lost.append("lost"))
+    a.acquire()
+    seen: list[str] = []
+
+    class Stalling(Recorder):
+        def do_DELETE(self) -> None:
+            if not seen:
+                seen.append(f"{self.command} {self.path}")
+                clock.now += 6.1
+                time.sleep(1.0)  # past the client's 0.3 s read timeout: it gives up on this reply
+                return
+            self._answer()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (Stalling,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api_client = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}"))
+        kube = Kube(api_client, request_timeout=0.3, fence=a.fence)
+        with pytest.raises(Fenced):
+            kube.delete("Pod", "ns", "q")
+        time.sleep(0.2)  # a resend would have arrived by now
+        assert seen == ["DELETE /api/v1/namespaces/ns/pods/q"], f"resent past the deadline: {seen[1:]}"
+        assert lost == ["lost"] and not a.leading
+        assert kube.sibling("switch").api is kube.api  # siblings keep the one fenced pool
+        assert kube.unretried("lease", request_timeout=1).api.configuration.retries is False
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.util.retry import Retry
 
 from hybridserving.api.v1alpha1 import GROUP, INSTANCE_KIND, INSTANCE_PLURAL, KIND, PLURAL, VERSION
 from hybridserving.controller import metrics
@@ -99,10 +100,40 @@ Fence = Callable[[], None]
 """Called before every write; raises `Fenced` to refuse it."""
 
 
+class FencedRetry(Retry):
+    """urllib3's own retries, which ask the fence again before they resend a write. The pool
+    resends a PUT or DELETE whose reply timed out, and any call whose connection failed, without
+    coming back through `Kube._call`: a replica that froze while a write was in flight would
+    otherwise send it again on waking, past its deadline."""
+
+    DEFAULT_TOTAL = 3  # urllib3's own default (Retry.DEFAULT)
+
+    def __init__(self, *args: Any, fence: Fence | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.fence = fence
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FencedRetry:
+        return self.new()  # a copied configuration keeps the replica's one fence, not a copy of it
+
+    def new(self, **kw: Any) -> FencedRetry:
+        retry = super().new(**kw)
+        retry.fence = self.fence
+        return retry
+
+    def increment(self, method: str | None = None, *args: Any, **kw: Any) -> FencedRetry:
+        if method != "GET" and self.fence is not None:
+            self.fence()
+        return super().increment(method, *args, **kw)
+
+
 def describe_failure(exc: Exception) -> str:
     """An exception as status may name it: an API error as the apiserver said it, anything else
     with its type (the traceback is in the operator's log)."""
     return str(exc) if isinstance(exc, KubeError) else f"{type(exc).__name__}: {exc}"
+
+
+def _retries_fenced_by(retries: object, fence: Fence) -> bool:
+    return isinstance(retries, FencedRetry) and retries.fence == fence
 
 
 class Kube:
@@ -111,11 +142,16 @@ class Kube:
     `component` names the part of the operator that reads through this instance (the
     `hybridserving_api_reads_total` label); `sibling` gives another part its own count over
     the same connection pool. `request_timeout` bounds each call's connect and each read. `fence`,
-    where several replicas elect a leader, is asked before every write and its siblings share it.
+    where several replicas elect a leader, is asked before every write and before each resend of
+    one (on a pool of its own, whose retries are a `FencedRetry`), and its siblings share it.
     """
 
     def __init__(self, api_client: client.ApiClient, component: str = "reconcile", *,
                  request_timeout: float = REQUEST_TIMEOUT, fence: Fence | None = None) -> None:
+        if fence is not None and not _retries_fenced_by(api_client.configuration.retries, fence):
+            configuration = copy.deepcopy(api_client.configuration)
+            configuration.retries = FencedRetry(FencedRetry.DEFAULT_TOTAL, fence=fence)
+            api_client = client.ApiClient(configuration=configuration)
         self.api = api_client
         self.component = component
         self.request_timeout = request_timeout
@@ -170,6 +206,8 @@ class Kube:
             )
             response = self.api.call_api(*params, _request_timeout=self.request_timeout)
             data = response.read()
+        except Fenced:  # a resend refused by the pool's FencedRetry
+            raise
         except ApiException as exc:
             raise KubeError(exc.status or 0, str(exc.reason)) from exc
         except Exception as exc:  # urllib3 transport errors: connection refused, timeouts
