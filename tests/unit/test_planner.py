@@ -858,6 +858,38 @@ def test_a_smaller_total_never_takes_a_roles_last_settled_instance_nor_one_mid_s
     assert sorted(desired.instances) == sorted([*by_role["decode"], by_role["prefill"][1]])
 
 
+def test_where_every_serving_role_is_at_its_floor_a_smaller_total_takes_the_instance_mid_switch() -> None:
+    """Each role serves on one instance and the third is on its way from prefill to decode: it is
+    the only one whose removal leaves both roles served."""
+    switching = {"roleSwitch": {"enabled": True, "minPrefill": 1, "minDecode": 1},
+                 "prefill": {"replicas": 2}, "decode": {"replicas": 1}}
+    cluster = FakeCluster(nodes=16)
+    converge(cluster, fleet(**switching, replicas=3))
+    prefill = sorted((n for n, i in cluster.instances().items() if i["spec"]["role"] == "prefill"),
+                     key=lambda n: int(n.split("-")[1]))
+    assert len(prefill) == 2
+    record = SwitchState.start("prefill", "decode", "in-place", "policy: test", 1000.0).to_annotation()
+    cluster.instances()[prefill[0]]["metadata"].setdefault("annotations", {})[ANNOTATION_SWITCH] = record
+    desired = planner.plan(fleet(**switching, replicas=2), cluster.observed())
+    assert sorted(desired.instances) == sorted(set(cluster.instances()) - {prefill[0]})
+
+
+def test_a_smaller_total_takes_an_instance_that_is_not_ready_before_a_roles_only_ready_one() -> None:
+    """Prefill's lower instance crash loops: its higher one is the only prefill instance serving,
+    so the lower one goes, with role switching on or off."""
+    shares = {"prefill": {"replicas": 2}, "decode": {"replicas": 1}}
+    on = {"roleSwitch": {"enabled": True, "minPrefill": 1, "minDecode": 1}, **shares}
+    for smaller in (fleet(**on, replicas=2), fleet(prefill={"replicas": 1}, decode={"replicas": 1})):
+        cluster = FakeCluster(nodes=16)
+        converge(cluster, fleet(**on, replicas=3) if smaller.spec.role_switch.enabled else fleet(**shares))
+        prefill = sorted((n for n, i in cluster.instances().items() if i["spec"]["role"] == "prefill"),
+                         key=lambda n: int(n.split("-")[1]))
+        cluster.store[("Pod", f"{prefill[0]}-0")]["status"] = {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
+        desired = planner.plan(smaller, cluster.observed())
+        assert sorted(desired.instances) == sorted(set(cluster.instances()) - {prefill[0]})
+
+
 # --------------------------------------------------------------------------- surge
 
 

@@ -23,13 +23,16 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     fleet (`spec.total_instances()`: `spec.replicas` when set, e.g. by the scale subresource):
     a new instance joins the role furthest below its share of that total (the roles' replicas
     give the shares), a removed one leaves the role furthest above, never taking the instances
-    that serve a role without a switch under way below its floor (one switching away from it
-    will not serve it), and of that role an instance in no switch and not pinned first: the
-    total may come from HPA or `kubectl scale`, which name no instance, and removing one
-    mid-switch, or the only settled one of a role, could leave a role with nothing serving.
+    that serve a role (ready, in no switch) below its floor, and of that role one not pinned
+    first, then one not ready: the total may come from HPA or `kubectl scale`, which name no
+    instance, and removing the only ready one of a role could leave it with nothing serving. An
+    instance in no switch that is not ready (crash looping, still starting) serves nothing and may
+    always go. One mid-switch goes only where nothing else may: it moves capacity the policy
+    asked for, but it serves neither role until it lands.
     With role switching off, each role has exactly its replicas, kept from its instances in no
-    switch first: a switch still in flight when switching is turned off has its instance out of
-    the router, and keeping it in place of one that serves could leave the role nothing serving.
+    switch and ready first: a switch still in flight when switching is turned off has its
+    instance out of the router, and keeping it, or one that is not ready, in place of one that
+    serves could leave the role nothing serving.
     Surplus instances go highest index first; new ones take the lowest free index (an
     instance still being deleted keeps its index until it is gone). Surge instances
     (`rollout.surge_plan`) are not counted: they come and go with a rollout.
@@ -40,19 +43,23 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     total = spec.total_instances()
     keep = [(i.spec.index, held_role(i, observed) or i.spec.role, i.name) for i in live]
     switching = {i.name for i in live if SwitchState.from_annotation(i.annotations.get(ANNOTATION_SWITCH))}
+    ready = {i.name for i in live if _ready(i, observed)}
     if spec.role_switch.enabled:
         floors = {"prefill": spec.role_switch.min_prefill, "decode": spec.role_switch.min_decode}
         pins = {i.name for i in live if pinned(i.annotations)}
         while len(keep) > total:
             counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
-            settled = {r: sum(1 for k in keep if k[1] == r and k[2] not in switching) for r in ROLES}
-            above = [r for r in ROLES if settled[r] > floors[r]] or list(ROLES)
-            role = max(above, key=lambda r: (counts[r] - target[r], r == "decode"))
-            keep.remove(max((k for k in keep if k[1] == role),
-                            key=lambda k: (k[2] not in switching, k[2] not in pins, k[0])))
+            serves = {k[2] for k in keep if k[2] in ready and k[2] not in switching}
+            serving = {r: sum(1 for k in keep if k[1] == r and k[2] in serves) for r in ROLES}
+            removable = [k for k in keep if k[2] not in serves or serving[k[1]] > floors[k[1]]]
+            pool = [k for k in removable if k[2] not in switching] or removable or keep
+            role = max({k[1] for k in pool}, key=lambda r: (counts[r] - target[r], r == "decode"))
+            keep.remove(max((k for k in pool if k[1] == role),
+                            key=lambda k: (k[2] not in pins, k[2] not in ready, k[0])))
     else:
         keep = sorted(k for role in ROLES for k in sorted(
-            (k for k in keep if k[1] == role), key=lambda k: (k[2] in switching, k[0]))[: int(target[role])])
+            (k for k in keep if k[1] == role),
+            key=lambda k: (k[2] in switching, k[2] not in ready, k[0]))[: int(target[role])])
     result = {name: (index, role) for index, role, name in keep}
     counts = {r: sum(1 for k in keep if k[1] == r) for r in ROLES}
     taken = {i.spec.index for i in observed.instances.values()}
@@ -71,6 +78,12 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
             while counts[role] < target[role]:
                 add(role)
     return result
+
+
+def _ready(instance: ObservedInstance, observed: Observed) -> bool:
+    """Every pod of the instance there and ready: what the router and the policy count as serving."""
+    pods = [p for p in observed.pods_of(instance.name) if not p.deleting]
+    return len(pods) == instance.spec.nodes and all(p.ready for p in pods)
 
 
 def role_shares(spec: HybridServingSpec) -> dict[Role, float]:
