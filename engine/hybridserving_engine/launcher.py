@@ -160,6 +160,12 @@ def load_role_config(path: Path) -> RoleConfig:
     )
 
 
+def restart_backoff(failures: int, first_s: float, most_s: float) -> float:
+    """Doubling from `first_s` with each consecutive failure, capped at `most_s`; the exponent is
+    capped too, so a launcher told never to exit on a crash loop keeps its cap after any number."""
+    return min(first_s * 2.0 ** min(failures - 1, 64), most_s)
+
+
 def read_role(path: Path) -> str | None:
     """The role a downward-API file states: either the bare annotation value (a single-key
     `fieldRef: metadata.annotations['hybridserving.io/role']`, as the operator mounts it) or a
@@ -167,7 +173,7 @@ def read_role(path: Path) -> str | None:
     keep the current one."""
     try:
         text = path.read_text()
-    except (FileNotFoundError, IsADirectoryError):
+    except (OSError, UnicodeDecodeError):  # missing, unreadable or garbled: a later read may succeed
         return None
     value = text.strip()
     for line in text.splitlines():
@@ -405,6 +411,7 @@ class Launcher:
         self.switch_count = 0
         self.last_switch: SwitchRecord | None = None
         self._terminate = asyncio.Event()
+        self._terminated_at: float | None = None  # monotonic time of the SIGTERM
         self._role_changed = asyncio.Event()
         self._engine_hung = asyncio.Event()
         self._exit: tuple[asyncio.subprocess.Process, asyncio.Task[int]] | None = None
@@ -445,7 +452,12 @@ class Launcher:
         }
 
     def is_ready(self) -> bool:
-        return self.phase == "Ready" and self.engine_healthy
+        return self.phase == "Ready" and self.engine_healthy and not self._terminate.is_set()
+
+    def _on_terminate(self) -> None:
+        if self._terminated_at is None:
+            self._terminated_at = time.monotonic()
+        self._terminate.set()
 
     # ---- HTTP surface
 
@@ -621,7 +633,7 @@ class Launcher:
             async with self._client().get(local_url(self.argv) + path,
                                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):  # OSError: a reset some aiohttp versions pass on
             return False
 
     async def engine_loads(self) -> dict[str, Any] | None:
@@ -637,21 +649,26 @@ class Launcher:
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
             return None
 
-    async def drain(self, until_terminate: bool = False) -> bool:
+    async def drain(self, until_terminate: bool = False, deadline: float | None = None) -> bool:
         """Wait until the engine has held no request for `idle_window_s` without a break.
 
         The caller has already stopped new traffic at its source (the controller unroutes the
         leader before a switch; on SIGTERM the pod is terminating, which the router watches), but
         the router learns that a moment later and requests already on their way still land. A
-        window of idleness, not two polls, is what shows nothing more is coming. False on timeout,
+        window of idleness, not two polls, is what shows nothing more is coming. False at
+        `deadline` (by default the drain timeout from now), which no read of the engine outlasts,
         and with `until_terminate` on SIGTERM: a switch then gives way to the pod's own drain.
         """
         if not self.may_hold_requests:
             return True
-        deadline = time.monotonic() + self.settings.drain_timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + self.settings.drain_timeout_s
         idle_since: float | None = None
         while not (until_terminate and self._terminate.is_set()):
-            loads = await self.engine_loads()
+            try:
+                loads = await asyncio.wait_for(self.engine_loads(), max(deadline - time.monotonic(), 0.1))
+            except asyncio.TimeoutError:
+                loads = None
             if loads is None and (self.proc is None or self.proc.returncode is not None):
                 return True  # nothing left that could hold a request
             if loads is None and self.settings.node_rank > 0 and not await self._leader_answers():
@@ -681,7 +698,7 @@ class Launcher:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._terminate.set)
+            loop.add_signal_handler(sig, self._on_terminate)
         await self.start_http()
         reaper = asyncio.create_task(self._reap_orphans()) if self.reaps_orphans else None
         try:
@@ -888,13 +905,13 @@ class Launcher:
         self.last_exit_code = code
         self._kill_group(self.proc)
         self.proc = None
+        self.engine_healthy = False  # before any wait: /readyz answers meanwhile, and the engine is gone
         await self._finish_output()
-        self.engine_healthy = False
         self.restarts += 1
         self.consecutive_failures += 1
         self.metrics.restarts.inc()
-        backoff = min(self.settings.restart_backoff_s * 2 ** (self.consecutive_failures - 1),
-                      self.settings.restart_backoff_max_s)
+        backoff = restart_backoff(self.consecutive_failures, self.settings.restart_backoff_s,
+                                  self.settings.restart_backoff_max_s)
         loop_phase = "CrashLoop" if self.consecutive_failures >= self.settings.crash_loop_restarts else "Restarting"
         if loop_phase == "CrashLoop" and self.settings.crash_loop_exit:
             self._exit_crash_looping(code, stopped_for)
@@ -1087,10 +1104,10 @@ class Launcher:
         The drain and a worker's wait for its leader share one drain timeout from the signal: the
         pod's terminationGracePeriodSeconds is that timeout plus the stop grace, and the kubelet
         kills whatever runs past it, mid-stop."""
-        deadline = time.monotonic() + self.settings.drain_timeout_s
+        deadline = (self._terminated_at or time.monotonic()) + self.settings.drain_timeout_s
         self.set_phase("Draining", "pod is terminating")
         if self.proc is not None and self.proc.returncode is None:
-            drained = await self.drain()
+            drained = await self.drain(deadline=deadline)
             if not drained:
                 log.warning("drain timed out after %.0f s; stopping the engine with requests in flight",
                             self.settings.drain_timeout_s)

@@ -33,6 +33,7 @@ from hybridserving_engine.launcher import (
     main,
     pinned_document,
     read_role,
+    restart_backoff,
 )
 from hybridserving_engine.simulator.process import free_port, simulator_env, wait_http
 
@@ -122,6 +123,16 @@ def test_role_file_holds_a_bare_value_or_a_labels_file(tmp_path):
     f.write_text("draining")
     assert read_role(f) is None
     assert read_role(tmp_path / "missing") is None
+    # Whatever a read meets, the watcher of the file keeps watching: no role, the current one kept.
+    f.write_bytes(b"\xff\xfe decode")
+    assert read_role(f) is None
+    assert read_role(tmp_path) is None
+
+
+def test_the_restart_backoff_doubles_to_its_cap_after_any_number_of_failures():
+    assert [restart_backoff(n, 2.0, 60.0) for n in (1, 2, 3, 5, 6)] == [2.0, 4.0, 8.0, 32.0, 60.0]
+    # With crash-loop exits off a launcher counts failures for as long as the pod lives.
+    assert restart_backoff(1025, 2.0, 60.0) == restart_backoff(10**6, 2.0, 60.0) == 60.0
 
 
 # A pod's configHash: the template half, then the role-flags half naming its document.
@@ -419,7 +430,7 @@ def test_a_worker_ranks_stop_fits_the_pods_grace_when_its_leader_outlasts_the_dr
                         node_rank=1, drain_timeout_s=1.0, stop_grace_s=1.0, poll_interval_s=0.05)
     worker = Launcher(settings)
 
-    async def drain_that_times_out(until_terminate: bool = False) -> bool:
+    async def drain_that_times_out(until_terminate: bool = False, deadline: float | None = None) -> bool:
         await asyncio.sleep(settings.drain_timeout_s)
         return False
 

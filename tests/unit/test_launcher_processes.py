@@ -176,6 +176,60 @@ def test_stopping_an_engine_that_exited_before_the_loop_heard_of_it_reports_its_
     assert launcher.last_exit_code == 7 and launcher.proc is None
 
 
+def test_an_engine_that_crashed_is_not_ready_while_its_output_is_still_being_read(tmp_path, monkeypatch):
+    """The crash path waits for the engine's output to end (up to seconds where something outside
+    its group holds the pipe); `/readyz` is answered meanwhile and must not say ready."""
+    launcher = Launcher(settings(tmp_path), command=python("raise SystemExit(3)"))
+    ready_while_reading: list[bool] = []
+    finish_output = launcher._finish_output
+
+    async def slow_finish() -> None:
+        ready_while_reading.append(launcher.is_ready())
+        await finish_output()
+
+    async def scenario() -> None:
+        await launcher.start_engine("prefill")
+        assert launcher.proc is not None
+        await launcher.proc.wait()
+        launcher.set_phase("Ready", "serving")
+        launcher.engine_healthy = True
+        monkeypatch.setattr(launcher, "_finish_output", slow_finish)
+        launcher._terminate.set()  # no restart after the backoff: only the crash path's start is under test
+        await launcher._restart_after_crash()
+
+    asyncio.run(scenario())
+    assert ready_while_reading == [False]
+    assert launcher.last_exit_code == 3 and not launcher.is_ready()
+
+
+def test_the_drain_on_sigterm_ends_at_the_drain_timeout_counted_from_the_signal(tmp_path, monkeypatch):
+    """The pod's grace is the drain timeout plus the stop grace, from the signal: a shutdown that
+    starts late, or an engine whose `/v1/loads` never answers, must not eat into the stop grace."""
+    launcher = Launcher(settings(tmp_path, drain_timeout_s=5), command=python("import time; time.sleep(60)"))
+
+    async def hanging_loads() -> None:
+        await asyncio.sleep(60)
+
+    async def scenario() -> tuple[float, float]:
+        await launcher.start_engine("prefill")
+        launcher.may_hold_requests = True
+        monkeypatch.setattr(launcher, "engine_loads", hanging_loads)
+        started = time.monotonic()
+        assert not await launcher.drain(deadline=started + 0.3)
+        unanswered = time.monotonic() - started
+        launcher._on_terminate()
+        launcher._terminated_at = time.monotonic() - 4.8  # the signal came while the launcher was busy
+        assert not launcher.is_ready()
+        started = time.monotonic()
+        await launcher._shutdown()
+        return unanswered, time.monotonic() - started
+
+    unanswered, shutdown = asyncio.run(scenario())
+    assert unanswered < 2.0, f"a drain waited {unanswered:.1f} s on an unanswered read past its deadline"
+    assert shutdown < 3.0, f"the shutdown drained {shutdown:.1f} s past the drain timeout from the signal"
+    assert launcher.phase == "Stopped" and launcher.proc is None
+
+
 def test_sigterm_while_the_engine_starts_stops_it_without_draining(tmp_path):
     # An engine that has not served yet holds no request: no waiting out the drain timeout (30 s).
     launcher = Launcher(settings(tmp_path), command=python("import time; time.sleep(60)"))
