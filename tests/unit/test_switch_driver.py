@@ -850,6 +850,30 @@ def test_the_scaler_shrinks_an_idle_fleet_after_its_delay_and_keeps_each_roles_f
     assert fleet_replicas(h) == 2, "never below scaling.minReplicas and the role floors"
 
 
+def test_the_scaler_waits_for_the_reconcile_to_carry_out_a_resize_before_deciding_again() -> None:
+    """With no scale-down delay, a scaler that decided again before the reconcile removed the
+    instance it had asked away counted it once more and shrank the fleet a second time."""
+    h = scaling_harness(scaleDownDelaySeconds=0)
+    start = len(instances(h))
+    for name in instances(h):
+        e = h.engine(name)
+        e.utilization, e.queue_tokens, e.kv_usage, e.running = 0.0, 0, 0.0, 0
+    for _ in range(200):  # the controller alone: the reconcile is slow today
+        h.now += 2.0
+        h.ctl.tick(NS, "fleet")
+        if fleet_replicas(h) is not None:
+            break
+    assert fleet_replicas(h) == start - 1
+    for _ in range(30):
+        h.now += 2.0
+        h.ctl.tick(NS, "fleet")
+    assert fleet_replicas(h) == start - 1, "one resize at a time, each on the fleet it left"
+    h.tick(1)  # the controller still waits; the reconcile removes the instance
+    assert len(instances(h)) == fleet_replicas(h) == start - 1
+    h.tick(3)
+    assert fleet_replicas(h) == start - 2, "once carried out, the surplus that is left is seen again"
+
+
 def test_an_instance_stuck_crash_looping_neither_holds_a_scale_down_nor_counts_as_a_launch() -> None:
     """A gang that keeps crashing holds GPUs and serves nothing; counted as launching, it held every
     scale-down (and a launch slot) for as long as it stayed stuck."""

@@ -647,7 +647,16 @@ class SwitchController:
         as it stays stuck, which status reports. The room up to `scaling.maxReplicas` is what the
         scaler may launch into. The scaler names the instance it would remove; the fleet's
         assignment picks the one to go (`core.assignment`), and its pods drain on termination.
+        It decides nothing while the fleet's instances differ from its total in number: the
+        reconcile has a resize still to carry out.
         """
+        resized = sum(1 for inst in instances.values()
+                      if LABEL_SURGE not in (inst.obj["metadata"].get("labels") or {}))
+        if resized != spec.total_instances():
+            # The last resize (this scaler's, HPA's, a user's) is not carried out yet: deciding on
+            # the instances as they are would count an instance already asked away, or miss one
+            # already asked for, and resize a second time.
+            return
         config = ScalingConfig.from_spec(spec.scaling, spec.role_switch)
         moving = {d.instance for d in decisions}
         horizon = 2 * policy.model.launch_seconds() * policy.model.time_scale
