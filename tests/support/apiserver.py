@@ -128,12 +128,15 @@ class MemoryApi:
         obj["metadata"].update(uid=f"uid-{next(self.counter)}", resourceVersion=str(next(self.counter)), applied=True)
         self.store[(kind, name)] = obj
 
-    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None,
+               resource_version: str | None = None) -> None:
         self._check("delete", kind, name)
         self.writes[("delete", kind)] += 1
         obj = self.store.get((kind, name))
         if obj is None or (uid and obj["metadata"]["uid"] != uid):
             return
+        if resource_version and obj["metadata"].get("resourceVersion") != resource_version:
+            raise KubeError(409, "the object has been modified")
         del self.store[(kind, name)]
 
     # -- playing kubelet and user
@@ -223,7 +226,8 @@ class FakeCluster(MemoryApi):
             self.pod_uids_seen.setdefault(name, []).append(uid)
         return created
 
-    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None,
+               resource_version: str | None = None) -> None:
         obj = self.store.get((kind, name))
         # Pods terminate gracefully; the operator deletes router Deployments in the foreground, so
         # they stay, marked, while their pods terminate. Both are gone at the next `advance`.
@@ -232,7 +236,7 @@ class FakeCluster(MemoryApi):
             self.writes[("delete", kind)] += 1
             obj["metadata"]["deletionTimestamp"] = "now"
             return
-        super().delete(kind, namespace, name, uid=uid)
+        super().delete(kind, namespace, name, uid=uid, resource_version=resource_version)
 
     def apply(self, action: Action) -> None:
         """One planner action, as the operator's reconcile writes it; a 409 or 404 raises `KubeError`."""
@@ -243,7 +247,7 @@ class FakeCluster(MemoryApi):
             self.patch(action.kind, NS, action.name, action.body or {},
                        resource_version=action.resource_version, uid=action.uid)
         else:
-            self.delete(action.kind, NS, action.name, uid=action.uid)
+            self.delete(action.kind, NS, action.name, uid=action.uid, resource_version=action.resource_version)
 
     def observed(self) -> Observed:
         pods = [o for (k, _), o in self.store.items() if k == "Pod"]

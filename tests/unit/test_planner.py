@@ -874,6 +874,28 @@ def test_where_every_serving_role_is_at_its_floor_a_smaller_total_takes_the_inst
     assert sorted(desired.instances) == sorted(set(cluster.instances()) - {prefill[0]})
 
 
+def test_a_switch_started_after_the_pass_read_the_fleet_stops_that_instances_removal() -> None:
+    """The role-switch controller and the reconcile act on one fleet side by side: the delete goes
+    only to the instance as read, so one a switch started on since is a 409, and the retry's
+    assignment sees the switch and takes another."""
+    switching = {"roleSwitch": {"enabled": True, "minPrefill": 1, "minDecode": 1},
+                 "prefill": {"replicas": 2}, "decode": {"replicas": 2}}
+    cluster = FakeCluster(nodes=16)
+    converge(cluster, fleet(**switching, replicas=4))
+    smaller = fleet(**switching, replicas=3)
+    actions = planner.diff(planner.plan(smaller, cluster.observed()), cluster.observed())
+    [removal] = [a for a in actions if a.verb == "delete" and a.kind == INSTANCE_KIND]
+    role = cluster.instances()[removal.name]["spec"]["role"]
+    other = "decode" if role == "prefill" else "prefill"
+    record = SwitchState.start(role, other, "in-place", "policy: test", 1000.0).to_annotation()
+    cluster.patch(INSTANCE_KIND, "ns", removal.name, {"metadata": {"annotations": {ANNOTATION_SWITCH: record}}})
+    with pytest.raises(KubeError) as conflict:
+        cluster.apply(removal)
+    assert conflict.value.status == 409 and removal.name in cluster.instances()
+    retry = [a.name for a in cluster.reconcile(smaller) if a.verb == "delete" and a.kind == INSTANCE_KIND]
+    assert len(retry) == 1 and retry[0] != removal.name
+
+
 def test_a_smaller_total_takes_an_instance_that_is_not_ready_before_a_roles_only_ready_one() -> None:
     """Prefill's lower instance crash loops: its higher one is the only prefill instance serving,
     so the lower one goes, with role switching on or off."""

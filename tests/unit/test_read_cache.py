@@ -51,8 +51,9 @@ class MemoryKube(Kube):
     def server_side_apply(self, kind: str, namespace: str, body: dict[str, Any]) -> None:
         self.api.server_side_apply(kind, namespace, body)
 
-    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
-        self.api.delete(kind, namespace, name, uid=uid)
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None,
+               resource_version: str | None = None) -> None:
+        self.api.delete(kind, namespace, name, uid=uid, resource_version=resource_version)
 
 
 class Cached(CachedKube, MemoryKube):

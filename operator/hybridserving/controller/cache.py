@@ -241,9 +241,10 @@ class CachedKube(Kube):
             self.cache.store(kind, written)
         return written
 
-    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None,
+               resource_version: str | None = None) -> None:
         self._behind_on_conflict(kind, namespace, lambda: super(CachedKube, self).delete(
-            kind, namespace, name, uid=uid))
+            kind, namespace, name, uid=uid, resource_version=resource_version))
         self.cache.mark_deleting(kind, namespace, name)
 
     def _behind_on_conflict(self, kind: str, namespace: str, write: Callable[[], T]) -> T:

@@ -302,8 +302,10 @@ class Kube:
         self._call("PATCH", RESOURCES[kind].path(namespace, body["metadata"]["name"]),
                    query={"fieldManager": FIELD_MANAGER}, body=body, content_type="application/apply-patch+yaml")
 
-    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> None:
-        """Delete, the garbage collector taking the dependents; 404 is done.
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None,
+               resource_version: str | None = None) -> None:
+        """Delete, the garbage collector taking the dependents; 404 is done. With `resource_version`,
+        only the object as read: one changed since (a role switch started on it) is a 409.
 
         A router Deployment goes in the foreground: it stays, marked for deletion, until its pods
         are gone, so the rollout can see that a retired router still takes requests through its
@@ -311,8 +313,9 @@ class Kube:
         Everything else goes in the background.
         """
         body: dict[str, Any] = {"propagationPolicy": "Foreground" if kind == "Deployment" else "Background"}
-        if uid:
-            body["preconditions"] = {"uid": uid}
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        if preconditions:
+            body["preconditions"] = preconditions
         self._count("delete", kind)
         try:
             self._call("DELETE", RESOURCES[kind].path(namespace, name), body=body)

@@ -268,7 +268,8 @@ def act(kube: Kube, namespace: str, actions: list[Action], outcome: Outcome, own
                 kube.patch(action.kind, namespace, action.name, body,
                            resource_version=action.resource_version, uid=action.uid)
             else:
-                kube.delete(action.kind, namespace, action.name, uid=action.uid)
+                kube.delete(action.kind, namespace, action.name, uid=action.uid,
+                            resource_version=action.resource_version)
         except KubeError as exc:
             held = _holder(kube, namespace, action) if exc.status == 409 and action.verb == "create" else None
             if held is not None and not _owned(held, owners or set()):

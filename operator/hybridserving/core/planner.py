@@ -283,8 +283,11 @@ def diff(desired: DesiredState, observed: Observed) -> list[Action]:
                                       f"surge {inst.spec.role} instance retired: its role has rolled, the rollout "
                                       "is held, or it runs an older configuration", uid=inst.uid))
             else:
+                # On the instance as read: a role switch started on it since makes this a 409, and
+                # the retry's assignment sees the switch.
                 actions.append(Action("delete", INSTANCE_KIND, name, (Cause.SCALE_DOWN,),
-                                      f"scaled down: {inst.spec.role} instance no longer wanted", uid=inst.uid))
+                                      f"scaled down: {inst.spec.role} instance no longer wanted", uid=inst.uid,
+                                      resource_version=inst.resource_version))
 
     # Per-instance Services and pods, for instances whose spec is what the pods should run.
     for name, p in desired.instances.items():
