@@ -874,6 +874,21 @@ def test_where_every_serving_role_is_at_its_floor_a_smaller_total_takes_the_inst
     assert sorted(desired.instances) == sorted(set(cluster.instances()) - {prefill[0]})
 
 
+def test_a_smaller_total_takes_an_unpinned_instance_of_the_other_role_before_a_pinned_one() -> None:
+    """Every prefill instance is pinned; prefill is the role furthest above its share, but decode
+    has one to spare."""
+    switching = {"roleSwitch": {"enabled": True, "minPrefill": 1, "minDecode": 1},
+                 "prefill": {"replicas": 3}, "decode": {"replicas": 2}}
+    cluster = FakeCluster(nodes=16)
+    converge(cluster, fleet(**switching, replicas=5))
+    for inst in cluster.instances().values():
+        if inst["spec"]["role"] == "prefill":
+            inst["metadata"].setdefault("annotations", {})[ANNOTATION_PINNED] = "true"
+    desired = planner.plan(fleet(**switching, replicas=4), cluster.observed())
+    [gone] = set(cluster.instances()) - set(desired.instances)
+    assert cluster.instances()[gone]["spec"]["role"] == "decode"
+
+
 def test_a_switch_started_after_the_pass_read_the_fleet_stops_that_instances_removal() -> None:
     """The role-switch controller and the reconcile act on one fleet side by side: the delete goes
     only to the instance as read, so one a switch started on since is a 409, and the retry's

@@ -23,12 +23,13 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
     fleet (`spec.total_instances()`: `spec.replicas` when set, e.g. by the scale subresource):
     a new instance joins the role furthest below its share of that total (the roles' replicas
     give the shares), a removed one leaves the role furthest above, never taking the instances
-    that serve a role (ready, in no switch) below its floor, and of that role one not pinned
-    first, then one not ready: the total may come from HPA or `kubectl scale`, which name no
-    instance, and removing the only ready one of a role could leave it with nothing serving. An
-    instance in no switch that is not ready (crash looping, still starting) serves nothing and may
-    always go. One mid-switch goes only where nothing else may: it moves capacity the policy
-    asked for, but it serves neither role until it lands.
+    that serve a role (ready, in no switch) below its floor, and of that role one not ready
+    first: the total may come from HPA or `kubectl scale`, which name no instance, and removing
+    the only ready one of a role could leave it with nothing serving. An instance in no switch
+    that is not ready (crash looping, still starting) serves nothing and may always go. A pinned
+    one goes only where no unpinned one may, whatever the roles' shares; one mid-switch only where
+    nothing else may: it moves capacity the policy asked for, but it serves neither role until it
+    lands.
     With role switching off, each role has exactly its replicas, kept from its instances in no
     switch and ready first: a switch still in flight when switching is turned off has its
     instance out of the router, and keeping it, or one that is not ready, in place of one that
@@ -52,10 +53,10 @@ def assign_instances(hs_name: str, spec: HybridServingSpec, observed: Observed) 
             serves = {k[2] for k in keep if k[2] in ready and k[2] not in switching}
             serving = {r: sum(1 for k in keep if k[1] == r and k[2] in serves) for r in ROLES}
             removable = [k for k in keep if k[2] not in serves or serving[k[1]] > floors[k[1]]]
-            pool = [k for k in removable if k[2] not in switching] or removable or keep
+            settled = [k for k in removable if k[2] not in switching]
+            pool = [k for k in settled if k[2] not in pins] or settled or removable or keep
             role = max({k[1] for k in pool}, key=lambda r: (counts[r] - target[r], r == "decode"))
-            keep.remove(max((k for k in pool if k[1] == role),
-                            key=lambda k: (k[2] not in pins, k[2] not in ready, k[0])))
+            keep.remove(max((k for k in pool if k[1] == role), key=lambda k: (k[2] not in ready, k[0])))
     else:
         keep = sorted(k for role in ROLES for k in sorted(
             (k for k in keep if k[1] == role),
