@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -708,9 +708,9 @@ class Launcher:
                 return 1
             assert self.role is not None, "a role is read before the engine first starts"
             await self.start_engine(self.role)
-            watchers = [asyncio.create_task(self._watch_role_file())]
+            watchers = [asyncio.create_task(self._keep_watching(self._watch_role_file, "role file watch"))]
             if self.settings.node_rank == 0:
-                watchers.append(asyncio.create_task(self._watch_health()))
+                watchers.append(asyncio.create_task(self._keep_watching(self._watch_health, "engine health watch")))
             try:
                 await self._supervise()
             finally:
@@ -768,6 +768,17 @@ class Launcher:
                       "; ".join(problems))
             return False
         return True
+
+    async def _keep_watching(self, watch: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run `watch` for as long as the engine is supervised. Nothing awaits a watcher, so one
+        ended by an error it did not foresee would end silently: role switches, or the hang check,
+        would stop while /status still said Ready. It is logged and started again instead."""
+        while True:
+            try:
+                await watch()
+            except Exception:
+                log.exception("%s failed; starting it again", what)
+                await asyncio.sleep(max(self.settings.poll_interval_s, 1.0))
 
     async def _watch_role_file(self) -> None:
         while True:

@@ -21,6 +21,7 @@ from aiohttp import web
 from support.polling import wait_for
 from hybridserving.devcluster.cluster import pid_alive
 from hybridserving_engine import children
+from hybridserving_engine import launcher as launcher_module
 from hybridserving_engine.children import Redactor
 from hybridserving_engine.launcher import Launcher, Settings
 from hybridserving_engine.simulator.process import free_port
@@ -228,6 +229,34 @@ def test_the_drain_on_sigterm_ends_at_the_drain_timeout_counted_from_the_signal(
     assert unanswered < 2.0, f"a drain waited {unanswered:.1f} s on an unanswered read past its deadline"
     assert shutdown < 3.0, f"the shutdown drained {shutdown:.1f} s past the drain timeout from the signal"
     assert launcher.phase == "Stopped" and launcher.proc is None
+
+
+def test_a_role_watch_that_fails_unforeseen_is_logged_and_keeps_watching(tmp_path, monkeypatch, caplog):
+    """Nothing awaits the watchers: one ended by an error would stop role switches silently."""
+    launcher = Launcher(settings(tmp_path), command=python("import time; time.sleep(60)"))
+    launcher._handled_role = "prefill"
+    failures = iter([RuntimeError("a read nobody foresaw")])
+    real_read_role = launcher_module.read_role
+
+    def read_role_failing_once(path: Path) -> str | None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real_read_role(path)
+
+    monkeypatch.setattr(launcher_module, "read_role", read_role_failing_once)
+
+    async def scenario() -> None:
+        watcher = asyncio.create_task(launcher._keep_watching(launcher._watch_role_file, "role file watch"))
+        try:
+            (tmp_path / "role").write_text("decode")
+            await asyncio.wait_for(launcher._role_changed.wait(), 10)
+        finally:
+            watcher.cancel()
+
+    asyncio.run(scenario())
+    assert launcher.desired_role == "decode"
+    assert "role file watch failed" in caplog.text and "a read nobody foresaw" in caplog.text
 
 
 def test_sigterm_while_the_engine_starts_stops_it_without_draining(tmp_path):
