@@ -106,8 +106,6 @@ class FencedRetry(Retry):
     coming back through `Kube._call`: a replica that froze while a write was in flight would
     otherwise send it again on waking, past its deadline."""
 
-    DEFAULT_TOTAL = 3  # urllib3's own default (Retry.DEFAULT)
-
     def __init__(self, *args: Any, fence: Fence | None = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.fence = fence
@@ -150,7 +148,7 @@ class Kube:
                  request_timeout: float = REQUEST_TIMEOUT, fence: Fence | None = None) -> None:
         if fence is not None and not _retries_fenced_by(api_client.configuration.retries, fence):
             configuration = copy.deepcopy(api_client.configuration)
-            configuration.retries = FencedRetry(FencedRetry.DEFAULT_TOTAL, fence=fence)
+            configuration.retries = FencedRetry(Retry.DEFAULT.total, fence=fence)
             api_client = client.ApiClient(configuration=configuration)
         self.api = api_client
         self.component = component

@@ -141,6 +141,11 @@ class Instance:
         return (self.obj.get("status") or {}).get("phase")
 
     @property
+    def surge(self) -> bool:
+        """Started above its role's replicas while the role rolls (`rollout.maxSurge`)."""
+        return LABEL_SURGE in (self.obj["metadata"].get("labels") or {})
+
+    @property
     def record(self) -> SwitchState | None:
         return SwitchState.from_annotation(self.annotations.get(ANNOTATION_SWITCH))
 
@@ -599,7 +604,7 @@ class SwitchController:
             last = parse_time((inst.obj.get("status") or {}).get("lastSwitch"))
             # A surge instance leaves when its role has rolled: moving it would only unbalance the roles.
             pinned = (switching.pinned(inst.annotations)
-                      or LABEL_SURGE in (inst.obj["metadata"].get("labels") or {}))
+                      or inst.surge)
             phase: Phase
             if record is not None:
                 phase = ("draining" if record.step in ("Unroute", "Drain")
@@ -650,9 +655,7 @@ class SwitchController:
         It decides nothing while the fleet's instances differ from its total in number: the
         reconcile has a resize still to carry out.
         """
-        resized = sum(1 for inst in instances.values()
-                      if LABEL_SURGE not in (inst.obj["metadata"].get("labels") or {}))
-        if resized != spec.total_instances():
+        if sum(1 for inst in instances.values() if not inst.surge) != spec.total_instances():
             # The last resize (this scaler's, HPA's, a user's) is not carried out yet: deciding on
             # the instances as they are would count an instance already asked away, or miss one
             # already asked for, and resize a second time.
