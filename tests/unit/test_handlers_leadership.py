@@ -195,6 +195,29 @@ def test_a_graceful_stop_hands_the_lease_over_only_after_the_pass_under_way(oper
     asyncio.run(scenario())
 
 
+def test_a_fleets_role_switch_ticks_wait_for_its_reconcile_pass_under_way(operator: Operator) -> None:
+    """A pass removing an instance and a tick switching another must not decide side by side
+    (handlers.InFlight.running): ticks come every 0.05 s, and none of the fleet's runs while its
+    pass does."""
+    operator.api.store[LEASE]["spec"]["holderIdentity"] = ""  # free: b leads at once
+
+    async def scenario() -> None:
+        await handlers.start(settings=kopf.OperatorSettings())
+        await wait_until(acting)
+        operator.pass_may_end.clear()
+        await handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+        await wait_until(lambda: "pass ns/f by b" in operator.log)
+        await asyncio.sleep(0.5)
+        during = operator.log[operator.log.index("pass ns/f by b") + 1:]
+        operator.pass_may_end.set()
+        await wait_until(lambda: "pass ended" in operator.log
+                         and "tick ns/f by b" in operator.log[operator.log.index("pass ended"):])
+        await handlers.stop()
+        assert during == [], "a tick ran while the fleet's pass did"
+
+    asyncio.run(scenario())
+
+
 def test_the_kubeconfig_flag_reaches_kopfs_login(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from kubernetes.config import kube_config
 

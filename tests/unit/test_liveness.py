@@ -123,6 +123,70 @@ def test_wait_idle_waits_for_every_pass() -> None:
     assert inflight.wait_idle(0)
 
 
+def test_a_fleets_passes_and_ticks_take_turns_and_other_fleets_do_not_wait() -> None:
+    """A tick of fleet a waits for a's pass under way, and counts as running while it waits; a tick
+    of fleet b runs beside it."""
+    inflight = handlers.InFlight()
+    release = threading.Event()
+    order: list[str] = []
+
+    def work(fleet: str, what: str, hold: bool = False) -> None:
+        with inflight.running(("ns", fleet), what):  # type: ignore[arg-type]
+            order.append(f"{what} {fleet}")
+            if hold:
+                release.wait(5)
+            order.append(f"{what} {fleet} ended")
+
+    holder = threading.Thread(target=work, args=("a", "reconcile pass", True))
+    holder.start()
+    while not order:
+        time.sleep(0.01)
+    waiter = threading.Thread(target=work, args=("a", "role-switch tick"))
+    waiter.start()
+    other = threading.Thread(target=work, args=("b", "role-switch tick"))
+    other.start()
+    other.join(5)
+    waiter.join(0.2)
+    try:
+        assert order == ["reconcile pass a", "role-switch tick b", "role-switch tick b ended"]
+        assert waiter.is_alive() and not inflight.wait_idle(0.05)
+    finally:
+        release.set()
+        holder.join()
+        waiter.join()
+    assert order[3:] == ["reconcile pass a ended", "role-switch tick a", "role-switch tick a ended"]
+    assert inflight.wait_idle(0) and inflight.oldest_seconds() == 0.0
+
+
+def test_one_waiting_its_turn_is_timed_from_its_turn() -> None:
+    """The pass a tick waits behind is the one stuck; once it ends, the tick is not reported for
+    the time it waited."""
+    clock = Clock()
+    inflight = handlers.InFlight(clock)
+    events = {what: threading.Event() for what in ("pass holds", "pass may end", "tick holds", "tick may end")}
+
+    def work(what: str) -> None:
+        with inflight.running(("ns", "a"), what):  # type: ignore[arg-type]
+            short = what.split()[-1]
+            events[f"{short} holds"].set()
+            events[f"{short} may end"].wait(5)
+
+    holder = threading.Thread(target=work, args=("reconcile pass",))
+    holder.start()
+    assert events["pass holds"].wait(5)
+    waiter = threading.Thread(target=work, args=("role-switch tick",))
+    waiter.start()
+    clock.now += 100
+    stuck = inflight.stuck(60)
+    assert stuck is not None and stuck.running.work == "reconcile pass"
+    events["pass may end"].set()
+    assert events["tick holds"].wait(5)
+    assert inflight.stuck(60) is None and inflight.oldest_seconds() == 0.0
+    events["tick may end"].set()
+    holder.join()
+    waiter.join()
+
+
 # The flag.
 
 def test_the_flag_defaults_to_ten_minutes_and_zero_turns_it_off() -> None:

@@ -86,32 +86,58 @@ STOP_GRACE_SECONDS = 20.0
 """How long a graceful stop waits for the passes and ticks under way (within the pod's 30 s grace)."""
 
 
+@dataclass
+class _Turn:
+    """One fleet's turn: its lock and how many passes and ticks hold it or wait for it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
 class InFlight:
-    """The blocking passes and ticks running on threads, each with its fleet and start time.
-    Cancelling the asyncio task that awaits one leaves the thread running and writing, so a
-    graceful stop waits for this to empty before it hands the Lease over; and one that never ends
-    makes the liveness endpoint fail (core/liveness.py)."""
+    """The blocking passes and ticks running on threads, each with its fleet and start time, one at
+    a time per fleet. Cancelling the asyncio task that awaits one leaves the thread running and
+    writing, so a graceful stop waits for this to empty before it hands the Lease over; and one
+    that never ends makes the liveness endpoint fail (core/liveness.py)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._running: dict[int, liveness.Running] = {}
-        self._tokens = itertools.count()
+        self._running: dict[Key, liveness.Running] = {}  # the one holding each fleet's turn
         self._reported: set[liveness.Running] = set()
         self._idle = threading.Condition()
+        self._turns: dict[Key, _Turn] = {}
 
     @contextmanager
     def running(self, key: Key, work: liveness.Work) -> Iterator[None]:
-        """Count the pass or tick over fleet `key` while the block runs."""
-        token = next(self._tokens)
-        entry = liveness.Running(*key, work, self._clock())
+        """Count the pass or tick over fleet `key` while the block runs, once the fleet's other
+        pass or tick has ended.
+
+        The reconcile and the role switches each decide from the whole fleet and act on one
+        instance: a pass removes one (a smaller total) because the role's others serve, a tick
+        starts switching one because the others serve. Side by side, each could take the instance
+        the other counted on; both conditional writes land, as they touch different objects, and
+        the role is left with none serving. In turn, each decides from the other's writes (the
+        read cache holds them). A graceful stop waits for one waiting its turn too; the liveness
+        check times it from its turn, as the one it waits for is the one stuck."""
         with self._idle:
-            self._running[token] = entry
+            turn = self._turns.setdefault(key, _Turn())
+            turn.users += 1
         try:
-            yield
+            with turn.lock:
+                entry = liveness.Running(*key, work, self._clock())
+                with self._idle:
+                    self._running[key] = entry
+                try:
+                    yield
+                finally:
+                    with self._idle:
+                        del self._running[key]
+                        self._reported.discard(entry)
         finally:
             with self._idle:
-                del self._running[token]
-                self._reported.discard(entry)
+                turn.users -= 1
+                if not turn.users:
+                    del self._turns[key]
                 self._idle.notify_all()
 
     def oldest_seconds(self) -> float:
@@ -133,7 +159,7 @@ class InFlight:
     def wait_idle(self, timeout: float) -> bool:
         """True once nothing runs; False when some pass or tick still runs after `timeout` seconds."""
         with self._idle:
-            return self._idle.wait_for(lambda: not self._running, timeout)
+            return self._idle.wait_for(lambda: not self._turns, timeout)
 
 
 class CountedSwitches(role_switching.SwitchController):
