@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -68,6 +69,10 @@ PHASES = (
     "WaitingForRole", "PreflightFailed", "Starting", "Ready", "Restarting", "CrashLoop",
     "Draining", "Switching", "Relaunching", "Stopping", "Stopped",
 )
+
+LEADER_MISSES = 3
+"""Probes of the leader unanswered in a row that show a worker rank its leader has stopped."""
+LEADER_RESOLVE_TIMEOUT_S = 5.0
 
 
 # ---------------------------------------------------------------------------------- configuration
@@ -292,13 +297,22 @@ def engine_command(backend: str, argv: list[str]) -> list[str]:
     return [sys.executable, "-m", module, *argv]
 
 
-def engine_url(argv: list[str], node_rank: int) -> str:
+def engine_url(argv: list[str], node_rank: int, leader_address: str | None = None) -> str:
     """Where the instance's HTTP API answers. A worker rank's own server is only a health check
-    (`local_url`), so worker ranks reach the leader (the host of `--dist-init-addr`) on the same port."""
+    (`local_url`), so worker ranks reach the leader (the host of `--dist-init-addr`) on the same
+    port: at `leader_address`, the address that name last resolved to, where known. The name is the
+    instance's headless Service, which the garbage collector deletes with the pods when the instance
+    goes, while the leader still drains; the address, like the connections the ranks already hold,
+    stays the leader's while it runs."""
     host = flag_value(argv, "--host", "127.0.0.1")
-    if node_rank > 0 and (addr := flag_value(argv, "--dist-init-addr")):
-        host = addr.rsplit(":", 1)[0]
+    if node_rank > 0 and flag_value(argv, "--dist-init-addr"):
+        host = leader_address or leader_host(argv)
     return _http_url(host, flag_value(argv, "--port", "30000"))
+
+
+def leader_host(argv: list[str]) -> str:
+    """The leader's name on a worker rank: the host of `--dist-init-addr`."""
+    return (flag_value(argv, "--dist-init-addr") or "127.0.0.1:0").rsplit(":", 1)[0]
 
 
 def local_url(argv: list[str]) -> str:
@@ -310,6 +324,8 @@ def local_url(argv: list[str]) -> str:
 def _http_url(host: str, port: str) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
     return f"http://{host}:{port}"
 
 
@@ -396,6 +412,9 @@ class Launcher:
         self.argv: list[str] = []
         self.nnodes = 1
         self.engine_healthy = False
+        # A worker rank's leader: its address once resolved (`engine_url`), and its probes unanswered in a row.
+        self.leader_address: str | None = None
+        self._leader_misses = 0
         # Whether the engine may hold requests: set once the pod turns Ready (only then do the router
         # and Services send to it), cleared when it starts and when a drain ends idle. A drain with
         # nothing to wait for ends at once, not after polling a loading engine for the drain timeout.
@@ -441,7 +460,7 @@ class Launcher:
             "backend": self.settings.backend,
             "engine": {
                 "pid": self.proc.pid if self.proc else None,
-                "url": engine_url(self.argv, self.settings.node_rank) if self.argv else None,
+                "url": self._engine_url() if self.argv else None,
                 "healthy": self.engine_healthy,
                 "restarts": self.restarts,
                 "lastExitCode": self.last_exit_code,
@@ -636,17 +655,20 @@ class Launcher:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):  # OSError: a reset some aiohttp versions pass on
             return False
 
+    def _engine_url(self) -> str:
+        return engine_url(self.argv, self.settings.node_rank, self.leader_address)
+
     async def engine_loads(self) -> dict[str, Any] | None:
         try:
             async with self._client().get(
-                engine_url(self.argv, self.settings.node_rank) + "/v1/loads",
+                self._engine_url() + "/v1/loads",
                 params={"include": "core,disagg,queues"},
             ) as resp:
                 if resp.status != 200:
                     return None
                 loads: dict[str, Any] = await resp.json()
                 return loads
-        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, OSError):
             return None
 
     async def drain(self, until_terminate: bool = False, deadline: float | None = None) -> bool:
@@ -671,9 +693,10 @@ class Launcher:
                 loads = None
             if loads is None and (self.proc is None or self.proc.returncode is not None):
                 return True  # nothing left that could hold a request
-            if loads is None and self.settings.node_rank > 0 and not await self._leader_answers():
+            if loads is None and self.settings.node_rank > 0 and await self._leader_gone():
                 return True  # a worker rank drains with its leader, which has stopped
             if loads is not None:
+                self._leader_misses = 0
                 busy = inflight_requests(loads)
                 now = time.monotonic()
                 if busy:
@@ -879,6 +902,8 @@ class Launcher:
                 self._ready_by = None
                 if self.phase in ("Starting", "Restarting", "CrashLoop"):
                     self.consecutive_failures = 0
+                    if self.settings.node_rank > 0:
+                        await self._remember_leader()
                     self.set_phase("Ready")
             elif self._start_overdue():
                 await self._restart_broken_engine(self._start_timeout_cause())
@@ -1135,18 +1160,43 @@ class Launcher:
         `deadline`, the end of the pod's drain timeout) before signalling, and its stop grace then
         covers the broadcast."""
         while time.monotonic() < deadline and self.proc is not None and self.proc.returncode is None:
-            if not await self._leader_answers():
+            if await self._leader_gone():
                 return
             self.message = "waiting for the leader rank to stop"
             await asyncio.sleep(min(self.settings.poll_interval_s, 0.5))
 
+    async def _leader_gone(self) -> bool:
+        """Whether the leader has stopped: `LEADER_MISSES` probes in a row unanswered. A leader
+        draining minutes of requests can miss one (a stalled event loop, a lost packet), and a worker
+        that took that for its stop would be killed at the end of its stop grace, breaking the
+        leader's collective calls and every request it still holds."""
+        if await self._leader_answers():
+            self._leader_misses = 0
+            return False
+        self._leader_misses += 1
+        return self._leader_misses >= LEADER_MISSES
+
     async def _leader_answers(self) -> bool:
         """Whether the leader's HTTP server still answers at all (a 503 while it shuts down counts)."""
         try:
-            async with self._client().get(engine_url(self.argv, self.settings.node_rank) + "/ready"):
+            async with self._client().get(self._engine_url() + "/ready"):
                 return True
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
+
+    async def _remember_leader(self) -> None:
+        """Resolve the leader's name while it resolves: its rank has just joined it by that name.
+        A name that does not resolve now keeps the address resolved before, if any."""
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(leader_host(self.argv), None, type=socket.SOCK_STREAM), LEADER_RESOLVE_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as exc:
+            log.warning("could not resolve the leader rank's name %s (%s); its probes go by the name",
+                        leader_host(self.argv), exc)
+            return
+        if infos:
+            self.leader_address = str(infos[0][4][0])
 
 
 def main(argv: list[str] | None = None) -> int:

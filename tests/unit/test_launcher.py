@@ -253,6 +253,9 @@ def test_worker_ranks_reach_the_leader_for_loads():
     argv = ["--host", "0.0.0.0", "--port", "30000", "--dist-init-addr", "pod-0.svc:20102"]
     assert engine_url(argv, 0) == "http://127.0.0.1:30000"
     assert engine_url(argv, 1) == "http://pod-0.svc:30000"
+    assert engine_url(argv, 1, "10.1.2.3") == "http://10.1.2.3:30000"
+    assert engine_url(argv, 1, "fd00::7") == "http://[fd00::7]:30000"
+    assert engine_url(argv, 0, "10.1.2.3") == "http://127.0.0.1:30000", "the leader's own API is local"
 
 
 def test_inflight_requests_counts_every_queue_of_every_dp_rank():
@@ -451,6 +454,96 @@ def test_a_worker_ranks_stop_fits_the_pods_grace_when_its_leader_outlasts_the_dr
     assert worker.proc is None and worker.phase == "Stopped"
     grace = settings.drain_timeout_s + settings.stop_grace_s
     assert took < grace + 0.5, f"stopped after {took:.1f} s, past the pod's {grace:.0f} s grace"
+
+
+def test_a_worker_rank_takes_its_leader_for_stopped_only_after_probes_in_a_row_go_unanswered(tmp_path, monkeypatch):
+    """One missed probe of a leader still draining (a stalled event loop, a lost packet) is not its
+    stop: a worker that took it for one would have its engine killed at the end of its stop grace,
+    mid-collective, failing the requests the leader holds."""
+    settings = Settings(config_dir=tmp_path, role_file=tmp_path / "role", host="127.0.0.1", port=free_port(),
+                        node_rank=1, drain_timeout_s=30.0, stop_grace_s=1.0, poll_interval_s=0.01)
+    worker = Launcher(settings)
+    answers = iter([False, True, False, False, False, True])
+    probes: list[bool] = []
+
+    async def leader_answers() -> bool:
+        probes.append(next(answers))
+        return probes[-1]
+
+    monkeypatch.setattr(worker, "_leader_answers", leader_answers)
+
+    async def scenario() -> None:
+        worker.proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+        try:
+            await worker._wait_for_leader_to_stop(time.monotonic() + 20)
+            assert worker.proc.returncode is None
+        finally:
+            worker.proc.kill()
+            await worker.proc.wait()
+
+    asyncio.run(scenario())
+    assert probes == [False, True, False, False, False], "stopped waiting at the third miss in a row, not before"
+
+
+def test_a_worker_rank_drains_with_its_leader_at_the_address_it_joined_once_the_name_is_gone(tmp_path, monkeypatch):
+    """The leader's name is the instance's headless Service, which the garbage collector deletes
+    with the pods when the instance goes: the worker's drain reads the leader's loads at the address
+    it resolved when it turned Ready, and waits for the leader's requests, not for a name lookup to
+    fail."""
+    from aiohttp import web
+
+    port = free_port()
+    served = {"until": 0.0}
+
+    async def loads(request: web.Request) -> web.Response:
+        busy = 1 if time.monotonic() < served["until"] else 0
+        return web.json_response({"loads": [{"dp_rank": 0, "num_running_reqs": busy, "num_waiting_reqs": 0}]})
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    real_getaddrinfo = __import__("socket").getaddrinfo
+    service = {"exists": True}
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == "fleet-decode-0.ns.svc":
+            if not service["exists"]:
+                raise __import__("socket").gaierror(-2, "Name or service not known")
+            host = "127.0.0.1"
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr("socket.getaddrinfo", getaddrinfo)
+    settings = Settings(config_dir=tmp_path, role_file=tmp_path / "role", host="127.0.0.2", port=free_port(),
+                        node_rank=1, drain_timeout_s=20.0, idle_window_s=0.3, poll_interval_s=0.05)
+    worker = Launcher(settings)
+    worker.argv = ["--host", "127.0.0.2", "--port", str(port), "--dist-init-addr", "fleet-decode-0.ns.svc:20102"]
+    worker.may_hold_requests = True
+
+    async def scenario() -> float:
+        app = web.Application()
+        app.router.add_get("/v1/loads", loads)
+        app.router.add_get("/ready", ready)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        worker.proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+        try:
+            await worker._remember_leader()
+            service["exists"] = False  # the instance is deleted: its Service goes with its pods
+            served["until"] = time.monotonic() + 1.5  # the leader still holds a request
+            began = time.monotonic()
+            assert await worker.drain() is True
+            return time.monotonic() - began
+        finally:
+            worker.proc.kill()
+            await worker.proc.wait()
+            await runner.cleanup()
+            if worker._session is not None:
+                await worker._session.close()
+
+    took = asyncio.run(scenario())
+    assert worker.leader_address == "127.0.0.1"
+    assert took >= 1.5, f"the drain ended after {took:.2f} s, while the leader still held its request"
 
 
 def test_supervising_a_long_running_engine_keeps_one_wait_for_its_exit(tmp_path):

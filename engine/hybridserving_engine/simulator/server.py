@@ -19,6 +19,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 import time
 import urllib.error
@@ -999,6 +1000,9 @@ class SimulatorServer:
         return web.json_response({**self.faults.to_dict(), "simulator": True})
 
 
+LEADER_GONE_AFTER_MISSES = 3
+
+
 async def _answer_ok(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
@@ -1029,7 +1033,8 @@ async def _serve_worker_rank(args: argparse.Namespace, options: SimulatorOptions
         await runner.setup()
         await web.TCPSite(runner, args.host, args.port).start()
         log.info("simulator node rank %d serving its health check on %s:%d", args.node_rank, args.host, args.port)
-        leader_gone = asyncio.create_task(_leader_answers_until_gone(args))
+        leader = _leader_url(args, loading.result())
+        leader_gone = asyncio.create_task(_leader_answers_until_gone(leader))
         await asyncio.wait({stopping, leader_gone}, return_when=asyncio.FIRST_COMPLETED)
         if leader_gone.done():
             log.info("rank 0 stopped: node rank %d's schedulers exit with its shutdown broadcast", args.node_rank)
@@ -1038,16 +1043,30 @@ async def _serve_worker_rank(args: argparse.Namespace, options: SimulatorOptions
             leader_gone.cancel()
     else:
         loading.cancel()
+        leader = _leader_url(args)
     if stopping.done():
         log.warning("SIGTERM received on node_rank %d; waiting for rank 0 to stop", args.node_rank)
-        await _leader_answers_until_gone(args)
+        await _leader_answers_until_gone(leader)
     if runner is not None:
         await runner.cleanup()
 
 
-def _leader_url(args: argparse.Namespace) -> str:
-    host = (args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
+def _leader_url(args: argparse.Namespace, address: str | None = None) -> str:
+    """The leader's `/ready`: at `address` once the rank has joined it, else by its name."""
+    host = address or (args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
     return f"http://{host}:{args.port}/ready"
+
+
+async def _leader_address(args: argparse.Namespace) -> str | None:
+    """The address the leader's name resolves to as the rank joins it; None where it does not."""
+    host = (args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    return str(infos[0][4][0]) if infos else None
 
 
 async def _leader_answers(url: str) -> bool:
@@ -1061,20 +1080,29 @@ async def _leader_answers(url: str) -> bool:
     return True
 
 
-async def _leader_answers_until_gone(args: argparse.Namespace) -> None:
+async def _leader_answers_until_gone(url: str) -> None:
     """A worker rank ignores SIGTERM and stops with rank 0's shutdown broadcast
-    (`entrypoints/engine.py:1261-1272`): here, once the leader's HTTP server is gone."""
-    url = _leader_url(args)
-    while await _leader_answers(url):
+    (`entrypoints/engine.py:1261-1272`), which comes over the connections the ranks made as they
+    joined, whatever becomes of the leader's name: here, once the leader's HTTP server at the
+    address it was joined at has missed `LEADER_GONE_AFTER_MISSES` probes in a row (one is a blip,
+    which no broadcast stands for)."""
+    misses = 0
+    while True:
+        misses = 0 if await _leader_answers(url) else misses + 1
+        if misses >= LEADER_GONE_AFTER_MISSES:
+            return
         await asyncio.sleep(0.2)
 
 
-async def _join_then_load(args: argparse.Namespace, startup_seconds: float) -> None:
+async def _join_then_load(args: argparse.Namespace, startup_seconds: float) -> str | None:
+    """Join rank 0, then load; the leader's address as joined (`_leader_address`)."""
     url = _leader_url(args)
     while not await _leader_answers(url):
         await asyncio.sleep(0.2)
     log.info("simulator node rank %d joined rank 0", args.node_rank)
+    address = await _leader_address(args)
     await asyncio.sleep(startup_seconds)
+    return address
 
 
 async def _serve(args: argparse.Namespace, options: SimulatorOptions, argv: list[str]) -> int:
