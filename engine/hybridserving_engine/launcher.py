@@ -67,7 +67,7 @@ T = TypeVar("T")
 
 PHASES = (
     "WaitingForRole", "PreflightFailed", "Starting", "Ready", "Restarting", "CrashLoop",
-    "Draining", "Switching", "Relaunching", "Stopping", "Stopped",
+    "Draining", "Switching", "Relaunching", "Stopping", "Stopped", "Failed",
 )
 
 LEADER_MISSES = 3
@@ -943,6 +943,11 @@ class Launcher:
         self.proc = None
         self.engine_healthy = False  # before any wait: /readyz answers meanwhile, and the engine is gone
         await self._finish_output()
+        if self.phase == "Failed":
+            # A gang whose switch failed: restarted alone, the leader would come back in its old role
+            # beside worker ranks in the new one. The controller recreates the gang.
+            self.set_phase("Failed", f"engine exited with status {code}; waiting for the gang to be recreated")
+            return
         self.restarts += 1
         self.consecutive_failures += 1
         self.metrics.restarts.inc()
@@ -1050,8 +1055,12 @@ class Launcher:
             # This rank's relaunch would take the worker ranks' engines down with it, and they would
             # come back in whichever role their own launchers hold by then: a gang changes role
             # together, recreated by the controller on this outcome (Switch → Restart).
+            # Until then the engine is left as the switch left it, neither ready (SGLang's `/ready`
+            # still answers 200: the scheduler's broken flag only refuses later switches,
+            # `disaggregation/role_switch.py:133-141, 183-187`) nor restarted alone (`_watch_health`
+            # checks only Ready engines; `_restart_after_crash`).
             record.finish("Failed", f"switch failed, the gang needs a restart: {answer.get('message', '')}")
-            self.set_phase("Ready" if self.engine_healthy else "Starting", record.message)
+            self.set_phase("Failed", record.message)
         else:
             record.advance("Relaunching", f"switch failed, engine needs a restart: {answer.get('message', '')}")
             await self._relaunch(record, to_role)

@@ -959,6 +959,23 @@ def test_a_multi_node_leader_whose_rebuild_failed_leaves_the_gang_to_be_recreate
     assert "Relaunching" not in [s["step"] for s in last["steps"]], last
     assert status["role"] == "prefill" and status["engine"]["pid"] == leader_pid, status
     assert worker.status()["engine"]["pid"] == worker_pid, "the worker rank's engine was left alone"
+    # The engine's own /ready still answers (SGLang's broken flag only refuses later switches), so
+    # the launcher says what it is: not ready, its gang to be recreated.
+    assert (status["phase"], status["ready"]) == ("Failed", False), status
+    assert httpx.get(leader.engine + "/ready").status_code == 200
+    # An engine that then exits is not restarted alone, in its old role beside worker ranks in the new.
+    with urllib.request.urlopen(urllib.request.Request(leader.engine + "/sim/faults", data=b'{"crash": true}',
+                                                       headers={"Content-Type": "application/json"}), timeout=5):
+        pass
+    deadline = time.monotonic() + 10
+    while leader.status()["engine"]["pid"] is not None:
+        assert time.monotonic() < deadline, leader.log.read_text()[-3000:]
+        time.sleep(0.1)
+    time.sleep(3.0)  # past the restart back-off (2 s)
+    status = leader.status()
+    assert (status["phase"], status["ready"], status["engine"]["pid"], status["engine"]["restarts"]) == (
+        "Failed", False, None, 0), status
+    assert "waiting for the gang to be recreated" in status["message"], status
 
 
 @pytest.mark.slow
