@@ -8,8 +8,8 @@ change and moves the engine to the other role, in place (`POST /pd_role_switch` 
 and reports each step on `/status` for the role-switch controller to follow.
 
 It also supervises the engine (restarts it with backoff when it exits, hangs or does not start
-in time, reports a crash loop), drains it on SIGTERM (unready first, then waits for in-flight
-requests, then stops it), and in production checks the GPUs and RDMA devices before the first start.
+in time, reports a crash loop), drains it on SIGTERM (waits for in-flight requests, then stops
+it), and in production checks the GPUs and RDMA devices before the first start.
 
 Configuration (see docs/engine.md): `$HYBRIDSERVING_CONFIG_DIR/{prefill,decode}.json`, each
 `{"nnodes": N, "argv": [...]}` or `{"nnodes": N, "ranks": [[...rank 0...], [...rank 1...]]}`,
@@ -1144,7 +1144,10 @@ class Launcher:
     # ---- termination
 
     async def _shutdown(self) -> None:
-        """SIGTERM: unready first (so the router and Services stop sending), then drain, then stop.
+        """SIGTERM: drain, then stop. New traffic stops at its source, not here: the pod is terminating,
+        which the router (smg drops a pod with a deletion timestamp) and Services (terminating
+        endpoints are not ready) go by; the pod's readiness is the engine's own `/ready`, which
+        stays 200 so that requests already on their way are still served.
 
         The drain and a worker's wait for its leader share one drain timeout from the signal: the
         pod's terminationGracePeriodSeconds is that timeout plus the stop grace, and the kubelet
