@@ -589,6 +589,63 @@ def test_pinned_instances_are_never_moved_by_the_policy(h: Harness) -> None:
     assert not h.history()
 
 
+def rollout_status(h: Harness) -> dict[str, Any]:
+    return h.api.status().get("rollout") or {}
+
+
+def revision_of(h: Harness, name: str) -> str:
+    return "fleet-" + h.instance(name)["metadata"]["labels"].get("hybridserving.io/revision-hash", "")
+
+
+def test_a_rollout_with_a_canary_holds_every_instance_in_its_role_until_it_is_done() -> None:
+    """Each role's canary counts its rolled instances: a rolled decode moved to prefill would let
+    decode roll one more, and the canary grow switch by switch. Once the canary is removed, the
+    policy moves instances on the update revision again."""
+    h = Harness()
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["engine"] = {"image": "registry.example/sglang:v2"}
+    spec["rollout"] = {"canary": 1}
+    h.api.user_apply(spec)
+    overload_prefill(h)
+    for _ in range(40):
+        h.tick()
+        overload_prefill(h)
+        updated = sum(1 for n in instances(h) if revision_of(h, n) == rollout_status(h).get("updateRevision"))
+        assert updated <= 2, f"the canary of 1 per role grew to {updated} instances"
+    assert rollout_status(h).get("held") == "Canary"
+    assert not h.history(), "no switch while the canary holds the rollout"
+    del spec["rollout"]
+    h.api.user_apply(spec)
+    h.run_until(lambda: bool(h.history()), limit=80)
+    [first] = h.history()
+    assert (first["fromRole"], first["toRole"]) == ("decode", "prefill")
+    assert revision_of(h, first["instance"]) == rollout_status(h)["updateRevision"]
+
+
+def test_an_on_call_switch_of_an_instance_not_yet_rolled_waits_for_the_rollout() -> None:
+    """Switched in place before its turn, the instance would keep its old engine flags (a switch
+    changes only the role) while its new flags made the planner count it as rolled: it would never
+    be replaced. No switch starts on an instance off the update revision."""
+    h = Harness()
+    spec = copy.deepcopy(FLEET_SPEC)
+    spec["engine"] = {"image": "registry.example/sglang:v2"}
+    h.api.user_apply(spec)
+    decode = sorted(n for n in instances(h) if h.instance(n)["spec"]["role"] == "decode")
+    for name in decode:
+        h.annotate(name, ANNOTATION_SWITCH_TO, "prefill")
+    started: set[str] = set()
+    for _ in range(60):
+        h.tick()
+        update = rollout_status(h).get("updateRevision")
+        for name in decode:
+            record = (h.instance(name)["metadata"].get("annotations") or {}).get(ANNOTATION_SWITCH)
+            if record is not None and name not in started:
+                started.add(name)
+                assert revision_of(h, name) == update, f"{name} switched before the rollout rolled it"
+    assert started, "the request is honoured once the instance runs the update revision"
+    assert rollout_status(h)["currentRevision"] == rollout_status(h)["updateRevision"]
+
+
 @pytest.mark.parametrize("edit", [
     {"engine": {"extraArgs": ["--tp-size", "4"]}},  # a flag the operator owns: LayoutValid False
     {"model": {"profile": "deepseek-v9"}},  # no such profile: the model cannot even be resolved

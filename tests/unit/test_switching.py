@@ -21,6 +21,7 @@ from hybridserving.core.switching import (
     SwitchConfig,
     SwitchState,
     desired,
+    held_by_rollout,
     phase_applied,
     refused_in_place,
     remember_refusal,
@@ -414,3 +415,26 @@ def test_resuming_from_any_recorded_step_reaches_the_same_end_state() -> None:
         assert resumed.outcome == reference.outcome
         assert (world.role, world.label, world.engine_role) == (
             reference_world.role, reference_world.label, reference_world.engine_role)
+
+
+def rolling_fleet(*, generation: int = 3, observed: int = 3, current: str = "hs-old", update: str = "hs-new",
+                  held: str = "", canary: int | None = None) -> dict:
+    return {"metadata": {"name": "hs", "generation": generation},
+            "spec": {"rollout": {} if canary is None else {"canary": canary}},
+            "status": {"observedGeneration": observed,
+                       "rollout": {"currentRevision": current, "updateRevision": update, "held": held}}}
+
+
+@pytest.mark.parametrize(("fleet", "revision", "held"), [
+    (rolling_fleet(current="hs-new"), "new", False),  # every instance rolled
+    (rolling_fleet(), "new", False),  # rolled, no canary: free to move
+    (rolling_fleet(), "old", True),  # the rollout replaces it in its role
+    (rolling_fleet(), "", True),  # unlabelled: not known to run the update revision
+    (rolling_fleet(canary=1), "new", True),  # a canary counts each role's rolled instances
+    (rolling_fleet(held="Canary"), "new", True),
+    (rolling_fleet(observed=2, current="hs-new"), "new", True),  # the spec's rollout not reported yet
+    ({"metadata": {"name": "hs", "generation": 1}, "status": {"observedGeneration": 1}}, "", False),  # no rollout
+])
+def test_a_rollout_holds_the_instances_it_has_not_rolled_and_with_a_canary_all(fleet: dict, revision: str,
+                                                                               held: bool) -> None:
+    assert held_by_rollout(fleet, revision) is held

@@ -576,8 +576,8 @@ class SwitchController:
                     self._post(namespace, hs_body, "Warning" if target not in ROLES else "Normal",
                                "RoleSwitchRequestIgnored", f"{inst.name}: switch-to {target}: {why}")
                 continue
-            if spec.rollout.paused or inst.phase != "Ready":
-                continue  # honoured once unpaused and serving
+            if spec.rollout.paused or inst.phase != "Ready" or switching.held_by_rollout(hs_body, inst.revision):
+                continue  # honoured once unpaused, serving and let go by the rollout
             if _in_flight(instances) >= spec.role_switch.max_concurrent:
                 continue
             floor = spec.role_switch.min_prefill if inst.role == "prefill" else spec.role_switch.min_decode
@@ -604,7 +604,8 @@ class SwitchController:
             last = parse_time((inst.obj.get("status") or {}).get("lastSwitch"))
             # A surge instance leaves when its role has rolled: moving it would only unbalance the roles.
             pinned = (switching.pinned(inst.annotations)
-                      or inst.surge)
+                      or inst.surge
+                      or switching.held_by_rollout(hs_body, inst.revision))
             phase: Phase
             if record is not None:
                 phase = ("draining" if record.step in ("Unroute", "Drain")

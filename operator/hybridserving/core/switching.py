@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from hybridserving.api.v1alpha1 import Role
+from hybridserving.core.naming import revision_name
 
 Mode = Literal["in-place", "relaunch"]
 Step = Literal["Unroute", "Drain", "Switch", "Verify", "Route", "Restore", "Restart", "Done"]
@@ -65,6 +66,35 @@ ANNOTATION_PINNED = "hybridserving.io/pinned"
 def pinned(annotations: Mapping[str, str]) -> bool:
     """Whether an instance's annotations pin it (`ANNOTATION_PINNED`, any case of "true")."""
     return annotations.get(ANNOTATION_PINNED, "").lower() == "true"
+
+
+def held_by_rollout(fleet: Mapping[str, Any], revision_label: str) -> bool:
+    """Whether the fleet's rollout keeps an instance in its role: no switch starts on it.
+
+    - One not on the update revision: the rollout replaces it, in the role it has then. Switched
+      first, in place, its engine would keep the old configuration's flags (a switch changes only
+      the role) while the switch's new flags made it count as rolled: never replaced, paired under
+      the old key after that key's router is gone.
+    - Any, while a rollout with a canary is under way: each role's canary counts the instances of
+      that role rolled, so moving one to the other role would let the rollout roll one more.
+    - Any, before the reconcile has reported on the spec's generation: a rollout the spec starts is
+      not known yet.
+
+    `fleet` is the HybridServing as read (its status is the reconcile's report); `revision_label`
+    the instance's `hybridserving.io/revision-hash`.
+    """
+    meta = fleet.get("metadata") or {}
+    status = fleet.get("status") or {}
+    if status.get("observedGeneration") != meta.get("generation"):
+        return True
+    rollout = status.get("rollout") or {}
+    update = rollout.get("updateRevision")
+    if not update or rollout.get("currentRevision") == update:
+        return False  # every instance runs the update revision
+    canary = ((fleet.get("spec") or {}).get("rollout") or {}).get("canary")
+    return (canary is not None or rollout.get("held") == "Canary"
+            or revision_name(str(meta.get("name", "")), revision_label) != update)
+
 
 ANNOTATION_IN_PLACE_REFUSED = "hybridserving.io/in-place-refused"
 """The in-place switches the engine refused (JSON, by direction `prefill->decode`): the next switch
