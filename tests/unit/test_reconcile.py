@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND
+from hybridserving.api.v1alpha1 import INSTANCE_KIND, KIND, RoleStatus
 from hybridserving.controller import reconcile as rec
+from hybridserving.controller.status import last_progress
 from hybridserving.controller.kube import KubeError
 from hybridserving.core.actions import Cause
 from hybridserving.core import backoff
@@ -304,6 +305,24 @@ def test_a_plan_that_raises_is_reported_and_the_fleet_is_repaired_from_the_last_
     assert (progressing["status"], progressing["reason"]) == ("False", "PlanFailed"), progressing
     assert ("Pod", "fleet-0-0") in api.store, "the deleted pod was recreated from the spec the fleet runs"
     assert outcome.errors, "a failed pass: the work queue retries it on its back-off"
+
+
+def test_a_role_switch_is_no_progress_but_more_instances_ready_or_updated_is() -> None:
+    """A switch moves an instance from one role's counts to the other's: a policy that keeps
+    switching must not keep resetting the clock of a rollout stuck on a hung canary."""
+    then = "2020-01-01T00:00:00Z"
+    previous = {"lastProgressTime": then, "prefill": {"ready": 2, "updated": 1}, "decode": {"ready": 2, "updated": 1}}
+    progressing = {"status": "True", "reason": "RollingOut", "observedGeneration": 4}
+
+    def at(prefill: tuple[int, int], decode: tuple[int, int]) -> float:
+        per_role = {"prefill": RoleStatus(ready=prefill[0], updated=prefill[1]),
+                    "decode": RoleStatus(ready=decode[0], updated=decode[1])}
+        return last_progress(previous, progressing, 4, per_role, None, True, clock=2e9)
+
+    assert at((3, 2), (1, 0)) != 2e9, "a rolled decode switched to prefill"
+    assert at((2, 1), (2, 1)) != 2e9
+    assert at((3, 1), (2, 1)) == 2e9, "one more instance ready"
+    assert at((2, 2), (2, 1)) == 2e9, "one more instance updated"
 
 
 def test_a_name_held_by_an_object_not_ours_is_reported_and_backs_off(api: MemoryApi) -> None:

@@ -577,7 +577,9 @@ def last_progress(previous_status: Mapping[str, Any], progressing: Mapping[str, 
     updated than the last status said, a rollout hold lifted, a new generation, or progress just
     starting. A canary held for hours, then promoted, has its whole deadline again; a rollout that
     keeps bringing instances up is never called stuck however long it takes in all. A fleet at
-    rest keeps the time it last moved (its status is not rewritten)."""
+    rest keeps the time it last moved (its status is not rewritten). Counted over both roles: a
+    role switch moves an instance from one role's counts to the other's, which is no progress, and
+    a policy that keeps switching would otherwise keep a stuck rollout from ever being called so."""
     since = parse_time(previous_status.get("lastProgressTime"))
     if not progressing_now:
         return clock if since is None else since
@@ -587,8 +589,8 @@ def last_progress(previous_status: Mapping[str, Any], progressing: Mapping[str, 
         or (progressing.get("status") != "True" and progressing.get("reason") != "ProgressDeadlineExceeded")
         or progressing.get("observedGeneration") != generation
         or (bool((previous_status.get("rollout") or {}).get("held")) and held is None)
-        or any(per_role[r].ready > int(before[r].get("ready") or 0) for r in ROLES)
-        or any(per_role[r].updated > int(before[r].get("updated") or 0) for r in ROLES)
+        or sum(per_role[r].ready for r in ROLES) > sum(int(before[r].get("ready") or 0) for r in ROLES)
+        or sum(per_role[r].updated for r in ROLES) > sum(int(before[r].get("updated") or 0) for r in ROLES)
     )
     return clock if moved or since is None else since
 
