@@ -34,7 +34,7 @@ from hybridserving.core.naming import (
     digest,
     split_config_hash,
 )
-from hybridserving.core.observed import Observed
+from hybridserving.core.observed import Observed, format_time
 from hybridserving.core.podtemplate import OWNED_ENGINE_FIELDS
 from hybridserving.core.switching import ANNOTATION_PINNED, ANNOTATION_SWITCH, SwitchState
 from hybridserving_engine.launcher import fill_pod_values
@@ -516,6 +516,20 @@ def test_pods_not_yet_rolled_keep_their_flags_document_until_the_last_of_them_is
         "prefill.json", role_document_name("prefill", digest(rendering.role_config(hs.spec, "prefill")))}
 
 
+def switch_ends_once_followed(name: str, also: Any = None) -> Any:
+    """The role-switch controller's part in a converge: once the instance's pods follow its new
+    role, its Route step routes it again and its record goes (until then the rollout counts it out
+    for the switch)."""
+    def check(c: FakeCluster) -> None:
+        inst = c.instances()[name]
+        pods = [p for n, p in c.pods().items() if n.startswith(f"{name}-")]
+        if pods and all(p["metadata"]["annotations"].get(ANNOTATION_ROLE) == inst["spec"]["role"] for p in pods):
+            (inst["metadata"].get("annotations") or {}).pop(ANNOTATION_SWITCH, None)
+        if also is not None:
+            also(c)
+    return check
+
+
 def test_a_switched_pod_runs_the_spec_document_of_its_new_role() -> None:
     """The relabel gives the pod the hash of its new role's current document, which the map holds."""
     hs = fleet(roleSwitch={"enabled": True})
@@ -524,7 +538,7 @@ def test_a_switched_pod_runs_the_spec_document_of_its_new_role() -> None:
     cluster.store[(INSTANCE_KIND, "hs-5")]["spec"]["role"] = "prefill"
     cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})[
         "hybridserving.io/switch"] = SWITCH_RECORD
-    converge(cluster, hs, check=documents_invariant(hs))
+    converge(cluster, hs, check=switch_ends_once_followed("hs-5", documents_invariant(hs)))
     assert cluster.pods()["hs-5-0"]["metadata"]["annotations"][ANNOTATION_ROLE] == "prefill"
 
 
@@ -550,7 +564,7 @@ def test_a_role_switch_relabels_pods_without_recreating_them() -> None:
     ], "a switch takes no rollout budget and restarts nothing"
     budgets = {a.name: a.body["spec"]["minAvailable"] for a in first if a.kind == "PodDisruptionBudget"}
     assert budgets == {"hs-prefill": 3, "hs-decode": 1}, "each role's budget follows its new size"
-    converge(cluster, hs)
+    converge(cluster, hs, check=switch_ends_once_followed("hs-5"))
     assert uids(cluster) == before, "no pod recreated for a role change"
     leader = cluster.pods()["hs-5-0"]["metadata"]
     assert leader["labels"][LABEL_ROLE] == "prefill"
@@ -583,7 +597,7 @@ def test_switched_mix_survives_when_switching_is_on_and_is_restored_when_off() -
     cluster.store[(INSTANCE_KIND, "hs-5")]["metadata"].setdefault("annotations", {})[
         "hybridserving.io/switch"
     ] = SWITCH_RECORD
-    converge(cluster, on)
+    converge(cluster, on, check=switch_ends_once_followed("hs-5"))
     roles = [i["spec"]["role"] for i in cluster.instances().values()]
     assert roles.count("prefill") == 4, "the controller's mix is kept"
     off = fleet()
@@ -1071,6 +1085,48 @@ def not_settled(cluster: FakeCluster, hs: HybridServing, seconds: float) -> dict
         if not (v.available and since and cluster.clock - max(since) >= seconds):
             out[v.plan.role] += 1
     return out
+
+
+def test_an_instance_back_from_a_role_switch_settles_for_min_ready_seconds_before_its_role_rolls() -> None:
+    """A switch in place leaves the pods Ready all along: the router registers the instance again
+    only as its Route step relabels it. Counted as serving then, it let the role's only other
+    instance roll in the same pass, leaving the role no registered worker."""
+    kw: dict[str, Any] = dict(roleSwitch={"enabled": True}, prefill={"replicas": 1}, decode={"replicas": 3},
+                              rollout={"minReadySeconds": 10})
+    cluster = FakeCluster(step_seconds=2.0)
+    converge(cluster, fleet(**kw))
+    for _ in range(10):
+        cluster.advance()
+    inst = cluster.store[(INSTANCE_KIND, "hs-3")]
+    annotations = inst["metadata"].setdefault("annotations", {})
+    state = SwitchState.start("decode", "prefill", "in-place", "policy: test", cluster.clock)
+    annotations[ANNOTATION_SWITCH] = state.to_annotation()
+    inst["status"] = {"phase": "Draining"}
+    cluster.reconcile(fleet(**kw))
+    cluster.advance()
+    inst["spec"]["role"] = "prefill"
+    annotations[ANNOTATION_SWITCH] = state.advance("Switch", cluster.clock).to_annotation()
+    inst["status"] = {"phase": "Switching"}
+    new = fleet(**{**kw, "decode": {"replicas": 3, "memFractionStatic": 0.8}})
+    for _ in range(3):
+        cluster.reconcile(new)
+        cluster.advance()
+
+    def rolls_prefill() -> bool:
+        return any(a.name in ("hs-2", "hs-2-0") and a.verb in ("patch", "delete") and "rolling" in a.reason
+                   for a in cluster.reconcile(new))
+
+    annotations[ANNOTATION_SWITCH] = state.advance("Route", cluster.clock).to_annotation()
+    inst["status"] = {"phase": "Ready"}
+    assert not rolls_prefill(), "hs-3 is being routed again: not yet a prefill that serves"
+    cluster.advance()
+    del annotations[ANNOTATION_SWITCH]  # labelled: the switch is done
+    inst["status"] = {"phase": "Ready", "lastSwitch": format_time(cluster.clock)}
+    cluster.advance()
+    assert not rolls_prefill(), "back in the router 2 s ago, of minReadySeconds 10"
+    for _ in range(5):
+        cluster.advance()
+    assert rolls_prefill(), "settled: the other prefill rolls"
 
 
 @pytest.mark.parametrize("min_ready", [0, 10])

@@ -16,8 +16,8 @@ from hybridserving.contract import ANNOTATION_ROLE
 from hybridserving.core import backoff
 from hybridserving.core.desired import DesiredState, InstancePlan
 from hybridserving.core.naming import ANNOTATION_CONFIG_HASH, split_config_hash
-from hybridserving.core.observed import Observed, ObservedInstance, ObservedPod
-from hybridserving.core.switching import SWITCH_PHASES
+from hybridserving.core.observed import Observed, ObservedInstance, ObservedPod, parse_time
+from hybridserving.core.switching import ANNOTATION_SWITCH, SWITCH_PHASES
 
 InstanceState = Literal["Ready", "Starting", "Pending", "Failed", "Missing"]
 
@@ -83,18 +83,25 @@ class InstanceView:
 
     @property
     def out_for_switch(self) -> bool:
-        """Out of the router for a role switch (draining, switching, relaunching). Its pods may
-        stay ready through the drain, but it serves neither role: the rollout must not count on it."""
-        return self.observed.phase in SWITCH_PHASES
+        """Out of the router for a role switch: from its first step until its record goes (its
+        Route or Restore step writes phase Ready and routes it again, and the record goes once the
+        router label is on). Its pods may stay ready throughout, but it serves neither role: the
+        rollout must not count on it."""
+        return self.observed.phase in SWITCH_PHASES or ANNOTATION_SWITCH in self.observed.annotations
 
     @property
     def settles_in(self) -> float | None:
         """Seconds until the rollout counts this available instance as serving (0: it does),
-        None while it is not available or is out for a role switch. A pod with no Ready time
-        counts as ready long since."""
+        None while it is not available or is out for a role switch. Counted from the later of
+        its pods' Ready times and the end of its last switch (`status.lastSwitch`): a switch in
+        place leaves the pods Ready, and the router registers the instance again only as the
+        switch ends. A pod with no Ready time counts as ready long since."""
         if not self.available or self.out_for_switch:
             return None
         since = [p.ready_since for p in self.pods if not p.deleting and p.ready_since is not None]
+        switched = parse_time(self.observed.status.get("lastSwitch"))
+        if switched is not None:
+            since.append(switched)
         if self.now is None or not since:
             return 0.0
         return max(0.0, max(since) + self.min_ready - self.now)
