@@ -142,6 +142,11 @@ def test_install_upgrade_with_crd_change_uninstall(cluster: Cluster, core_v1, ap
 
     # a HybridServing that must survive the CRD upgrade untouched
     cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
+    # Every fleet's engine key derives from the operator key: an upgrade must keep it (`lookup`).
+    operator_key = core_v1.read_namespaced_secret("hs-hybridserving-operator-key", ns).data
+    assert operator_key
+    grace = deployment.spec.template.spec.termination_grace_period_seconds
+    assert grace == 45, "unset: the longer of 45 s and what handing the Lease over needs"
 
     crd_name = FLEETS
     before = crd_printer_columns(cluster, crd_name)
@@ -163,6 +168,7 @@ def test_install_upgrade_with_crd_change_uninstall(cluster: Cluster, core_v1, ap
         # helm upgrade alone never touches crds/: the column does not appear.
         helm(cluster, "upgrade", "hs", str(chart_v2), "-n", ns, *ports)
         assert crd_printer_columns(cluster, crd_name) == before
+        assert core_v1.read_namespaced_secret("hs-hybridserving-operator-key", ns).data == operator_key
 
         # the documented steps: apply the chart's CRDs server-side, then upgrade keeping the values set.
         apply_crds_server_side(cluster, chart_v2 / "crds")
@@ -172,6 +178,7 @@ def test_install_upgrade_with_crd_change_uninstall(cluster: Cluster, core_v1, ap
         assert (release["chart"], release["revision"], release["status"]) == ("hybridserving-0.1.1", "3", "deployed")
         kept = yaml.safe_load(helm(cluster, "get", "values", "hs", "-n", ns, "-o", "yaml").stdout)
         assert f"metrics.port={kept['metrics']['port']}" in ports, "the values set at install are kept"
+        assert core_v1.read_namespaced_secret("hs-hybridserving-operator-key", ns).data == operator_key
         fleet = yaml.safe_load(cluster.kubectl("get", FLEETS, "dsv3-flex", "-n", ns, "-o", "yaml").stdout)
         assert fleet["spec"]["roleSwitch"]["enabled"] is True
     finally:

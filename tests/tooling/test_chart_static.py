@@ -10,6 +10,7 @@ The same chart is installed on a real control plane in tests/integration/test_ch
 from __future__ import annotations
 
 import base64
+from typing import Any
 import re
 
 import kopf
@@ -30,6 +31,7 @@ from support.chart import (
     operator_container,
     render,
     render_error,
+    template_args,
     the,
 )
 
@@ -636,11 +638,16 @@ def test_replicas_elect_on_the_named_lease_and_may_touch_no_other(sets: tuple[st
                       "resourceNames": [lease], "verbs": ["get", "patch"]}]
 
 
-@pytest.mark.parametrize("sets", [(), ("leaderElection.leaseDurationSeconds=30",), ("webhook.enabled=true",)])
+@pytest.mark.parametrize("sets", [
+    (), ("leaderElection.leaseDurationSeconds=30",), ("webhook.enabled=true",),
+    ("leaderElection.leaseDurationSeconds=120", "webhook.enabled=true"),
+    ("leaderElection.leaseDurationSeconds=300",), ("terminationGracePeriodSeconds=600",),
+])
 def test_a_stopping_replica_has_time_to_hand_the_lease_over(sets: tuple[str, ...]) -> None:
     """The pod's grace period covers the webhook pause, the wait for work under way and the release
-    of the Lease (a read and a write, each up to its timeout); a replica killed before it released
-    leaves the fleets to wait for the Lease to run out."""
+    of the Lease: it waits for a renewal in flight (a read and a write) and then reads and writes
+    itself, each call up to its timeout. A replica killed before it released leaves the fleets to
+    wait for the Lease to run out. Unset, the grace follows the lease; a longer one stands."""
     docs = render("replicaCount=2", *sets)
     pod = the(docs, "Deployment")["spec"]["template"]["spec"]
     container = operator_container(docs)
@@ -651,8 +658,32 @@ def test_a_stopping_replica_has_time_to_hand_the_lease_over(sets: tuple[str, ...
     pause = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep", {}).get("seconds", 0)
     if "webhook.enabled=true" in sets:
         assert pause >= 5  # the webhook Service stops sending reviews before the server closes
-    needed = pause + STOP_GRACE_SECONDS + 2 * election.request_timeout_seconds
+    needed = pause + STOP_GRACE_SECONDS + 4 * election.request_timeout_seconds
     assert pod["terminationGracePeriodSeconds"] >= needed
+    if "terminationGracePeriodSeconds=600" in sets:
+        assert pod["terminationGracePeriodSeconds"] == 600
+
+
+def test_a_grace_period_too_short_to_hand_the_lease_over_is_refused_naming_what_it_needs() -> None:
+    err = render_error("terminationGracePeriodSeconds=30", "webhook.enabled=true")
+    assert "terminationGracePeriodSeconds (30)" in err and "at least 41" in err, err
+    err = render_error("terminationGracePeriodSeconds=45", "leaderElection.leaseDurationSeconds=30")
+    assert "at least 56" in err, err
+
+
+@pytest.mark.parametrize("sets", [("metrics.port=8081",), ("webhook.enabled=true", "webhook.port=8080")])
+def test_ports_that_collide_are_refused(sets: tuple[str, ...]) -> None:
+    """The operator binds each of them; two on one port crash-loop the pod."""
+    assert "must differ" in render_error(*sets)
+
+
+def test_resource_quantities_may_be_numbers_in_a_values_file(tmp_path: Any) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text("resources:\n  requests: {cpu: 0.5, memory: 512Mi}\n  limits: {cpu: 2}\n")
+    proc = helm(*template_args(()), "-f", str(values))
+    assert proc.returncode == 0, proc.stderr
+    container = operator_container([d for d in yaml.safe_load_all(proc.stdout) if d])
+    assert container["resources"]["requests"]["cpu"] == 0.5
 
 
 def test_service_names_fit_a_dns_label_whatever_the_release_is_called() -> None:

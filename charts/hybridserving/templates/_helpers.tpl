@@ -92,3 +92,26 @@ app.kubernetes.io/part-of: hybridserving
 {{- define "hybridserving.webhookSecret" -}}
 {{- .Values.webhook.certificate.existingSecret | default (printf "%s-webhook-tls" (include "hybridserving.fullname" .)) -}}
 {{- end }}
+
+{{/*
+The grace period a stopping replica needs (controller/handlers.py `stop`): the webhook's preStop
+pause, the wait for work under way (STOP_GRACE_SECONDS, 20), then the release of the Lease, which
+first waits for a renewal in flight (a read and a write) and then reads and writes itself: four
+Lease calls, each up to its timeout (controller/leadership.py `Election.request_timeout_seconds`,
+with the renew deadline and retry `__main__` derives from the lease). Unset, the grace is this or
+45 s, whichever is longer; set shorter, the chart refuses it.
+*/}}
+{{- define "hybridserving.terminationGracePeriodSeconds" -}}
+{{- $lease := float64 .Values.leaderElection.leaseDurationSeconds -}}
+{{- $timeout := divf (subf (divf (mulf $lease 2.0) 3.0) (minf 2.0 (divf $lease 4.0))) 2.0 -}}
+{{- $pause := ternary 5.0 0.0 .Values.webhook.enabled -}}
+{{- $needed := int (ceil (addf $pause 20.0 (mulf 4.0 $timeout))) -}}
+{{- $given := .Values.terminationGracePeriodSeconds -}}
+{{- if kindIs "invalid" $given -}}
+{{- max 45 $needed -}}
+{{- else if lt (int $given) $needed -}}
+{{- fail (printf "terminationGracePeriodSeconds (%d) is shorter than a stopping replica needs to hand the Lease over: %d s with leaderElection.leaseDurationSeconds %v%s. Raise it to at least %d, or leave it unset" (int $given) $needed .Values.leaderElection.leaseDurationSeconds (ternary " and the webhook on" "" .Values.webhook.enabled) $needed) -}}
+{{- else -}}
+{{- int $given -}}
+{{- end -}}
+{{- end -}}

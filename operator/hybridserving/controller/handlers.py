@@ -83,7 +83,8 @@ KOPF_BACKOFFS = RetryForever((1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0))
 
 
 STOP_GRACE_SECONDS = 20.0
-"""How long a graceful stop waits for the passes and ticks under way (within the pod's 30 s grace)."""
+"""How long a graceful stop waits for the passes and ticks under way, within the pod's grace (the
+chart's `hybridserving.terminationGracePeriodSeconds` adds it up)."""
 
 
 @dataclass
