@@ -1199,13 +1199,12 @@ class Launcher:
     async def _remember_leader(self) -> None:
         """Resolve the leader's name while it resolves: its rank has just joined it by that name.
         A name that does not resolve now keeps the address resolved before, if any."""
-        loop = asyncio.get_running_loop()
+        name = leader_host(self.argv)
         try:
             infos = await asyncio.wait_for(
-                loop.getaddrinfo(leader_host(self.argv), None, type=socket.SOCK_STREAM), LEADER_RESOLVE_TIMEOUT_S)
+                asyncio.get_running_loop().getaddrinfo(name, None, type=socket.SOCK_STREAM), LEADER_RESOLVE_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError) as exc:
-            log.warning("could not resolve the leader rank's name %s (%s); its probes go by the name",
-                        leader_host(self.argv), exc)
+            log.warning("could not resolve the leader rank's name %s (%s); its probes go by the name", name, exc)
             return
         if infos:
             self.leader_address = str(infos[0][4][0])

@@ -175,15 +175,20 @@ def test_the_lease_calls_time_out_within_the_renew_deadline(operator: Operator) 
     assert 2 * ELECTION.request_timeout_seconds + ELECTION.retry_seconds <= ELECTION.renew_deadline_seconds
 
 
+async def lead_with_a_pass_under_way(operator: Operator) -> None:
+    """Start b, which leads at once, and hold a reconcile pass of ns/f until `pass_may_end`."""
+    await handlers.start(settings=kopf.OperatorSettings())
+    await wait_until(acting)
+    operator.pass_may_end.clear()
+    await handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
+    await wait_until(lambda: "pass ns/f by b" in operator.log)
+
+
 def test_a_graceful_stop_hands_the_lease_over_only_after_the_pass_under_way(operator: Operator) -> None:
     operator.api.store[LEASE]["spec"]["holderIdentity"] = ""  # free: b leads at once
 
     async def scenario() -> None:
-        await handlers.start(settings=kopf.OperatorSettings())
-        await wait_until(acting)
-        operator.pass_may_end.clear()
-        await handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
-        await wait_until(lambda: "pass ns/f by b" in operator.log)
+        await lead_with_a_pass_under_way(operator)
         stopping = asyncio.create_task(handlers.stop())
         await asyncio.sleep(0.5)
         assert not stopping.done() and operator.holder() == "b" and "release" not in operator.log
@@ -202,11 +207,7 @@ def test_a_fleets_role_switch_ticks_wait_for_its_reconcile_pass_under_way(operat
     operator.api.store[LEASE]["spec"]["holderIdentity"] = ""  # free: b leads at once
 
     async def scenario() -> None:
-        await handlers.start(settings=kopf.OperatorSettings())
-        await wait_until(acting)
-        operator.pass_may_end.clear()
-        await handlers.fleet_changed(event=event(FLEET), namespace="ns", name="f")
-        await wait_until(lambda: "pass ns/f by b" in operator.log)
+        await lead_with_a_pass_under_way(operator)
         await asyncio.sleep(0.5)
         during = operator.log[operator.log.index("pass ns/f by b") + 1:]
         operator.pass_may_end.set()

@@ -1051,9 +1051,14 @@ async def _serve_worker_rank(args: argparse.Namespace, options: SimulatorOptions
         await runner.cleanup()
 
 
+def _leader_host(args: argparse.Namespace) -> str:
+    """The leader's name: the host of `--dist-init-addr`."""
+    return str(args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
+
+
 def _leader_url(args: argparse.Namespace, address: str | None = None) -> str:
     """The leader's `/ready`: at `address` once the rank has joined it, else by its name."""
-    host = address or (args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
+    host = address or _leader_host(args)
     if ":" in host:
         host = f"[{host}]"  # an IPv6 address
     return f"http://{host}:{args.port}/ready"
@@ -1061,9 +1066,8 @@ def _leader_url(args: argparse.Namespace, address: str | None = None) -> str:
 
 async def _leader_address(args: argparse.Namespace) -> str | None:
     """The address the leader's name resolves to as the rank joins it; None where it does not."""
-    host = (args.dist_init_addr or "127.0.0.1:0").rsplit(":", 1)[0]
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        infos = await asyncio.get_running_loop().getaddrinfo(_leader_host(args), None, type=socket.SOCK_STREAM)
     except OSError:
         return None
     return str(infos[0][4][0]) if infos else None
